@@ -1,0 +1,257 @@
+//! The engine: loads a model, picks a backend, and turns prompts into outputs.
+//! Generation policy (limits, stopping, detokenisation) lives here, above the
+//! backends, so every backend inherits it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, Device, Logits};
+use crate::error::{Result, RocketError};
+use crate::model::{Format, GenerationConfig, ModelSource, ModelSpec, ModelWeights};
+use crate::sampling::{fresh_seed, sample, SamplingParams};
+use crate::text::{ChatMessage, ChatTemplate, Tokenizer};
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub device: Device,
+    /// Context limit (prompt + generated tokens); defaults to the model's
+    /// trained maximum. The KV cache is sized per request, not to this.
+    pub max_seq_len: Option<usize>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions { device: Device::Auto, max_seq_len: None }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token was generated.
+    Stop,
+    /// max_tokens was reached.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Metrics {
+    /// Seconds from the call to the first generated token (prefill included).
+    pub time_to_first_token: f64,
+    /// Generated tokens after the first, per second of decoding.
+    pub decode_tokens_per_second: f64,
+    pub prompt_tokens: usize,
+    pub output_tokens: usize,
+    pub total_seconds: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct RequestOutput {
+    pub prompt: String,
+    pub prompt_token_ids: Vec<u32>,
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub metrics: Metrics,
+}
+
+/// Information about the loaded model, for `inspect` and callers.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub path: PathBuf,
+    pub format: Format,
+    pub spec: ModelSpec,
+    pub dtype_groups: Vec<(&'static str, String)>,
+    pub tokenizer_size: usize,
+    pub has_chat_template: bool,
+    pub eos_token_ids: Vec<u32>,
+    pub load_seconds: f64,
+    pub max_seq_len: usize,
+    pub backend: &'static str,
+}
+
+pub struct Engine {
+    backend: Box<dyn Backend>,
+    tokenizer: Tokenizer,
+    chat: Option<ChatTemplate>,
+    generation: GenerationConfig,
+    info: ModelInfo,
+}
+
+impl Engine {
+    pub fn load(path: impl AsRef<Path>, options: EngineOptions) -> Result<Self> {
+        let start = Instant::now();
+        let source = ModelSource::open(path.as_ref())?;
+        let spec = source.spec.clone();
+        let max_seq_len = match options.max_seq_len {
+            None => spec.max_position_embeddings,
+            Some(0) => return Err(RocketError::invalid_arg("max_seq_len", 0, "must be at least 1")),
+            Some(n) if n > spec.max_position_embeddings => {
+                return Err(RocketError::invalid_arg(
+                    "max_seq_len",
+                    n,
+                    format!("must be at most the model's max_position_embeddings ({})", spec.max_position_embeddings),
+                ))
+            }
+            Some(n) => n,
+        };
+        let weights = Arc::new(ModelWeights::from_weights(&spec, source.weights)?);
+        let dtype_groups = weights.dtype_groups();
+        let backend: Box<dyn Backend> = match options.device {
+            Device::Auto | Device::Cpu => Box::new(CpuBackend::new(spec.clone(), weights)),
+            Device::Cuda => {
+                return Err(RocketError::Device(
+                    "this build of rocket has no CUDA backend; use device=\"cpu\" or \"auto\"".into(),
+                ))
+            }
+        };
+        let chat = source
+            .chat_template
+            .as_deref()
+            .map(|t| ChatTemplate::new(t, &source.special.bos_token, &source.special.eos_token))
+            .transpose()?;
+        let info = ModelInfo {
+            path: source.path,
+            format: source.format,
+            spec,
+            dtype_groups,
+            tokenizer_size: source.tokenizer.vocab_size(),
+            has_chat_template: chat.is_some(),
+            eos_token_ids: source.generation.eos_token_ids.clone(),
+            load_seconds: start.elapsed().as_secs_f64(),
+            max_seq_len,
+            backend: backend.name(),
+        };
+        Ok(Engine { backend, tokenizer: source.tokenizer, chat, generation: source.generation, info })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.info.spec
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn generation_config(&self) -> &GenerationConfig {
+        &self.generation
+    }
+
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let chat = self
+            .chat
+            .as_ref()
+            .ok_or_else(|| RocketError::ChatTemplate("this model has no chat template".into()))?;
+        chat.render(messages, add_generation_prompt)
+    }
+
+    /// Tokenise a prompt the way generation does (with the tokenizer's special-token rules).
+    pub fn encode_prompt(&self, prompt: &str) -> Result<Vec<u32>> {
+        if prompt.is_empty() {
+            return Err(RocketError::EmptyPrompt);
+        }
+        let ids = self.tokenizer.encode(prompt, true)?;
+        if ids.is_empty() {
+            return Err(RocketError::EmptyPrompt);
+        }
+        Ok(ids)
+    }
+
+    pub fn generate(&self, prompt: &str, params: &SamplingParams) -> Result<RequestOutput> {
+        let ids = self.encode_prompt(prompt)?;
+        self.generate_ids(prompt.to_string(), ids, params, &mut |_| {})
+    }
+
+    pub fn generate_batch(&self, prompts: &[String], params: &SamplingParams) -> Result<Vec<RequestOutput>> {
+        prompts.iter().map(|p| self.generate(p, params)).collect()
+    }
+
+    /// Generate from token ids. `on_text` receives each piece of new text as soon
+    /// as it is complete UTF-8; the pieces concatenate to the output's `text`.
+    pub fn generate_ids(
+        &self,
+        prompt: String,
+        prompt_ids: Vec<u32>,
+        params: &SamplingParams,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<RequestOutput> {
+        params.validate()?;
+        self.check_fits(prompt_ids.len(), params.max_tokens)?;
+        let started = Instant::now();
+        let seed = params.seed.unwrap_or_else(fresh_seed);
+        let mut session = self.backend.new_session(prompt_ids.len() + params.max_tokens)?;
+        let mut logits = session.forward(&prompt_ids, Logits::Last)?;
+        let mut token_ids = Vec::with_capacity(params.max_tokens);
+        let mut first_token_at = None;
+        let mut emitted = 0usize;
+        let mut finish_reason = FinishReason::Length;
+        for step in 0..params.max_tokens {
+            let token = sample(&logits, params, seed, step as u64);
+            token_ids.push(token);
+            first_token_at.get_or_insert_with(|| started.elapsed().as_secs_f64());
+            let text = self.tokenizer.decode(&token_ids, true)?;
+            // Hold back an incomplete UTF-8 sequence (shown as U+FFFD) until it completes.
+            if !text.ends_with('\u{FFFD}') && text.len() > emitted && text.is_char_boundary(emitted) {
+                on_text(&text[emitted..]);
+                emitted = text.len();
+            }
+            if !params.ignore_eos && self.info.eos_token_ids.contains(&token) {
+                finish_reason = FinishReason::Stop;
+                break;
+            }
+            if step + 1 < params.max_tokens {
+                logits = session.forward(&[token], Logits::Last)?;
+            }
+        }
+        let text = self.tokenizer.decode(&token_ids, true)?;
+        if text.len() > emitted && text.is_char_boundary(emitted) {
+            on_text(&text[emitted..]);
+        }
+        let total = started.elapsed().as_secs_f64();
+        let ttft = first_token_at.unwrap_or(total);
+        let decode_tokens = token_ids.len().saturating_sub(1);
+        let metrics = Metrics {
+            time_to_first_token: ttft,
+            decode_tokens_per_second: if total > ttft { decode_tokens as f64 / (total - ttft) } else { 0.0 },
+            prompt_tokens: prompt_ids.len(),
+            output_tokens: token_ids.len(),
+            total_seconds: total,
+        };
+        Ok(RequestOutput { prompt, prompt_token_ids: prompt_ids, text, token_ids, finish_reason, metrics })
+    }
+
+    /// Logits at every position of `ids` in one pass ([len][vocab], row-major).
+    pub fn teacher_forced_logits(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(RocketError::EmptyPrompt);
+        }
+        self.check_fits(ids.len(), 0)?;
+        let mut session = self.backend.new_session(ids.len())?;
+        session.forward(ids, Logits::All)
+    }
+
+    fn check_fits(&self, prompt_tokens: usize, max_tokens: usize) -> Result<()> {
+        if prompt_tokens == 0 {
+            return Err(RocketError::EmptyPrompt);
+        }
+        let limit = self.info.max_seq_len;
+        if prompt_tokens + max_tokens > limit {
+            return Err(RocketError::ContextOverflow { prompt_tokens, max_tokens, limit });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,7 @@
+//! Text in and out: tokenizer and chat templates.
+
+pub mod chat;
+pub mod tokenizer;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use tokenizer::Tokenizer;
