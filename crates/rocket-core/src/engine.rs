@@ -72,6 +72,7 @@ pub struct ModelInfo {
     pub format: Format,
     pub spec: ModelSpec,
     pub dtype_groups: Vec<(&'static str, String)>,
+    pub bytes_per_decode_step: usize,
     pub tokenizer_size: usize,
     pub has_chat_template: bool,
     pub eos_token_ids: Vec<u32>,
@@ -107,6 +108,7 @@ impl Engine {
         };
         let weights = Arc::new(ModelWeights::from_weights(&spec, source.weights)?);
         let dtype_groups = weights.dtype_groups();
+        let bytes_per_decode_step = weights.bytes_per_decode_step();
         let backend: Box<dyn Backend> = match options.device {
             Device::Auto | Device::Cpu => Box::new(CpuBackend::new(spec.clone(), weights)),
             Device::Cuda => {
@@ -125,6 +127,7 @@ impl Engine {
             format: source.format,
             spec,
             dtype_groups,
+            bytes_per_decode_step,
             tokenizer_size: source.tokenizer.vocab_size(),
             has_chat_template: chat.is_some(),
             eos_token_ids: source.generation.eos_token_ids.clone(),

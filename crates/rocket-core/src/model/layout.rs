@@ -71,6 +71,28 @@ impl ModelWeights {
         self.untied_lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 
+    /// Bytes one decode step reads: every matrix once, the LM head (even when
+    /// tied), one embedding row, and the norm vectors (kept in f32).
+    pub fn bytes_per_decode_step(&self) -> usize {
+        let bytes = |t: &Tensor| t.numel() * t.dtype().size();
+        let norms: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.attn_norm.len() + l.mlp_norm.len() + l.q_norm.as_ref().map_or(0, Vec::len) + l.k_norm.as_ref().map_or(0, Vec::len)
+            })
+            .sum::<usize>()
+            + self.final_norm.len();
+        let matrices: usize = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj])
+            .map(bytes)
+            .sum();
+        let embed_row = self.embed_tokens.shape()[1] * self.embed_tokens.dtype().size();
+        matrices + bytes(self.lm_head()) + embed_row + 4 * norms
+    }
+
     /// (group, dtype) pairs for `inspect`: each group lists the dtypes its tensors use.
     pub fn dtype_groups(&self) -> Vec<(&'static str, String)> {
         let join = |ts: Vec<&Tensor>| {

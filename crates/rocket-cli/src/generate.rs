@@ -1,0 +1,85 @@
+//! `rocket generate`: stream a continuation of a prompt to stdout.
+
+use std::io::{Read, Write};
+
+use anyhow::Context;
+use rocket_core::{ChatMessage, SamplingParams};
+
+use crate::ModelArgs;
+
+#[derive(clap::Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Tokens to generate at most
+    #[arg(long, short = 'n', default_value_t = 64)]
+    max_tokens: usize,
+    /// 0 = greedy [default: the model's generation_config, else 0]
+    #[arg(long, short = 't')]
+    temperature: Option<f32>,
+    /// Keep the k most likely tokens (0 = off)
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling threshold in (0, 1]
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Seed for sampling (same seed, same output)
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Wrap PROMPT as a user message in the model's chat template
+    #[arg(long)]
+    chat: bool,
+    /// Print timing and token counts to stderr when done
+    #[arg(long)]
+    stats: bool,
+    /// The prompt; "-" reads it from stdin
+    prompt: String,
+}
+
+pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
+    let engine = args.model.load()?;
+    let mut prompt = args.prompt.clone();
+    if prompt == "-" {
+        prompt.clear();
+        std::io::stdin().read_to_string(&mut prompt).context("reading the prompt from stdin")?;
+    }
+    if args.chat {
+        let messages = [ChatMessage { role: "user".into(), content: prompt }];
+        prompt = engine.apply_chat_template(&messages, true)?;
+    }
+    let gen = engine.generation_config();
+    let default_temperature = if gen.do_sample == Some(true) { gen.temperature.unwrap_or(1.0) as f32 } else { 0.0 };
+    let params = SamplingParams {
+        max_tokens: args.max_tokens,
+        temperature: args.temperature.unwrap_or(default_temperature),
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+        ignore_eos: false,
+    };
+    let ids = engine.encode_prompt(&prompt)?;
+    let mut stdout = std::io::stdout().lock();
+    if !args.chat {
+        write!(stdout, "{prompt}")?;
+    }
+    let out = engine.generate_ids(prompt, ids, &params, &mut |piece| {
+        let _ = stdout.write_all(piece.as_bytes());
+        let _ = stdout.flush();
+    })?;
+    writeln!(stdout)?;
+    stdout.flush()?;
+    if args.stats {
+        let m = &out.metrics;
+        eprintln!(
+            "prompt {} tokens, output {} tokens ({}), ttft {:.1} ms, decode {:.1} tokens/s, total {:.2} s, backend {}",
+            m.prompt_tokens,
+            m.output_tokens,
+            out.finish_reason.as_str(),
+            m.time_to_first_token * 1e3,
+            m.decode_tokens_per_second,
+            m.total_seconds,
+            engine.info().backend
+        );
+    }
+    Ok(())
+}
