@@ -1,0 +1,113 @@
+"""The Python API on the tiny random checkpoints and the real SmolLM2 weights."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import rocket
+
+GREEDY = rocket.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def test_generate_returns_request_outputs(tiny_llama: rocket.LLM) -> None:
+    outs = tiny_llama.generate("hello world", GREEDY)
+    assert isinstance(outs, list) and len(outs) == 1
+    out = outs[0]
+    assert out.prompt == "hello world"
+    assert out.prompt_token_ids == tiny_llama.tokenizer.encode("hello world", add_special_tokens=True)
+    assert len(out.token_ids) == 8 and out.finish_reason == "length"
+    assert out.text == tiny_llama.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    m = out.metrics
+    assert m["prompt_tokens"] == len(out.prompt_token_ids) and m["output_tokens"] == 8
+    assert 0 < m["time_to_first_token"] <= m["total_seconds"]
+
+
+def test_batch_keeps_order_and_equals_solo_runs(tiny_qwen3: rocket.LLM) -> None:
+    prompts = ["the cat", "fn main() {", "zebra crossing", "the cat"]
+    batch = tiny_qwen3.generate(prompts, GREEDY)
+    assert [o.prompt for o in batch] == prompts
+    for p, o in zip(prompts, batch):
+        assert tiny_qwen3.generate(p, GREEDY)[0].token_ids == o.token_ids
+    assert batch[0].token_ids == batch[3].token_ids
+
+
+def test_greedy_is_reproducible_and_seeded_sampling_too(tiny_llama: rocket.LLM) -> None:
+    runs = [tiny_llama.generate("abc", GREEDY)[0].token_ids for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
+    seeded = rocket.SamplingParams(max_tokens=12, temperature=1.0, seed=1234, ignore_eos=True)
+    a = tiny_llama.generate("abc", seeded)[0].token_ids
+    assert a == tiny_llama.generate("abc", seeded)[0].token_ids
+    other = rocket.SamplingParams(max_tokens=12, temperature=1.0, seed=99, ignore_eos=True)
+    assert a != tiny_llama.generate("abc", other)[0].token_ids
+
+
+def test_eos_stops_with_finish_reason_stop(smollm2: rocket.LLM) -> None:
+    prompt = smollm2.apply_chat_template([{"role": "user", "content": "Say hi."}])
+    out = smollm2.generate(prompt, rocket.SamplingParams(max_tokens=200, temperature=0.0))[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids[-1] in smollm2.tokenizer.eos_token_ids
+    assert "<|im_end|>" not in out.text
+
+
+def test_smollm2_continuation_is_sensible(smollm2: rocket.LLM) -> None:
+    out = smollm2.generate("The capital of France is", rocket.SamplingParams(max_tokens=8, temperature=0.0))[0]
+    assert "Paris" in out.text
+
+
+def test_module_level_generate_uses_default_model() -> None:
+    text = rocket.generate("The capital of France is", max_tokens=6, temperature=0.0)
+    assert isinstance(text, str) and "Paris" in text
+
+
+def test_tokenizer_round_trip(smollm2: rocket.LLM) -> None:
+    tok = smollm2.tokenizer
+    for text in ["Hello, world!", "naïve café 東京 👩‍👩‍👧", "def f(x):\n\treturn x  ** 2\n"]:
+        ids = tok.encode(text)
+        assert ids and all(isinstance(i, int) for i in ids)
+        assert tok.decode(ids) == text
+    assert tok.vocab_size == 49152
+
+
+def test_chat_template(tiny_llama: rocket.LLM) -> None:
+    text = tiny_llama.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>system\nYou are a tiny test model.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    with pytest.raises(ValueError):
+        tiny_llama.apply_chat_template([{"content": "no role"}])
+
+
+def test_teacher_forced_logits_match_incremental_decode(tiny_qwen3: rocket.LLM) -> None:
+    ids = tiny_qwen3.tokenizer.encode("the quick brown fox jumps")
+    logits = tiny_qwen3.teacher_forced_logits(ids)
+    assert isinstance(logits, np.ndarray) and logits.dtype == np.float32
+    assert logits.shape == (len(ids), tiny_qwen3.info["vocab_size"])
+    assert np.isfinite(logits).all()
+    # Greedy generation from a prefix picks the argmax of the last teacher-forced row.
+    out = tiny_qwen3.generate_from_ids(ids, rocket.SamplingParams(max_tokens=1, temperature=0.0))
+    assert out.token_ids[0] == int(np.argmax(logits[-1]))
+
+
+def test_gil_is_released_during_generation(smollm2: rocket.LLM) -> None:
+    ticks = 0
+    done = threading.Event()
+
+    def work() -> None:
+        smollm2.generate("Once upon a time", rocket.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    while not done.is_set():
+        ticks += 1
+        time.sleep(0.001)
+    t.join()
+    assert ticks > 50, f"main thread ran only {ticks} times while generating"
+
+
+def test_info_and_version(tiny_llama: rocket.LLM) -> None:
+    info = tiny_llama.info
+    assert info["family"] == "llama" and info["backend"] == "cpu" and info["max_seq_len"] == 256
+    assert isinstance(rocket.__version__, str)

@@ -1,0 +1,95 @@
+"""Bad input gives a named RocketError subclass; bad arguments are ValueErrors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import rocket
+from conftest import FIXTURES
+
+
+def test_missing_model_path_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(rocket.ModelLoadError, match=str(missing)):
+        rocket.LLM(missing)
+
+
+def test_unknown_model_type_lists_supported(tiny_llama_copy: Path) -> None:
+    cfg = tiny_llama_copy / "config.json"
+    data = json.loads(cfg.read_text())
+    data["model_type"] = "falcon"
+    cfg.write_text(json.dumps(data))
+    with pytest.raises(rocket.ModelLoadError, match=r"falcon.*llama, qwen3"):
+        rocket.LLM(tiny_llama_copy)
+
+
+def test_truncated_safetensors(tiny_llama_copy: Path) -> None:
+    st = tiny_llama_copy / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:-10])
+    with pytest.raises(rocket.ModelLoadError, match="corrupt or truncated"):
+        rocket.LLM(tiny_llama_copy)
+
+
+def test_corrupt_gguf(tmp_path: Path, smollm2_path: str) -> None:
+    bad = tmp_path / "bad.gguf"
+    with open(smollm2_path, "rb") as f:
+        bad.write_bytes(f.read(5000))
+    with pytest.raises(rocket.ModelLoadError, match="corrupt or truncated"):
+        rocket.LLM(bad)
+
+
+def test_missing_tokenizer_is_named(tiny_llama_copy: Path) -> None:
+    (tiny_llama_copy / "tokenizer.json").unlink()
+    with pytest.raises(rocket.ModelLoadError, match="tokenizer.json"):
+        rocket.LLM(tiny_llama_copy)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+    ],
+)
+def test_sampling_params_validation(kwargs: dict[str, float], parameter: str) -> None:
+    with pytest.raises(ValueError) as info:
+        rocket.SamplingParams(**kwargs)  # type: ignore[arg-type]
+    err = info.value
+    assert isinstance(err, rocket.InvalidArgumentError) and isinstance(err, rocket.RocketError)
+    assert err.parameter == parameter and parameter in str(err)
+
+
+def test_empty_prompt(tiny_llama: rocket.LLM) -> None:
+    with pytest.raises(rocket.InvalidArgumentError, match="empty"):
+        tiny_llama.generate("", rocket.SamplingParams(max_tokens=2))
+
+
+def test_context_overflow_names_both_numbers() -> None:
+    llm = rocket.LLM(FIXTURES / "tiny-llama", max_seq_len=16)
+    with pytest.raises(rocket.ContextLengthError) as info:
+        llm.generate("hello world", rocket.SamplingParams(max_tokens=15))
+    err = info.value
+    assert isinstance(err, ValueError)
+    assert err.limit == 16 and err.max_tokens == 15 and err.prompt_tokens is not None
+    assert "15" in str(err) and "16" in str(err)
+
+
+def test_bad_device_and_missing_cuda() -> None:
+    with pytest.raises(rocket.InvalidArgumentError, match="device"):
+        rocket.LLM(FIXTURES / "tiny-llama", device="tpu")  # type: ignore[arg-type]
+    with pytest.raises(rocket.DeviceError, match="CUDA"):
+        rocket.LLM(FIXTURES / "tiny-llama", device="cuda")
+
+
+def test_bad_argument_types(tiny_llama: rocket.LLM) -> None:
+    with pytest.raises(ValueError):
+        tiny_llama.generate([1, 2])  # type: ignore[list-item]
+    with pytest.raises(ValueError):
+        tiny_llama.generate("x", {"max_tokens": 3})  # type: ignore[arg-type]
