@@ -37,3 +37,12 @@ def tiny_llama_copy(tmp_path: Path) -> Path:
     dst = tmp_path / "tiny-llama"
     shutil.copytree(FIXTURES / "tiny-llama", dst)
     return dst
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    from test_parity import REPORT
+
+    if REPORT:
+        terminalreporter.section("HF parity")
+        for key, line in sorted(REPORT.items()):
+            terminalreporter.write_line(f"{key}: {line}")

@@ -49,7 +49,7 @@ def test_eos_stops_with_finish_reason_stop(smollm2: rocket.LLM) -> None:
     prompt = smollm2.apply_chat_template([{"role": "user", "content": "Say hi."}])
     out = smollm2.generate(prompt, rocket.SamplingParams(max_tokens=200, temperature=0.0))[0]
     assert out.finish_reason == "stop"
-    assert out.token_ids[-1] in smollm2.tokenizer.eos_token_ids
+    assert out.token_ids[-1] in smollm2.info["eos_token_ids"]
     assert "<|im_end|>" not in out.text
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from . import _rocket
-from ._rocket import RequestOutput, SamplingParams, Tokenizer
+from ._rocket import RequestOutput, SamplingParams, Tokenizer, render_chat_template
 from .errors import (
     ContextLengthError,
     DeviceError,
@@ -141,6 +141,7 @@ __all__ = [
     "Tokenizer",
     "generate",
     "default_model_path",
+    "render_chat_template",
     "RocketError",
     "ModelLoadError",
     "TokenizerError",

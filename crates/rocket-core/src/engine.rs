@@ -83,7 +83,7 @@ pub struct ModelInfo {
 
 pub struct Engine {
     backend: Box<dyn Backend>,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
     chat: Option<ChatTemplate>,
     generation: GenerationConfig,
     info: ModelInfo,
@@ -135,7 +135,7 @@ impl Engine {
             max_seq_len,
             backend: backend.name(),
         };
-        Ok(Engine { backend, tokenizer: source.tokenizer, chat, generation: source.generation, info })
+        Ok(Engine { backend, tokenizer: Arc::new(source.tokenizer), chat, generation: source.generation, info })
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -146,7 +146,7 @@ impl Engine {
         &self.info.spec
     }
 
-    pub fn tokenizer(&self) -> &Tokenizer {
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
     }
 

@@ -140,33 +140,53 @@ fn output_to_py(py: Python<'_>, out: rocket_core::RequestOutput) -> PyResult<Req
 
 #[pyclass(module = "rocket._rocket", frozen)]
 pub struct Tokenizer {
-    engine: Arc<Engine>,
+    inner: Arc<rocket_core::text::Tokenizer>,
 }
 
 #[pymethods]
 impl Tokenizer {
+    /// Load a Hugging Face `tokenizer.json` on its own.
+    #[staticmethod]
+    fn from_file(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let inner = run_detached(py, move || rocket_core::text::Tokenizer::from_file(&path))?;
+        Ok(Tokenizer { inner: Arc::new(inner) })
+    }
+
     #[pyo3(signature = (text, add_special_tokens=false))]
     fn encode(&self, py: Python<'_>, text: &str, add_special_tokens: bool) -> PyResult<Vec<u32>> {
-        let e = self.engine.clone();
+        let t = self.inner.clone();
         let text = text.to_string();
-        run_detached(py, move || e.tokenizer().encode(&text, add_special_tokens))
+        run_detached(py, move || t.encode(&text, add_special_tokens))
     }
 
     #[pyo3(signature = (ids, skip_special_tokens=false))]
     fn decode(&self, py: Python<'_>, ids: Vec<u32>, skip_special_tokens: bool) -> PyResult<String> {
-        let e = self.engine.clone();
-        run_detached(py, move || e.tokenizer().decode(&ids, skip_special_tokens))
+        let t = self.inner.clone();
+        run_detached(py, move || t.decode(&ids, skip_special_tokens))
     }
 
     #[getter]
     fn vocab_size(&self) -> usize {
-        self.engine.tokenizer().vocab_size()
+        self.inner.vocab_size()
     }
+}
 
-    #[getter]
-    fn eos_token_ids(&self) -> Vec<u32> {
-        self.engine.info().eos_token_ids.clone()
-    }
+/// Render an HF chat template without a model (the engine's renderer).
+#[pyfunction]
+#[pyo3(signature = (template, messages, add_generation_prompt=true, bos_token="", eos_token=""))]
+fn render_chat_template(
+    py: Python<'_>,
+    template: String,
+    messages: Vec<(String, String)>,
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> PyResult<String> {
+    let (bos, eos) = (bos_token.to_string(), eos_token.to_string());
+    let messages: Vec<ChatMessage> = messages.into_iter().map(|(role, content)| ChatMessage { role, content }).collect();
+    run_detached(py, move || {
+        rocket_core::text::ChatTemplate::new(&template, &bos, &eos)?.render(&messages, add_generation_prompt)
+    })
 }
 
 #[pyclass(module = "rocket._rocket", frozen)]
@@ -225,7 +245,7 @@ impl Engine_ {
 
     #[getter]
     fn tokenizer(&self) -> Tokenizer {
-        Tokenizer { engine: self.engine.clone() }
+        Tokenizer { inner: self.engine.tokenizer().clone() }
     }
 
     /// Model facts as a dict (path, format, family, shapes, backend, limits).
@@ -245,6 +265,7 @@ impl Engine_ {
         d.set_item("max_seq_len", i.max_seq_len)?;
         d.set_item("backend", i.backend)?;
         d.set_item("has_chat_template", i.has_chat_template)?;
+        d.set_item("eos_token_ids", i.eos_token_ids.clone())?;
         d.set_item("load_seconds", i.load_seconds)?;
         Ok(d)
     }
@@ -271,6 +292,7 @@ fn _rocket(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Engine", m.getattr("Engine_")?)?;
     m.add_function(wrap_pyfunction!(default_model_path, m)?)?;
     m.add_function(wrap_pyfunction!(run_cli, m)?)?;
+    m.add_function(wrap_pyfunction!(render_chat_template, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

