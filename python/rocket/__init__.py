@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from . import _rocket
-from ._rocket import RequestOutput, SamplingParams, Tokenizer, render_chat_template
+from ._rocket import RequestOutput, SamplingParams, Stream, StreamDelta, Tokenizer, render_chat_template
 from .errors import (
     ContextLengthError,
     DeviceError,
@@ -79,20 +79,35 @@ class LLM:
     def generate(
         self,
         prompts: str | Sequence[str],
-        params: SamplingParams | None = None,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Generate a continuation for each prompt; outputs come in input order."""
+        """Generate a continuation for each prompt; outputs come in input order.
+
+        ``params`` is one SamplingParams for all prompts or one per prompt."""
         if isinstance(prompts, str):
             prompts = [prompts]
         else:
             prompts = list(prompts)
             if not all(isinstance(p, str) for p in prompts):
                 raise InvalidArgumentError("prompts must be a str or a list of str")
-        if params is None:
-            params = SamplingParams()
-        elif not isinstance(params, SamplingParams):
-            raise InvalidArgumentError(f"params must be a rocket.SamplingParams, got {type(params).__name__}")
-        return self._engine.generate(prompts, params)
+        if params is None or isinstance(params, SamplingParams):
+            return self._engine.generate(prompts, _check_params(params))
+        per_prompt = [_check_params(p) for p in params]
+        if len(per_prompt) != len(prompts):
+            raise InvalidArgumentError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
+        return [self._engine.generate([p], sp)[0] for p, sp in zip(prompts, per_prompt)]
+
+    def stream(self, prompt: str, params: SamplingParams | None = None) -> Stream:
+        """Yield :class:`StreamDelta` (``text``, ``token_id``, ``logprob``) as tokens arrive;
+        the texts concatenate to what :meth:`generate` returns. Closing or dropping the
+        stream cancels the generation."""
+        if not isinstance(prompt, str):
+            raise InvalidArgumentError("prompt must be a str")
+        return self._engine.stream(prompt, _check_params(params))
+
+    def chat(self, messages: Sequence[Mapping[str, str]], params: SamplingParams | None = None) -> RequestOutput:
+        """Render ``messages`` with the chat template (generation prompt added) and generate."""
+        return self.generate(self.apply_chat_template(messages, add_generation_prompt=True), params)[0]
 
     def generate_from_ids(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> RequestOutput:
         """Generate from already-tokenised input."""
@@ -117,6 +132,14 @@ class LLM:
         return self._engine.teacher_forced_logits(list(token_ids))
 
 
+def _check_params(params: object) -> SamplingParams:
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise InvalidArgumentError(f"params must be a rocket.SamplingParams, got {type(params).__name__}")
+    return params
+
+
 _default_llms: dict[str, LLM] = {}
 _default_lock = threading.Lock()
 
@@ -138,6 +161,8 @@ __all__ = [
     "LLM",
     "SamplingParams",
     "RequestOutput",
+    "Stream",
+    "StreamDelta",
     "Tokenizer",
     "generate",
     "default_model_path",

@@ -9,20 +9,53 @@ __version__: Final[str]
 
 @final
 class SamplingParams:
-    max_tokens: Final[int]
-    temperature: Final[float]
-    top_k: Final[int]
-    top_p: Final[float]
-    seed: Final[int | None]
-    ignore_eos: Final[bool]
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def min_tokens(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def min_p(self) -> float: ...
+    @property
+    def repetition_penalty(self) -> float: ...
+    @property
+    def presence_penalty(self) -> float: ...
+    @property
+    def frequency_penalty(self) -> float: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def stop(self) -> list[str]: ...
+    @property
+    def stop_token_ids(self) -> list[int]: ...
+    @property
+    def ignore_eos(self) -> bool: ...
+    @property
+    def logprobs(self) -> int | None: ...
+    @property
+    def skip_special_tokens(self) -> bool: ...
     def __new__(
         cls,
         max_tokens: int = 16,
+        min_tokens: int = 0,
         temperature: float = 1.0,
         top_k: int = 0,
         top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
         seed: int | None = None,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
         ignore_eos: bool = False,
+        logprobs: int | None = None,
+        skip_special_tokens: bool = True,
     ) -> SamplingParams: ...
 
 @final
@@ -32,7 +65,23 @@ class RequestOutput:
     text: Final[str]
     token_ids: Final[list[int]]
     finish_reason: Final[str]
+    stop_reason: Final[int | str | None]
+    logprobs: Final[list[dict[str, object]] | None]
     metrics: Final[dict[str, float | int]]
+
+@final
+class StreamDelta:
+    text: Final[str]
+    token_id: Final[int]
+    logprob: Final[float | None]
+
+@final
+class Stream:
+    def __iter__(self) -> Stream: ...
+    def __next__(self) -> StreamDelta: ...
+    @property
+    def finish_reason(self) -> str | None: ...
+    def close(self) -> None: ...
 
 @final
 class Tokenizer:
@@ -48,6 +97,7 @@ class Engine_:
     def __new__(cls, model: str, device: str = "auto", max_seq_len: int | None = None) -> Engine_: ...
     def generate(self, prompts: list[str], params: SamplingParams) -> list[RequestOutput]: ...
     def generate_from_ids(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestOutput: ...
+    def stream(self, prompt: str, params: SamplingParams) -> Stream: ...
     def apply_chat_template(self, messages: list[tuple[str, str]], add_generation_prompt: bool = True) -> str: ...
     def teacher_forced_logits(self, ids: list[int]) -> npt.NDArray[np.float32]: ...
     @property

@@ -55,16 +55,16 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         top_k: args.top_k,
         top_p: args.top_p,
         seed: args.seed,
-        ignore_eos: false,
+        ..SamplingParams::default()
     };
     let ids = engine.encode_prompt(&prompt)?;
     let mut stdout = std::io::stdout().lock();
     if !args.chat {
         write!(stdout, "{prompt}")?;
     }
-    let out = engine.generate_ids(prompt, ids, &params, &mut |piece| {
-        let _ = stdout.write_all(piece.as_bytes());
-        let _ = stdout.flush();
+    let out = engine.generate_ids(prompt, ids, &params, &mut |delta| {
+        let _ = stdout.write_all(delta.text.as_bytes());
+        stdout.flush().is_ok()
     })?;
     writeln!(stdout)?;
     stdout.flush()?;

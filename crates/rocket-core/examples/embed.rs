@@ -29,9 +29,9 @@ fn main() -> Result<(), rocket_core::RocketError> {
 
     let params = SamplingParams { max_tokens: 48, temperature: 0.0, ..SamplingParams::default() };
     let ids = engine.encode_prompt(&prompt)?;
-    let out = engine.generate_ids(prompt, ids, &params, &mut |piece| {
-        print!("{piece}");
-        let _ = std::io::stdout().flush();
+    let out = engine.generate_ids(prompt, ids, &params, &mut |delta| {
+        print!("{}", delta.text);
+        std::io::stdout().flush().is_ok()
     })?;
     println!();
     eprintln!(

@@ -10,7 +10,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Device, Logits};
 use crate::error::{Result, RocketError};
 use crate::model::{Format, GenerationConfig, ModelSource, ModelSpec, ModelWeights};
-use crate::sampling::{fresh_seed, sample, SamplingParams};
+use crate::sampling::{fresh_seed, logprobs, process_logits, sample, SamplingParams, TokenHistory};
 use crate::text::{ChatMessage, ChatTemplate, Tokenizer};
 
 #[derive(Debug, Clone)]
@@ -33,6 +33,8 @@ pub enum FinishReason {
     Stop,
     /// max_tokens was reached.
     Length,
+    /// The caller asked to stop (a stream was dropped, Ctrl-C, a disconnect).
+    Cancelled,
 }
 
 impl FinishReason {
@@ -40,8 +42,60 @@ impl FinishReason {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
         }
     }
+}
+
+/// Why generation stopped early.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// An end-of-sequence or stop_token_ids token (kept in token_ids).
+    Token(u32),
+    /// A stop string (cut from the text).
+    String(String),
+}
+
+/// One generated token as streamed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamDelta {
+    /// New settled text (may be empty while text is held back).
+    pub text: String,
+    pub token_id: u32,
+    /// Log-probability of the token when logprobs were requested.
+    pub logprob: Option<f32>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token_id: u32,
+    pub logprob: f32,
+    /// The most likely alternatives, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The first stop string in `text` that starts at or after `from`, as (byte offset, string).
+fn find_stop(text: &str, from: usize, stops: &[String]) -> Option<(usize, String)> {
+    let mut from = from.min(text.len());
+    while !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    stops
+        .iter()
+        .filter_map(|s| text[from..].find(s.as_str()).map(|i| (from + i, s.clone())))
+        .min_by_key(|(i, _)| *i)
+}
+
+/// How much of `text` can be released: not a trailing incomplete UTF-8 sequence
+/// (decoded as U+FFFD), nor the last `max_stop_len - 1` bytes, which could be the
+/// start of a stop string.
+fn settled_len(text: &str, max_stop_len: usize) -> usize {
+    let mut end = text.trim_end_matches('\u{FFFD}').len();
+    end = end.saturating_sub(max_stop_len.saturating_sub(1));
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    end
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -62,6 +116,9 @@ pub struct RequestOutput {
     pub text: String,
     pub token_ids: Vec<u32>,
     pub finish_reason: FinishReason,
+    pub stop_reason: Option<StopReason>,
+    /// Per generated token, when `SamplingParams::logprobs` was set.
+    pub logprobs: Option<Vec<TokenLogprob>>,
     pub metrics: Metrics,
 }
 
@@ -176,53 +233,81 @@ impl Engine {
 
     pub fn generate(&self, prompt: &str, params: &SamplingParams) -> Result<RequestOutput> {
         let ids = self.encode_prompt(prompt)?;
-        self.generate_ids(prompt.to_string(), ids, params, &mut |_| {})
+        self.generate_ids(prompt.to_string(), ids, params, &mut |_| true)
     }
 
     pub fn generate_batch(&self, prompts: &[String], params: &SamplingParams) -> Result<Vec<RequestOutput>> {
         prompts.iter().map(|p| self.generate(p, params)).collect()
     }
 
-    /// Generate from token ids. `on_text` receives each piece of new text as soon
-    /// as it is complete UTF-8; the pieces concatenate to the output's `text`.
+    /// Generate from token ids. `on_delta` receives every generated token with the
+    /// text it completes; the deltas' text concatenates to the output's `text`.
+    /// Text that could still turn into a stop string, or an incomplete UTF-8
+    /// sequence, is held back until it is settled. Returning false from
+    /// `on_delta` cancels the request (finish_reason `Cancelled`).
     pub fn generate_ids(
         &self,
         prompt: String,
         prompt_ids: Vec<u32>,
         params: &SamplingParams,
-        on_text: &mut dyn FnMut(&str),
+        on_delta: &mut dyn FnMut(&StreamDelta) -> bool,
     ) -> Result<RequestOutput> {
         params.validate()?;
         self.check_fits(prompt_ids.len(), params.max_tokens)?;
         let started = Instant::now();
         let seed = params.seed.unwrap_or_else(fresh_seed);
+        let mut end_ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            end_ids.extend(&self.info.eos_token_ids);
+        }
+        let max_stop_len = params.stop.iter().map(String::len).max().unwrap_or(0);
+        let mut history = TokenHistory::new(&prompt_ids);
         let mut session = self.backend.new_session(prompt_ids.len() + params.max_tokens)?;
         let mut logits = session.forward(&prompt_ids, Logits::Last)?;
         let mut token_ids = Vec::with_capacity(params.max_tokens);
+        let mut token_logprobs = params.logprobs.map(|_| Vec::with_capacity(params.max_tokens));
         let mut first_token_at = None;
+        let mut text = String::new();
         let mut emitted = 0usize;
-        let mut finish_reason = FinishReason::Length;
+        let mut finish = (FinishReason::Length, None);
         for step in 0..params.max_tokens {
-            let token = sample(&logits, params, seed, step as u64);
+            let mut processed = logits.clone();
+            process_logits(&mut processed, params, &history, &end_ids);
+            let token = sample(&processed, params, seed, step as u64);
+            let logprob = params.logprobs.map(|n| {
+                let (lp, top) = logprobs(&logits, token, n);
+                TokenLogprob { token_id: token, logprob: lp, top }
+            });
+            history.push(token);
             token_ids.push(token);
             first_token_at.get_or_insert_with(|| started.elapsed().as_secs_f64());
-            let text = self.tokenizer.decode(&token_ids, true)?;
-            // Hold back an incomplete UTF-8 sequence (shown as U+FFFD) until it completes.
-            if !text.ends_with('\u{FFFD}') && text.len() > emitted && text.is_char_boundary(emitted) {
-                on_text(&text[emitted..]);
-                emitted = text.len();
+
+            let searched_upto = text.len();
+            text = self.tokenizer.decode(&token_ids, params.skip_special_tokens)?;
+            if let Some((at, stop)) = find_stop(&text, searched_upto.saturating_sub(max_stop_len), &params.stop) {
+                text.truncate(at);
+                finish = (FinishReason::Stop, Some(StopReason::String(stop)));
+            } else if end_ids.contains(&token) {
+                finish = (FinishReason::Stop, Some(StopReason::Token(token)));
             }
-            if !params.ignore_eos && self.info.eos_token_ids.contains(&token) {
-                finish_reason = FinishReason::Stop;
+            let done = finish.1.is_some() || step + 1 == params.max_tokens;
+            let settled = if done { text.len() } else { settled_len(&text, max_stop_len) };
+            let delta_text = if settled > emitted { text[emitted..settled].to_string() } else { String::new() };
+            emitted = emitted.max(settled);
+            let keep_going =
+                on_delta(&StreamDelta { text: delta_text, token_id: token, logprob: logprob.as_ref().map(|l| l.logprob) });
+            if let (Some(all), Some(lp)) = (token_logprobs.as_mut(), logprob) {
+                all.push(lp);
+            }
+            if !keep_going && !done {
+                text.truncate(emitted);
+                finish = (FinishReason::Cancelled, None);
                 break;
             }
-            if step + 1 < params.max_tokens {
-                logits = session.forward(&[token], Logits::Last)?;
+            if done {
+                break;
             }
-        }
-        let text = self.tokenizer.decode(&token_ids, true)?;
-        if text.len() > emitted && text.is_char_boundary(emitted) {
-            on_text(&text[emitted..]);
+            logits = session.forward(&[token], Logits::Last)?;
         }
         let total = started.elapsed().as_secs_f64();
         let ttft = first_token_at.unwrap_or(total);
@@ -234,7 +319,16 @@ impl Engine {
             output_tokens: token_ids.len(),
             total_seconds: total,
         };
-        Ok(RequestOutput { prompt, prompt_token_ids: prompt_ids, text, token_ids, finish_reason, metrics })
+        Ok(RequestOutput {
+            prompt,
+            prompt_token_ids: prompt_ids,
+            text,
+            token_ids,
+            finish_reason: finish.0,
+            stop_reason: finish.1,
+            logprobs: token_logprobs,
+            metrics,
+        })
     }
 
     /// Logits at every position of `ids` in one pass ([len][vocab], row-major).

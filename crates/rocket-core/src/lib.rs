@@ -22,7 +22,7 @@ pub mod text;
 pub mod weights;
 
 pub use backend::Device;
-pub use engine::{Engine, EngineOptions, FinishReason, Metrics, ModelInfo, RequestOutput};
+pub use engine::{Engine, EngineOptions, FinishReason, Metrics, ModelInfo, RequestOutput, StopReason, StreamDelta, TokenLogprob};
 pub use error::{ErrorKind, Result, RocketError};
 pub use model::ModelSpec;
 pub use sampling::SamplingParams;

