@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from . import _rocket
-from ._rocket import RequestOutput, SamplingParams, Stream, StreamDelta, Tokenizer, render_chat_template
+from ._rocket import RequestOutput, SamplingParams, Stream, StreamDelta, Tokenizer, render_chat_template, sample_token
 from .errors import (
     ContextLengthError,
     DeviceError,
@@ -167,6 +167,7 @@ __all__ = [
     "generate",
     "default_model_path",
     "render_chat_template",
+    "sample_token",
     "RocketError",
     "ModelLoadError",
     "TokenizerError",

