@@ -20,7 +20,9 @@ echo "== python package"
 "$VENV/bin/python" -m pip install -q .
 
 echo "== stubs match the compiled module"
-(cd /tmp && "$OLDPWD/$VENV/bin/python" -m mypy.stubtest rocket._rocket)
+# From outside the checkout, so the installed package (not python/rocket) is checked.
+VENV_PY="$(cd "$VENV" && pwd)/bin/python"
+(cd "${TMPDIR:-/tmp}" && "$VENV_PY" -m mypy.stubtest rocket._rocket)
 
 echo "== pytest"
 "$VENV/bin/python" -m pytest -q tests

@@ -113,3 +113,15 @@ def test_skip_special_tokens_false_keeps_eos_text(smollm2: rocket.LLM) -> None:
     prompt = smollm2.apply_chat_template([{"role": "user", "content": "Say hi."}])
     out = smollm2.generate(prompt, greedy(max_tokens=200, skip_special_tokens=False))[0]
     assert out.finish_reason == "stop" and out.text.endswith("<|im_end|>")
+
+
+def test_unset_values_come_from_generation_config(smollm2: rocket.LLM, tiny_qwen3: rocket.LLM) -> None:
+    # tiny-qwen3's generation_config.json: do_sample true, temperature 0.6, top_k 20, top_p 0.95.
+    unset = rocket.SamplingParams(max_tokens=16, seed=11, ignore_eos=True)
+    assert unset.temperature is None and unset.top_k is None
+    explicit = rocket.SamplingParams(max_tokens=16, seed=11, ignore_eos=True, temperature=0.6, top_k=20, top_p=0.95)
+    assert tiny_qwen3.generate("the cat", unset)[0].token_ids == tiny_qwen3.generate("the cat", explicit)[0].token_ids
+    # The GGUF carries no generation config: as in HF, no do_sample means greedy.
+    assert smollm2.generate(PROMPT, rocket.SamplingParams(max_tokens=8))[0].token_ids == (
+        smollm2.generate(PROMPT, greedy(max_tokens=8))[0].token_ids
+    )

@@ -3,6 +3,7 @@
 use std::io::{Read, Write};
 
 use anyhow::Context;
+use rocket_core::model::UnsetFields;
 use rocket_core::{ChatMessage, SamplingParams};
 
 use crate::ModelArgs;
@@ -14,15 +15,15 @@ pub struct GenerateArgs {
     /// Tokens to generate at most
     #[arg(long, short = 'n', default_value_t = 64)]
     max_tokens: usize,
-    /// 0 = greedy [default: the model's generation_config, else 0]
+    /// 0 = greedy [default: generation_config when it sets do_sample, else 0]
     #[arg(long, short = 't')]
     temperature: Option<f32>,
-    /// Keep the k most likely tokens (0 = off)
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Nucleus sampling threshold in (0, 1]
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
+    /// Keep the k most likely tokens (0 = off) [default: generation_config, else 0]
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Nucleus sampling threshold in (0, 1] [default: generation_config, else 1]
+    #[arg(long)]
+    top_p: Option<f32>,
     /// Seed for sampling (same seed, same output)
     #[arg(long)]
     seed: Option<u64>,
@@ -47,16 +48,21 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         let messages = [ChatMessage { role: "user".into(), content: prompt }];
         prompt = engine.apply_chat_template(&messages, true)?;
     }
-    let gen = engine.generation_config();
-    let default_temperature = if gen.do_sample == Some(true) { gen.temperature.unwrap_or(1.0) as f32 } else { 0.0 };
-    let params = SamplingParams {
+    let mut params = SamplingParams {
         max_tokens: args.max_tokens,
-        temperature: args.temperature.unwrap_or(default_temperature),
-        top_k: args.top_k,
-        top_p: args.top_p,
+        temperature: args.temperature.unwrap_or_default(),
+        top_k: args.top_k.unwrap_or_default(),
+        top_p: args.top_p.unwrap_or(1.0),
         seed: args.seed,
         ..SamplingParams::default()
     };
+    let unset = UnsetFields {
+        temperature: args.temperature.is_none(),
+        top_k: args.top_k.is_none(),
+        top_p: args.top_p.is_none(),
+        repetition_penalty: true,
+    };
+    engine.generation_config().fill_defaults(&mut params, unset);
     let ids = engine.encode_prompt(&prompt)?;
     let mut stdout = std::io::stdout().lock();
     if !args.chat {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use rocket_core::model::UnsetFields;
 use rocket_core::{ChatMessage, Engine, EngineOptions, RocketError};
 
 use errors::to_py_err;
@@ -39,12 +40,23 @@ enum StopArg {
 #[pyclass(module = "rocket._rocket", frozen, eq)]
 #[derive(Clone, PartialEq)]
 pub struct SamplingParams {
+    /// Unset fields hold the neutral values until `resolve` fills them.
     inner: rocket_core::SamplingParams,
+    unset: UnsetFields,
 }
 
 impl SamplingParams {
+    /// As given, unset fields at their neutral values (for the bare sampler).
     fn to_core(&self) -> rocket_core::SamplingParams {
         self.inner.clone()
+    }
+
+    /// Unset fields filled from the model's generation_config.json.
+    fn resolve(&self, py: Python<'_>, engine: &Engine) -> PyResult<rocket_core::SamplingParams> {
+        let mut p = self.inner.clone();
+        engine.generation_config().fill_defaults(&mut p, self.unset);
+        p.validate().map_err(|e| to_py_err(py, e))?;
+        Ok(p)
     }
 }
 
@@ -52,8 +64,8 @@ impl SamplingParams {
 impl SamplingParams {
     #[new]
     #[pyo3(signature = (
-        max_tokens=16, min_tokens=0, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, seed=None,
+        max_tokens=16, min_tokens=0, temperature=None, top_k=None, top_p=None, min_p=0.0,
+        repetition_penalty=None, presence_penalty=0.0, frequency_penalty=0.0, seed=None,
         stop=None, stop_token_ids=None, ignore_eos=false, logprobs=None, skip_special_tokens=true
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -61,11 +73,11 @@ impl SamplingParams {
         py: Python<'_>,
         max_tokens: i64,
         min_tokens: i64,
-        temperature: f64,
-        top_k: i64,
-        top_p: f64,
+        temperature: Option<f64>,
+        top_k: Option<i64>,
+        top_p: Option<f64>,
         min_p: f64,
-        repetition_penalty: f64,
+        repetition_penalty: Option<f64>,
         presence_penalty: f64,
         frequency_penalty: f64,
         seed: Option<u64>,
@@ -83,11 +95,11 @@ impl SamplingParams {
         let inner = rocket_core::SamplingParams {
             max_tokens: max_tokens as usize,
             min_tokens: non_negative("min_tokens", min_tokens)?,
-            temperature: temperature as f32,
-            top_k: non_negative("top_k", top_k)?,
-            top_p: top_p as f32,
+            temperature: temperature.unwrap_or(1.0) as f32,
+            top_k: non_negative("top_k", top_k.unwrap_or(0))?,
+            top_p: top_p.unwrap_or(1.0) as f32,
             min_p: min_p as f32,
-            repetition_penalty: repetition_penalty as f32,
+            repetition_penalty: repetition_penalty.unwrap_or(1.0) as f32,
             presence_penalty: presence_penalty as f32,
             frequency_penalty: frequency_penalty as f32,
             seed,
@@ -102,23 +114,30 @@ impl SamplingParams {
             skip_special_tokens,
         };
         inner.validate().map_err(|e| to_py_err(py, e))?;
-        Ok(SamplingParams { inner })
+        let unset = UnsetFields {
+            temperature: temperature.is_none(),
+            top_k: top_k.is_none(),
+            top_p: top_p.is_none(),
+            repetition_penalty: repetition_penalty.is_none(),
+        };
+        Ok(SamplingParams { inner, unset })
     }
 
     #[getter]
     fn max_tokens(&self) -> usize { self.inner.max_tokens }
     #[getter]
     fn min_tokens(&self) -> usize { self.inner.min_tokens }
+    /// None when unset (the model's generation_config decides).
     #[getter]
-    fn temperature(&self) -> f32 { self.inner.temperature }
+    fn temperature(&self) -> Option<f32> { (!self.unset.temperature).then_some(self.inner.temperature) }
     #[getter]
-    fn top_k(&self) -> usize { self.inner.top_k }
+    fn top_k(&self) -> Option<usize> { (!self.unset.top_k).then_some(self.inner.top_k) }
     #[getter]
-    fn top_p(&self) -> f32 { self.inner.top_p }
+    fn top_p(&self) -> Option<f32> { (!self.unset.top_p).then_some(self.inner.top_p) }
     #[getter]
     fn min_p(&self) -> f32 { self.inner.min_p }
     #[getter]
-    fn repetition_penalty(&self) -> f32 { self.inner.repetition_penalty }
+    fn repetition_penalty(&self) -> Option<f32> { (!self.unset.repetition_penalty).then_some(self.inner.repetition_penalty) }
     #[getter]
     fn presence_penalty(&self) -> f32 { self.inner.presence_penalty }
     #[getter]
@@ -137,7 +156,7 @@ impl SamplingParams {
     fn skip_special_tokens(&self) -> bool { self.inner.skip_special_tokens }
 
     fn __repr__(&self) -> String {
-        format!("SamplingParams({:?})", self.inner).replace("SamplingParams { ", "").replace(" })", ")")
+        format!("SamplingParams({:?}, unset={:?})", self.inner, self.unset)
     }
 }
 
@@ -279,7 +298,7 @@ impl Engine_ {
     /// Generate for each prompt; outputs in input order.
     fn generate(&self, py: Python<'_>, prompts: Vec<String>, params: &SamplingParams) -> PyResult<Vec<RequestOutput>> {
         let e = self.engine.clone();
-        let p = params.to_core();
+        let p = params.resolve(py, &e)?;
         let outs = run_detached(py, move || e.generate_batch(&prompts, &p))?;
         outs.into_iter().map(|o| output_to_py(py, o)).collect()
     }
@@ -287,7 +306,7 @@ impl Engine_ {
     /// Generate from token ids (no tokenisation of the prompt).
     fn generate_from_ids(&self, py: Python<'_>, prompt_token_ids: Vec<u32>, params: &SamplingParams) -> PyResult<RequestOutput> {
         let e = self.engine.clone();
-        let p = params.to_core();
+        let p = params.resolve(py, &e)?;
         let out = run_detached(py, move || {
             let prompt = e.tokenizer().decode(&prompt_token_ids, false)?;
             e.generate_ids(prompt, prompt_token_ids, &p, &mut |_| true)
@@ -298,8 +317,7 @@ impl Engine_ {
     /// Start generating in a background thread; iterate the result for deltas.
     fn stream(&self, py: Python<'_>, prompt: String, params: &SamplingParams) -> PyResult<Stream> {
         let ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
-        let p = params.to_core();
-        p.validate().map_err(|e| to_py_err(py, e))?;
+        let p = params.resolve(py, &self.engine)?;
         let (tx, rx) = std::sync::mpsc::sync_channel::<StreamItem>(64);
         let engine = self.engine.clone();
         std::thread::spawn(move || {
