@@ -1,6 +1,7 @@
 //! The `rocket` command line. Lives in a library so the Python package's
 //! `rocket` entry point runs exactly the same code as the Rust binary.
 
+mod chat;
 mod generate;
 mod inspect;
 
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Generate a continuation of PROMPT (streams to stdout).
     Generate(generate::GenerateArgs),
+    /// Chat with a model interactively (Ctrl-D ends, Ctrl-C stops an answer).
+    Chat(chat::ChatArgs),
     /// Print a model's spec, size, dtypes and tokenizer facts.
     Inspect(inspect::InspectArgs),
 }
@@ -74,6 +77,7 @@ where
     init_logging();
     let result = match cli.command {
         Command::Generate(a) => generate::run(&a),
+        Command::Chat(a) => chat::run(&a),
         Command::Inspect(a) => inspect::run(&a),
     };
     match result {

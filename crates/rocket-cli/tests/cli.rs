@@ -54,3 +54,20 @@ fn usage_errors_exit_2() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("temperature"));
 }
+
+#[test]
+fn chat_answers_each_line_and_ends_at_eof() {
+    use std::io::Write;
+    let mut child = rocket()
+        .args(["chat", "--model", &fixture("tiny-llama"), "-n", "5", "--temperature", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello\n\nsecond turn\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // One answer line per non-empty question.
+    assert_eq!(String::from_utf8_lossy(&out.stdout).matches('\n').count(), 2);
+}
