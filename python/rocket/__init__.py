@@ -91,11 +91,11 @@ class LLM:
             if not all(isinstance(p, str) for p in prompts):
                 raise InvalidArgumentError("prompts must be a str or a list of str")
         if params is None or isinstance(params, SamplingParams):
-            return self._engine.generate(prompts, _check_params(params))
+            return self._engine.generate(prompts, [_check_params(params)])
         per_prompt = [_check_params(p) for p in params]
         if len(per_prompt) != len(prompts):
             raise InvalidArgumentError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
-        return [self._engine.generate([p], sp)[0] for p, sp in zip(prompts, per_prompt)]
+        return self._engine.generate(prompts, per_prompt)
 
     def stream(self, prompt: str, params: SamplingParams | None = None) -> Stream:
         """Yield :class:`StreamDelta` (``text``, ``token_id``, ``logprob``) as tokens arrive;

@@ -24,7 +24,7 @@ fn human(n: f64, unit: &str) -> String {
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
-    let engine = Engine::load(&args.model, EngineOptions { device: Device::Cpu, max_seq_len: None })?;
+    let engine = Engine::load(&args.model, EngineOptions { device: Device::Cpu, ..EngineOptions::default() })?;
     let info = engine.info();
     let s = &info.spec;
     let mut rows: Vec<(String, String)> = vec![

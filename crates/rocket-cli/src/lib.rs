@@ -1,9 +1,11 @@
 //! The `rocket` command line. Lives in a library so the Python package's
 //! `rocket` entry point runs exactly the same code as the Rust binary.
 
+mod bench;
 mod chat;
 mod generate;
 mod inspect;
+mod serve;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -25,6 +27,10 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Print a model's spec, size, dtypes and tokenizer facts.
     Inspect(inspect::InspectArgs),
+    /// Benchmark load, TTFT, prefill and decode (llama-bench style table).
+    Bench(bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
+    Serve(serve::ServeArgs),
 }
 
 /// Shared `--model`/`--device` options.
@@ -47,7 +53,7 @@ impl ModelArgs {
             Some(p) => p.clone(),
             None => rocket_core::default_model::locate()?,
         };
-        let options = rocket_core::EngineOptions { device: self.device.parse()?, max_seq_len: self.max_seq_len };
+        let options = rocket_core::EngineOptions { device: self.device.parse()?, max_seq_len: self.max_seq_len, progress: true };
         rocket_core::Engine::load(path, options)
     }
 }
@@ -79,6 +85,8 @@ where
         Command::Generate(a) => generate::run(&a),
         Command::Chat(a) => chat::run(&a),
         Command::Inspect(a) => inspect::run(&a),
+        Command::Bench(a) => bench::run(&a),
+        Command::Serve(a) => serve::run(&a),
     };
     match result {
         Ok(()) => 0,

@@ -7,11 +7,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, Device, Logits};
+use crate::backend::{Backend, Chunk, Device, Logits};
+use crate::batch::{BatchEvent, Batcher};
 use crate::error::{Result, RocketError};
 use crate::model::{Format, GenerationConfig, ModelSource, ModelSpec, ModelWeights};
-use crate::sampling::{fresh_seed, logprobs, process_logits, sample, SamplingParams, TokenHistory};
+use crate::progress::LoadProgress;
+use crate::sampling::SamplingParams;
 use crate::text::{ChatMessage, ChatTemplate, Tokenizer};
+
+/// Most requests `generate_many` runs in one pass.
+const MAX_BATCH: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -19,11 +24,13 @@ pub struct EngineOptions {
     /// Context limit (prompt + generated tokens); defaults to the model's
     /// trained maximum. The KV cache is sized per request, not to this.
     pub max_seq_len: Option<usize>,
+    /// Draw a progress bar on stderr for loads over a second (only on a terminal).
+    pub progress: bool,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { device: Device::Auto, max_seq_len: None }
+        EngineOptions { device: Device::Auto, max_seq_len: None, progress: true }
     }
 }
 
@@ -74,30 +81,6 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, f32)>,
 }
 
-/// The first stop string in `text` that starts at or after `from`, as (byte offset, string).
-fn find_stop(text: &str, from: usize, stops: &[String]) -> Option<(usize, String)> {
-    let mut from = from.min(text.len());
-    while !text.is_char_boundary(from) {
-        from -= 1;
-    }
-    stops
-        .iter()
-        .filter_map(|s| text[from..].find(s.as_str()).map(|i| (from + i, s.clone())))
-        .min_by_key(|(i, _)| *i)
-}
-
-/// How much of `text` can be released: not a trailing incomplete UTF-8 sequence
-/// (decoded as U+FFFD), nor the last `max_stop_len - 1` bytes, which could be the
-/// start of a stop string.
-fn settled_len(text: &str, max_stop_len: usize) -> usize {
-    let mut end = text.trim_end_matches('\u{FFFD}').len();
-    end = end.saturating_sub(max_stop_len.saturating_sub(1));
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    end
-}
-
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Metrics {
     /// Seconds from the call to the first generated token (prefill included).
@@ -146,10 +129,30 @@ pub struct Engine {
     info: ModelInfo,
 }
 
+/// The backend `device` asks for. `Auto` takes CUDA when this build has it and a
+/// usable GPU is present, else the CPU; `Cuda` fails with the reason instead.
+fn select_backend(device: Device, spec: &ModelSpec, weights: Arc<ModelWeights>, progress: &LoadProgress) -> Result<Box<dyn Backend>> {
+    #[cfg(feature = "cuda")]
+    if device != Device::Cpu {
+        match crate::backend::cuda::CudaBackend::new(spec.clone(), &weights, progress) {
+            Ok(b) => return Ok(Box::new(b)),
+            Err(e) if device == Device::Cuda => return Err(e),
+            Err(e) => tracing::info!("CUDA not used ({e}); running on the CPU"),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    if device == Device::Cuda {
+        let _ = progress;
+        return Err(RocketError::Device("this build of rocket has no CUDA backend; use device=\"cpu\" or \"auto\"".into()));
+    }
+    Ok(Box::new(CpuBackend::new(spec.clone(), weights)))
+}
+
 impl Engine {
     pub fn load(path: impl AsRef<Path>, options: EngineOptions) -> Result<Self> {
         let start = Instant::now();
-        let source = ModelSource::open(path.as_ref())?;
+        let progress = LoadProgress::new(options.progress);
+        let source = ModelSource::open_with_progress(path.as_ref(), &progress)?;
         let spec = source.spec.clone();
         let max_seq_len = match options.max_seq_len {
             None => spec.max_position_embeddings,
@@ -166,14 +169,7 @@ impl Engine {
         let weights = Arc::new(ModelWeights::from_weights(&spec, source.weights)?);
         let dtype_groups = weights.dtype_groups();
         let bytes_per_decode_step = weights.bytes_per_decode_step();
-        let backend: Box<dyn Backend> = match options.device {
-            Device::Auto | Device::Cpu => Box::new(CpuBackend::new(spec.clone(), weights)),
-            Device::Cuda => {
-                return Err(RocketError::Device(
-                    "this build of rocket has no CUDA backend; use device=\"cpu\" or \"auto\"".into(),
-                ))
-            }
-        };
+        let backend = select_backend(options.device, &spec, weights, &progress)?;
         let chat = source
             .chat_template
             .as_deref()
@@ -236,8 +232,38 @@ impl Engine {
         self.generate_ids(prompt.to_string(), ids, params, &mut |_| true)
     }
 
+    /// Several prompts with one set of params, run together (see [`Batcher`]).
     pub fn generate_batch(&self, prompts: &[String], params: &SamplingParams) -> Result<Vec<RequestOutput>> {
-        prompts.iter().map(|p| self.generate(p, params)).collect()
+        let requests = prompts
+            .iter()
+            .map(|p| Ok((p.clone(), self.encode_prompt(p)?, params.clone())))
+            .collect::<Result<Vec<_>>>()?;
+        self.generate_many(requests)
+    }
+
+    /// (prompt, prompt ids, params) requests run as one continuous batch; outputs
+    /// in input order, each identical to what the request gives alone. Every
+    /// request is validated before any runs.
+    pub fn generate_many(&self, requests: Vec<(String, Vec<u32>, SamplingParams)>) -> Result<Vec<RequestOutput>> {
+        let n = requests.len();
+        let results: Vec<std::cell::RefCell<Option<Result<RequestOutput>>>> = (0..n).map(|_| Default::default()).collect();
+        let mut batcher = Batcher::new(self, MAX_BATCH);
+        for ((prompt, ids, params), slot) in requests.into_iter().zip(&results) {
+            batcher.add(prompt, ids, params, Box::new(move |event| {
+                match event {
+                    BatchEvent::Delta(_) => {}
+                    BatchEvent::Finished(out) => *slot.borrow_mut() = Some(Ok(out)),
+                    BatchEvent::Failed(e) => *slot.borrow_mut() = Some(Err(e)),
+                }
+                true
+            }))?;
+        }
+        batcher.run_to_completion()?;
+        drop(batcher);
+        results
+            .into_iter()
+            .map(|r| r.into_inner().unwrap_or_else(|| Err(RocketError::Internal("a batched request never finished".into()))))
+            .collect()
     }
 
     /// Generate from token ids. `on_delta` receives every generated token with the
@@ -252,83 +278,22 @@ impl Engine {
         params: &SamplingParams,
         on_delta: &mut dyn FnMut(&StreamDelta) -> bool,
     ) -> Result<RequestOutput> {
-        params.validate()?;
-        self.check_fits(prompt_ids.len(), params.max_tokens)?;
-        let started = Instant::now();
-        let seed = params.seed.unwrap_or_else(fresh_seed);
-        let mut end_ids = params.stop_token_ids.clone();
-        if !params.ignore_eos {
-            end_ids.extend(&self.info.eos_token_ids);
-        }
-        let max_stop_len = params.stop.iter().map(String::len).max().unwrap_or(0);
-        let mut history = TokenHistory::new(&prompt_ids);
-        let mut session = self.backend.new_session(prompt_ids.len() + params.max_tokens)?;
-        let mut logits = session.forward(&prompt_ids, Logits::Last)?;
-        let mut token_ids = Vec::with_capacity(params.max_tokens);
-        let mut token_logprobs = params.logprobs.map(|_| Vec::with_capacity(params.max_tokens));
-        let mut first_token_at = None;
-        let mut text = String::new();
-        let mut emitted = 0usize;
-        let mut finish = (FinishReason::Length, None);
-        for step in 0..params.max_tokens {
-            let mut processed = logits.clone();
-            process_logits(&mut processed, params, &history, &end_ids);
-            let token = sample(&processed, params, seed, step as u64);
-            let logprob = params.logprobs.map(|n| {
-                let (lp, top) = logprobs(&logits, token, n);
-                TokenLogprob { token_id: token, logprob: lp, top }
-            });
-            history.push(token);
-            token_ids.push(token);
-            first_token_at.get_or_insert_with(|| started.elapsed().as_secs_f64());
-
-            let searched_upto = text.len();
-            text = self.tokenizer.decode(&token_ids, params.skip_special_tokens)?;
-            if let Some((at, stop)) = find_stop(&text, searched_upto.saturating_sub(max_stop_len), &params.stop) {
-                text.truncate(at);
-                finish = (FinishReason::Stop, Some(StopReason::String(stop)));
-            } else if end_ids.contains(&token) {
-                finish = (FinishReason::Stop, Some(StopReason::Token(token)));
+        let mut result = None;
+        let mut batcher = Batcher::new(self, 1);
+        batcher.add(prompt, prompt_ids, params.clone(), Box::new(|event| match event {
+            BatchEvent::Delta(d) => on_delta(&d),
+            BatchEvent::Finished(out) => {
+                result = Some(Ok(out));
+                true
             }
-            let done = finish.1.is_some() || step + 1 == params.max_tokens;
-            let settled = if done { text.len() } else { settled_len(&text, max_stop_len) };
-            let delta_text = if settled > emitted { text[emitted..settled].to_string() } else { String::new() };
-            emitted = emitted.max(settled);
-            let keep_going =
-                on_delta(&StreamDelta { text: delta_text, token_id: token, logprob: logprob.as_ref().map(|l| l.logprob) });
-            if let (Some(all), Some(lp)) = (token_logprobs.as_mut(), logprob) {
-                all.push(lp);
+            BatchEvent::Failed(e) => {
+                result = Some(Err(e));
+                true
             }
-            if !keep_going && !done {
-                text.truncate(emitted);
-                finish = (FinishReason::Cancelled, None);
-                break;
-            }
-            if done {
-                break;
-            }
-            logits = session.forward(&[token], Logits::Last)?;
-        }
-        let total = started.elapsed().as_secs_f64();
-        let ttft = first_token_at.unwrap_or(total);
-        let decode_tokens = token_ids.len().saturating_sub(1);
-        let metrics = Metrics {
-            time_to_first_token: ttft,
-            decode_tokens_per_second: if total > ttft { decode_tokens as f64 / (total - ttft) } else { 0.0 },
-            prompt_tokens: prompt_ids.len(),
-            output_tokens: token_ids.len(),
-            total_seconds: total,
-        };
-        Ok(RequestOutput {
-            prompt,
-            prompt_token_ids: prompt_ids,
-            text,
-            token_ids,
-            finish_reason: finish.0,
-            stop_reason: finish.1,
-            logprobs: token_logprobs,
-            metrics,
-        })
+        }))?;
+        batcher.run_to_completion()?;
+        drop(batcher);
+        result.unwrap_or_else(|| Err(RocketError::Internal("the request never finished".into())))
     }
 
     /// Logits at every position of `ids` in one pass ([len][vocab], row-major).
@@ -338,10 +303,24 @@ impl Engine {
         }
         self.check_fits(ids.len(), 0)?;
         let mut session = self.backend.new_session(ids.len())?;
-        session.forward(ids, Logits::All)
+        self.backend.forward(&mut [Chunk { session: session.as_mut(), tokens: ids }], Logits::All)
     }
 
-    fn check_fits(&self, prompt_tokens: usize, max_tokens: usize) -> Result<()> {
+    /// What the engine runs on, in words.
+    pub fn device_description(&self) -> String {
+        self.backend.device_description()
+    }
+
+    /// The device's measured copy bandwidth in GB/s (None on the CPU backend).
+    pub fn copy_bandwidth_gbs(&self) -> Result<Option<f64>> {
+        self.backend.copy_bandwidth_gbs()
+    }
+
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    pub(crate) fn check_fits(&self, prompt_tokens: usize, max_tokens: usize) -> Result<()> {
         if prompt_tokens == 0 {
             return Err(RocketError::EmptyPrompt);
         }

@@ -13,15 +13,19 @@
 //! [`sampling`], and [`engine`] which ties them together.
 
 pub mod backend;
+pub mod batch;
 pub mod default_model;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod progress;
+mod request;
 pub mod sampling;
 pub mod text;
 pub mod weights;
 
 pub use backend::Device;
+pub use batch::{BatchEvent, Batcher, RequestId};
 pub use engine::{Engine, EngineOptions, FinishReason, Metrics, ModelInfo, RequestOutput, StopReason, StreamDelta, TokenLogprob};
 pub use error::{ErrorKind, Result, RocketError};
 pub use model::ModelSpec;

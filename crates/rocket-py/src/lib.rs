@@ -291,15 +291,25 @@ impl Engine_ {
             Some(n) if n < 1 => return Err(to_py_err(py, RocketError::invalid_arg("max_seq_len", n, "must be at least 1"))),
             other => other.map(|n| n as usize),
         };
-        let engine = run_detached(py, move || Engine::load(&model, EngineOptions { device, max_seq_len }))?;
+        let engine = run_detached(py, move || Engine::load(&model, EngineOptions { device, max_seq_len, progress: true }))?;
         Ok(Engine_ { engine: Arc::new(engine) })
     }
 
-    /// Generate for each prompt; outputs in input order.
-    fn generate(&self, py: Python<'_>, prompts: Vec<String>, params: &SamplingParams) -> PyResult<Vec<RequestOutput>> {
+    /// Generate for each prompt, all in one continuous batch; `params` holds one
+    /// SamplingParams for every prompt or one per prompt. Outputs in input order.
+    fn generate(&self, py: Python<'_>, prompts: Vec<String>, params: Vec<PyRef<'_, SamplingParams>>) -> PyResult<Vec<RequestOutput>> {
+        if params.len() != 1 && params.len() != prompts.len() {
+            let msg = format!("got {} SamplingParams for {} prompts", params.len(), prompts.len());
+            return Err(to_py_err(py, RocketError::invalid_arg("params", params.len(), msg)));
+        }
+        let resolved = params.iter().map(|p| p.resolve(py, &self.engine)).collect::<PyResult<Vec<_>>>()?;
+        let mut requests = Vec::with_capacity(prompts.len());
+        for (i, prompt) in prompts.into_iter().enumerate() {
+            let ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
+            requests.push((prompt, ids, resolved[if resolved.len() == 1 { 0 } else { i }].clone()));
+        }
         let e = self.engine.clone();
-        let p = params.resolve(py, &e)?;
-        let outs = run_detached(py, move || e.generate_batch(&prompts, &p))?;
+        let outs = run_detached(py, move || e.generate_many(requests))?;
         outs.into_iter().map(|o| output_to_py(py, o)).collect()
     }
 

@@ -2,8 +2,12 @@
 //! faster backend is checked against.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
-use crate::error::Result;
+use std::any::Any;
+
+use crate::error::{Result, RocketError};
 
 /// Which logits a forward pass returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,18 +21,70 @@ pub enum Logits {
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// A new sequence with KV room for `capacity` tokens.
-    fn new_session(&self, capacity: usize) -> Result<Box<dyn Session + '_>>;
+    fn new_session(&self, capacity: usize) -> Result<Box<dyn Session>>;
+    /// One pass over several sequences at once: each chunk's tokens are appended
+    /// to its session at positions `len()..`. Every matmul covers the rows of all
+    /// chunks, so the weights are read once per pass whatever the batch size.
+    /// Returns f32 logits, `vocab` per row: one row per chunk (`Logits::Last`, the
+    /// chunk's last token) or one per token of every chunk in order (`Logits::All`).
+    /// Nothing is appended anywhere when an error is returned.
+    fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>>;
+    /// `forward` with `Logits::Last`, returning each chunk's greedy token (the
+    /// argmax, lowest index on ties, as `sampling::argmax`) picked where the
+    /// logits are, so only token ids reach the host. `None`: this backend has no
+    /// such path and the caller should use `forward` (nothing was run).
+    fn forward_argmax(&self, _chunks: &mut [Chunk<'_>]) -> Result<Option<Vec<u32>>> {
+        Ok(None)
+    }
+    /// What it runs on, in words ("cpu", "NVIDIA H200 (sm_90a cubin)").
+    fn device_description(&self) -> String {
+        self.name().to_string()
+    }
+    /// Measured device memory copy bandwidth (GB/s, read + write), where that is
+    /// the roofline for decode; None for the CPU.
+    fn copy_bandwidth_gbs(&self) -> Result<Option<f64>> {
+        Ok(None)
+    }
 }
 
 /// One sequence's state (its KV cache) on a backend.
-pub trait Session {
+pub trait Session: Send + Any {
     /// Tokens already in the cache.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Append `tokens` at positions `len()..` and return logits (f32, `vocab` per row).
-    fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<Vec<f32>>;
+    /// Tokens the cache has room for.
+    fn capacity(&self) -> usize;
+    /// For the backend that made it, to reach its own session type.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// New tokens for one sequence in a batched forward pass.
+pub struct Chunk<'a> {
+    pub session: &'a mut dyn Session,
+    pub tokens: &'a [u32],
+}
+
+/// Checks every chunk against its session's room and the vocabulary before a
+/// backend touches anything, so a failed pass leaves all sessions unchanged.
+pub fn check_chunks(chunks: &[Chunk<'_>], vocab_size: usize) -> Result<()> {
+    if chunks.is_empty() {
+        return Err(RocketError::Internal("forward pass with no sequences".into()));
+    }
+    for c in chunks {
+        if c.tokens.is_empty() {
+            return Err(RocketError::EmptyPrompt);
+        }
+        let need = c.session.len() + c.tokens.len();
+        if need > c.session.capacity() {
+            return Err(RocketError::ContextOverflow { prompt_tokens: need, max_tokens: 0, limit: c.session.capacity() });
+        }
+        if let Some(&bad) = c.tokens.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(RocketError::invalid_arg("token id", bad, format!("must be < vocab size {vocab_size}")));
+        }
+    }
+    Ok(())
 }
 
 /// Where the user asked the engine to run.

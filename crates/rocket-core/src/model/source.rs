@@ -1,6 +1,7 @@
 //! Opening a model: an HF folder (config.json + safetensors + tokenizer files)
 //! or a single GGUF file. Produces everything the engine needs, validated.
 
+use crate::progress::LoadProgress;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -41,6 +42,11 @@ pub struct ModelSource {
 
 impl ModelSource {
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_with_progress(path, &LoadProgress::new(false))
+    }
+
+    /// `open`, reporting the slow part (dequantizing GGUF tensors) to `progress`.
+    pub fn open_with_progress(path: &Path, progress: &LoadProgress) -> Result<Self> {
         let start = Instant::now();
         if !path.exists() {
             return Err(RocketError::ModelNotFound { path: path.to_path_buf() });
@@ -48,7 +54,7 @@ impl ModelSource {
         let mut source = if path.is_dir() {
             open_hf_dir(path)?
         } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-            open_gguf(path)?
+            open_gguf(path, progress)?
         } else {
             return Err(RocketError::config(
                 path,
@@ -141,10 +147,10 @@ fn open_hf_dir(dir: &Path) -> Result<ModelSource> {
     })
 }
 
-fn open_gguf(path: &Path) -> Result<ModelSource> {
+fn open_gguf(path: &Path, progress: &LoadProgress) -> Result<ModelSource> {
     let file = GgufFile::open(path)?;
     let spec = file.spec()?;
-    let weights = file.weights(&spec)?;
+    let weights = file.weights_with_progress(&spec, progress)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let id = |key: &str| file.get_u64(key).map(|v| v as u32);
     let generation = GenerationConfig {

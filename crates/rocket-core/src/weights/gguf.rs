@@ -2,6 +2,7 @@
 //! llama-architecture tensors to canonical HF names. Every read is bounds-checked
 //! so a truncated or corrupt file is an error, never an out-of-bounds access.
 
+use crate::progress::LoadProgress;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -326,6 +327,12 @@ impl GgufFile {
     /// Convert every tensor to canonical names: float tensors stay in the map
     /// (copied only where rows must be reordered), quantized ones become bf16.
     pub fn weights(&self, spec: &ModelSpec) -> Result<Weights> {
+        self.weights_with_progress(spec, &LoadProgress::new(false))
+    }
+
+    /// `weights`, advancing `progress` by each tensor's stored bytes.
+    pub fn weights_with_progress(&self, spec: &ModelSpec, progress: &LoadProgress) -> Result<Weights> {
+        progress.phase("converting", self.tensors.iter().map(|t| t.len as u64).sum());
         let converted: Vec<Result<Option<(String, Tensor)>>> = self
             .tensors
             .par_iter()
@@ -356,6 +363,7 @@ impl GgufFile {
                         Tensor::owned_bf16(shape, out)
                     }
                 };
+                progress.advance(info.len as u64);
                 Ok(Some((name, tensor)))
             })
             .collect();

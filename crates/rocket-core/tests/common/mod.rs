@@ -9,8 +9,13 @@ use std::path::{Path, PathBuf};
 use half::bf16;
 use safetensors::{Dtype, SafeTensors};
 
+/// A committed fixture; ROCKET_FIXTURES points elsewhere when the test binary
+/// runs away from this checkout (on the GPU machine).
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/parity/fixtures").join(name)
+    match std::env::var_os("ROCKET_FIXTURES") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/parity/fixtures").join(name),
+    }
 }
 
 /// A temp copy of a fixture folder that a test may edit.

@@ -160,17 +160,24 @@ pub fn matmul(w: WeightView<'_>, n: usize, k: usize, x: &[f32], t: usize, out: &
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let dim = weight.len();
     for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        let mean_sq = xr.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let scale = 1.0 / (mean_sq + eps).sqrt();
+        let scale = rms_scale(xr, eps);
         for ((o, &v), &w) in or.iter_mut().zip(xr).zip(weight) {
             *o = w * (v * scale);
         }
     }
 }
 
+/// `rms_norm` of one row onto itself (the q/k norms of each head).
 pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
-    let copy = x.to_vec();
-    rms_norm(&copy, weight, eps, x);
+    let scale = rms_scale(x, eps);
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = w * (*v * scale);
+    }
+}
+
+fn rms_scale(row: &[f32], eps: f32) -> f32 {
+    let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+    1.0 / (mean_sq + eps).sqrt()
 }
 
 pub fn silu(x: f32) -> f32 {

@@ -7,7 +7,7 @@ pub mod linalg;
 
 use std::sync::Arc;
 
-use super::{Backend, Logits, Session};
+use super::{check_chunks, Backend, Chunk, Logits, Session};
 use crate::error::{Result, RocketError};
 use crate::model::{rope, ModelSpec, ModelWeights};
 use linalg::{matmul, rms_norm, rms_norm_in_place, silu};
@@ -30,53 +30,55 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
-    fn new_session(&self, capacity: usize) -> Result<Box<dyn Session + '_>> {
+    fn new_session(&self, capacity: usize) -> Result<Box<dyn Session>> {
         let per_layer = capacity * self.spec.kv_dim();
         Ok(Box::new(CpuSession {
-            backend: self,
             capacity,
             len: 0,
             keys: (0..self.spec.num_layers).map(|_| Vec::with_capacity(per_layer)).collect(),
             values: (0..self.spec.num_layers).map(|_| Vec::with_capacity(per_layer)).collect(),
         }))
     }
-}
 
-pub struct CpuSession<'a> {
-    backend: &'a CpuBackend,
-    capacity: usize,
-    len: usize,
-    /// Per layer: [position][kv_dim], appended as tokens arrive.
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
-}
-
-impl Session for CpuSession<'_> {
-    fn len(&self) -> usize {
-        self.len
+    fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
+        let s = &self.spec;
+        check_chunks(chunks, s.vocab_size)?;
+        let mut seqs: Vec<(&mut CpuSession, &[u32])> = Vec::with_capacity(chunks.len());
+        for c in chunks.iter_mut() {
+            let session = c
+                .session
+                .as_any_mut()
+                .downcast_mut::<CpuSession>()
+                .ok_or_else(|| RocketError::Internal("the cpu backend was given another backend's session".into()))?;
+            seqs.push((session, c.tokens));
+        }
+        Ok(self.forward_rows(&mut seqs, logits))
     }
+}
 
-    fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
-        let b = self.backend;
-        let s = &b.spec;
-        let w = &*b.weights;
-        let t = tokens.len();
-        if t == 0 {
-            return Err(RocketError::EmptyPrompt);
-        }
-        if self.len + t > self.capacity {
-            return Err(RocketError::ContextOverflow { prompt_tokens: self.len + t, max_tokens: 0, limit: self.capacity });
-        }
-        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= s.vocab_size) {
-            return Err(RocketError::invalid_arg("token id", bad, format!("must be < vocab size {}", s.vocab_size)));
-        }
+impl CpuBackend {
+    /// The transformer over the rows of every sequence, stacked: matmuls and
+    /// norms see all rows at once; RoPE, the KV append and attention go sequence
+    /// by sequence. Row results do not depend on what else is in the batch.
+    fn forward_rows(&self, seqs: &mut [(&mut CpuSession, &[u32])], logits: Logits) -> Vec<f32> {
+        let s = &self.spec;
+        let w = &*self.weights;
         let (d, qd, kvd, ff, hd) = (s.hidden_size, s.q_dim(), s.kv_dim(), s.intermediate_size, s.head_dim);
         let eps = s.rms_norm_eps as f32;
-        let start = self.len;
+        let t: usize = seqs.iter().map(|(_, toks)| toks.len()).sum();
+        // (first row, row count, first position) of each sequence.
+        let spans: Vec<(usize, usize, usize)> = seqs
+            .iter()
+            .scan(0, |row, (sess, toks)| {
+                let span = (*row, toks.len(), sess.len);
+                *row += toks.len();
+                Some(span)
+            })
+            .collect();
 
         let embed = w.embed_tokens.view();
         let mut x = vec![0f32; t * d];
-        for (row, &id) in x.chunks_exact_mut(d).zip(tokens) {
+        for (row, &id) in x.chunks_exact_mut(d).zip(seqs.iter().flat_map(|(_, toks)| toks.iter())) {
             embed.to_f32_into(id as usize * d, row);
         }
 
@@ -94,24 +96,33 @@ impl Session for CpuSession<'_> {
             matmul(layer.q_proj.view(), qd, d, &h, t, &mut q);
             matmul(layer.k_proj.view(), kvd, d, &h, t, &mut k);
             matmul(layer.v_proj.view(), kvd, d, &h, t, &mut v);
-            for ti in 0..t {
-                let pos = start + ti;
-                for head in q[ti * qd..(ti + 1) * qd].chunks_exact_mut(hd) {
-                    if let Some(n) = &layer.q_norm {
-                        rms_norm_in_place(head, n, eps);
+            for ((sess, _), &(row0, rows, pos0)) in seqs.iter_mut().zip(&spans) {
+                for ti in 0..rows {
+                    let (r, pos) = (row0 + ti, pos0 + ti);
+                    for head in q[r * qd..(r + 1) * qd].chunks_exact_mut(hd) {
+                        if let Some(n) = &layer.q_norm {
+                            rms_norm_in_place(head, n, eps);
+                        }
+                        rope::apply(head, pos, &self.inv_freq);
                     }
-                    rope::apply(head, pos, &b.inv_freq);
-                }
-                for head in k[ti * kvd..(ti + 1) * kvd].chunks_exact_mut(hd) {
-                    if let Some(n) = &layer.k_norm {
-                        rms_norm_in_place(head, n, eps);
+                    for head in k[r * kvd..(r + 1) * kvd].chunks_exact_mut(hd) {
+                        if let Some(n) = &layer.k_norm {
+                            rms_norm_in_place(head, n, eps);
+                        }
+                        rope::apply(head, pos, &self.inv_freq);
                     }
-                    rope::apply(head, pos, &b.inv_freq);
                 }
+                sess.keys[li].extend_from_slice(&k[row0 * kvd..(row0 + rows) * kvd]);
+                sess.values[li].extend_from_slice(&v[row0 * kvd..(row0 + rows) * kvd]);
+                attention::causal(
+                    s,
+                    &q[row0 * qd..(row0 + rows) * qd],
+                    &sess.keys[li],
+                    &sess.values[li],
+                    pos0,
+                    &mut attn[row0 * qd..(row0 + rows) * qd],
+                );
             }
-            self.keys[li].extend_from_slice(&k);
-            self.values[li].extend_from_slice(&v);
-            attention::causal(s, &q, &self.keys[li], &self.values[li], start, &mut attn);
             matmul(layer.o_proj.view(), d, qd, &attn, t, &mut proj);
             add_in_place(&mut x, &proj);
 
@@ -124,18 +135,42 @@ impl Session for CpuSession<'_> {
             matmul(layer.down_proj.view(), d, ff, &gate, t, &mut proj);
             add_in_place(&mut x, &proj);
         }
-        self.len += t;
+        for ((sess, toks), _) in seqs.iter_mut().zip(&spans) {
+            sess.len += toks.len();
+        }
 
-        let rows: &[f32] = match logits {
-            Logits::All => &x,
-            Logits::Last => &x[(t - 1) * d..],
+        let rows: Vec<f32> = match logits {
+            Logits::All => x,
+            Logits::Last => spans.iter().flat_map(|&(row0, rows, _)| x[(row0 + rows - 1) * d..][..d].to_vec()).collect(),
         };
         let n_rows = rows.len() / d;
         let mut normed = vec![0f32; rows.len()];
-        rms_norm(rows, &w.final_norm, eps, &mut normed);
+        rms_norm(&rows, &w.final_norm, eps, &mut normed);
         let mut out = vec![0f32; n_rows * s.vocab_size];
         matmul(w.lm_head().view(), s.vocab_size, d, &normed, n_rows, &mut out);
-        Ok(out)
+        out
+    }
+}
+
+pub struct CpuSession {
+    capacity: usize,
+    len: usize,
+    /// Per layer: [position][kv_dim], appended as tokens arrive.
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+impl Session for CpuSession {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 }
 

@@ -1,0 +1,184 @@
+//! `rocket bench`: llama-bench-style figures for one model — load time, TTFT,
+//! prefill tokens/s, decode ms per step at each batch size, effective GB/s and
+//! its share of the copy bandwidth measured in the same process — as a table
+//! (printed last) and optionally as JSON with the date, commit, GPU and command.
+
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use rocket_core::{Engine, SamplingParams};
+use serde_json::json;
+
+use crate::ModelArgs;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Batch sizes, comma separated
+    #[arg(long, default_value = "1", value_delimiter = ',')]
+    batch: Vec<usize>,
+    /// Prompt length in tokens (random ids, seeded)
+    #[arg(long, default_value_t = 128)]
+    prompt_len: usize,
+    /// Tokens generated per sequence (greedy, EOS ignored)
+    #[arg(long, default_value_t = 256)]
+    gen_len: usize,
+    /// Timed repetitions per batch size (after one warm-up)
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Also write the results as JSON to FILE
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// mean ± std of repeated timings.
+fn stats(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 { xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+/// Seeded prompt ids spread over the vocabulary (splitmix64).
+fn random_prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
+    let mut state = seed;
+    (0..len)
+        .map(|_| {
+            state = state.wrapping_add(0x9e3779b97f4a7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+            z ^= z >> 31;
+            // Skip the top of the range, where special tokens usually live.
+            (z % (vocab as u64 * 9 / 10)) as u32
+        })
+        .collect()
+}
+
+/// Runs `batch` requests together; returns (TTFT, seconds per decode step).
+fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize) -> anyhow::Result<(f64, f64)> {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(gen_len) };
+    let requests = prompts.iter().map(|p| (String::new(), p.clone(), params.clone())).collect();
+    let outs = engine.generate_many(requests)?;
+    let m = &outs[0].metrics;
+    if outs.iter().any(|o| o.token_ids.len() != gen_len) {
+        bail!("a sequence stopped before gen_len");
+    }
+    let steps = gen_len.saturating_sub(1).max(1) as f64;
+    Ok((m.time_to_first_token, (m.total_seconds - m.time_to_first_token) / steps))
+}
+
+struct Row {
+    batch: usize,
+    ttft: (f64, f64),
+    prefill_tps: f64,
+    step_ms: (f64, f64),
+    tokens_per_s: f64,
+    gbs: f64,
+    pct_copy: Option<f64>,
+}
+
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.batch.is_empty() || args.batch.contains(&0) {
+        bail!("--batch needs sizes of at least 1");
+    }
+    if args.prompt_len == 0 || args.gen_len < 2 || args.reps == 0 {
+        bail!("--prompt-len must be >= 1, --gen-len >= 2 and --reps >= 1");
+    }
+    let t = Instant::now();
+    let engine = args.model.load().context("loading the model")?;
+    let load_s = t.elapsed().as_secs_f64();
+    let info = engine.info().clone();
+    let copy_gbs = engine.copy_bandwidth_gbs()?;
+    let device = engine.device_description();
+    eprintln!("bench: {} on {device}, load {load_s:.3} s", info.path.display());
+    let vocab = info.spec.vocab_size.min(info.tokenizer_size.max(1));
+
+    let mut rows = Vec::new();
+    for &b in &args.batch {
+        let prompts: Vec<Vec<u32>> = (0..b).map(|i| random_prompt(1000 + i as u64, args.prompt_len, vocab)).collect();
+        run_batch(&engine, &prompts, args.gen_len.min(8))?; // warm-up: graphs, caches
+        let (mut ttfts, mut steps) = (Vec::new(), Vec::new());
+        for rep in 0..args.reps {
+            let (ttft, step) = run_batch(&engine, &prompts, args.gen_len)?;
+            eprintln!("bench: batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step", rep + 1, args.reps, ttft * 1e3, step * 1e3);
+            ttfts.push(ttft);
+            steps.push(step);
+        }
+        let ttft = stats(&ttfts);
+        let step = stats(&steps);
+        let gbs = info.bytes_per_decode_step as f64 / step.0 / 1e9;
+        rows.push(Row {
+            batch: b,
+            ttft: (ttft.0 * 1e3, ttft.1 * 1e3),
+            prefill_tps: (b * args.prompt_len) as f64 / ttft.0,
+            step_ms: (step.0 * 1e3, step.1 * 1e3),
+            tokens_per_s: b as f64 / step.0,
+            gbs,
+            pct_copy: copy_gbs.map(|c| 100.0 * gbs / c),
+        });
+    }
+
+    if let Some(path) = &args.json {
+        let report = json!({
+            "date_unix": SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            "commit": env!("ROCKET_GIT_COMMIT"),
+            "command": std::env::args().collect::<Vec<_>>(),
+            "device": device,
+            "gpu_clocks": nvidia_smi_clocks(),
+            "model": info.path.display().to_string(),
+            "backend": info.backend,
+            "bytes_per_decode_step": info.bytes_per_decode_step,
+            "copy_bandwidth_gbs": copy_gbs,
+            "load_seconds": load_s,
+            "prompt_len": args.prompt_len,
+            "gen_len": args.gen_len,
+            "reps": args.reps,
+            "results": rows.iter().map(|r| json!({
+                "batch": r.batch,
+                "ttft_ms": r.ttft.0, "ttft_ms_std": r.ttft.1,
+                "prefill_tokens_per_s": r.prefill_tps,
+                "decode_ms_per_step": r.step_ms.0, "decode_ms_per_step_std": r.step_ms.1,
+                "decode_tokens_per_s": r.tokens_per_s,
+                "effective_gbs": r.gbs,
+                "pct_of_copy_bandwidth": r.pct_copy,
+            })).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+    }
+
+    println!("model: {}  device: {device}  commit: {}", info.path.display(), env!("ROCKET_GIT_COMMIT"));
+    println!(
+        "load {load_s:.3} s  weights/step {:.3} GB  copy bandwidth {}",
+        info.bytes_per_decode_step as f64 / 1e9,
+        copy_gbs.map_or("n/a".into(), |c| format!("{c:.0} GB/s"))
+    );
+    println!("| batch | TTFT ms (p={}) | prefill tok/s | decode ms/step | tok/s | GB/s | % copy BW |", args.prompt_len);
+    println!("|------:|---------------:|--------------:|---------------:|------:|-----:|----------:|");
+    for r in &rows {
+        println!(
+            "| {} | {:.2} ± {:.2} | {:.0} | {:.3} ± {:.3} | {:.1} | {:.0} | {} |",
+            r.batch,
+            r.ttft.0,
+            r.ttft.1,
+            r.prefill_tps,
+            r.step_ms.0,
+            r.step_ms.1,
+            r.tokens_per_s,
+            r.gbs,
+            r.pct_copy.map_or("n/a".into(), |p| format!("{p:.1}%"))
+        );
+    }
+    Ok(())
+}
+
+/// SM/memory clocks now and at most, from nvidia-smi where it exists.
+fn nvidia_smi_clocks() -> Option<String> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem", "--format=csv,noheader"])
+        .output()
+        .ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}

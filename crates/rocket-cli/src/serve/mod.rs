@@ -1,0 +1,269 @@
+//! `rocket serve`: an OpenAI-compatible HTTP server (axum on tokio).
+//!
+//! The port is bound first and the model loads in the background (`/health`
+//! answers 503 until it is ready). One scheduler thread runs the engine's
+//! continuous batcher; handlers validate requests, hand them over, and answer
+//! JSON or server-sent events. SIGTERM / Ctrl-C stop accepting connections and
+//! let in-flight requests finish for `--shutdown-timeout` seconds (a second
+//! signal, or the timeout, cancels them), then the process exits.
+
+mod errors;
+mod response;
+mod routes;
+mod scheduler;
+mod schema;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use rocket_core::Engine;
+use tokio::sync::watch;
+
+use crate::ModelArgs;
+use response::Meta;
+use scheduler::Scheduler;
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("must be an integer >= 1, got {s:?}")),
+    }
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!("must be a number of seconds >= 0, got {s:?}")),
+    }
+}
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one; the address is printed)
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// The model name clients send and /v1/models lists [default: the model's file or folder name]
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Most requests decoded together in one forward pass
+    #[arg(long, default_value = "16", value_parser = positive)]
+    max_batch: usize,
+    /// Most requests admitted at once (running + waiting); beyond it requests get 429
+    #[arg(long, default_value = "64", value_parser = positive)]
+    max_queue: usize,
+    /// Seconds in-flight requests may run after SIGTERM/Ctrl-C before they are cancelled
+    #[arg(long, default_value = "30", value_parser = seconds)]
+    shutdown_timeout: f64,
+}
+
+/// What exists once the model has loaded.
+pub struct Ready {
+    pub engine: Arc<Engine>,
+    pub scheduler: Scheduler,
+}
+
+/// State shared by every handler.
+pub struct AppState {
+    pub model_name: String,
+    /// Unix time the server started (the model card's `created`).
+    pub created: u64,
+    ready: OnceLock<Ready>,
+    shutting_down: AtomicBool,
+    id_salt: u64,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    fn new(model_name: String) -> Self {
+        AppState {
+            model_name,
+            created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            ready: OnceLock::new(),
+            shutting_down: AtomicBool::new(false),
+            id_salt: rocket_core::sampling::fresh_seed(),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    pub fn ready(&self) -> Option<&Ready> {
+        self.ready.get()
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// A fresh response id (`cmpl-…`, `chatcmpl-…`) with the model name and time.
+    pub fn meta(&self, prefix: &str) -> Meta {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Meta {
+            id: format!("{prefix}-{:016x}{n:08x}", self.id_salt),
+            created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            model: self.model_name.clone(),
+        }
+    }
+}
+
+fn default_name(path: &std::path::Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
+}
+
+pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    let path = match &args.model.model {
+        Some(p) => p.clone(),
+        None => rocket_core::default_model::locate()?,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("rocket-http")
+        .build()
+        .context("starting the async runtime")?;
+    let result = runtime.block_on(serve(args, path));
+    // A model still loading when a signal came is not waited for.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    result
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn serve(args: &ServeArgs, path: PathBuf) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let addr: SocketAddr = listener.local_addr()?;
+    let name = args.served_model_name.clone().unwrap_or_else(|| default_name(&path));
+    let app = Arc::new(AppState::new(name));
+    eprintln!("rocket serve: listening on http://{addr} (loading {})", path.display());
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+    let load_error: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+
+    // Load in the background; the port already answers /health with 503.
+    {
+        let (app, stop_tx, load_error) = (app.clone(), stop_tx.clone(), load_error.clone());
+        let (model, max_batch, max_queue) = (args.model.clone(), args.max_batch, args.max_queue);
+        let options = (path.clone(), model.device.clone(), model.max_seq_len);
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let loaded = tokio::task::spawn_blocking(move || {
+                let (path, device, max_seq_len) = options;
+                let options = rocket_core::EngineOptions { device: device.parse()?, max_seq_len, ..Default::default() };
+                Engine::load(path, options)
+            })
+            .await;
+            let failure = match loaded {
+                Ok(Ok(engine)) if !app.is_shutting_down() => {
+                    let engine = Arc::new(engine);
+                    match Scheduler::start(engine.clone(), max_batch, max_queue) {
+                        Ok(scheduler) => {
+                            let info = engine.info();
+                            eprintln!(
+                                "rocket serve: ready — {} ({} backend, context {} tokens, max batch {max_batch}, max queue {max_queue}) loaded in {:.1} s",
+                                app.model_name,
+                                info.backend,
+                                info.max_seq_len,
+                                started.elapsed().as_secs_f64()
+                            );
+                            let _ = app.ready.set(Ready { engine, scheduler });
+                            None
+                        }
+                        Err(e) => Some(anyhow::Error::new(e).context("starting the scheduler thread")),
+                    }
+                }
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(anyhow::Error::new(e)),
+                Err(e) => Some(anyhow::anyhow!("loading the model panicked: {e}")),
+            };
+            if let Some(e) = failure {
+                *load_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                let _ = stop_tx.send(true);
+            }
+        });
+    }
+
+    // First signal: drain; the timeout or a second signal: cancel what is left.
+    let drain = Duration::from_secs_f64(args.shutdown_timeout);
+    {
+        let (app, stop_tx) = (app.clone(), stop_tx.clone());
+        let stop_rx = stop_rx.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = signal() => {}
+                _ = stopped(stop_rx) => return,
+            }
+            app.shutting_down.store(true, Ordering::SeqCst);
+            let in_flight = app.ready().map_or(0, |r| r.scheduler.in_flight());
+            eprintln!(
+                "rocket serve: shutting down; letting {in_flight} in-flight request(s) finish (up to {:.0} s; signal again to cancel them)",
+                drain.as_secs_f64()
+            );
+            let _ = stop_tx.send(true);
+            tokio::select! {
+                _ = tokio::time::sleep(drain) => {}
+                _ = signal() => {}
+            }
+            if let Some(r) = app.ready() {
+                if r.scheduler.in_flight() > 0 {
+                    eprintln!("rocket serve: cancelling {} request(s)", r.scheduler.in_flight());
+                }
+                r.scheduler.cancel_all();
+            }
+        });
+    }
+
+    let server = axum::serve(listener, routes::router(app.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let deadline = async {
+        stopped(stop_rx.clone()).await;
+        // Cancelled requests end their streams at once; this only guards against a stuck client.
+        tokio::time::sleep(drain + Duration::from_secs(5)).await;
+    };
+    tokio::select! {
+        r = server => r.context("the HTTP server failed")?,
+        _ = deadline => eprintln!("rocket serve: connections still open after the drain; closing them"),
+    }
+    if let Some(r) = app.ready() {
+        r.scheduler.cancel_all();
+        r.scheduler.shutdown();
+    }
+    if let Some(e) = load_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    eprintln!("rocket serve: stopped");
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! HTTP handlers: request → validated engine request → scheduler → JSON body
+//! or server-sent events.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use rocket_core::{BatchEvent, Engine, FinishReason, RequestOutput, SamplingParams};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::errors::ApiError;
+use super::response::{self, ChunkWriter, Endpoint, TokenText};
+use super::schema::{ChatRequest, CompletionRequest, Prompt, Sampling, DEFAULT_COMPLETION_MAX_TOKENS};
+use super::{AppState, Ready};
+
+pub fn router(app: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .with_state(app)
+}
+
+async fn health(State(app): State<Arc<AppState>>) -> Response {
+    let (status, state) = if app.is_shutting_down() {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting_down")
+    } else {
+        match app.ready() {
+            None => (StatusCode::SERVICE_UNAVAILABLE, "loading"),
+            Some(r) if !r.scheduler.healthy() => (StatusCode::SERVICE_UNAVAILABLE, "failed"),
+            Some(_) => (StatusCode::OK, "ok"),
+        }
+    };
+    let mut body = json!({"status": state, "model": app.model_name});
+    if let Some(r) = app.ready() {
+        body["requests_in_flight"] = json!(r.scheduler.in_flight());
+        body["max_queue"] = json!(r.scheduler.max_queue());
+    }
+    (status, Json(body)).into_response()
+}
+
+fn model_card(app: &AppState) -> Value {
+    json!({
+        "id": app.model_name,
+        "object": "model",
+        "created": app.created,
+        "owned_by": "rocket",
+        "max_model_len": app.ready().map(|r| r.engine.info().max_seq_len),
+    })
+}
+
+async fn models(State(app): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_card(&app)]}))
+}
+
+async fn model(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if id == app.model_name {
+        Json(model_card(&app)).into_response()
+    } else {
+        ApiError::model_not_found(&id, &app.model_name).into_response()
+    }
+}
+
+fn rejection(r: BytesRejection) -> ApiError {
+    let mut e = ApiError::invalid_json(r.body_text());
+    e.status = r.status();
+    if e.status == StatusCode::PAYLOAD_TOO_LARGE {
+        e.code = Some("payload_too_large");
+    }
+    e
+}
+
+/// Common checks before a request reaches the engine.
+fn admit(app: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(&Ready, Bytes), ApiError> {
+    if app.is_shutting_down() {
+        return Err(ApiError::shutting_down());
+    }
+    let ready = app.ready().ok_or_else(ApiError::loading)?;
+    Ok((ready, body.map_err(rejection)?))
+}
+
+fn check_model(app: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != app.model_name => Err(ApiError::model_not_found(m, &app.model_name)),
+        _ => Ok(()),
+    }
+}
+
+fn check_ids(engine: &Engine, param: &str, ids: &[u32]) -> Result<(), ApiError> {
+    let vocab = engine.spec().vocab_size;
+    match ids.iter().find(|&&id| id as usize >= vocab) {
+        Some(bad) => Err(ApiError::invalid_value(param, format!("token id {bad} in '{param}' is not below the vocabulary size {vocab}"))),
+        None => Ok(()),
+    }
+}
+
+/// Resolve sampling against the model and check that everything fits.
+fn engine_params(
+    engine: &Engine,
+    sampling: &Sampling,
+    prompt_param: &str,
+    prompt_tokens: usize,
+    default_max_tokens: Option<usize>,
+    logprobs: Option<usize>,
+) -> Result<SamplingParams, ApiError> {
+    check_ids(engine, "stop_token_ids", &sampling.stop_token_ids)?;
+    let limit = engine.info().max_seq_len;
+    let max_tokens = sampling
+        .max_tokens
+        .or(default_max_tokens)
+        // Chat's default is whatever room the context has left.
+        .unwrap_or_else(|| limit.saturating_sub(prompt_tokens).max(1));
+    if prompt_tokens + max_tokens > limit {
+        return Err(ApiError::context_length(prompt_param, prompt_tokens, max_tokens, limit));
+    }
+    if sampling.min_tokens > max_tokens {
+        return Err(ApiError::invalid_value(
+            "min_tokens",
+            format!("'min_tokens' ({}) must not exceed max_tokens ({max_tokens})", sampling.min_tokens),
+        ));
+    }
+    let params = sampling.to_params(max_tokens, logprobs, engine.generation_config());
+    params.validate().map_err(|e| ApiError::from_engine(&e, prompt_param))?;
+    Ok(params)
+}
+
+/// Wait for a request's result (non-streamed responses).
+async fn collect(mut rx: UnboundedReceiver<BatchEvent>, prompt_param: &str) -> Result<RequestOutput, ApiError> {
+    while let Some(event) = rx.recv().await {
+        match event {
+            BatchEvent::Delta(_) => {}
+            BatchEvent::Finished(out) if out.finish_reason == FinishReason::Cancelled => {
+                return Err(ApiError::shutting_down())
+            }
+            BatchEvent::Finished(out) => return Ok(out),
+            BatchEvent::Failed(e) => return Err(ApiError::from_engine(&e, prompt_param)),
+        }
+    }
+    Err(ApiError::internal("the request ended without a result"))
+}
+
+fn data(v: &Value) -> Result<Event, Infallible> {
+    Ok(Event::default().data(v.to_string()))
+}
+
+/// Server-sent events for one request: chunks as tokens settle, then the
+/// closing chunk, optional usage, and `data: [DONE]`. Dropping the stream (the
+/// client went away) drops the receiver, which cancels the generation.
+fn sse_stream(
+    engine: Arc<Engine>,
+    rx: UnboundedReceiver<BatchEvent>,
+    mut writer: ChunkWriter,
+    echo: Option<String>,
+    prompt_param: &'static str,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let first: Vec<Value> = writer.start(&TokenText::new(engine.tokenizer()), echo.as_deref());
+    let head = stream::iter(first.iter().map(data).collect::<Vec<_>>());
+    let body = stream::unfold(Some((rx, writer)), move |state| {
+        let engine = engine.clone();
+        async move {
+            let (mut rx, mut writer) = state?;
+            let tt = TokenText::new(engine.tokenizer());
+            let mut events = Vec::new();
+            let mut done = true;
+            match rx.recv().await {
+                Some(BatchEvent::Delta(d)) => {
+                    done = false;
+                    if let Some(chunk) = writer.token(&tt, d.token_id, d.logprob, &d.text) {
+                        events.push(data(&chunk));
+                    }
+                }
+                Some(BatchEvent::Finished(out)) if out.finish_reason == FinishReason::Cancelled => {
+                    events.push(data(&ApiError::shutting_down().body()));
+                }
+                Some(BatchEvent::Finished(out)) => events.extend(writer.finish(&tt, &out).iter().map(data)),
+                Some(BatchEvent::Failed(e)) => events.push(data(&ApiError::from_engine(&e, prompt_param).body())),
+                None => events.push(data(&ApiError::internal("the request ended without a result").body())),
+            }
+            if done {
+                events.push(Ok(Event::default().data("[DONE]")));
+            }
+            Some((stream::iter(events), (!done).then_some((rx, writer))))
+        }
+    });
+    head.chain(body.flatten())
+}
+
+fn sse_response(stream: impl Stream<Item = Result<Event, Infallible>> + Send + 'static) -> Response {
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10))).into_response()
+}
+
+async fn completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    completions_inner(&app, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions_inner(app: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let (ready, body) = admit(app, body)?;
+    let req = CompletionRequest::parse(&body)?;
+    check_model(app, req.model.as_deref())?;
+    let engine = &ready.engine;
+    let (prompt, ids) = match req.prompt {
+        Prompt::Text(text) => {
+            if text.is_empty() {
+                return Err(ApiError::invalid_value("prompt", "'prompt' must not be empty"));
+            }
+            let ids = engine.encode_prompt(&text).map_err(|e| ApiError::from_engine(&e, "prompt"))?;
+            (text, ids)
+        }
+        Prompt::Ids(ids) => {
+            if ids.is_empty() {
+                return Err(ApiError::invalid_value("prompt", "'prompt' must not be empty"));
+            }
+            check_ids(engine, "prompt", &ids)?;
+            let text = engine.tokenizer().decode(&ids, false).map_err(|e| ApiError::from_engine(&e, "prompt"))?;
+            (text, ids)
+        }
+    };
+    let params = engine_params(engine, &req.sampling, "prompt", ids.len(), Some(DEFAULT_COMPLETION_MAX_TOKENS), req.logprobs)?;
+    let rx = ready.scheduler.submit(prompt.clone(), ids, params)?;
+    let meta = app.meta("cmpl");
+    if req.stream {
+        let writer = ChunkWriter::new(meta, Endpoint::Completions, req.logprobs.is_some(), req.include_usage);
+        let echo = req.echo.then_some(prompt);
+        return Ok(sse_response(sse_stream(engine.clone(), rx, writer, echo, "prompt")));
+    }
+    let out = collect(rx, "prompt").await?;
+    let tt = TokenText::new(engine.tokenizer());
+    let logprobs = out.logprobs.as_ref().map(|items| response::completion_logprobs(&tt, items, &mut 0));
+    let text = if req.echo { format!("{prompt}{}", out.text) } else { out.text.clone() };
+    Ok(Json(response::completion_body(&meta, text, logprobs, &out)).into_response())
+}
+
+async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    chat_inner(&app, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat_inner(app: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let (ready, body) = admit(app, body)?;
+    let req = ChatRequest::parse(&body)?;
+    check_model(app, req.model.as_deref())?;
+    let engine = &ready.engine;
+    let prompt = engine.apply_chat_template(&req.messages, true).map_err(|e| ApiError::from_engine(&e, "messages"))?;
+    let ids = engine.encode_prompt(&prompt).map_err(|e| ApiError::from_engine(&e, "messages"))?;
+    let params = engine_params(engine, &req.sampling, "messages", ids.len(), None, req.engine_logprobs())?;
+    let rx = ready.scheduler.submit(prompt, ids, params)?;
+    let meta = app.meta("chatcmpl");
+    if req.stream {
+        let writer = ChunkWriter::new(meta, Endpoint::Chat, req.logprobs, req.include_usage);
+        return Ok(sse_response(sse_stream(engine.clone(), rx, writer, None, "messages")));
+    }
+    let out = collect(rx, "messages").await?;
+    let tt = TokenText::new(engine.tokenizer());
+    let logprobs = out.logprobs.as_ref().map(|items| response::chat_logprobs(&tt, items));
+    Ok(Json(response::chat_body(&meta, logprobs, &out)).into_response())
+}

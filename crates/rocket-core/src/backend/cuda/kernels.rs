@@ -1,0 +1,174 @@
+//! rocket's precompiled kernels (kernels/src, built by kernels/build.sh) and one
+//! typed launcher per kernel, mirroring the launch contract in each .cu header.
+
+use std::time::Instant;
+
+use super::driver::{Arg, Context, Function, Module, Stream};
+use crate::error::{Result, RocketError};
+
+/// Machine code for Hopper (sm_90a): loads without a JIT.
+static CUBIN: &[u8] = include_bytes!("../../../../../kernels/build/rocket.sm_90a.cubin");
+/// PTX for sm_90, JIT-compiled by the driver on other GPUs of compute capability >= 9.0.
+static PTX: &[u8] = include_bytes!("../../../../../kernels/build/rocket.ptx");
+
+/// Output rows per launch of each small-batch GEMV instantiation.
+const GEMV_TILES: [u32; 5] = [1, 2, 4, 8, 16];
+
+pub(crate) struct Kernels {
+    _module: Module,
+    embed: Function,
+    rms_norm: Function,
+    gemv: [Function; 5],
+    rope_kv: Function,
+    attn_partial: Function,
+    attn_merge: Function,
+    silu_mul: Function,
+    argmax: Function,
+    head_dim: u32,
+    /// "sm_90a cubin" or "sm_90 PTX (JIT)", and how long loading took.
+    pub image: &'static str,
+    pub load_seconds: f64,
+}
+
+impl Kernels {
+    pub(crate) fn load(ctx: &Context, head_dim: usize) -> Result<Self> {
+        if ![32, 64, 128].contains(&head_dim) {
+            return Err(RocketError::Device(format!(
+                "head_dim {head_dim} has no CUDA attention kernel (supported: 32, 64, 128)"
+            )));
+        }
+        let start = Instant::now();
+        let (module, image) = if ctx.compute_capability == (9, 0) {
+            (Module::load(CUBIN)?, "sm_90a cubin")
+        } else {
+            let mut ptx = PTX.to_vec();
+            ptx.push(0);
+            (Module::load(&ptx)?, "sm_90 PTX (JIT)")
+        };
+        let f = |name: &str| module.function(name);
+        let gemv = [f("gemv_bf16_t1")?, f("gemv_bf16_t2")?, f("gemv_bf16_t4")?, f("gemv_bf16_t8")?, f("gemv_bf16_t16")?];
+        Ok(Kernels {
+            embed: f("embed_gather")?,
+            rms_norm: f("rms_norm")?,
+            gemv,
+            rope_kv: f("rope_store_kv")?,
+            attn_partial: f(&format!("attn_partial_hd{head_dim}"))?,
+            attn_merge: f(&format!("attn_merge_hd{head_dim}"))?,
+            silu_mul: f("silu_mul")?,
+            argmax: f("argmax")?,
+            head_dim: head_dim as u32,
+            image,
+            load_seconds: start.elapsed().as_secs_f64(),
+            _module: module,
+        })
+    }
+
+    pub(crate) fn embed(&self, s: &Stream, table: u64, tokens: u64, x: u64, hidden: usize, rows: usize) -> Result<()> {
+        self.embed.launch(s, (rows as u32, 1, 1), 256, &[Arg::Ptr(table), Arg::Ptr(tokens), Arg::Ptr(x), Arg::I32(hidden as i32)])
+    }
+
+    /// `row_map` 0 means output row i normalises input row i.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rms_norm(&self, s: &Stream, x: u64, w: u64, out: u64, dim: usize, eps: f32, row_map: u64, rows: usize) -> Result<()> {
+        let block = dim.div_ceil(32).clamp(1, 32) as u32 * 32;
+        let args = [Arg::Ptr(x), Arg::Ptr(w), Arg::Ptr(out), Arg::I32(dim as i32), Arg::F32(eps), Arg::Ptr(row_map)];
+        self.rms_norm.launch(s, (rows as u32, 1, 1), block.min(256), &args)
+    }
+
+    /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemv(&self, s: &Stream, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
+        debug_assert!(k % 8 == 0);
+        let tile = GEMV_TILES.iter().position(|&t| t as usize >= rows).unwrap_or(GEMV_TILES.len() - 1);
+        let grid = (n.div_ceil(8) as u32, rows.div_ceil(GEMV_TILES[tile] as usize) as u32, 1);
+        let args = [
+            Arg::Ptr(w),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+            Arg::I32(rows as i32),
+            Arg::I32(accumulate as i32),
+        ];
+        self.gemv[tile].launch(s, grid, 256, &args)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rope_kv(
+        &self,
+        s: &Stream,
+        qkv: u64,
+        inv_freq: u64,
+        q_norm: u64,
+        k_norm: u64,
+        eps: f32,
+        meta: u64,
+        n_heads: usize,
+        n_kv: usize,
+        layer: usize,
+        n_layers: usize,
+        rows: usize,
+    ) -> Result<()> {
+        let args = [
+            Arg::Ptr(qkv),
+            Arg::Ptr(inv_freq),
+            Arg::Ptr(q_norm),
+            Arg::Ptr(k_norm),
+            Arg::F32(eps),
+            Arg::Ptr(meta),
+            Arg::I32(n_heads as i32),
+            Arg::I32(n_kv as i32),
+            Arg::I32(self.head_dim as i32),
+            Arg::I32(layer as i32),
+            Arg::I32(n_layers as i32),
+        ];
+        self.rope_kv.launch(s, (rows as u32, 1, 1), 256, &args)
+    }
+
+    /// Attention of q (rows `q_stride` apart) into out [rows][n_heads*hd], split
+    /// into `splits` chunks of `chunk` positions merged through `part_o`/`part_ml`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention(
+        &self,
+        s: &Stream,
+        q: u64,
+        q_stride: usize,
+        meta: u64,
+        part_o: u64,
+        part_ml: u64,
+        out: u64,
+        n_heads: usize,
+        n_kv: usize,
+        layer: usize,
+        n_layers: usize,
+        chunk: usize,
+        splits: usize,
+        rows: usize,
+    ) -> Result<()> {
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let args = [
+            Arg::Ptr(q),
+            Arg::I32(q_stride as i32),
+            Arg::Ptr(meta),
+            Arg::Ptr(part_o),
+            Arg::Ptr(part_ml),
+            Arg::I32(n_heads as i32),
+            Arg::I32(n_kv as i32),
+            Arg::I32(layer as i32),
+            Arg::I32(n_layers as i32),
+            Arg::I32(chunk as i32),
+            Arg::F32(scale),
+        ];
+        self.attn_partial.launch(s, (n_heads as u32, rows as u32, splits as u32), 128, &args)?;
+        let args = [Arg::Ptr(part_o), Arg::Ptr(part_ml), Arg::Ptr(out), Arg::I32(n_heads as i32), Arg::I32(splits as i32)];
+        self.attn_merge.launch(s, (n_heads as u32, rows as u32, 1), self.head_dim, &args)
+    }
+
+    pub(crate) fn silu_mul(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize) -> Result<()> {
+        self.silu_mul.launch(s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, &[Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32)])
+    }
+
+    pub(crate) fn argmax(&self, s: &Stream, logits: u64, out: u64, vocab: usize, rows: usize) -> Result<()> {
+        self.argmax.launch(s, (rows as u32, 1, 1), 1024, &[Arg::Ptr(logits), Arg::Ptr(out), Arg::I32(vocab as i32)])
+    }
+}

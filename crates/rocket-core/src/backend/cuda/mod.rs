@@ -1,0 +1,421 @@
+//! The CUDA backend (feature `cuda`): rocket's own kernels (kernels/src), the
+//! weights in one device arena, a bf16 KV cache per sequence sized to its
+//! request, and decode steps replayed as CUDA graphs. Every pass covers all
+//! sequences of a batch; with `forward_argmax` only token ids reach the host.
+//!
+//! The driver is loaded at run time (cudarc dynamic loading), so builds need no
+//! CUDA install and machines without a GPU get a clear error, never a panic.
+
+mod driver;
+mod kernels;
+mod weights;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::{check_chunks, Backend, Chunk, Logits, Session};
+use crate::error::{Result, RocketError};
+use crate::model::{ModelSpec, ModelWeights};
+use crate::progress::LoadProgress;
+use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
+use kernels::Kernels;
+use weights::DeviceWeights;
+
+/// Positions per attention split (16 per warp): a context of n positions runs
+/// n/64 blocks per head, so decode attention spreads over the SMs.
+const ATTN_CHUNK: usize = 64;
+
+/// What the CUDA backend found and did at load, for `inspect`, benches and logs.
+#[derive(Debug, Clone)]
+pub struct CudaInfo {
+    pub device_name: String,
+    pub compute_capability: (i32, i32),
+    pub sm_count: i32,
+    pub driver_version: i32,
+    /// Which kernel image was loaded ("sm_90a cubin" or "sm_90 PTX (JIT)").
+    pub kernel_image: &'static str,
+    pub module_load_seconds: f64,
+    pub upload_seconds: f64,
+    pub weight_bytes: usize,
+}
+
+pub struct CudaBackend {
+    spec: ModelSpec,
+    info: CudaInfo,
+    inner: Mutex<Inner>,
+    /// Replay decode steps from CUDA graphs (ROCKET_CUDA_GRAPHS=0 turns it off).
+    use_graphs: bool,
+}
+
+struct Inner {
+    // Field order is drop order: everything on the device before the context.
+    graphs: HashMap<(usize, usize, bool), Graph>,
+    scratch: Option<Scratch>,
+    weights: DeviceWeights,
+    kernels: Kernels,
+    host_inputs: PinnedBuffer,
+    stream: Stream,
+    ctx: Arc<Context>,
+}
+
+/// Per-row data the kernels read (kernels/src/common.cuh `RowMeta`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RowMeta {
+    position: i32,
+    context: i32,
+    kv_base: u64,
+}
+
+/// Activation buffers for passes of up to `rows` rows and `splits` attention splits.
+struct Scratch {
+    rows: usize,
+    splits: usize,
+    x: DeviceBuffer,
+    h: DeviceBuffer,
+    qkv: DeviceBuffer,
+    attn: DeviceBuffer,
+    gu: DeviceBuffer,
+    act: DeviceBuffer,
+    normed: DeviceBuffer,
+    logits: DeviceBuffer,
+    part_o: DeviceBuffer,
+    part_ml: DeviceBuffer,
+    /// tokens [rows] u32 | meta [rows] RowMeta | row_map [rows] i32, uploaded together.
+    inputs: DeviceBuffer,
+    argmax: DeviceBuffer,
+}
+
+impl Scratch {
+    fn new(ctx: &Context, s: &ModelSpec, rows: usize, splits: usize) -> Result<Self> {
+        let f = |n: usize| n * 4;
+        let a = |n: usize, what: &str| DeviceBuffer::alloc(ctx, n, what);
+        let what = "activations";
+        Ok(Scratch {
+            rows,
+            splits,
+            x: a(f(rows * s.hidden_size), what)?,
+            h: a(f(rows * s.hidden_size), what)?,
+            qkv: a(f(rows * (s.q_dim() + 2 * s.kv_dim())), what)?,
+            attn: a(f(rows * s.q_dim()), what)?,
+            gu: a(f(rows * 2 * s.intermediate_size), what)?,
+            act: a(f(rows * s.intermediate_size), what)?,
+            normed: a(f(rows * s.hidden_size), what)?,
+            logits: a(f(rows * s.vocab_size), "logits")?,
+            part_o: a(f(rows * s.num_heads * splits * s.head_dim), what)?,
+            part_ml: a(f(rows * s.num_heads * splits * 2), what)?,
+            inputs: a(Self::inputs_bytes(rows), what)?,
+            argmax: a(rows * 4, what)?,
+        })
+    }
+
+    /// Fills every buffer with NaN bytes, so a value read before it was written shows.
+    fn poison(&self, st: &Stream) -> Result<()> {
+        for b in [&self.x, &self.h, &self.qkv, &self.attn, &self.gu, &self.act, &self.normed, &self.logits, &self.part_o, &self.part_ml, &self.argmax] {
+            b.fill_u8(st, 0xff)?;
+        }
+        Ok(())
+    }
+
+    fn meta_offset(rows: usize) -> usize {
+        (rows * 4).next_multiple_of(16)
+    }
+
+    fn row_map_offset(rows: usize) -> usize {
+        Self::meta_offset(rows) + rows * std::mem::size_of::<RowMeta>()
+    }
+
+    fn inputs_bytes(rows: usize) -> usize {
+        Self::row_map_offset(rows) + rows * 4
+    }
+}
+
+/// One sequence's KV cache on the device: [capacity][layers][k|v][kv_dim] bf16.
+pub struct CudaSession {
+    kv: DeviceBuffer,
+    len: usize,
+    capacity: usize,
+}
+
+impl Session for CudaSession {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// How a pass was launched (keys the graph cache).
+struct PassShape {
+    rows: usize,
+    out_rows: usize,
+    splits: usize,
+    gather_last: bool,
+    argmax: bool,
+}
+
+impl CudaBackend {
+    /// Opens device 0, loads the kernels and uploads the weights.
+    pub fn new(spec: ModelSpec, weights: &ModelWeights, progress: &LoadProgress) -> Result<Self> {
+        check_shapes(&spec)?;
+        let ctx = Arc::new(Context::open()?);
+        let stream = Stream::new()?;
+        let kernels = Kernels::load(&ctx, spec.head_dim)?;
+        let t = Instant::now();
+        let dev_weights = DeviceWeights::upload(&ctx, &stream, &spec, weights, progress)?;
+        let upload_seconds = t.elapsed().as_secs_f64();
+        let info = CudaInfo {
+            device_name: ctx.name.clone(),
+            compute_capability: ctx.compute_capability,
+            sm_count: ctx.sm_count,
+            driver_version: ctx.driver_version,
+            kernel_image: kernels.image,
+            module_load_seconds: kernels.load_seconds,
+            upload_seconds,
+            weight_bytes: dev_weights.bytes,
+        };
+        tracing::info!(?info, "cuda backend ready");
+        let host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(1))?;
+        let use_graphs = std::env::var("ROCKET_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        Ok(CudaBackend {
+            spec,
+            info,
+            use_graphs,
+            inner: Mutex::new(Inner {
+                graphs: HashMap::new(),
+                scratch: None,
+                weights: dev_weights,
+                kernels,
+                host_inputs,
+                stream,
+                ctx,
+            }),
+        })
+    }
+
+    pub fn info(&self) -> &CudaInfo {
+        &self.info
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
+        let inner = self.inner.lock().map_err(|_| RocketError::Internal("the CUDA backend lock is poisoned".into()))?;
+        inner.ctx.bind()?;
+        Ok(inner)
+    }
+
+    /// One pass; returns logits rows or (with `argmax`) one token per output row.
+    fn run(&self, chunks: &mut [Chunk<'_>], logits: Logits, argmax: bool) -> Result<Result<Vec<u32>, Vec<f32>>> {
+        let s = &self.spec;
+        check_chunks(chunks, s.vocab_size)?;
+        let rows: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+        let decode = chunks.iter().all(|c| c.tokens.len() == 1);
+        let out_rows = if logits == Logits::All { rows } else { chunks.len() };
+        // Decode passes size attention by capacity so one graph serves every step.
+        let span = |c: &Chunk<'_>| if decode { c.session.capacity() } else { c.session.len() + c.tokens.len() };
+        let splits = chunks.iter().map(span).max().unwrap_or(1).div_ceil(ATTN_CHUNK).max(1);
+        let shape = PassShape { rows, out_rows, splits, gather_last: !decode && logits == Logits::Last, argmax };
+
+        let mut guard = self.lock()?;
+        let inner = &mut *guard;
+        let grow = inner.scratch.as_ref().is_none_or(|sc| sc.rows < rows || sc.splits < splits);
+        if grow {
+            let (r, sp) = inner.scratch.as_ref().map_or((rows, splits), |sc| (sc.rows.max(rows), sc.splits.max(splits)));
+            // Graphs point into the old buffers: drop them with the buffers.
+            inner.graphs.clear();
+            inner.scratch = None;
+            let fresh = Scratch::new(&inner.ctx, s, r.next_power_of_two(), sp)?;
+            fresh.poison(&inner.stream)?;
+            inner.scratch = Some(fresh);
+            inner.host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(r.next_power_of_two()))?;
+        }
+        let scratch = inner.scratch.as_ref().expect("allocated above");
+
+        // Stage tokens, per-row metadata and the last-row map in one upload.
+        let cap = scratch.rows;
+        let bytes = inner.host_inputs.as_mut_slice::<u8>();
+        let mut row = 0usize;
+        let mut row_map = Vec::with_capacity(chunks.len());
+        for c in chunks.iter_mut() {
+            let sess = c
+                .session
+                .as_any_mut()
+                .downcast_mut::<CudaSession>()
+                .ok_or_else(|| RocketError::Internal("the cuda backend was given another backend's session".into()))?;
+            for (i, &tok) in c.tokens.iter().enumerate() {
+                let pos = sess.len + i;
+                let meta = RowMeta { position: pos as i32, context: pos as i32 + 1, kv_base: sess.kv.ptr };
+                bytes[row * 4..row * 4 + 4].copy_from_slice(&tok.to_ne_bytes());
+                let m = Scratch::meta_offset(cap) + row * 16;
+                bytes[m..m + 4].copy_from_slice(&meta.position.to_ne_bytes());
+                bytes[m + 4..m + 8].copy_from_slice(&meta.context.to_ne_bytes());
+                bytes[m + 8..m + 16].copy_from_slice(&meta.kv_base.to_ne_bytes());
+                row += 1;
+            }
+            row_map.push(row as i32 - 1);
+        }
+        for (i, r) in row_map.iter().enumerate() {
+            let o = Scratch::row_map_offset(cap) + i * 4;
+            bytes[o..o + 4].copy_from_slice(&r.to_ne_bytes());
+        }
+        scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
+
+        if decode && self.use_graphs {
+            let key = (rows, splits, argmax);
+            if !inner.graphs.contains_key(&key) {
+                inner.stream.begin_capture()?;
+                let recorded = self.record_pass(inner, scratch, &shape);
+                let graph = inner.stream.end_capture();
+                recorded?;
+                inner.graphs.insert(key, graph?);
+            }
+            inner.graphs[&key].launch(&inner.stream)?;
+        } else {
+            self.record_pass(inner, scratch, &shape)?;
+        }
+
+        let out = if argmax {
+            let mut tokens = vec![0u32; out_rows];
+            scratch.argmax.download(&inner.stream, 0, &mut tokens)?;
+            Ok(tokens)
+        } else {
+            let mut l = vec![0f32; out_rows * s.vocab_size];
+            scratch.logits.download(&inner.stream, 0, &mut l)?;
+            Err(l)
+        };
+        for c in chunks.iter_mut() {
+            let sess = c.session.as_any_mut().downcast_mut::<CudaSession>().expect("checked above");
+            sess.len += c.tokens.len();
+        }
+        Ok(out)
+    }
+
+    /// Launches one whole forward pass on the stream (also what a graph records).
+    fn record_pass(&self, inner: &Inner, sc: &Scratch, p: &PassShape) -> Result<()> {
+        let s = &self.spec;
+        let (k, w, st) = (&inner.kernels, &inner.weights, &inner.stream);
+        let (d, qd, kvd, ff, nl) = (s.hidden_size, s.q_dim(), s.kv_dim(), s.intermediate_size, s.num_layers);
+        let eps = s.rms_norm_eps as f32;
+        let t = p.rows;
+        let tokens = sc.inputs.ptr;
+        let meta = sc.inputs.ptr + Scratch::meta_offset(sc.rows) as u64;
+        let row_map = sc.inputs.ptr + Scratch::row_map_offset(sc.rows) as u64;
+        k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
+        for (li, l) in w.layers.iter().enumerate() {
+            k.rms_norm(st, sc.x.ptr, l.attn_norm, sc.h.ptr, d, eps, 0, t)?;
+            k.gemv(st, l.qkv, sc.h.ptr, sc.qkv.ptr, qd + 2 * kvd, d, t, false)?;
+            k.rope_kv(st, sc.qkv.ptr, w.inv_freq, l.q_norm, l.k_norm, eps, meta, s.num_heads, s.num_kv_heads, li, nl, t)?;
+            k.attention(
+                st,
+                sc.qkv.ptr,
+                qd + 2 * kvd,
+                meta,
+                sc.part_o.ptr,
+                sc.part_ml.ptr,
+                sc.attn.ptr,
+                s.num_heads,
+                s.num_kv_heads,
+                li,
+                nl,
+                ATTN_CHUNK,
+                p.splits,
+                t,
+            )?;
+            k.gemv(st, l.o, sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
+            k.rms_norm(st, sc.x.ptr, l.mlp_norm, sc.h.ptr, d, eps, 0, t)?;
+            k.gemv(st, l.gate_up, sc.h.ptr, sc.gu.ptr, 2 * ff, d, t, false)?;
+            k.silu_mul(st, sc.gu.ptr, sc.act.ptr, ff, t)?;
+            k.gemv(st, l.down, sc.act.ptr, sc.x.ptr, d, ff, t, true)?;
+        }
+        let map = if p.gather_last { row_map } else { 0 };
+        k.rms_norm(st, sc.x.ptr, w.final_norm, sc.normed.ptr, d, eps, map, p.out_rows)?;
+        k.gemv(st, w.lm_head, sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, false)?;
+        if p.argmax {
+            k.argmax(st, sc.logits.ptr, sc.argmax.ptr, s.vocab_size, p.out_rows)?;
+        }
+        Ok(())
+    }
+}
+
+/// Shapes the kernels' contracts require.
+fn check_shapes(s: &ModelSpec) -> Result<()> {
+    for (name, v) in [("hidden_size", s.hidden_size), ("intermediate_size", s.intermediate_size), ("q_dim", s.q_dim())] {
+        if v % 8 != 0 {
+            return Err(RocketError::Device(format!("{name} {v} is not a multiple of 8, which the CUDA GEMV needs")));
+        }
+    }
+    Ok(())
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn new_session(&self, capacity: usize) -> Result<Box<dyn Session>> {
+        let inner = self.lock()?;
+        let bytes = capacity * self.spec.num_layers * 2 * self.spec.kv_dim() * 2;
+        let kv = DeviceBuffer::alloc(&inner.ctx, bytes, &format!("a KV cache of {capacity} tokens"))?;
+        // NaN until written: attention over a position never stored shows up in tests.
+        kv.fill_u8(&inner.stream, 0xff)?;
+        inner.stream.sync()?;
+        Ok(Box::new(CudaSession { kv, len: 0, capacity }))
+    }
+
+    fn device_description(&self) -> String {
+        let i = &self.info;
+        format!("{} (sm_{}{}, {} SMs, {})", i.device_name, i.compute_capability.0, i.compute_capability.1, i.sm_count, i.kernel_image)
+    }
+
+    fn copy_bandwidth_gbs(&self) -> Result<Option<f64>> {
+        CudaBackend::copy_bandwidth_gbs(self).map(Some)
+    }
+
+    fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
+        match self.run(chunks, logits, false)? {
+            Err(l) => Ok(l),
+            Ok(_) => Err(RocketError::Internal("argmax pass where logits were asked for".into())),
+        }
+    }
+
+    fn forward_argmax(&self, chunks: &mut [Chunk<'_>]) -> Result<Option<Vec<u32>>> {
+        match self.run(chunks, Logits::Last, true)? {
+            Ok(t) => Ok(Some(t)),
+            Err(_) => Err(RocketError::Internal("logits pass where argmax was asked for".into())),
+        }
+    }
+}
+
+impl CudaBackend {
+    /// Device-to-device copy bandwidth in GB/s (read + write bytes per second),
+    /// measured on a 1 GiB buffer: the roofline every decode figure is a ratio to.
+    pub fn copy_bandwidth_gbs(&self) -> Result<f64> {
+        let inner = self.lock()?;
+        let bytes = 1usize << 30;
+        let src = DeviceBuffer::alloc(&inner.ctx, bytes, "the bandwidth probe")?;
+        let dst = DeviceBuffer::alloc(&inner.ctx, bytes, "the bandwidth probe")?;
+        src.fill_u8(&inner.stream, 0x3c)?;
+        let (start, end) = (driver::TimedEvent::new()?, driver::TimedEvent::new()?);
+        let reps = 20;
+        for _ in 0..3 {
+            dst.copy_from(&inner.stream, &src)?;
+        }
+        start.record(&inner.stream)?;
+        for _ in 0..reps {
+            dst.copy_from(&inner.stream, &src)?;
+        }
+        end.record(&inner.stream)?;
+        inner.stream.sync()?;
+        let ms = start.elapsed_ms(&end)? as f64;
+        Ok((2 * bytes * reps) as f64 / (ms / 1e3) / 1e9)
+    }
+}
+
+/// Why CUDA is unavailable here, or None when a usable device exists.
+pub fn unavailable_reason() -> Option<String> {
+    Context::open().err().map(|e| e.to_string())
+}

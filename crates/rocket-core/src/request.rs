@@ -1,0 +1,224 @@
+//! One request's generation policy, token by token: sampling, stop ids and
+//! strings, incremental detokenisation, held-back streaming text, logprobs and
+//! metrics. Backend-agnostic: it sees one logits row per step, so a single
+//! request and a batch of them run exactly the same logic.
+
+use std::time::Instant;
+
+use crate::engine::{FinishReason, Metrics, RequestOutput, StopReason, StreamDelta, TokenLogprob};
+use crate::error::Result;
+use crate::sampling::{fresh_seed, logprobs, process_logits, sample, SamplingParams, TokenHistory};
+use crate::text::Tokenizer;
+
+pub(crate) struct RequestState {
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    params: SamplingParams,
+    seed: u64,
+    end_ids: Vec<u32>,
+    max_stop_len: usize,
+    history: TokenHistory,
+    token_ids: Vec<u32>,
+    token_logprobs: Option<Vec<TokenLogprob>>,
+    detok: Detokenizer,
+    text: String,
+    emitted: usize,
+    finish: (FinishReason, Option<StopReason>),
+    started: Instant,
+    first_token_at: Option<f64>,
+}
+
+impl RequestState {
+    /// `params` must already be validated; `eos_ids` are the model's end ids.
+    pub(crate) fn new(prompt: String, prompt_ids: Vec<u32>, params: SamplingParams, eos_ids: &[u32]) -> Self {
+        let seed = params.seed.unwrap_or_else(fresh_seed);
+        let mut end_ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            end_ids.extend(eos_ids);
+        }
+        let max_stop_len = params.stop.iter().map(String::len).max().unwrap_or(0);
+        RequestState {
+            history: TokenHistory::new(&prompt_ids),
+            token_ids: Vec::with_capacity(params.max_tokens),
+            token_logprobs: params.logprobs.map(|_| Vec::with_capacity(params.max_tokens)),
+            detok: Detokenizer::default(),
+            text: String::new(),
+            emitted: 0,
+            finish: (FinishReason::Length, None),
+            started: Instant::now(),
+            first_token_at: None,
+            prompt,
+            prompt_ids,
+            params,
+            seed,
+            end_ids,
+            max_stop_len,
+        }
+    }
+
+    pub(crate) fn prompt_ids(&self) -> &[u32] {
+        &self.prompt_ids
+    }
+
+    /// KV room the request needs.
+    pub(crate) fn capacity(&self) -> usize {
+        self.prompt_ids.len() + self.params.max_tokens
+    }
+
+    /// Takes the logits for the next position: samples a token, updates the text
+    /// and returns the delta to stream and whether the request is now finished.
+    pub(crate) fn accept(&mut self, tokenizer: &Tokenizer, logits: &[f32]) -> Result<(StreamDelta, bool)> {
+        let step = self.token_ids.len();
+        let mut processed = logits.to_vec();
+        process_logits(&mut processed, &self.params, &self.history, &self.end_ids);
+        let token = sample(&processed, &self.params, self.seed, step as u64);
+        let logprob = self.params.logprobs.map(|n| {
+            let (lp, top) = logprobs(logits, token, n);
+            TokenLogprob { token_id: token, logprob: lp, top }
+        });
+        self.push_token(tokenizer, token, logprob)
+    }
+
+    /// Whether this step's token is the plain argmax of the raw logits (greedy,
+    /// no penalties, no EOS masking, no logprobs), so a backend may pick it on
+    /// the device.
+    pub(crate) fn wants_plain_argmax(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.logprobs.is_none()
+            && self.token_ids.len() >= p.min_tokens
+    }
+
+    /// Takes a token already chosen by the backend's argmax (see `wants_plain_argmax`).
+    pub(crate) fn accept_argmax(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<(StreamDelta, bool)> {
+        self.push_token(tokenizer, token, None)
+    }
+
+    fn push_token(&mut self, tokenizer: &Tokenizer, token: u32, logprob: Option<TokenLogprob>) -> Result<(StreamDelta, bool)> {
+        let step = self.token_ids.len();
+        self.history.push(token);
+        self.token_ids.push(token);
+        self.first_token_at.get_or_insert_with(|| self.started.elapsed().as_secs_f64());
+
+        let last_step = step + 1 == self.params.max_tokens;
+        let searched_upto = self.text.len();
+        let skip = self.params.skip_special_tokens;
+        let new_text = self.detok.push(tokenizer, &self.token_ids, skip, &self.text, last_step)?;
+        self.text.push_str(&new_text);
+        let stops = &self.params.stop;
+        if let Some((at, stop)) = find_stop(&self.text, searched_upto.saturating_sub(self.max_stop_len), stops) {
+            self.text.truncate(at);
+            self.finish = (FinishReason::Stop, Some(StopReason::String(stop)));
+        } else if self.end_ids.contains(&token) {
+            self.finish = (FinishReason::Stop, Some(StopReason::Token(token)));
+            // Bytes still pending in the detokenizer belong to the final text.
+            let rest = self.detok.push(tokenizer, &self.token_ids, skip, &self.text, true)?;
+            self.text.push_str(&rest);
+        }
+        let done = self.finish.1.is_some() || last_step;
+        let settled = if done { self.text.len() } else { settled_len(&self.text, self.max_stop_len) };
+        let delta_text = if settled > self.emitted { self.text[self.emitted..settled].to_string() } else { String::new() };
+        self.emitted = self.emitted.max(settled);
+        if let (Some(all), Some(lp)) = (self.token_logprobs.as_mut(), logprob.as_ref()) {
+            all.push(lp.clone());
+        }
+        Ok((StreamDelta { text: delta_text, token_id: token, logprob: logprob.map(|l| l.logprob) }, done))
+    }
+
+    /// The last sampled token: the next step's input.
+    pub(crate) fn last_token(&self) -> Option<u32> {
+        self.token_ids.last().copied()
+    }
+
+    /// Stops before the natural end: the text is what was already streamed.
+    pub(crate) fn cancel(&mut self) {
+        self.text.truncate(self.emitted);
+        self.finish = (FinishReason::Cancelled, None);
+    }
+
+    pub(crate) fn finish(self) -> RequestOutput {
+        let total = self.started.elapsed().as_secs_f64();
+        let ttft = self.first_token_at.unwrap_or(total);
+        let decode_tokens = self.token_ids.len().saturating_sub(1);
+        let metrics = Metrics {
+            time_to_first_token: ttft,
+            decode_tokens_per_second: if total > ttft { decode_tokens as f64 / (total - ttft) } else { 0.0 },
+            prompt_tokens: self.prompt_ids.len(),
+            output_tokens: self.token_ids.len(),
+            total_seconds: total,
+        };
+        RequestOutput {
+            prompt: self.prompt,
+            prompt_token_ids: self.prompt_ids,
+            text: self.text,
+            token_ids: self.token_ids,
+            finish_reason: self.finish.0,
+            stop_reason: self.finish.1,
+            logprobs: self.token_logprobs,
+            metrics,
+        }
+    }
+}
+
+/// Incremental detokenisation in O(new tokens) per step (vLLM's prefix/read
+/// offsets): decode a short window of recent tokens and release what the newest
+/// token added, once it no longer ends in an incomplete UTF-8 sequence.
+#[derive(Default)]
+struct Detokenizer {
+    prefix_offset: usize,
+    read_offset: usize,
+}
+
+impl Detokenizer {
+    /// New text completed by the tokens after `read_offset`. `flush` releases an
+    /// incomplete trailing sequence too (as U+FFFD, as a full decode would).
+    fn push(&mut self, tok: &Tokenizer, ids: &[u32], skip: bool, so_far: &str, flush: bool) -> Result<String> {
+        if self.read_offset == ids.len() {
+            return Ok(String::new());
+        }
+        let prefix = tok.decode(&ids[self.prefix_offset..self.read_offset], skip)?;
+        let window = tok.decode(&ids[self.prefix_offset..], skip)?;
+        let new = match window.strip_prefix(prefix.as_str()) {
+            Some(new) => new.to_string(),
+            None => {
+                // The window decoded differently from its prefix: fall back to a
+                // full decode (never seen with byte-level BPE tokenizers).
+                let full = tok.decode(ids, skip)?;
+                full.strip_prefix(so_far).unwrap_or_default().to_string()
+            }
+        };
+        if !flush && (new.is_empty() || new.ends_with('\u{FFFD}')) {
+            return Ok(String::new());
+        }
+        self.prefix_offset = self.read_offset;
+        self.read_offset = ids.len();
+        Ok(new)
+    }
+}
+
+/// The first stop string in `text` that starts at or after `from`, as (byte offset, string).
+fn find_stop(text: &str, from: usize, stops: &[String]) -> Option<(usize, String)> {
+    let mut from = from.min(text.len());
+    while !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    stops
+        .iter()
+        .filter_map(|s| text[from..].find(s.as_str()).map(|i| (from + i, s.clone())))
+        .min_by_key(|(i, _)| *i)
+}
+
+/// How much of `text` can be released: not a trailing incomplete UTF-8 sequence
+/// (decoded as U+FFFD), nor the last `max_stop_len - 1` bytes, which could be the
+/// start of a stop string.
+fn settled_len(text: &str, max_stop_len: usize) -> usize {
+    let mut end = text.trim_end_matches('\u{FFFD}').len();
+    end = end.saturating_sub(max_stop_len.saturating_sub(1));
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    end
+}

@@ -1,0 +1,150 @@
+//! The CUDA backend against the CPU reference on the same weights. Runs where a
+//! GPU is present (skips with a message elsewhere). Checkpoints: the committed
+//! tiny Qwen3 fixture, plus every folder in ROCKET_GPU_CHECKPOINTS (comma
+//! separated; exact-shape random checkpoints from benches/make_checkpoint.py).
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend};
+use rocket_core::backend::{Backend, Device};
+use rocket_core::model::{ModelSource, ModelWeights};
+use rocket_core::progress::LoadProgress;
+use rocket_core::{Engine, EngineOptions, SamplingParams};
+
+fn gpu_or_skip() -> bool {
+    match unavailable_reason() {
+        None => true,
+        Some(why) => {
+            eprintln!("skipped: no usable CUDA device ({why})");
+            false
+        }
+    }
+}
+
+fn checkpoints() -> Vec<PathBuf> {
+    let mut v = vec![fixture("tiny-qwen3")];
+    if let Ok(list) = std::env::var("ROCKET_GPU_CHECKPOINTS") {
+        v.extend(list.split(',').filter(|s| !s.is_empty()).map(PathBuf::from));
+    }
+    v
+}
+
+fn load(path: &PathBuf, device: Device) -> Engine {
+    Engine::load(path, EngineOptions { device, progress: false, ..EngineOptions::default() }).unwrap()
+}
+
+/// Seeded ids in the lower 90% of the vocabulary.
+fn random_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % (vocab as u64 * 9 / 10)) as u32
+        })
+        .collect()
+}
+
+#[test]
+fn teacher_forced_logits_match_the_cpu_reference() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for path in checkpoints() {
+        let cpu = load(&path, Device::Cpu);
+        let gpu = load(&path, Device::Cuda);
+        let vocab = cpu.spec().vocab_size;
+        let len = if vocab > 100_000 { 40 } else { 96 };
+        let ids = random_ids(7, len, vocab);
+        let a = cpu.teacher_forced_logits(&ids).unwrap();
+        let b = gpu.teacher_forced_logits(&ids).unwrap();
+        assert!(b.iter().all(|v| v.is_finite()), "{}: non-finite GPU logits", path.display());
+        let rel = rel_l2(&b, &a);
+        let argmax = |r: &[f32]| r.iter().enumerate().fold(0, |best, (i, &v)| if v > r[best] { i } else { best });
+        let agree = a.chunks_exact(vocab).zip(b.chunks_exact(vocab)).filter(|(x, y)| argmax(x) == argmax(y)).count();
+        println!(
+            "PARITY {}: rel L2 {rel:.3e}, top-1 {agree}/{len} ({:.1}%) on {}",
+            path.display(),
+            100.0 * agree as f64 / len as f64,
+            gpu.device_description()
+        );
+        assert!(rel <= 1e-2, "{}: rel L2 {rel}", path.display());
+        assert!(agree as f64 >= 0.9 * len as f64, "{}: top-1 {agree}/{len}", path.display());
+    }
+}
+
+#[test]
+fn greedy_decode_is_repeatable_batch_independent_and_follows_the_reference() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for path in checkpoints() {
+        let gpu = load(&path, Device::Cuda);
+        let cpu = load(&path, Device::Cpu);
+        let vocab = gpu.spec().vocab_size;
+        let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(32) };
+        let prompts: Vec<Vec<u32>> = (0..4).map(|i| random_ids(100 + i, 16 + 5 * i as usize, vocab)).collect();
+        let solo: Vec<Vec<u32>> =
+            prompts.iter().map(|ids| gpu.generate_ids(String::new(), ids.clone(), &p, &mut |_| true).unwrap().token_ids).collect();
+        for _ in 0..2 {
+            let again = gpu.generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true).unwrap();
+            assert_eq!(again.token_ids, solo[0], "{}: greedy output changed between runs", path.display());
+        }
+        let batch = gpu.generate_many(prompts.iter().map(|ids| (String::new(), ids.clone(), p.clone())).collect()).unwrap();
+        for (b, s) in batch.iter().zip(&solo) {
+            assert_eq!(&b.token_ids, s, "{}: batched greedy differs from solo", path.display());
+        }
+        let reference = cpu.generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true).unwrap().token_ids;
+        let same = reference.iter().zip(&solo[0]).take_while(|(a, b)| a == b).count();
+        println!("GREEDY {}: first {same}/32 tokens equal to the CPU reference", path.display());
+    }
+}
+
+#[test]
+fn sampled_decode_runs_on_device_logits_and_is_seeded() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let gpu = load(&fixture("tiny-qwen3"), Device::Cuda);
+    let p = SamplingParams { temperature: 0.8, top_p: 0.9, seed: Some(5), ignore_eos: true, logprobs: Some(2), ..SamplingParams::greedy(20) };
+    let a = gpu.generate("hello there", &p).unwrap();
+    let b = gpu.generate("hello there", &p).unwrap();
+    assert_eq!(a.token_ids, b.token_ids);
+    assert_eq!(a.logprobs.as_ref().unwrap().len(), 20);
+}
+
+#[test]
+fn out_of_memory_and_unsupported_shapes_are_errors() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let src = ModelSource::open(&fixture("tiny-qwen3")).unwrap();
+    let spec = src.spec.clone();
+    let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
+    let backend = CudaBackend::new(spec.clone(), &weights, &LoadProgress::new(false)).unwrap();
+    let err = backend.new_session(2_000_000_000).err().expect("a 2G-token KV cache cannot fit").to_string();
+    assert!(err.contains("not enough device memory") && err.contains("GiB free"), "{err}");
+    // The backend still works after the failed allocation.
+    assert!(backend.new_session(64).is_ok());
+
+    let mut odd = spec.clone();
+    odd.head_dim = 96;
+    let err = CudaBackend::new(odd, &weights, &LoadProgress::new(false)).err().expect("head_dim 96 has no kernel").to_string();
+    assert!(err.contains("head_dim 96"), "{err}");
+}
+
+#[test]
+fn module_load_does_not_jit_on_hopper() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let src = ModelSource::open(&fixture("tiny-qwen3")).unwrap();
+    let weights = ModelWeights::from_weights(&src.spec, src.weights).unwrap();
+    let backend = CudaBackend::new(src.spec.clone(), &weights, &LoadProgress::new(false)).unwrap();
+    let info = backend.info();
+    println!("MODULE {} loaded in {:.1} ms on {}", info.kernel_image, info.module_load_seconds * 1e3, info.device_name);
+    assert!(info.module_load_seconds < 0.5, "module load took {:.2} s", info.module_load_seconds);
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds rocket's kernels with the pinned CUDA 13.0 compiler from PyPI (see
+# ../../shared/MACHINES.md; a newer nvcc emits PTX the 13.0 driver cannot load):
+#   build/rocket.ptx          PTX for sm_90 (JIT-compiled on other GPUs >= 9.0)
+#   build/rocket.sm_90a.cubin machine code for Hopper, loaded without a JIT
+#   build/MANIFEST            hashes of the sources they came from, checked by
+#                             a test so a stale artifact fails CI
+# Usage: kernels/build.sh            (installs nvcc into kernels/.nvcc-venv once)
+#        NVCC=/path/to/nvcc kernels/build.sh
+set -euo pipefail
+cd "$(dirname "$0")"
+
+if [[ -z "${NVCC:-}" ]]; then
+    VENV=.nvcc-venv
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        python3 -m venv "$VENV"
+        "$VENV/bin/pip" install -q nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 \
+            nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
+    fi
+    NVCC="$("$VENV/bin/python" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "bin", "nvcc"))')"
+fi
+VERSION="$("$NVCC" --version | grep -o 'V[0-9][0-9.]*' | head -1)"
+[[ "$VERSION" == V13.0.* ]] || { echo "need nvcc 13.0.x, found $VERSION" >&2; exit 1; }
+
+FLAGS=(-std=c++17 -O3)
+mkdir -p build
+"$NVCC" "${FLAGS[@]}" -arch=sm_90 --ptx src/rocket.cu -o build/rocket.ptx
+"$NVCC" "${FLAGS[@]}" -gencode=arch=compute_90a,code=sm_90a --cubin -Xptxas -v src/rocket.cu \
+    -o build/rocket.sm_90a.cubin 2> build/ptxas.log
+grep -E "Compiling entry|registers|spill" build/ptxas.log | sed 's/ptxas info    : //' > build/ptxas-summary.txt
+
+{
+    echo "# nvcc $VERSION flags: ${FLAGS[*]}"
+    (cd src && sha256sum $(ls *.cu *.cuh | sort))
+    (cd build && sha256sum rocket.ptx rocket.sm_90a.cubin | sed 's/  /  build\//')
+} > build/MANIFEST
+echo "built: $(ls build)"

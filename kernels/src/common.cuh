@@ -1,0 +1,63 @@
+// Shared helpers for rocket's kernels. Weights and the KV cache are bf16 held
+// as raw uint16_t bits (no CUDA headers needed); activations are f32 and every
+// sum accumulates in f32.
+#pragma once
+#include <stdint.h>
+
+#define ROCKET_KERNEL extern "C" __global__
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t b) {
+    return __uint_as_float(((uint32_t)b) << 16);
+}
+
+// Round to nearest even, as the host's `half::bf16::from_f32` does (NaN kept NaN).
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+// Eight bf16 packed in 16 bytes -> eight floats.
+__device__ __forceinline__ void unpack8(uint4 w, float* out) {
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = __uint_as_float(words[i] << 16);
+        out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024).
+// Every thread gets the result. Uses 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // partial may still be read from a previous call
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x >> 5;
+    float t = lane < warps ? partial[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+// Per-row sequence data for one forward pass, uploaded once per pass.
+// Rows of the pass are the new tokens of every sequence, stacked.
+struct RowMeta {
+    int32_t position;  // where this row's token goes in its sequence
+    int32_t context;   // positions it attends to: position + 1
+    uint64_t kv_base;  // its sequence's KV cache: [capacity][layers][2][kv_dim] bf16
+};
