@@ -11,8 +11,10 @@ static CUBIN: &[u8] = include_bytes!("../../../../../kernels/build/rocket.sm_90a
 /// PTX for sm_90, JIT-compiled by the driver on other GPUs of compute capability >= 9.0.
 static PTX: &[u8] = include_bytes!("../../../../../kernels/build/rocket.ptx");
 
-/// Output rows per launch of each small-batch GEMV instantiation.
+/// Tokens per launch row of each GEMV instantiation, and the weight rows each
+/// warp computes (kernels/src/gemv.cu `GEMV(N, R)`).
 const GEMV_TILES: [u32; 5] = [1, 2, 4, 8, 16];
+const GEMV_ROWS_PER_WARP: [u32; 5] = [1, 2, 2, 4, 2];
 
 pub(crate) struct Kernels {
     _module: Module,
@@ -80,7 +82,8 @@ impl Kernels {
     pub(crate) fn gemv(&self, s: &Stream, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
         debug_assert!(k % 8 == 0);
         let tile = GEMV_TILES.iter().position(|&t| t as usize >= rows).unwrap_or(GEMV_TILES.len() - 1);
-        let grid = (n.div_ceil(8) as u32, rows.div_ceil(GEMV_TILES[tile] as usize) as u32, 1);
+        let rows_per_block = 8 * GEMV_ROWS_PER_WARP[tile] as usize;
+        let grid = (n.div_ceil(rows_per_block) as u32, rows.div_ceil(GEMV_TILES[tile] as usize) as u32, 1);
         let args = [
             Arg::Ptr(w),
             Arg::Ptr(x),
