@@ -47,3 +47,37 @@ def test_errors_are_one_line(args: tuple[str, ...]) -> None:
 def test_usage_error() -> None:
     r = run("frobnicate")
     assert r.returncode == 2
+
+
+def _inspect_output(path: str, on_terminal: bool) -> str:
+    """stderr of `rocket inspect PATH` with ROCKET_PROGRESS=always (bar at once, not after 1 s)."""
+    exe = shutil.which("rocket", path=os.path.dirname(sys.executable)) or shutil.which("rocket")
+    assert exe
+    env = {**os.environ, "ROCKET_PROGRESS": "always"}
+    if not on_terminal:
+        r = subprocess.run([exe, "inspect", path], capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stderr
+    import pty
+
+    main_fd, child_fd = pty.openpty()
+    proc = subprocess.Popen([exe, "inspect", path], stdin=child_fd, stdout=subprocess.DEVNULL, stderr=child_fd, env=env)
+    os.close(child_fd)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main_fd, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main_fd)
+    assert proc.wait(timeout=120) == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_load_progress_bar_only_on_a_terminal(smollm2_path: str) -> None:
+    # Dequantizing the GGUF is the load's slow phase; the bar names it.
+    assert "converting" in _inspect_output(smollm2_path, on_terminal=True)
+    assert "converting" not in _inspect_output(smollm2_path, on_terminal=False)
