@@ -60,6 +60,15 @@ pub trait Session: Send + Any {
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
+/// The backend's own session type behind a `dyn Session`, or an error naming
+/// the backend when a session from another backend was passed in.
+pub(crate) fn own_session<'s, T: Session>(session: &'s mut dyn Session, backend: &str) -> Result<&'s mut T> {
+    session
+        .as_any_mut()
+        .downcast_mut::<T>()
+        .ok_or_else(|| RocketError::Internal(format!("the {backend} backend was given another backend's session")))
+}
+
 /// New tokens for one sequence in a batched forward pass.
 pub struct Chunk<'a> {
     pub session: &'a mut dyn Session,

@@ -7,8 +7,8 @@ pub mod linalg;
 
 use std::sync::Arc;
 
-use super::{check_chunks, Backend, Chunk, Logits, Session};
-use crate::error::{Result, RocketError};
+use super::{check_chunks, own_session, Backend, Chunk, Logits, Session};
+use crate::error::Result;
 use crate::model::{rope, ModelSpec, ModelWeights};
 use linalg::{matmul, rms_norm, rms_norm_in_place, silu};
 
@@ -45,12 +45,7 @@ impl Backend for CpuBackend {
         check_chunks(chunks, s.vocab_size)?;
         let mut seqs: Vec<(&mut CpuSession, &[u32])> = Vec::with_capacity(chunks.len());
         for c in chunks.iter_mut() {
-            let session = c
-                .session
-                .as_any_mut()
-                .downcast_mut::<CpuSession>()
-                .ok_or_else(|| RocketError::Internal("the cpu backend was given another backend's session".into()))?;
-            seqs.push((session, c.tokens));
+            seqs.push((own_session::<CpuSession>(c.session, "cpu")?, c.tokens));
         }
         Ok(self.forward_rows(&mut seqs, logits))
     }

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::{check_chunks, Backend, Chunk, Logits, Session};
+use super::{check_chunks, own_session, Backend, Chunk, Logits, Session};
 use crate::error::{Result, RocketError};
 use crate::model::{ModelSpec, ModelWeights};
 use crate::progress::LoadProgress;
@@ -66,6 +66,25 @@ struct RowMeta {
     position: i32,
     context: i32,
     kv_base: u64,
+}
+
+// The kernels read RowMeta as 16 packed bytes.
+const _: () = assert!(std::mem::size_of::<RowMeta>() == 16);
+
+/// What one pass returns to the host.
+enum PassOutput {
+    /// One greedy token per output row (`forward_argmax`).
+    Tokens(Vec<u32>),
+    /// `vocab` logits per output row.
+    Logits(Vec<f32>),
+}
+
+/// Writes `value`'s bytes into the staging buffer at byte offset `at`.
+fn put<T: Copy>(bytes: &mut [u8], at: usize, value: T) {
+    let n = std::mem::size_of::<T>();
+    assert!(at + n <= bytes.len(), "staging write out of bounds");
+    // SAFETY: bounds checked; T is plain data (u32, i32, RowMeta) and may sit unaligned.
+    unsafe { std::ptr::write_unaligned(bytes[at..].as_mut_ptr() as *mut T, value) };
 }
 
 /// Activation buffers for passes of up to `rows` rows and `splits` attention splits.
@@ -209,7 +228,7 @@ impl CudaBackend {
     }
 
     /// One pass; returns logits rows or (with `argmax`) one token per output row.
-    fn run(&self, chunks: &mut [Chunk<'_>], logits: Logits, argmax: bool) -> Result<Result<Vec<u32>, Vec<f32>>> {
+    fn run(&self, chunks: &mut [Chunk<'_>], logits: Logits, argmax: bool) -> Result<PassOutput> {
         let s = &self.spec;
         check_chunks(chunks, s.vocab_size)?;
         let rows: usize = chunks.iter().map(|c| c.tokens.len()).sum();
@@ -241,26 +260,18 @@ impl CudaBackend {
         let mut row = 0usize;
         let mut row_map = Vec::with_capacity(chunks.len());
         for c in chunks.iter_mut() {
-            let sess = c
-                .session
-                .as_any_mut()
-                .downcast_mut::<CudaSession>()
-                .ok_or_else(|| RocketError::Internal("the cuda backend was given another backend's session".into()))?;
+            let sess = own_session::<CudaSession>(c.session, "cuda")?;
             for (i, &tok) in c.tokens.iter().enumerate() {
                 let pos = sess.len + i;
                 let meta = RowMeta { position: pos as i32, context: pos as i32 + 1, kv_base: sess.kv.ptr };
-                bytes[row * 4..row * 4 + 4].copy_from_slice(&tok.to_ne_bytes());
-                let m = Scratch::meta_offset(cap) + row * 16;
-                bytes[m..m + 4].copy_from_slice(&meta.position.to_ne_bytes());
-                bytes[m + 4..m + 8].copy_from_slice(&meta.context.to_ne_bytes());
-                bytes[m + 8..m + 16].copy_from_slice(&meta.kv_base.to_ne_bytes());
+                put(bytes, row * 4, tok);
+                put(bytes, Scratch::meta_offset(cap) + row * std::mem::size_of::<RowMeta>(), meta);
                 row += 1;
             }
             row_map.push(row as i32 - 1);
         }
-        for (i, r) in row_map.iter().enumerate() {
-            let o = Scratch::row_map_offset(cap) + i * 4;
-            bytes[o..o + 4].copy_from_slice(&r.to_ne_bytes());
+        for (i, &r) in row_map.iter().enumerate() {
+            put(bytes, Scratch::row_map_offset(cap) + i * 4, r);
         }
         scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
@@ -281,15 +292,14 @@ impl CudaBackend {
         let out = if argmax {
             let mut tokens = vec![0u32; out_rows];
             scratch.argmax.download(&inner.stream, 0, &mut tokens)?;
-            Ok(tokens)
+            PassOutput::Tokens(tokens)
         } else {
             let mut l = vec![0f32; out_rows * s.vocab_size];
             scratch.logits.download(&inner.stream, 0, &mut l)?;
-            Err(l)
+            PassOutput::Logits(l)
         };
         for c in chunks.iter_mut() {
-            let sess = c.session.as_any_mut().downcast_mut::<CudaSession>().expect("checked above");
-            sess.len += c.tokens.len();
+            own_session::<CudaSession>(c.session, "cuda")?.len += c.tokens.len();
         }
         Ok(out)
     }
@@ -361,8 +371,8 @@ impl Backend for CudaBackend {
         let bytes = capacity * self.spec.num_layers * 2 * self.spec.kv_dim() * 2;
         let kv = DeviceBuffer::alloc(&inner.ctx, bytes, &format!("a KV cache of {capacity} tokens"))?;
         // NaN until written: attention over a position never stored shows up in tests.
+        // Queued on the stream every pass uses, so no wait is needed here.
         kv.fill_u8(&inner.stream, 0xff)?;
-        inner.stream.sync()?;
         Ok(Box::new(CudaSession { kv, len: 0, capacity }))
     }
 
@@ -377,15 +387,15 @@ impl Backend for CudaBackend {
 
     fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
         match self.run(chunks, logits, false)? {
-            Err(l) => Ok(l),
-            Ok(_) => Err(RocketError::Internal("argmax pass where logits were asked for".into())),
+            PassOutput::Logits(l) => Ok(l),
+            PassOutput::Tokens(_) => Err(RocketError::Internal("argmax pass where logits were asked for".into())),
         }
     }
 
     fn forward_argmax(&self, chunks: &mut [Chunk<'_>]) -> Result<Option<Vec<u32>>> {
         match self.run(chunks, Logits::Last, true)? {
-            Ok(t) => Ok(Some(t)),
-            Err(_) => Err(RocketError::Internal("logits pass where argmax was asked for".into())),
+            PassOutput::Tokens(t) => Ok(Some(t)),
+            PassOutput::Logits(_) => Err(RocketError::Internal("logits pass where argmax was asked for".into())),
         }
     }
 }
@@ -418,4 +428,21 @@ impl CudaBackend {
 /// Why CUDA is unavailable here, or None when a usable device exists.
 pub fn unavailable_reason() -> Option<String> {
     Context::open().err().map(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_row_meta_has_the_layout_common_cuh_declares() {
+        let mut bytes = vec![0xaau8; 20];
+        put(&mut bytes, 2, RowMeta { position: 7, context: 8, kv_base: 0x1122_3344_5566_7788 });
+        let mut want = vec![0xaau8; 2];
+        want.extend(7i32.to_ne_bytes());
+        want.extend(8i32.to_ne_bytes());
+        want.extend(0x1122_3344_5566_7788u64.to_ne_bytes());
+        want.extend([0xaa; 2]);
+        assert_eq!(bytes, want);
+    }
 }
