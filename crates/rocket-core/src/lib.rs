@@ -17,6 +17,7 @@ pub mod batch;
 pub mod default_model;
 pub mod engine;
 pub mod error;
+pub mod megakernel;
 pub mod model;
 pub mod progress;
 mod request;

@@ -129,6 +129,15 @@ fn rows_dispatch(
     rows_times_vectors::<false>(w, rows, k, x, t, out, scratch)
 }
 
+/// `out[i] = w[rows.start + i] · x` on the calling thread: the same arithmetic,
+/// row for row, as `matmul` with one vector (so results are bit-identical).
+pub fn matvec_rows(w: WeightView<'_>, rows: std::ops::Range<usize>, k: usize, x: &[f32], out: &mut [f32]) {
+    assert_eq!(x.len(), k, "input size");
+    assert_eq!(out.len(), rows.len(), "output size");
+    assert!(rows.end * k <= w.len(), "rows out of range");
+    rows_dispatch(w, rows, k, x, 1, out, &mut Vec::new());
+}
+
 /// `out[ti][r] = Σ_c w[r][c] · x[ti][c]` for a weight `w` of shape [n, k] and
 /// `t` input vectors; rows are split across threads.
 pub fn matmul(w: WeightView<'_>, n: usize, k: usize, x: &[f32], t: usize, out: &mut [f32]) {

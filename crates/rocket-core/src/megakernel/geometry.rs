@@ -1,0 +1,98 @@
+//! The megakernel's fixed geometry, shared with `kernels/src/megakernel/geometry.cuh`
+//! (a test reads that header and compares): how a CTA is split into warps, how
+//! big the shared-memory weight ring is, and how a matrix-vector instruction
+//! walks its weights through that ring.
+
+use crate::model::ModelSpec;
+
+/// Warps that compute (warp 8 of the CTA is the weight producer).
+pub const CONSUMER_WARPS: usize = 8;
+/// Bytes of one weight ring slot: each slot holds whole rows of one matrix.
+pub const SLOT_BYTES: usize = 16384;
+/// Slots in the ring (192 KiB of shared memory).
+pub const SLOTS: usize = 12;
+/// Per-instruction partial sums a CTA keeps in shared memory: rows × segments
+/// (× 2 for gate|up) of one matrix-vector instruction must fit.
+pub const PART_CAP: usize = 2048;
+/// Attention splits per KV head at most (partials are sized for this).
+pub const MAX_SPLITS: usize = 64;
+/// Query heads per KV head at most (registers of the attention instruction).
+pub const MAX_GROUP: usize = 4;
+
+/// How a matrix with rows of `k` bf16 weights goes through the ring: `rows` whole
+/// rows per slot, each row cut into `segments` equal column segments so that
+/// `rows * segments` warps share a slot (one (row, segment) each) when a row is
+/// long; when rows are short (`segments == 1`) each warp takes rows `w, w+8, ...`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatvecShape {
+    pub k: usize,
+    pub rows: usize,
+    pub segments: usize,
+}
+
+impl MatvecShape {
+    /// None when rows of `k` weights cannot stream through the ring.
+    pub fn of(k: usize) -> Option<Self> {
+        if k == 0 || k % 8 != 0 || 2 * k > SLOT_BYTES {
+            return None;
+        }
+        let fit = SLOT_BYTES / (2 * k);
+        let (rows, segments) = if fit >= CONSUMER_WARPS {
+            (fit, 1)
+        } else {
+            let rows = 1usize << fit.ilog2(); // 1, 2 or 4: a divisor of the warp count
+            (rows, CONSUMER_WARPS / rows)
+        };
+        // Each lane handles 8 columns at a time (one 16-byte load).
+        if (k / segments) % 8 != 0 || k % segments != 0 {
+            return None;
+        }
+        Some(MatvecShape { k, rows, segments })
+    }
+
+    /// Bytes of a full slot (the last chunk of a tile may hold fewer rows).
+    pub fn chunk_bytes(&self) -> usize {
+        self.rows * self.k * 2
+    }
+}
+
+/// Why `spec` cannot be scheduled, or None when it can. (The CUDA kernel also
+/// needs an instantiation for the exact shapes: see `backend::cuda::megakernel`.)
+pub fn unsupported_reason(spec: &ModelSpec) -> Option<String> {
+    for (what, k) in [("hidden_size", spec.hidden_size), ("q_dim", spec.q_dim()), ("intermediate_size", spec.intermediate_size)] {
+        if MatvecShape::of(k).is_none() {
+            return Some(format!("{what} {k} cannot stream through the {SLOT_BYTES}-byte weight ring"));
+        }
+    }
+    if spec.num_layers > 255 {
+        return Some(format!("{} layers (at most 255)", spec.num_layers));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fuel_width_streams_through_the_ring() {
+        // (k, rows per slot, segments) for every matrix width of the four fuels.
+        for (k, rows, segments) in [
+            (576, 14, 1),  // SmolLM2 hidden
+            (1536, 4, 2),  // SmolLM2 ff
+            (1024, 8, 1),  // Qwen3-0.6B hidden
+            (2048, 4, 2),  // Llama hidden, Qwen3 q_dim
+            (3072, 2, 4),  // Qwen3-0.6B ff
+            (6144, 1, 8),  // Qwen3-1.7B ff
+            (8192, 1, 8),  // Llama ff
+        ] {
+            let s = MatvecShape::of(k).unwrap();
+            assert_eq!((s.rows, s.segments), (rows, segments), "k = {k}");
+            assert!(s.chunk_bytes() <= SLOT_BYTES);
+            // A lane's share of a segment is at most 4 groups of 8 columns.
+            assert!((k / segments).div_ceil(8 * 32) <= 4, "k = {k}");
+        }
+        assert!(MatvecShape::of(8200).is_none());
+        assert!(MatvecShape::of(100).is_none());
+    }
+}

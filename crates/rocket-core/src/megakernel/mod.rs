@@ -1,0 +1,21 @@
+//! The persistent decode megakernel, the parts that need no GPU: its geometry,
+//! the static schedule rocket-core compiles from a [`ModelSpec`](crate::ModelSpec)
+//! (per-SM instruction lists with dependency counters), a verifier that proves
+//! a schedule complete and deadlock-free, and a CPU twin that runs a schedule
+//! the way the kernel does. The kernel itself is `kernels/src/megakernel/`; its
+//! host side is `backend::cuda::megakernel`.
+//!
+//! One launch runs the whole token loop: one CTA per SM, eight consumer warps
+//! executing the SM's instructions and one producer warp streaming the weights
+//! of those instructions, step after step, through a shared-memory ring (weights
+//! depend on nothing, so the producer runs ahead across instruction and step
+//! boundaries while the consumers wait on activations). The last LM-head tile
+//! picks the token, publishes it to the host and embeds the next input.
+
+pub mod geometry;
+pub mod schedule;
+pub mod twin;
+pub mod verify;
+
+pub use schedule::{Counters, Instr, Op, Schedule, Wait, Work};
+pub use verify::verify;

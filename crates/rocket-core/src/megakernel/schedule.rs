@@ -1,0 +1,330 @@
+//! The static schedule of one decode step: rocket-core compiles a model into a
+//! list of instructions per SM, each waiting on one dependency counter and
+//! bumping another. Counters only grow: an instruction of step `t` waits until
+//! its counter reaches `(t + 1) * per_step`, so nothing is reset between steps
+//! (the host zeroes them once per launch).
+//!
+//! Per layer, five ops run in this order, each split into tiles over the SMs:
+//! `Qkv` (RMSNorm + fused q|k|v rows), `Attn` (q/k-norm + RoPE + KV append +
+//! attention over one split of the context, for one KV head; the last split to
+//! finish merges), `OProj` (+ residual), `GateUp` (RMSNorm + gate and up rows +
+//! SiLU·mul), `Down` (+ residual); then `LmHead` (final RMSNorm + vocabulary
+//! rows + the tile's argmax), whose last tile picks the token and writes the
+//! next step's embedding. Every SM's list follows this global order, which is
+//! what makes the schedule deadlock-free (see `verify`).
+
+use super::geometry::{MatvecShape, MAX_SPLITS, PART_CAP};
+use crate::error::{Result, RocketError};
+use crate::model::ModelSpec;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum Op {
+    Qkv = 1,
+    Attn = 2,
+    OProj = 3,
+    GateUp = 4,
+    Down = 5,
+    LmHead = 6,
+}
+
+impl Op {
+    pub const LAYER_OPS: [Op; 5] = [Op::Qkv, Op::Attn, Op::OProj, Op::GateUp, Op::Down];
+}
+
+/// Wait until `counter >= (step + 1) * per_step`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    pub counter: u16,
+    pub per_step: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Output rows `begin..end` of the op's matrix; `tile` numbers the op's tiles
+    /// (the LM head keeps one argmax per tile).
+    Rows { begin: u32, end: u32, tile: u32 },
+    /// Split `split` of `splits` over the context, for the query heads of
+    /// `kv_head`. The split that arrives last at the instruction's signal counter
+    /// merges all splits and bumps `done`.
+    Attn { kv_head: u32, split: u32, splits: u32, done: u16 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Instr {
+    pub op: Op,
+    pub layer: u16,
+    /// Counter bumped once when the instruction is done.
+    pub signal: u16,
+    pub wait: Wait,
+    pub work: Work,
+}
+
+/// u32 words per encoded instruction (kernels/src/megakernel/geometry.cuh `INSTR_WORDS`).
+pub const INSTR_WORDS: usize = 8;
+
+impl Instr {
+    /// The device encoding (kernels/src/megakernel/schedule.cuh `decode`):
+    /// `[op | layer << 8 | signal << 16, wait.counter | wait.per_step << 16, a, b, c, d, 0, 0]`
+    /// with (a, b, c, d) = (begin, end, tile, 0) for rows and
+    /// (kv_head, split, splits, done) for attention.
+    pub fn encode(&self) -> [u32; INSTR_WORDS] {
+        let (a, b, c, d) = match self.work {
+            Work::Rows { begin, end, tile } => (begin, end, tile, 0),
+            Work::Attn { kv_head, split, splits, done } => (kv_head, split, splits, done as u32),
+        };
+        [
+            self.op as u32 | (self.layer as u32) << 8 | (self.signal as u32) << 16,
+            self.wait.counter as u32 | (self.wait.per_step as u32) << 16,
+            a,
+            b,
+            c,
+            d,
+            0,
+            0,
+        ]
+    }
+}
+
+/// Where each dependency counter lives in the counter array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    pub layers: usize,
+    pub kv_heads: usize,
+}
+
+impl Counters {
+    /// Steps whose input embedding is in place: `t + 1` once step `t` may start.
+    pub const STEP: u16 = 0;
+
+    fn base(&self, layer: usize) -> usize {
+        1 + layer * (5 + self.kv_heads)
+    }
+
+    /// Tiles of `op` (not `Attn`, not `LmHead`) finished in `layer`.
+    pub fn op(&self, op: Op, layer: usize) -> u16 {
+        let slot = match op {
+            Op::Qkv => 0,
+            Op::Attn => 1, // KV heads merged
+            Op::OProj => 2,
+            Op::GateUp => 3,
+            Op::Down => 4,
+            Op::LmHead => return self.lm_head(),
+        };
+        (self.base(layer) + slot) as u16
+    }
+
+    /// Splits of `kv_head` in `layer` that have written their partials.
+    pub fn attn_part(&self, layer: usize, kv_head: usize) -> u16 {
+        (self.base(layer) + 5 + kv_head) as u16
+    }
+
+    pub fn lm_head(&self) -> u16 {
+        self.base(self.layers) as u16
+    }
+
+    pub fn count(&self) -> usize {
+        self.base(self.layers) + 1
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    pub sm_count: usize,
+    /// Instructions of each SM, in execution order.
+    pub per_sm: Vec<Vec<Instr>>,
+    pub counters: Counters,
+    /// Context splits per KV head in every attention op.
+    pub splits: usize,
+    /// Tiles of the LM head (its argmax partials).
+    pub lm_tiles: usize,
+}
+
+/// The rows a matrix-vector op covers, and the partial sums each row keeps.
+struct MatvecOp {
+    op: Op,
+    rows: usize,
+    /// Partial sums per row in shared memory (segments, twice for gate|up).
+    parts_per_row: usize,
+}
+
+/// Tiles for `rows` rows over `sm_count` SMs: one per SM, more where a tile's
+/// partial sums would not fit in shared memory, never an empty one.
+fn tile_count(rows: usize, parts_per_row: usize, sm_count: usize) -> usize {
+    sm_count.max((rows * parts_per_row).div_ceil(PART_CAP)).min(rows)
+}
+
+impl Schedule {
+    /// The schedule for `spec` on `sm_count` SMs.
+    pub fn compile(spec: &ModelSpec, sm_count: usize) -> Result<Self> {
+        if sm_count == 0 {
+            return Err(RocketError::invalid_arg("sm_count", 0, "must be at least 1"));
+        }
+        if let Some(why) = super::geometry::unsupported_reason(spec) {
+            return Err(RocketError::Device(format!("no megakernel schedule: {why}")));
+        }
+        let (d, ff, hkv, nl) = (spec.hidden_size, spec.intermediate_size, spec.num_kv_heads, spec.num_layers);
+        let counters = Counters { layers: nl, kv_heads: hkv };
+        if counters.count() > u16::MAX as usize {
+            return Err(RocketError::Device(format!("{nl} layers need more dependency counters than the encoding holds")));
+        }
+        let segments = |k: usize| MatvecShape::of(k).expect("checked by unsupported_reason").segments;
+        let qkv_rows = spec.q_dim() + 2 * spec.kv_dim();
+        let matvec = |op: Op| -> MatvecOp {
+            match op {
+                Op::Qkv => MatvecOp { op, rows: qkv_rows, parts_per_row: segments(d) },
+                Op::OProj => MatvecOp { op, rows: d, parts_per_row: segments(spec.q_dim()) },
+                Op::GateUp => MatvecOp { op, rows: ff, parts_per_row: 2 * segments(d) },
+                Op::Down => MatvecOp { op, rows: d, parts_per_row: segments(ff) },
+                Op::LmHead => MatvecOp { op, rows: spec.vocab_size, parts_per_row: segments(d) },
+                Op::Attn => unreachable!("attention is not a matrix-vector op"),
+            }
+        };
+        let tiles_of = |m: &MatvecOp| tile_count(m.rows, m.parts_per_row, sm_count);
+        let splits = (sm_count / hkv).clamp(1, MAX_SPLITS);
+        let per_step = |n: usize| -> Result<u16> {
+            u16::try_from(n).map_err(|_| RocketError::Device(format!("{n} tiles in one op exceed the schedule encoding")))
+        };
+
+        let mut per_sm: Vec<Vec<Instr>> = vec![Vec::new(); sm_count];
+        // Round-robin placement; each op starts where the last one ended, so
+        // SMs left idle by a small op are the first to get the next one.
+        let mut next_sm = 0usize;
+        let mut place = |instr: Instr| {
+            per_sm[next_sm].push(instr);
+            next_sm = (next_sm + 1) % sm_count;
+        };
+        let push_matvec = |m: &MatvecOp, layer: usize, wait: Wait, place: &mut dyn FnMut(Instr)| -> Result<usize> {
+            let tiles = tiles_of(m);
+            for tile in 0..tiles {
+                let (begin, end) = (m.rows * tile / tiles, m.rows * (tile + 1) / tiles);
+                debug_assert!((end - begin) * m.parts_per_row <= PART_CAP);
+                place(Instr {
+                    op: m.op,
+                    layer: layer as u16,
+                    signal: counters.op(m.op, layer),
+                    wait,
+                    work: Work::Rows { begin: begin as u32, end: end as u32, tile: tile as u32 },
+                });
+            }
+            Ok(tiles)
+        };
+
+        let mut prev = Wait { counter: Counters::STEP, per_step: 1 };
+        for layer in 0..nl {
+            let qkv_tiles = push_matvec(&matvec(Op::Qkv), layer, prev, &mut place)?;
+            let after_qkv = Wait { counter: counters.op(Op::Qkv, layer), per_step: per_step(qkv_tiles)? };
+            for kv_head in 0..hkv {
+                for split in 0..splits {
+                    place(Instr {
+                        op: Op::Attn,
+                        layer: layer as u16,
+                        signal: counters.attn_part(layer, kv_head),
+                        wait: after_qkv,
+                        work: Work::Attn {
+                            kv_head: kv_head as u32,
+                            split: split as u32,
+                            splits: splits as u32,
+                            done: counters.op(Op::Attn, layer),
+                        },
+                    });
+                }
+            }
+            let after_attn = Wait { counter: counters.op(Op::Attn, layer), per_step: per_step(hkv)? };
+            let o_tiles = push_matvec(&matvec(Op::OProj), layer, after_attn, &mut place)?;
+            let after_o = Wait { counter: counters.op(Op::OProj, layer), per_step: per_step(o_tiles)? };
+            let gu_tiles = push_matvec(&matvec(Op::GateUp), layer, after_o, &mut place)?;
+            let after_gu = Wait { counter: counters.op(Op::GateUp, layer), per_step: per_step(gu_tiles)? };
+            let down_tiles = push_matvec(&matvec(Op::Down), layer, after_gu, &mut place)?;
+            prev = Wait { counter: counters.op(Op::Down, layer), per_step: per_step(down_tiles)? };
+        }
+        let lm_tiles = push_matvec(&matvec(Op::LmHead), nl, prev, &mut place)?;
+        Ok(Schedule { sm_count, per_sm, counters, splits, lm_tiles })
+    }
+
+    /// The device form: every SM's encoded instructions back to back, and where
+    /// each SM's list starts (in instructions; `sm_count + 1` entries).
+    pub fn encode(&self) -> (Vec<u32>, Vec<u32>) {
+        let mut words = Vec::with_capacity(self.len() * INSTR_WORDS);
+        let mut starts = Vec::with_capacity(self.sm_count + 1);
+        for list in &self.per_sm {
+            starts.push((words.len() / INSTR_WORDS) as u32);
+            for instr in list {
+                words.extend(instr.encode());
+            }
+        }
+        starts.push((words.len() / INSTR_WORDS) as u32);
+        (words, starts)
+    }
+
+    /// Instructions in the whole schedule.
+    pub fn len(&self) -> usize {
+        self.per_sm.iter().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Weight bytes each SM streams through its ring per step (the load balance).
+    pub fn weight_bytes_per_sm(&self, spec: &ModelSpec) -> Vec<usize> {
+        self.per_sm
+            .iter()
+            .map(|list| {
+                list.iter()
+                    .map(|i| match i.work {
+                        Work::Attn { .. } => 0,
+                        Work::Rows { begin, end, .. } => {
+                            let k = match i.op {
+                                Op::OProj => spec.q_dim(),
+                                Op::Down => spec.intermediate_size,
+                                _ => spec.hidden_size,
+                            };
+                            let matrices = if i.op == Op::GateUp { 2 } else { 1 };
+                            (end - begin) as usize * k * 2 * matrices
+                        }
+                    })
+                    .sum()
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_packs_fields_where_the_kernel_reads_them() {
+        let i = Instr {
+            op: Op::Attn,
+            layer: 7,
+            signal: 300,
+            wait: Wait { counter: 12, per_step: 132 },
+            work: Work::Attn { kv_head: 3, split: 5, splits: 16, done: 40 },
+        };
+        assert_eq!(i.encode(), [2 | 7 << 8 | 300 << 16, 12 | 132 << 16, 3, 5, 16, 40, 0, 0]);
+        let r = Instr { op: Op::LmHead, layer: 16, signal: 9, wait: Wait { counter: 8, per_step: 1 }, work: Work::Rows { begin: 10, end: 20, tile: 4 } };
+        assert_eq!(r.encode()[2..6], [10, 20, 4, 0]);
+    }
+
+    #[test]
+    fn counters_are_distinct() {
+        let c = Counters { layers: 3, kv_heads: 2 };
+        let mut all = vec![Counters::STEP, c.lm_head()];
+        for l in 0..3 {
+            for op in Op::LAYER_OPS {
+                all.push(c.op(op, l));
+            }
+            for g in 0..2 {
+                all.push(c.attn_part(l, g));
+            }
+        }
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n);
+        assert_eq!(c.count(), n);
+        assert!(all.iter().all(|&x| (x as usize) < c.count()));
+    }
+}

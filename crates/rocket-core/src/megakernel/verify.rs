@@ -1,0 +1,322 @@
+//! Checks a compiled [`Schedule`] before it reaches a GPU: every output row and
+//! attention split is computed exactly once per step, every instruction waits
+//! for exactly the work it reads, and the SMs, each running its list in order,
+//! always finish: simulated under several interleavings over several steps.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::schedule::{Counters, Instr, Op, Schedule, Wait, Work};
+use crate::model::ModelSpec;
+
+/// What the op at (layer, op) must wait for, given the tile counts of the ops.
+fn expected_wait(c: &Counters, tiles: &HashMap<(usize, Op), usize>, layer: usize, op: Op, kv_heads: usize) -> Wait {
+    let done = |l: usize, o: Op| Wait { counter: c.op(o, l), per_step: tiles[&(l, o)] as u16 };
+    match op {
+        Op::Qkv if layer == 0 => Wait { counter: Counters::STEP, per_step: 1 },
+        Op::Qkv => done(layer - 1, Op::Down),
+        Op::Attn => done(layer, Op::Qkv),
+        Op::OProj => Wait { counter: c.op(Op::Attn, layer), per_step: kv_heads as u16 },
+        Op::GateUp => done(layer, Op::OProj),
+        Op::Down => done(layer, Op::GateUp),
+        Op::LmHead => done(layer - 1, Op::Down),
+    }
+}
+
+/// Rows of each matrix-vector op.
+fn op_rows(spec: &ModelSpec, op: Op) -> usize {
+    match op {
+        Op::Qkv => spec.q_dim() + 2 * spec.kv_dim(),
+        Op::OProj | Op::Down => spec.hidden_size,
+        Op::GateUp => spec.intermediate_size,
+        Op::LmHead => spec.vocab_size,
+        Op::Attn => 0,
+    }
+}
+
+/// Order of an instruction in a step: every SM's list must follow it.
+fn rank(i: &Instr) -> (u16, Op) {
+    (i.layer, i.op)
+}
+
+pub fn verify(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
+    if s.per_sm.len() != s.sm_count {
+        return Err(format!("{} instruction lists for {} SMs", s.per_sm.len(), s.sm_count));
+    }
+    for (sm, list) in s.per_sm.iter().enumerate() {
+        if let Some(w) = list.windows(2).find(|w| rank(&w[0]) > rank(&w[1])) {
+            return Err(format!("SM {sm} runs {:?} of layer {} before {:?} of layer {}", w[0].op, w[0].layer, w[1].op, w[1].layer));
+        }
+    }
+    check_coverage(s, spec)?;
+    check_waits(s, spec)?;
+    for order in [Order::Forward, Order::Backward, Order::Shuffled(0x5eed), Order::Shuffled(7)] {
+        simulate(s, 3, order)?;
+    }
+    Ok(())
+}
+
+/// (begin, end, tile) of each tile of one op.
+type Tiles = Vec<(u32, u32, u32)>;
+
+fn check_coverage(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
+    let nl = spec.num_layers;
+    let mut rows: BTreeMap<(usize, Op), Tiles> = BTreeMap::new();
+    let mut attn: BTreeMap<usize, Vec<(u32, u32)>> = BTreeMap::new();
+    for i in s.per_sm.iter().flatten() {
+        let layer = i.layer as usize;
+        let layer_ok = if i.op == Op::LmHead { layer == nl } else { layer < nl };
+        if !layer_ok {
+            return Err(format!("{:?} in layer {layer} of a {nl}-layer model", i.op));
+        }
+        match (i.op, i.work) {
+            (Op::Attn, Work::Attn { kv_head, split, splits, .. }) => {
+                if splits as usize != s.splits || split >= splits || kv_head as usize >= spec.num_kv_heads {
+                    return Err(format!("attention item (head {kv_head}, split {split}/{splits}) in layer {layer}"));
+                }
+                attn.entry(layer).or_default().push((kv_head, split));
+            }
+            (op, Work::Rows { begin, end, tile }) if op != Op::Attn => {
+                if begin >= end {
+                    return Err(format!("empty tile of {op:?} in layer {layer}"));
+                }
+                rows.entry((layer, op)).or_default().push((begin, end, tile));
+            }
+            (op, work) => return Err(format!("{op:?} carries {work:?}")),
+        }
+    }
+    for layer in 0..=nl {
+        let ops: &[Op] = if layer == nl { &[Op::LmHead] } else { &[Op::Qkv, Op::OProj, Op::GateUp, Op::Down] };
+        for &op in ops {
+            let mut tiles = rows.remove(&(layer, op)).ok_or_else(|| format!("{op:?} of layer {layer} is missing"))?;
+            tiles.sort();
+            let mut next = 0u32;
+            for (n, &(begin, end, tile)) in tiles.iter().enumerate() {
+                if begin != next {
+                    return Err(format!("{op:?} of layer {layer}: rows {next}..{begin} uncovered or overlapping"));
+                }
+                if tile as usize != n {
+                    return Err(format!("{op:?} of layer {layer}: tile numbers are not 0..{}", tiles.len()));
+                }
+                next = end;
+            }
+            if next as usize != op_rows(spec, op) {
+                return Err(format!("{op:?} of layer {layer} covers {next} of {} rows", op_rows(spec, op)));
+            }
+            if op == Op::LmHead && tiles.len() != s.lm_tiles {
+                return Err(format!("{} LM head tiles, schedule says {}", tiles.len(), s.lm_tiles));
+            }
+        }
+        if layer < nl {
+            let mut items = attn.remove(&layer).unwrap_or_default();
+            items.sort();
+            let want: Vec<(u32, u32)> =
+                (0..spec.num_kv_heads as u32).flat_map(|g| (0..s.splits as u32).map(move |sp| (g, sp))).collect();
+            if items != want {
+                return Err(format!("attention of layer {layer} does not cover every (KV head, split) once"));
+            }
+        }
+    }
+    if let Some(((layer, op), _)) = rows.into_iter().next() {
+        return Err(format!("unexpected {op:?} in layer {layer}"));
+    }
+    Ok(())
+}
+
+fn check_waits(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
+    let c = &s.counters;
+    let mut tiles: HashMap<(usize, Op), usize> = HashMap::new();
+    let mut signals: HashMap<u16, usize> = HashMap::new();
+    for i in s.per_sm.iter().flatten() {
+        *tiles.entry((i.layer as usize, i.op)).or_default() += 1;
+        *signals.entry(i.signal).or_default() += 1;
+    }
+    for i in s.per_sm.iter().flatten() {
+        let layer = i.layer as usize;
+        let want_signal = match i.work {
+            Work::Attn { kv_head, .. } => c.attn_part(layer, kv_head as usize),
+            Work::Rows { .. } => c.op(i.op, layer),
+        };
+        if i.signal != want_signal {
+            return Err(format!("{:?} of layer {layer} signals counter {} instead of {want_signal}", i.op, i.signal));
+        }
+        if let Work::Attn { done, splits, .. } = i.work {
+            if done != c.op(Op::Attn, layer) || signals[&i.signal] != splits as usize {
+                return Err(format!("attention of layer {layer}: merge counter or split count is wrong"));
+            }
+        }
+        let want = expected_wait(c, &tiles, layer, i.op, spec.num_kv_heads);
+        if i.wait != want {
+            return Err(format!("{:?} of layer {layer} waits {:?}, should wait {want:?}", i.op, i.wait));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Order {
+    Forward,
+    Backward,
+    Shuffled(u64),
+}
+
+/// Runs `steps` steps the way the kernel does: each SM waits for the step to
+/// start (its input token embedded), then runs its list in order, each
+/// instruction only once its counter is reached. Which ready SM moves next
+/// follows `order`. Fails if the SMs stop before all steps are done.
+fn simulate(s: &Schedule, steps: u32, order: Order) -> Result<(), String> {
+    let c = &s.counters;
+    let mut counters = vec![0u32; c.count()];
+    counters[Counters::STEP as usize] = 1; // the launch embeds the first token
+    let mut step = vec![0u32; s.sm_count];
+    let mut pc = vec![0usize; s.sm_count];
+    let mut rng = match order {
+        Order::Shuffled(seed) => seed | 1,
+        _ => 1,
+    };
+    let mut sms: Vec<usize> = (0..s.sm_count).collect();
+    if let Order::Backward = order {
+        sms.reverse();
+    }
+    loop {
+        if let Order::Shuffled(_) = order {
+            for i in (1..sms.len()).rev() {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                sms.swap(i, (rng % (i as u64 + 1)) as usize);
+            }
+        }
+        let mut moved = false;
+        for &sm in &sms {
+            let list = &s.per_sm[sm];
+            while step[sm] < steps {
+                let t = step[sm];
+                if pc[sm] == list.len() {
+                    step[sm] += 1;
+                    pc[sm] = 0;
+                    moved = true;
+                    continue;
+                }
+                if pc[sm] == 0 && counters[Counters::STEP as usize] < t + 1 {
+                    break;
+                }
+                let instr = &list[pc[sm]];
+                if counters[instr.wait.counter as usize] < (t + 1) * instr.wait.per_step as u32 {
+                    break;
+                }
+                counters[instr.signal as usize] += 1;
+                let arrived = counters[instr.signal as usize];
+                match instr.work {
+                    Work::Attn { splits, done, .. } if arrived == (t + 1) * splits => counters[done as usize] += 1,
+                    Work::Rows { .. } if instr.op == Op::LmHead && arrived == (t + 1) * s.lm_tiles as u32 => {
+                        counters[Counters::STEP as usize] += 1
+                    }
+                    _ => {}
+                }
+                pc[sm] += 1;
+                moved = true;
+            }
+        }
+        if step.iter().all(|&t| t == steps) {
+            return Ok(());
+        }
+        if !moved {
+            let (sm, t) = step.iter().enumerate().filter(|(_, &t)| t < steps).map(|(i, &t)| (i, t)).next().expect("some SM is unfinished");
+            let what = s.per_sm[sm].get(pc[sm]).map_or("the step start".to_string(), |i| format!("{:?} of layer {}", i.op, i.layer));
+            return Err(format!("deadlock ({order:?} order): SM {sm} stuck at {what} of step {t}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Family;
+
+    pub(crate) fn spec(d: usize, ff: usize, layers: usize, heads: usize, kv: usize, hd: usize, vocab: usize) -> ModelSpec {
+        ModelSpec {
+            family: Family::Llama,
+            hidden_size: d,
+            intermediate_size: ff,
+            num_layers: layers,
+            num_heads: heads,
+            num_kv_heads: kv,
+            head_dim: hd,
+            vocab_size: vocab,
+            max_position_embeddings: 4096,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_scaling: None,
+            tie_word_embeddings: true,
+            qk_norm: false,
+        }
+    }
+
+    #[test]
+    fn fuel_schedules_are_complete_and_deadlock_free_for_any_sm_count() {
+        let fuels = [
+            ("llama-3.2-1b", spec(2048, 8192, 16, 32, 8, 64, 128256)),
+            ("qwen3-0.6b", spec(1024, 3072, 28, 16, 8, 128, 151936)),
+            ("qwen3-1.7b", spec(2048, 6144, 28, 16, 8, 128, 151936)),
+            ("smollm2-135m", spec(576, 1536, 30, 9, 3, 64, 49152)),
+        ];
+        for (name, spec) in &fuels {
+            for sms in (1..=40).chain([66, 78, 114, 132, 144, 170]) {
+                let s = Schedule::compile(spec, sms).unwrap();
+                verify(&s, spec).unwrap_or_else(|e| panic!("{name} on {sms} SMs: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn h200_schedule_balances_the_weight_bytes() {
+        let llama = spec(2048, 8192, 16, 32, 8, 64, 128256);
+        let s = Schedule::compile(&llama, 132).unwrap();
+        let bytes = s.weight_bytes_per_sm(&llama);
+        let (min, max) = (*bytes.iter().min().unwrap(), *bytes.iter().max().unwrap());
+        assert!(max as f64 / (min as f64) < 1.02, "SM weight bytes {min}..{max}");
+        assert_eq!(bytes.iter().sum::<usize>(), 2 * (llama.weight_elements_per_step() - 2048 - llama_norms(&llama)));
+        assert_eq!(s.splits, 16);
+        assert_eq!(s.lm_tiles, 132);
+    }
+
+    /// f32 norm weights counted in `weight_elements_per_step` but not streamed as bf16 rows.
+    fn llama_norms(s: &ModelSpec) -> usize {
+        s.num_layers * 2 * s.hidden_size + s.hidden_size
+    }
+
+    #[test]
+    fn broken_schedules_are_caught() {
+        let small = spec(64, 128, 2, 4, 2, 64, 300);
+        let good = Schedule::compile(&small, 5).unwrap();
+        verify(&good, &small).unwrap();
+
+        // A wait one tile short lets OProj read attention that is not merged yet.
+        let mut s = good.clone();
+        let i = s.per_sm.iter_mut().flatten().find(|i| i.op == Op::OProj).unwrap();
+        i.wait.per_step -= 1;
+        assert!(verify(&s, &small).unwrap_err().contains("waits"));
+
+        // A wait one tile too long never completes: the simulation finds the deadlock.
+        let mut s = good.clone();
+        for i in s.per_sm.iter_mut().flatten().filter(|i| i.op == Op::GateUp && i.layer == 1) {
+            i.wait.per_step += 1;
+        }
+        assert!(check_waits(&s, &small).is_err());
+        assert!(simulate(&s, 2, Order::Forward).unwrap_err().contains("deadlock"));
+
+        // A lost tile leaves rows uncovered.
+        let mut s = good.clone();
+        let sm = s.per_sm.iter().position(|l| l.iter().any(|i| i.op == Op::Down)).unwrap();
+        let at = s.per_sm[sm].iter().position(|i| i.op == Op::Down).unwrap();
+        s.per_sm[sm].remove(at);
+        assert!(verify(&s, &small).is_err());
+
+        // An SM that runs layer 1 before layer 0 breaks the global order.
+        let mut s = good.clone();
+        let list = s.per_sm.iter_mut().find(|l| l.len() > 2).unwrap();
+        let last = list.len() - 1;
+        list.swap(0, last);
+        assert!(verify(&s, &small).unwrap_err().contains("before"));
+    }
+}
