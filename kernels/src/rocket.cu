@@ -6,3 +6,4 @@
 #include "attention.cu"
 #include "silu_mul.cu"
 #include "argmax.cu"
+#include "megakernel.cu"

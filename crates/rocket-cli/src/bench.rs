@@ -57,21 +57,43 @@ fn random_prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Runs `batch` requests together; returns (TTFT, seconds per decode step).
-fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize) -> anyhow::Result<(f64, f64)> {
+/// CPU time of the calling thread in seconds (the engine drives the device from it).
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes one timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return f64::NAN;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// One timed run of `batch` requests together.
+struct Run {
+    ttft: f64,
+    /// Seconds per decode step.
+    step: f64,
+    /// Host CPU seconds per generated token (this thread, prefill included).
+    host_cpu_per_token: f64,
+}
+
+fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize) -> anyhow::Result<Run> {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(gen_len) };
     let requests = prompts.iter().map(|p| (String::new(), p.clone(), params.clone())).collect();
+    let cpu = thread_cpu_seconds();
     let outs = engine.generate_many(requests)?;
+    let host_cpu_per_token = (thread_cpu_seconds() - cpu) / (prompts.len() * gen_len) as f64;
     let m = &outs[0].metrics;
     if outs.iter().any(|o| o.token_ids.len() != gen_len) {
         bail!("a sequence stopped before gen_len");
     }
     let steps = gen_len.saturating_sub(1).max(1) as f64;
-    Ok((m.time_to_first_token, (m.total_seconds - m.time_to_first_token) / steps))
+    Ok(Run { ttft: m.time_to_first_token, step: (m.total_seconds - m.time_to_first_token) / steps, host_cpu_per_token })
 }
 
 struct Row {
     batch: usize,
+    path: &'static str,
+    host_us_per_token: f64,
     ttft: (f64, f64),
     prefill_tps: f64,
     step_ms: (f64, f64),
@@ -100,18 +122,28 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     for &b in &args.batch {
         let prompts: Vec<Vec<u32>> = (0..b).map(|i| random_prompt(1000 + i as u64, args.prompt_len, vocab)).collect();
         run_batch(&engine, &prompts, args.gen_len.min(8))?; // warm-up: graphs, caches
-        let (mut ttfts, mut steps) = (Vec::new(), Vec::new());
+        let (mut ttfts, mut steps, mut host) = (Vec::new(), Vec::new(), Vec::new());
         for rep in 0..args.reps {
-            let (ttft, step) = run_batch(&engine, &prompts, args.gen_len)?;
-            eprintln!("bench: batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step", rep + 1, args.reps, ttft * 1e3, step * 1e3);
-            ttfts.push(ttft);
-            steps.push(step);
+            let r = run_batch(&engine, &prompts, args.gen_len)?;
+            eprintln!(
+                "bench: batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step, host CPU {:.1} µs/token",
+                rep + 1,
+                args.reps,
+                r.ttft * 1e3,
+                r.step * 1e3,
+                r.host_cpu_per_token * 1e6
+            );
+            ttfts.push(r.ttft);
+            steps.push(r.step);
+            host.push(r.host_cpu_per_token);
         }
         let ttft = stats(&ttfts);
         let step = stats(&steps);
         let gbs = info.bytes_per_decode_step as f64 / step.0 / 1e9;
         rows.push(Row {
             batch: b,
+            path: engine.decode_path(b),
+            host_us_per_token: stats(&host).0 * 1e6,
             ttft: (ttft.0 * 1e3, ttft.1 * 1e3),
             prefill_tps: (b * args.prompt_len) as f64 / ttft.0,
             step_ms: (step.0 * 1e3, step.1 * 1e3),
@@ -138,6 +170,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "reps": args.reps,
             "results": rows.iter().map(|r| json!({
                 "batch": r.batch,
+                "decode_path": r.path,
+                "host_cpu_us_per_token": r.host_us_per_token,
                 "ttft_ms": r.ttft.0, "ttft_ms_std": r.ttft.1,
                 "prefill_tokens_per_s": r.prefill_tps,
                 "decode_ms_per_step": r.step_ms.0, "decode_ms_per_step_std": r.step_ms.1,
@@ -155,12 +189,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         info.bytes_per_decode_step as f64 / 1e9,
         copy_gbs.map_or("n/a".into(), |c| format!("{c:.0} GB/s"))
     );
-    println!("| batch | TTFT ms (p={}) | prefill tok/s | decode ms/step | tok/s | GB/s | % copy BW |", args.prompt_len);
-    println!("|------:|---------------:|--------------:|---------------:|------:|-----:|----------:|");
+    println!(
+        "| batch | decode path | TTFT ms (p={}) | prefill tok/s | decode ms/step | tok/s | GB/s | % copy BW | host CPU µs/tok |",
+        args.prompt_len
+    );
+    println!("|------:|:------------|---------------:|--------------:|---------------:|------:|-----:|----------:|----------------:|");
     for r in &rows {
         println!(
-            "| {} | {:.2} ± {:.2} | {:.0} | {:.3} ± {:.3} | {:.1} | {:.0} | {} |",
+            "| {} | {} | {:.2} ± {:.2} | {:.0} | {:.3} ± {:.3} | {:.1} | {:.0} | {} | {:.1} |",
             r.batch,
+            r.path,
             r.ttft.0,
             r.ttft.1,
             r.prefill_tps,
@@ -168,7 +206,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             r.step_ms.1,
             r.tokens_per_s,
             r.gbs,
-            r.pct_copy.map_or("n/a".into(), |p| format!("{p:.1}%"))
+            r.pct_copy.map_or("n/a".into(), |p| format!("{p:.1}%")),
+            r.host_us_per_token
         );
     }
     Ok(())

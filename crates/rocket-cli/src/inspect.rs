@@ -1,13 +1,42 @@
 //! `rocket inspect`: what a model is, as rocket sees it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use anyhow::Context;
+use rocket_core::model::ModelSource;
 use rocket_core::{Device, Engine, EngineOptions};
+use serde_json::json;
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
     /// HF model folder or .gguf file
     model: PathBuf,
+    /// Also write the tokenizer as an HF folder (tokenizer.json and a
+    /// tokenizer_config.json with the special tokens and chat template) to DIR
+    #[arg(long, value_name = "DIR")]
+    export_tokenizer: Option<PathBuf>,
+}
+
+/// Writes `model`'s tokenizer as HF files into `dir` (created if missing).
+fn export_tokenizer(model: &Path, dir: &Path) -> anyhow::Result<()> {
+    let src = ModelSource::open(model)?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    write("tokenizer.json", src.tokenizer.to_json()?)?;
+    let mut config = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": src.special.bos_token,
+        "eos_token": src.special.eos_token,
+    });
+    if let Some(t) = &src.chat_template {
+        config["chat_template"] = json!(t);
+    }
+    write("tokenizer_config.json", serde_json::to_string_pretty(&config)? + "\n")?;
+    eprintln!("tokenizer of {} written to {}", model.display(), dir.display());
+    Ok(())
 }
 
 fn human(n: f64, unit: &str) -> String {
@@ -24,6 +53,9 @@ fn human(n: f64, unit: &str) -> String {
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.export_tokenizer {
+        export_tokenizer(&args.model, dir)?;
+    }
     let engine = Engine::load(&args.model, EngineOptions { device: Device::Cpu, ..EngineOptions::default() })?;
     let info = engine.info();
     let s = &info.spec;

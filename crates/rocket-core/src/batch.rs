@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use crate::backend::{Chunk, Logits, Session};
+use crate::backend::{Chunk, Logits, LoopRequest, Session};
 use crate::engine::{Engine, RequestOutput, StreamDelta};
 use crate::error::{Result, RocketError};
 use crate::request::RequestState;
@@ -25,6 +25,10 @@ enum Picked {
     Tokens(Vec<u32>),
     Logits(Vec<f32>),
 }
+
+/// Steps one device token loop runs at most before the batcher looks for new
+/// requests again (about 0.1 s of decoding on the fuels).
+const LOOP_STEPS: usize = 128;
 
 /// A request's handle inside one [`Batcher`].
 pub type RequestId = u64;
@@ -98,6 +102,9 @@ impl<'a> Batcher<'a> {
         if self.running.is_empty() {
             return Ok(self.pending());
         }
+        if let Some(done) = self.device_loop() {
+            return done;
+        }
         let all_greedy = self.running.iter().all(|a| a.state.wants_plain_argmax());
         let last_tokens: Vec<u32> = self.running.iter().map(|a| a.state.last_token().unwrap_or(0)).collect();
         let mut chunks: Vec<Chunk<'_>> = Vec::with_capacity(self.running.len());
@@ -158,6 +165,57 @@ impl<'a> Batcher<'a> {
         Ok(self.pending())
     }
 
+    /// A lone greedy request past its prefill runs up to LOOP_STEPS steps in one
+    /// device token loop (the megakernel), the host only turning tokens into
+    /// text. None: not applicable here, or the backend has no loop.
+    fn device_loop(&mut self) -> Option<Result<usize>> {
+        if self.running.len() != 1 || !self.waiting.is_empty() {
+            return None;
+        }
+        let Active { state, sink, session, .. } = &mut self.running[0];
+        let first = state.last_token()?;
+        if !state.wants_device_loop() || state.remaining() < 2 {
+            return None;
+        }
+        let end_ids = state.end_ids().to_vec();
+        let req = LoopRequest { max_steps: state.remaining().min(LOOP_STEPS), end_ids: &end_ids, mask_end_steps: state.mask_end_steps() };
+        let session = session.as_deref_mut().expect("running requests hold a session");
+        let tokenizer = self.engine.tokenizer();
+        let (mut finished, mut cancelled, mut failed) = (false, false, None);
+        let ran = self.engine.backend().decode_loop(session, first, &req, &mut |token| match state.accept_argmax(tokenizer, token) {
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+            Ok((delta, done)) => {
+                let keep_going = sink(BatchEvent::Delta(delta));
+                cancelled = !done && !keep_going;
+                finished = done || !keep_going;
+                !finished
+            }
+        });
+        match ran {
+            Ok(None) => return None,
+            Ok(Some(_)) => {}
+            Err(e) => {
+                let mut a = self.running.remove(0);
+                (a.sink)(BatchEvent::Failed(RocketError::Internal(format!("device token loop failed: {e}"))));
+                return Some(Err(e));
+            }
+        }
+        if let Some(e) = failed {
+            let mut a = self.running.remove(0);
+            (a.sink)(BatchEvent::Failed(e));
+        } else if finished {
+            let mut a = self.running.remove(0);
+            if cancelled {
+                a.state.cancel();
+            }
+            (a.sink)(BatchEvent::Finished(a.state.finish()));
+        }
+        Some(Ok(self.pending()))
+    }
+
     /// Runs until every queued request has finished.
     pub fn run_to_completion(&mut self) -> Result<()> {
         while self.step()? > 0 {}
@@ -177,5 +235,137 @@ impl<'a> Batcher<'a> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The batcher's device-loop path, driven through a backend whose
+    //! `decode_loop` keeps the trait's contract by stepping the CPU reference
+    //! (greedy argmax, end ids masked for `mask_end_steps`, stop at an end id, at
+    //! `max_steps` or when `on_token` says so): every request must come out
+    //! exactly as it does without a loop.
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::{Backend, LoopOutcome};
+    use crate::engine::{EngineOptions, FinishReason};
+    use crate::sampling::argmax;
+    use crate::Device;
+
+    struct SteppingLoop {
+        inner: Box<dyn Backend>,
+        launches: Arc<AtomicUsize>,
+    }
+
+    impl Backend for SteppingLoop {
+        fn name(&self) -> &'static str {
+            "cpu"
+        }
+        fn new_session(&self, capacity: usize) -> Result<Box<dyn Session>> {
+            self.inner.new_session(capacity)
+        }
+        fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
+            self.inner.forward(chunks, logits)
+        }
+        fn decode_loop(
+            &self,
+            session: &mut dyn Session,
+            first: u32,
+            req: &LoopRequest<'_>,
+            on_token: &mut dyn FnMut(u32) -> bool,
+        ) -> Result<Option<LoopOutcome>> {
+            self.launches.fetch_add(1, Ordering::Relaxed);
+            let (mut token, mut accepted) = (first, 0);
+            for step in 0..req.max_steps.min(session.capacity() - session.len()) {
+                let mut logits = self.inner.forward(&mut [Chunk { session: &mut *session, tokens: &[token] }], Logits::Last)?;
+                if step < req.mask_end_steps {
+                    for &e in req.end_ids {
+                        logits[e as usize] = f32::NEG_INFINITY;
+                    }
+                }
+                token = argmax(&logits);
+                accepted += 1;
+                if !on_token(token) || req.end_ids.contains(&token) {
+                    break;
+                }
+            }
+            Ok(Some(LoopOutcome { accepted, device_steps: accepted, host_cpu_seconds: 0.0 }))
+        }
+    }
+
+    fn engines() -> (Engine, Engine, Arc<AtomicUsize>) {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
+        let opts = EngineOptions { device: Device::Cpu, progress: false, ..EngineOptions::default() };
+        let launches = Arc::new(AtomicUsize::new(0));
+        let counter = launches.clone();
+        let looping = Engine::load(path, opts.clone()).unwrap().wrap_backend(|inner| Box::new(SteppingLoop { inner, launches: counter }));
+        (Engine::load(path, opts).unwrap(), looping, launches)
+    }
+
+    #[test]
+    fn a_device_loop_gives_the_same_outputs_as_steps() {
+        let (plain, looping, launches) = engines();
+        let eos = plain.info().eos_token_ids.clone();
+        let cases = [
+            SamplingParams { ignore_eos: true, ..SamplingParams::greedy(240) }, // two launches of LOOP_STEPS
+            SamplingParams::greedy(40),
+            SamplingParams { min_tokens: 30, ..SamplingParams::greedy(60) },
+            SamplingParams { stop: vec!["e".into(), "the".into()], ignore_eos: true, ..SamplingParams::greedy(50) },
+            SamplingParams { stop_token_ids: vec![5, 9, 17], ..SamplingParams::greedy(50) },
+        ];
+        for params in cases {
+            for prompt in ["hello world", "the quick brown fox"] {
+                let want = plain.generate(prompt, &params).unwrap();
+                let got = looping.generate(prompt, &params).unwrap();
+                assert_eq!(got.token_ids, want.token_ids, "{params:?} {prompt:?}");
+                assert_eq!((got.text, got.finish_reason, got.stop_reason), (want.text, want.finish_reason, want.stop_reason));
+            }
+        }
+        assert!(launches.load(Ordering::Relaxed) >= 10, "the greedy requests ran as device loops");
+        assert!(!eos.is_empty());
+
+        // A stop id the free run reaches at its 4th token ends the loop there, and
+        // min_tokens masks it on the device exactly as the host sampler does.
+        let free = plain.generate("hello world", &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(30) }).unwrap();
+        let end = free.token_ids[3];
+        let first = free.token_ids.iter().position(|&t| t == end).unwrap();
+        for min_tokens in [0, first + 2] {
+            let params = SamplingParams { stop_token_ids: vec![end], min_tokens, ignore_eos: true, ..SamplingParams::greedy(30) };
+            let want = plain.generate("hello world", &params).unwrap();
+            let got = looping.generate("hello world", &params).unwrap();
+            assert_eq!(got.token_ids, want.token_ids, "min_tokens {min_tokens}");
+            assert_eq!(got.finish_reason, want.finish_reason);
+            if min_tokens == 0 {
+                assert_eq!(got.token_ids.len(), first + 1);
+            } else {
+                assert!(got.token_ids.len() > first + 1 && !got.token_ids[..min_tokens].contains(&end));
+            }
+        }
+    }
+
+    #[test]
+    fn sampled_and_batched_requests_do_not_loop_and_a_closed_stream_stops_one() {
+        let (_, looping, launches) = engines();
+        let sampled = SamplingParams { temperature: 0.8, seed: Some(3), ..SamplingParams::greedy(20) };
+        looping.generate("hello", &sampled).unwrap();
+        let penalised = SamplingParams { repetition_penalty: 1.2, ..SamplingParams::greedy(20) };
+        looping.generate("hello", &penalised).unwrap();
+        let two = [("a".to_string(), looping.encode_prompt("a").unwrap(), SamplingParams::greedy(20)), ("b".to_string(), looping.encode_prompt("b").unwrap(), SamplingParams::greedy(20))];
+        looping.generate_many(two.to_vec()).unwrap();
+        assert_eq!(launches.load(Ordering::Relaxed), 0);
+
+        let mut deltas = 0;
+        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(100) };
+        let out = looping.generate_ids("x".into(), looping.encode_prompt("hello").unwrap(), &params, &mut |_| {
+            deltas += 1;
+            deltas < 5
+        });
+        let out = out.unwrap();
+        assert_eq!(out.finish_reason, FinishReason::Cancelled);
+        assert_eq!(out.token_ids.len(), 5);
+        assert_eq!(launches.load(Ordering::Relaxed), 1);
     }
 }

@@ -311,6 +311,12 @@ impl Engine {
         self.backend.device_description()
     }
 
+    /// How a decode step of `batch` sequences runs ("megakernel", "cuda-graph",
+    /// "forward passes"), for benchmarks.
+    pub fn decode_path(&self, batch: usize) -> &'static str {
+        self.backend.decode_path(batch)
+    }
+
     /// The device's measured copy bandwidth in GB/s (None on the CPU backend).
     pub fn copy_bandwidth_gbs(&self) -> Result<Option<f64>> {
         self.backend.copy_bandwidth_gbs()
@@ -318,6 +324,13 @@ impl Engine {
 
     pub(crate) fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
+    }
+
+    /// Wraps the backend (tests put a backend with a device loop around the CPU one).
+    #[cfg(test)]
+    pub(crate) fn wrap_backend(mut self, wrap: impl FnOnce(Box<dyn Backend>) -> Box<dyn Backend>) -> Self {
+        self.backend = wrap(self.backend);
+        self
     }
 
     pub(crate) fn check_fits(&self, prompt_tokens: usize, max_tokens: usize) -> Result<()> {

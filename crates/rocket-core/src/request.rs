@@ -79,17 +79,43 @@ impl RequestState {
         self.push_token(tokenizer, token, logprob)
     }
 
-    /// Whether this step's token is the plain argmax of the raw logits (greedy,
-    /// no penalties, no EOS masking, no logprobs), so a backend may pick it on
-    /// the device.
-    pub(crate) fn wants_plain_argmax(&self) -> bool {
+    /// Whether the request samples greedily from the raw logits: no penalties
+    /// and no logprobs, so a device may pick its tokens.
+    fn plain_greedy(&self) -> bool {
         let p = &self.params;
         p.temperature == 0.0
             && p.repetition_penalty == 1.0
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0
             && p.logprobs.is_none()
-            && self.token_ids.len() >= p.min_tokens
+    }
+
+    /// Whether this step's token is the plain argmax of the raw logits (greedy,
+    /// no penalties, no EOS masking, no logprobs), so a backend may pick it on
+    /// the device.
+    pub(crate) fn wants_plain_argmax(&self) -> bool {
+        self.plain_greedy() && self.token_ids.len() >= self.params.min_tokens
+    }
+
+    /// Whether the rest of the request can run as a device token loop: plain
+    /// greedy (the loop masks end ids itself while min_tokens is not reached).
+    pub(crate) fn wants_device_loop(&self) -> bool {
+        self.plain_greedy()
+    }
+
+    /// Tokens still to generate.
+    pub(crate) fn remaining(&self) -> usize {
+        self.params.max_tokens - self.token_ids.len()
+    }
+
+    /// Tokens that end generation (EOS unless ignored, and stop ids).
+    pub(crate) fn end_ids(&self) -> &[u32] {
+        &self.end_ids
+    }
+
+    /// How many of the next tokens cannot be an end id (min_tokens).
+    pub(crate) fn mask_end_steps(&self) -> usize {
+        self.params.min_tokens.saturating_sub(self.token_ids.len())
     }
 
     /// Takes a token already chosen by the backend's argmax (see `wants_plain_argmax`).

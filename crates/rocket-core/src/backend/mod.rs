@@ -36,6 +36,25 @@ pub trait Backend: Send + Sync {
     fn forward_argmax(&self, _chunks: &mut [Chunk<'_>]) -> Result<Option<Vec<u32>>> {
         Ok(None)
     }
+    /// A greedy token loop on the device: feeds `first` at the session's next
+    /// position, then each step's argmax, until `req.max_steps` steps, an end id
+    /// (after `req.mask_end_steps` steps, which cannot pick one) or until
+    /// `on_token` returns false. `on_token` sees every token as the device
+    /// publishes it, in order; the session keeps exactly the tokens it saw.
+    /// `None`: this backend or model has no device loop (nothing was run).
+    fn decode_loop(
+        &self,
+        _session: &mut dyn Session,
+        _first: u32,
+        _req: &LoopRequest<'_>,
+        _on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<LoopOutcome>> {
+        Ok(None)
+    }
+    /// How a decode step of `batch` sequences runs, in words, for benchmarks.
+    fn decode_path(&self, _batch: usize) -> &'static str {
+        "forward passes"
+    }
     /// What it runs on, in words ("cpu", "NVIDIA H200 (sm_90a cubin)").
     fn device_description(&self) -> String {
         self.name().to_string()
@@ -67,6 +86,28 @@ pub(crate) fn own_session<'s, T: Session>(session: &'s mut dyn Session, backend:
         .as_any_mut()
         .downcast_mut::<T>()
         .ok_or_else(|| RocketError::Internal(format!("the {backend} backend was given another backend's session")))
+}
+
+/// What a device token loop is asked to do (see `Backend::decode_loop`).
+#[derive(Debug, Clone, Copy)]
+pub struct LoopRequest<'a> {
+    /// Steps (tokens produced) at most.
+    pub max_steps: usize,
+    /// Tokens that end the loop (EOS unless ignored, and stop ids).
+    pub end_ids: &'a [u32],
+    /// The first this many steps cannot pick an end id (min_tokens).
+    pub mask_end_steps: usize,
+}
+
+/// What a device token loop did.
+#[derive(Debug, Clone, Copy)]
+pub struct LoopOutcome {
+    /// Tokens handed to `on_token` (and kept in the session).
+    pub accepted: usize,
+    /// Steps the device ran (it may run a little past a stop the host raised).
+    pub device_steps: usize,
+    /// CPU time the polling host thread spent during the loop.
+    pub host_cpu_seconds: f64,
 }
 
 /// New tokens for one sequence in a batched forward pass.

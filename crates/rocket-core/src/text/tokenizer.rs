@@ -35,6 +35,12 @@ impl Tokenizer {
         Self::from_json(&gguf_tokenizer_json(file)?)
     }
 
+    /// The tokenizer as HF `tokenizer.json` (for a GGUF: the tokenizer rebuilt
+    /// from its metadata, as transformers' converter builds it).
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(true).map_err(tok_err)
+    }
+
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         let enc = self.inner.encode_fast(text, add_special_tokens).map_err(tok_err)?;
         Ok(enc.get_ids().to_vec())

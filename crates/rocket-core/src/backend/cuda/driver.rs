@@ -216,6 +216,16 @@ impl Stream {
         unsafe { result::stream::synchronize(self.raw) }.map_err(|e| device_err("kernel execution", e))
     }
 
+    /// Whether everything queued on the stream has finished (an error if it failed).
+    pub(crate) fn is_idle(&self) -> Result<bool> {
+        // SAFETY: live stream.
+        match unsafe { sys::cuStreamQuery(self.raw) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(device_err("kernel execution", DriverError(e))),
+        }
+    }
+
     /// Records everything launched until `end_capture` into a graph.
     pub(crate) fn begin_capture(&self) -> Result<()> {
         // SAFETY: live stream.
@@ -357,6 +367,77 @@ impl Function {
         // launcher mirrors its .cu contract); buffers outlive the stream's work.
         unsafe { result::launch_kernel(self.raw, grid, (block, 1, 1), 0, stream.raw, &mut params) }
             .map_err(|e| device_err("cuLaunchKernel", e))
+    }
+}
+
+impl Function {
+    /// Lets the kernel use `bytes` of dynamic shared memory (over the 48 KiB default).
+    pub(crate) fn set_max_dynamic_smem(&self, bytes: usize) -> Result<()> {
+        let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        // SAFETY: live function; the driver validates the value.
+        unsafe { result::function::set_function_attribute(self.raw, attr, bytes as i32) }
+            .map_err(|e| device_err("cuFuncSetAttribute(max dynamic shared memory)", e))
+    }
+
+    /// CTAs of `block` threads and `smem` dynamic shared memory that fit on one SM.
+    pub(crate) fn max_active_blocks(&self, block: u32, smem: usize) -> Result<i32> {
+        // SAFETY: live function.
+        unsafe { result::occupancy::max_active_block_per_multiprocessor(self.raw, block as i32, smem) }
+            .map_err(|e| device_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))
+    }
+
+    /// A cooperative launch (every CTA resident at once, or an error) of a kernel
+    /// whose only parameter is the plain-data struct `params`, passed by value.
+    pub(crate) fn launch_cooperative<P: Copy>(&self, stream: &Stream, grid: u32, block: u32, smem: usize, params: &P) -> Result<()> {
+        let mut args = [params as *const P as *mut c_void];
+        // SAFETY: the kernel's single parameter has P's layout (checked by a size
+        // assertion on both sides); buffers it points to outlive the launch.
+        unsafe { result::launch_cooperative_kernel(self.raw, (grid, 1, 1), (block, 1, 1), smem as u32, stream.raw, &mut args) }
+            .map_err(|e| device_err("cuLaunchCooperativeKernel", e))
+    }
+}
+
+/// Pinned host memory the device reads and writes directly (the megakernel's
+/// token ring): the host side is accessed with volatile reads and writes.
+pub(crate) struct MappedBuffer {
+    host: *mut u32,
+    pub device_ptr: u64,
+    pub words: usize,
+}
+
+unsafe impl Send for MappedBuffer {}
+unsafe impl Sync for MappedBuffer {}
+
+impl MappedBuffer {
+    pub(crate) fn alloc(words: usize) -> Result<Self> {
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: freed in Drop.
+        let host = unsafe { result::malloc_host(words * 4, flags) }.map_err(|e| device_err("cuMemHostAlloc(mapped)", e))? as *mut u32;
+        let mut device_ptr = 0;
+        // SAFETY: host was allocated with DEVICEMAP just above.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, host as *mut c_void, 0) };
+        let buffer = MappedBuffer { host, device_ptr, words };
+        r.result().map_err(|e| device_err("cuMemHostGetDevicePointer", e))?;
+        Ok(buffer)
+    }
+
+    pub(crate) fn read(&self, i: usize) -> u32 {
+        assert!(i < self.words, "mapped read out of bounds");
+        // SAFETY: in bounds; the device writes these words concurrently, hence volatile.
+        unsafe { std::ptr::read_volatile(self.host.add(i)) }
+    }
+
+    pub(crate) fn write(&self, i: usize, v: u32) {
+        assert!(i < self.words, "mapped write out of bounds");
+        // SAFETY: in bounds; the device reads these words concurrently, hence volatile.
+        unsafe { std::ptr::write_volatile(self.host.add(i), v) }
+    }
+}
+
+impl Drop for MappedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_host; the launches using it have finished.
+        let _ = unsafe { result::free_host(self.host as *mut c_void) };
     }
 }
 

@@ -17,7 +17,7 @@ const GEMV_TILES: [u32; 5] = [1, 2, 4, 8, 16];
 const GEMV_ROWS_PER_WARP: [u32; 5] = [1, 2, 2, 4, 2];
 
 pub(crate) struct Kernels {
-    _module: Module,
+    module: Module,
     embed: Function,
     rms_norm: Function,
     gemv: [Function; 5],
@@ -61,8 +61,13 @@ impl Kernels {
             head_dim: head_dim as u32,
             image,
             load_seconds: start.elapsed().as_secs_f64(),
-            _module: module,
+            module,
         })
+    }
+
+    /// The loaded module (the megakernel's functions live in it too).
+    pub(crate) fn module(&self) -> &Module {
+        &self.module
     }
 
     pub(crate) fn embed(&self, s: &Stream, table: u64, tokens: u64, x: u64, hidden: usize, rows: usize) -> Result<()> {

@@ -8,18 +8,20 @@
 
 mod driver;
 mod kernels;
+pub mod megakernel;
 mod weights;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::{check_chunks, own_session, Backend, Chunk, Logits, Session};
+use super::{check_chunks, own_session, Backend, Chunk, Logits, LoopOutcome, LoopRequest, Session};
 use crate::error::{Result, RocketError};
 use crate::model::{ModelSpec, ModelWeights};
 use crate::progress::LoadProgress;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
 use kernels::Kernels;
+use megakernel::{Launch, Megakernel, MAX_LOOP_STEPS};
 use weights::DeviceWeights;
 
 /// Positions per attention split (16 per warp): a context of n positions runs
@@ -40,6 +42,29 @@ pub struct CudaInfo {
     pub weight_bytes: usize,
 }
 
+/// How batch-1 decode runs (ROCKET_DECODE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeMode {
+    /// Kernel per op, replayed from CUDA graphs (`graph`).
+    Graph,
+    /// The persistent megakernel where the fuel has one, else an error (`megakernel`).
+    Megakernel,
+    /// The default (`auto`): the CUDA-graph path until the megakernel has been
+    /// checked on a GPU (see benches/NOTES.md); then the megakernel where it exists.
+    Auto,
+}
+
+impl DecodeMode {
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("ROCKET_DECODE").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => Ok(DecodeMode::Auto),
+            Ok("graph") => Ok(DecodeMode::Graph),
+            Ok("megakernel") => Ok(DecodeMode::Megakernel),
+            Ok(other) => Err(RocketError::invalid_arg("ROCKET_DECODE", other, "expected \"auto\", \"graph\" or \"megakernel\"")),
+        }
+    }
+}
+
 pub struct CudaBackend {
     spec: ModelSpec,
     info: CudaInfo,
@@ -50,6 +75,7 @@ pub struct CudaBackend {
 
 struct Inner {
     // Field order is drop order: everything on the device before the context.
+    megakernel: Option<Megakernel>,
     graphs: HashMap<(usize, usize, bool), Graph>,
     scratch: Option<Scratch>,
     weights: DeviceWeights,
@@ -188,6 +214,10 @@ impl CudaBackend {
         let t = Instant::now();
         let dev_weights = DeviceWeights::upload(&ctx, &stream, &spec, weights, progress)?;
         let upload_seconds = t.elapsed().as_secs_f64();
+        let megakernel = match DecodeMode::from_env()? {
+            DecodeMode::Graph | DecodeMode::Auto => None,
+            DecodeMode::Megakernel => Some(Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights)?),
+        };
         let info = CudaInfo {
             device_name: ctx.name.clone(),
             compute_capability: ctx.compute_capability,
@@ -206,6 +236,7 @@ impl CudaBackend {
             info,
             use_graphs,
             inner: Mutex::new(Inner {
+                megakernel,
                 graphs: HashMap::new(),
                 scratch: None,
                 weights: dev_weights,
@@ -219,6 +250,47 @@ impl CudaBackend {
 
     pub fn info(&self) -> &CudaInfo {
         &self.info
+    }
+
+    /// The fuel whose megakernel decodes at batch 1, or None (CUDA-graph path).
+    pub fn megakernel_fuel(&self) -> Result<Option<&'static str>> {
+        Ok(self.lock()?.megakernel.as_ref().map(|m| m.fuel.name))
+    }
+
+    /// Teacher forcing through the megakernel: feeds `ids` one per step into a
+    /// fresh sequence and returns each step's argmax and logits ([len][vocab]).
+    /// None when no megakernel is loaded.
+    pub fn megakernel_teacher_forced(&self, ids: &[u32]) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
+        if ids.is_empty() || ids.len() > MAX_LOOP_STEPS {
+            return Err(RocketError::invalid_arg("ids", ids.len(), format!("need 1..={MAX_LOOP_STEPS} tokens")));
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.spec.vocab_size) {
+            return Err(RocketError::invalid_arg("token id", bad, format!("must be < vocab size {}", self.spec.vocab_size)));
+        }
+        let mut session = self.new_session(ids.len())?;
+        let kv = own_session::<CudaSession>(session.as_mut(), "cuda")?.kv.ptr;
+        let mut guard = self.lock()?;
+        let inner = &mut *guard;
+        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
+        let req = LoopRequest { max_steps: ids.len(), end_ids: &[], mask_end_steps: 0 };
+        let launch = Launch { kv, pos0: 0, first: ids[0], req, forced: &ids[1..], keep_logits: true };
+        let mut tokens = Vec::with_capacity(ids.len());
+        let (_, logits) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
+            tokens.push(t);
+            true
+        })?;
+        Ok(Some((tokens, logits.expect("asked for logits"))))
+    }
+
+    /// Runs the megakernel on a schedule with a wait that can never be met and
+    /// returns the watchdog's error message (a hang here is the failure).
+    pub fn megakernel_watchdog_probe(&self) -> Result<Option<String>> {
+        let mut session = self.new_session(2)?;
+        let kv = own_session::<CudaSession>(session.as_mut(), "cuda")?.kv.ptr;
+        let mut guard = self.lock()?;
+        let inner = &mut *guard;
+        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
+        mk.watchdog_probe(&inner.ctx, &inner.stream, kv).map(Some)
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
@@ -389,6 +461,37 @@ impl Backend for CudaBackend {
         match self.run(chunks, logits, false)? {
             PassOutput::Logits(l) => Ok(l),
             PassOutput::Tokens(_) => Err(RocketError::Internal("argmax pass where logits were asked for".into())),
+        }
+    }
+
+    fn decode_loop(
+        &self,
+        session: &mut dyn Session,
+        first: u32,
+        req: &LoopRequest<'_>,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<LoopOutcome>> {
+        if first as usize >= self.spec.vocab_size {
+            return Err(RocketError::invalid_arg("token id", first, format!("must be < vocab size {}", self.spec.vocab_size)));
+        }
+        let mut guard = self.lock()?;
+        let inner = &mut *guard;
+        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
+        let sess = own_session::<CudaSession>(session, "cuda")?;
+        let max_steps = req.max_steps.min(sess.capacity - sess.len).min(MAX_LOOP_STEPS);
+        if max_steps == 0 {
+            return Err(RocketError::ContextOverflow { prompt_tokens: sess.len + 1, max_tokens: 0, limit: sess.capacity });
+        }
+        let launch = Launch { kv: sess.kv.ptr, pos0: sess.len, first, req: LoopRequest { max_steps, ..*req }, forced: &[], keep_logits: false };
+        let (outcome, _) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| on_token(t))?;
+        sess.len += outcome.accepted;
+        Ok(Some(outcome))
+    }
+
+    fn decode_path(&self, batch: usize) -> &'static str {
+        match self.lock().map(|i| i.megakernel.is_some()) {
+            Ok(true) if batch == 1 => "megakernel",
+            _ => "cuda-graph",
         }
     }
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds, on the CPU machine, everything one GPU-machine session needs into
+# .device-carry/ (ignored by git; name it in the device tool's `carry`):
+#   bin/rocket                  the CLI (rocket bench), release build
+#   cuda-test                   crates/rocket-core/tests/cuda.rs (CUDA backend vs CPU reference)
+#   cuda-megakernel-test        crates/rocket-core/tests/cuda_megakernel.rs
+#   tok/{llama3,qwen3,smollm2}  the fuels' real tokenizers (benches/export_tokenizers.py)
+# The GPU machine has no cargo, and its glibc (2.39) runs binaries built here (2.36).
+# Binaries are stripped so the carry stays under the 64 MiB a run can take.
+# Usage: benches/gpu_pack.sh, then on the GPU machine: benches/gpu_run.sh [steps]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=.device-carry
+mkdir -p "$OUT/bin"
+
+cargo build --release --locked -p rocket-cli
+cp target/release/rocket "$OUT/bin/rocket"
+
+# The path of a test binary, from cargo's JSON messages.
+test_binary() {
+    cargo test --release --locked -p rocket-core --features cuda --test "$1" --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$1"
+}
+cp "$(test_binary cuda)" "$OUT/cuda-test"
+cp "$(test_binary cuda_megakernel)" "$OUT/cuda-megakernel-test"
+strip "$OUT/bin/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test"
+
+if [[ ! -f $OUT/tok/smollm2/tokenizer.json ]]; then
+    python3 benches/export_tokenizers.py --out "$OUT/tok" --rocket "$OUT/bin/rocket"
+fi
+du -sh "$OUT"/* | sort -h
+total=$(du -sm "$OUT" | cut -f1)
+(( total < 60 )) || { echo "$OUT is ${total} MiB: over what one run can carry" >&2; exit 1; }

@@ -1,0 +1,472 @@
+//! Host side of the persistent decode megakernel (kernels/src/megakernel.cu):
+//! picks the fuel's kernel, compiles and verifies the schedule for this GPU's
+//! SM count, owns the kernel's buffers and the mapped token ring, and runs one
+//! launch per token loop: the host only polls the ring, hands tokens on and
+//! raises the stop flag when it wants the loop to end.
+
+use std::time::Duration;
+
+use super::driver::{Context, DeviceBuffer, Function, MappedBuffer, Module, Stream};
+use super::weights::DeviceWeights;
+use crate::backend::{LoopOutcome, LoopRequest};
+use crate::error::{Result, RocketError};
+use crate::megakernel::geometry::{CONSUMER_WARPS, SLOTS, SLOT_BYTES};
+use crate::megakernel::schedule::INSTR_WORDS;
+use crate::megakernel::{verify, Op, Schedule, Work};
+use crate::model::ModelSpec;
+
+/// A fuel the megakernel is instantiated for (kernels/src/megakernel.cu `MEGAKERNEL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fuel {
+    pub name: &'static str,
+    kernel: &'static str,
+    hidden: usize,
+    ff: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    vocab: usize,
+}
+
+pub const FUELS: [Fuel; 4] = [
+    Fuel { name: "Llama-3.2-1B", kernel: "megakernel_llama_3_2_1b", hidden: 2048, ff: 8192, layers: 16, heads: 32, kv_heads: 8, head_dim: 64, vocab: 128256 },
+    Fuel { name: "Qwen3-0.6B", kernel: "megakernel_qwen3_0_6b", hidden: 1024, ff: 3072, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936 },
+    Fuel { name: "Qwen3-1.7B", kernel: "megakernel_qwen3_1_7b", hidden: 2048, ff: 6144, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936 },
+    Fuel { name: "SmolLM2-135M", kernel: "megakernel_smollm2_135m", hidden: 576, ff: 1536, layers: 30, heads: 9, kv_heads: 3, head_dim: 64, vocab: 49152 },
+];
+
+/// The fuel whose shapes `spec` has exactly, if any.
+pub fn fuel_for(spec: &ModelSpec) -> Option<&'static Fuel> {
+    FUELS.iter().find(|f| {
+        (f.hidden, f.ff, f.layers, f.heads, f.kv_heads, f.head_dim, f.vocab)
+            == (spec.hidden_size, spec.intermediate_size, spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.vocab_size)
+    })
+}
+
+/// kernels/src/mk_geometry.cuh: threads per CTA, shared memory, ring and state layout.
+const THREADS: u32 = (CONSUMER_WARPS as u32 + 1) * 32;
+const VEC_CAP: usize = 2048;
+const SMEM_BYTES: usize = SLOTS * SLOT_BYTES + 2 * SLOTS * 8 + VEC_CAP * 4 + crate::megakernel::geometry::PART_CAP * 4 + 64 * 4;
+const STATE_WORDS: usize = 16;
+const ST_ERROR: usize = 1;
+const ST_ERR_SM: usize = 2;
+const ST_ERR_INSTR: usize = 3;
+const ST_ERR_STEP: usize = 4;
+const ST_ERR_VALUE: usize = 5;
+const ST_ERR_TARGET: usize = 6;
+const ST_STEPS: usize = 7;
+const RING_STOP: usize = 1;
+const RING_TOKENS: usize = 4;
+const RING_EMPTY: u32 = u32::MAX;
+/// End ids one launch can check.
+const MAX_END_IDS: usize = 64;
+/// Steps one launch may run (the ring's size); longer generations relaunch.
+pub const MAX_LOOP_STEPS: usize = 4096;
+
+/// The kernel's only parameter (kernels/src/mk_params.cuh `Params`, same order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Params {
+    instrs: u64,
+    sm_start: u64,
+    counters: u64,
+    state: u64,
+    layers: u64,
+    embed: u64,
+    lm_head: u64,
+    final_norm: u64,
+    inv_freq: u64,
+    x: u64,
+    qkv: u64,
+    attn: u64,
+    act: u64,
+    logits: u64,
+    part_o: u64,
+    part_ml: u64,
+    lm_max: u64,
+    lm_idx: u64,
+    kv: u64,
+    forced: u64,
+    logits_out: u64,
+    ring: u64,
+    end_ids: u64,
+    watchdog_ns: u64,
+    pos0: i32,
+    first_token: u32,
+    max_steps: i32,
+    n_forced: i32,
+    n_end: i32,
+    mask_end_steps: i32,
+    lm_tiles: i32,
+    splits: i32,
+    eps: f32,
+}
+
+// mk_params.cuh asserts the same size.
+const _: () = assert!(std::mem::size_of::<Params>() == 232);
+
+/// One launch's inputs beyond the session.
+pub(crate) struct Launch<'a> {
+    pub kv: u64,
+    pub pos0: usize,
+    pub first: u32,
+    pub req: LoopRequest<'a>,
+    /// Teacher forcing: step t < forced.len() feeds forced[t] next.
+    pub forced: &'a [u32],
+    /// Keep every step's logits (for tests) instead of only the argmax.
+    pub keep_logits: bool,
+}
+
+pub(crate) struct Megakernel {
+    pub fuel: &'static Fuel,
+    function: Function,
+    schedule: Schedule,
+    grid: u32,
+    vocab: usize,
+    eps: f32,
+    watchdog: Duration,
+    base: Params,
+    // Owned device memory behind `base`'s pointers.
+    _instrs: DeviceBuffer,
+    _sm_start: DeviceBuffer,
+    _layers: DeviceBuffer,
+    counters: DeviceBuffer,
+    state: DeviceBuffer,
+    _activations: Vec<DeviceBuffer>,
+    end_ids: DeviceBuffer,
+    forced: DeviceBuffer,
+    logits_out: Option<DeviceBuffer>,
+    ring: MappedBuffer,
+}
+
+/// How long a wait on one dependency counter may last before the kernel gives
+/// up (ROCKET_WATCHDOG_MS; raise it under compute-sanitizer).
+fn watchdog() -> Duration {
+    let ms = std::env::var("ROCKET_WATCHDOG_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(2000);
+    Duration::from_millis(ms.max(1))
+}
+
+impl Megakernel {
+    /// The megakernel for `spec` on this GPU, or an error saying why it cannot run.
+    pub(crate) fn new(ctx: &Context, module: &Module, stream: &Stream, spec: &ModelSpec, w: &DeviceWeights) -> Result<Self> {
+        let fuel = fuel_for(spec).ok_or_else(|| {
+            let names: Vec<&str> = FUELS.iter().map(|f| f.name).collect();
+            RocketError::Device(format!("the megakernel has no instantiation for these shapes (fuels: {})", names.join(", ")))
+        })?;
+        let function = module.function(fuel.kernel)?;
+        function.set_max_dynamic_smem(SMEM_BYTES)?;
+        if function.max_active_blocks(THREADS, SMEM_BYTES)? < 1 {
+            return Err(RocketError::Device(format!("{} cannot fit one megakernel CTA ({SMEM_BYTES} bytes of shared memory) per SM", ctx.name)));
+        }
+        let sms = ctx.sm_count as usize;
+        let schedule = Schedule::compile(spec, sms)?;
+        verify(&schedule, spec).map_err(|e| RocketError::Internal(format!("megakernel schedule for {sms} SMs: {e}")))?;
+        let (words, starts) = schedule.encode();
+        let upload_u32 = |v: &[u32], what: &str| -> Result<DeviceBuffer> {
+            let b = DeviceBuffer::alloc(ctx, v.len() * 4, what)?;
+            b.upload(stream, 0, v)?;
+            Ok(b)
+        };
+        let instrs = upload_u32(&words, "the megakernel schedule")?;
+        let sm_start = upload_u32(&starts, "the megakernel schedule")?;
+        let table: Vec<u64> = w
+            .layers
+            .iter()
+            .flat_map(|l| [l.attn_norm, l.qkv, l.q_norm, l.k_norm, l.o, l.mlp_norm, l.gate_up, l.down])
+            .collect();
+        let layers = DeviceBuffer::alloc(ctx, table.len() * 8, "the megakernel layer table")?;
+        layers.upload(stream, 0, &table)?;
+
+        let f = |n: usize| n * 4;
+        let heads_splits = spec.num_heads * schedule.splits;
+        let sizes = [
+            f(spec.hidden_size),
+            f(spec.q_dim() + 2 * spec.kv_dim()),
+            f(spec.q_dim()),
+            f(spec.intermediate_size),
+            f(spec.vocab_size),
+            f(heads_splits * spec.head_dim),
+            f(heads_splits * 2),
+            f(schedule.lm_tiles),
+            f(schedule.lm_tiles),
+        ];
+        let activations = sizes.iter().map(|&n| DeviceBuffer::alloc(ctx, n, "megakernel activations")).collect::<Result<Vec<_>>>()?;
+        for a in &activations {
+            a.fill_u8(stream, 0xff)?; // NaN until written
+        }
+        let counters = DeviceBuffer::alloc(ctx, schedule.counters.count() * 4, "megakernel counters")?;
+        let state = DeviceBuffer::alloc(ctx, STATE_WORDS * 4, "megakernel state")?;
+        let end_ids = DeviceBuffer::alloc(ctx, MAX_END_IDS * 4, "megakernel end ids")?;
+        let forced = DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * 4, "megakernel forced tokens")?;
+        let ring = MappedBuffer::alloc(RING_TOKENS + MAX_LOOP_STEPS)?;
+        let p = |i: usize| activations[i].ptr;
+        let base = Params {
+            instrs: instrs.ptr,
+            sm_start: sm_start.ptr,
+            counters: counters.ptr,
+            state: state.ptr,
+            layers: layers.ptr,
+            embed: w.embed,
+            lm_head: w.lm_head,
+            final_norm: w.final_norm,
+            inv_freq: w.inv_freq,
+            x: p(0),
+            qkv: p(1),
+            attn: p(2),
+            act: p(3),
+            logits: p(4),
+            part_o: p(5),
+            part_ml: p(6),
+            lm_max: p(7),
+            lm_idx: p(8),
+            end_ids: end_ids.ptr,
+            forced: forced.ptr,
+            ring: ring.device_ptr,
+            lm_tiles: schedule.lm_tiles as i32,
+            splits: schedule.splits as i32,
+            eps: spec.rms_norm_eps as f32,
+            ..Params::default()
+        };
+        stream.sync()?;
+        tracing::info!(fuel = fuel.name, sms, instructions = schedule.len(), splits = schedule.splits, "megakernel ready");
+        Ok(Megakernel {
+            fuel,
+            function,
+            grid: sms as u32,
+            vocab: spec.vocab_size,
+            eps: spec.rms_norm_eps as f32,
+            watchdog: watchdog(),
+            base,
+            schedule,
+            _instrs: instrs,
+            _sm_start: sm_start,
+            _layers: layers,
+            counters,
+            state,
+            _activations: activations,
+            end_ids,
+            forced,
+            logits_out: None,
+            ring,
+        })
+    }
+
+    /// Runs one token loop. `on_token(step, token)` gets each step's argmax as it
+    /// is published; returning false raises the stop flag (the device may run a
+    /// step or two more, whose tokens are dropped). With `keep_logits`, returns
+    /// every step's logits too ([steps][vocab]).
+    pub(crate) fn run(
+        &mut self,
+        ctx: &Context,
+        stream: &Stream,
+        launch: &Launch<'_>,
+        on_token: &mut dyn FnMut(usize, u32) -> bool,
+    ) -> Result<(LoopOutcome, Option<Vec<f32>>)> {
+        let req = &launch.req;
+        let steps = req.max_steps;
+        if steps == 0 || steps > MAX_LOOP_STEPS {
+            return Err(RocketError::invalid_arg("max_steps", steps, format!("must be in 1..={MAX_LOOP_STEPS} per launch")));
+        }
+        if req.end_ids.len() > MAX_END_IDS {
+            return Err(RocketError::invalid_arg("stop_token_ids", req.end_ids.len(), format!("at most {MAX_END_IDS} end ids on the device")));
+        }
+        if launch.forced.len() > steps {
+            return Err(RocketError::Internal(format!("{} forced tokens for {steps} steps", launch.forced.len())));
+        }
+        if !req.end_ids.is_empty() {
+            self.end_ids.upload(stream, 0, req.end_ids)?;
+        }
+        if !launch.forced.is_empty() {
+            self.forced.upload(stream, 0, launch.forced)?;
+        }
+        let logits_out = if launch.keep_logits {
+            let bytes = steps * self.vocab * 4;
+            if self.logits_out.as_ref().is_none_or(|b| b.bytes < bytes) {
+                self.logits_out = None;
+                self.logits_out = Some(DeviceBuffer::alloc(ctx, bytes, "megakernel logits")?);
+            }
+            let b = self.logits_out.as_ref().expect("allocated above");
+            b.fill_u8(stream, 0xff)?;
+            b.ptr
+        } else {
+            0
+        };
+        self.counters.fill_u8(stream, 0)?;
+        self.state.fill_u8(stream, 0)?;
+        // The device writes each token once; the host waits for the sentinel to change.
+        self.ring.write(RING_STOP, 0);
+        for i in 0..steps {
+            self.ring.write(RING_TOKENS + i, RING_EMPTY);
+        }
+        let params = Params {
+            kv: launch.kv,
+            logits_out,
+            watchdog_ns: self.watchdog.as_nanos() as u64,
+            pos0: launch.pos0 as i32,
+            first_token: launch.first,
+            max_steps: steps as i32,
+            n_forced: launch.forced.len() as i32,
+            n_end: req.end_ids.len() as i32,
+            mask_end_steps: req.mask_end_steps.min(steps) as i32,
+            eps: self.eps,
+            ..self.base
+        };
+        let cpu_start = thread_cpu_seconds();
+        self.function.launch_cooperative(stream, self.grid, THREADS, SMEM_BYTES, &params)?;
+
+        // Poll: hand tokens on as they land; sleep between looks so the host stays idle.
+        let (mut seen, mut accepted, mut stopped) = (0usize, 0usize, false);
+        loop {
+            let finished = stream.is_idle()?;
+            while seen < steps {
+                let token = self.ring.read(RING_TOKENS + seen);
+                if token == RING_EMPTY {
+                    break;
+                }
+                if !stopped {
+                    accepted += 1;
+                    if !on_token(seen, token) {
+                        stopped = true;
+                        self.ring.write(RING_STOP, 1);
+                    }
+                }
+                seen += 1;
+            }
+            if finished {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        stream.sync()?;
+        let mut state = [0u32; STATE_WORDS];
+        self.state.download(stream, 0, &mut state)?;
+        if state[ST_ERROR] != 0 {
+            return Err(self.watchdog_error(&state));
+        }
+        let device_steps = state[ST_STEPS] as usize;
+        if seen != device_steps {
+            return Err(RocketError::Internal(format!("the megakernel ran {device_steps} steps but published {seen} tokens")));
+        }
+        let logits = match (&self.logits_out, launch.keep_logits) {
+            (Some(b), true) => {
+                let mut v = vec![0f32; device_steps * self.vocab];
+                b.download(stream, 0, &mut v)?;
+                Some(v)
+            }
+            _ => None,
+        };
+        let host_cpu_seconds = thread_cpu_seconds() - cpu_start;
+        Ok((LoopOutcome { accepted, device_steps, host_cpu_seconds }, logits))
+    }
+
+    /// A watchdog report in words: which SM waited where, for what.
+    fn watchdog_error(&self, state: &[u32; STATE_WORDS]) -> RocketError {
+        let sm = state[ST_ERR_SM] as usize;
+        let at = match self.schedule.per_sm.get(sm).and_then(|l| l.get(state[ST_ERR_INSTR] as usize)) {
+            Some(i) => describe(i),
+            None => "the start of the step".to_string(),
+        };
+        RocketError::Device(format!(
+            "megakernel watchdog: SM {sm} waited over {} ms at {at} of step {}: its counter stayed at {} < {}",
+            self.watchdog.as_millis(),
+            state[ST_ERR_STEP],
+            state[ST_ERR_VALUE],
+            state[ST_ERR_TARGET]
+        ))
+    }
+
+    /// Launches a copy of the schedule in which one wait can never be met, with a
+    /// short watchdog, and returns the error it must end with (a hang would be a
+    /// failure of the watchdog). The real schedule is restored afterwards.
+    pub(crate) fn watchdog_probe(&mut self, ctx: &Context, stream: &Stream, kv: u64) -> Result<String> {
+        let mut broken = self.schedule.clone();
+        let last = self.schedule.counters.layers - 1;
+        for i in broken.per_sm.iter_mut().flatten().filter(|i| i.op == Op::Down && i.layer as usize == last) {
+            i.wait.per_step += 1;
+        }
+        let (words, _) = broken.encode();
+        let probe = DeviceBuffer::alloc(ctx, words.len() * 4, "the watchdog probe")?;
+        probe.upload(stream, 0, &words)?;
+        let (real, real_schedule, real_watchdog) = (self.base.instrs, std::mem::replace(&mut self.schedule, broken), self.watchdog);
+        self.base.instrs = probe.ptr;
+        self.watchdog = Duration::from_millis(200);
+        let launch = Launch { kv, pos0: 0, first: 1, req: LoopRequest { max_steps: 2, end_ids: &[], mask_end_steps: 0 }, forced: &[], keep_logits: false };
+        let outcome = self.run(ctx, stream, &launch, &mut |_, _| true);
+        self.base.instrs = real;
+        self.schedule = real_schedule;
+        self.watchdog = real_watchdog;
+        match outcome {
+            Err(RocketError::Device(msg)) => Ok(msg),
+            Err(e) => Err(e),
+            Ok(_) => Err(RocketError::Internal("a schedule with an impossible wait ran to the end".into())),
+        }
+    }
+}
+
+fn describe(i: &crate::megakernel::Instr) -> String {
+    match i.work {
+        Work::Attn { kv_head, split, .. } => format!("attention of layer {} (KV head {kv_head}, split {split})", i.layer),
+        Work::Rows { begin, end, .. } if i.op == Op::LmHead => format!("LM head rows {begin}..{end}"),
+        Work::Rows { begin, end, .. } => format!("{:?} of layer {} (rows {begin}..{end})", i.op, i.layer),
+    }
+}
+
+/// CPU time of the calling thread, in seconds.
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes one timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Encoded words per instruction must match the kernel's uint4 pairs.
+const _: () = assert!(INSTR_WORDS == 8);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The constants above and in geometry.rs against kernels/src/mk_geometry.cuh.
+    #[test]
+    fn geometry_matches_the_kernel_header() {
+        let header = include_str!("../../../../../kernels/src/mk_geometry.cuh");
+        let value = |name: &str| -> i64 {
+            let line = header
+                .lines()
+                .find(|l| l.contains(&format!(" {name} = ")))
+                .unwrap_or_else(|| panic!("{name} not in mk_geometry.cuh"));
+            let v = line.split('=').nth(1).unwrap().split(';').next().unwrap().trim();
+            v.trim_end_matches('u').parse().unwrap_or_else(|_| panic!("{name} = {v} is not a plain number"))
+        };
+        use crate::megakernel::geometry as g;
+        assert_eq!(value("CONSUMER_WARPS"), g::CONSUMER_WARPS as i64);
+        assert_eq!(value("SLOT_BYTES"), g::SLOT_BYTES as i64);
+        assert_eq!(value("SLOTS"), g::SLOTS as i64);
+        assert_eq!(value("PART_CAP"), g::PART_CAP as i64);
+        assert_eq!(value("VEC_CAP"), VEC_CAP as i64);
+        assert_eq!(value("MAX_SPLITS"), g::MAX_SPLITS as i64);
+        assert_eq!(value("MAX_GROUP"), g::MAX_GROUP as i64);
+        assert_eq!(value("INSTR_WORDS"), INSTR_WORDS as i64);
+        assert_eq!(value("STATE_WORDS"), STATE_WORDS as i64);
+        assert_eq!(value("SMEM_SCALAR_WORDS"), 64);
+        for (name, v) in [("ST_ERROR", ST_ERROR), ("ST_ERR_SM", ST_ERR_SM), ("ST_ERR_INSTR", ST_ERR_INSTR), ("ST_ERR_STEP", ST_ERR_STEP), ("ST_ERR_VALUE", ST_ERR_VALUE), ("ST_ERR_TARGET", ST_ERR_TARGET), ("ST_STEPS", ST_STEPS)] {
+            assert_eq!(value(name), v as i64, "{name}");
+        }
+        assert!(header.contains("constexpr int RING_STOP = 1, RING_TOKENS = 4;"));
+        assert!(header.contains("constexpr uint32_t RING_EMPTY = 0xffffffffu;"));
+        assert_eq!(RING_EMPTY, 0xffff_ffff);
+        assert!(SMEM_BYTES <= 227 * 1024, "over Hopper's shared memory per CTA");
+    }
+
+    #[test]
+    fn fuels_have_kernels_and_schedules() {
+        let kernels = include_str!("../../../../../kernels/src/megakernel.cu");
+        for f in FUELS {
+            let line = format!("MEGAKERNEL({}, {}, {}, {}, {}, {}, {}, {})", f.kernel, f.hidden, f.ff, f.layers, f.heads, f.kv_heads, f.head_dim, f.vocab);
+            assert!(kernels.contains(&line), "megakernel.cu lacks `{line}`");
+        }
+    }
+}

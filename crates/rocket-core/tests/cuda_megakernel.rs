@@ -1,0 +1,191 @@
+//! The persistent decode megakernel on a GPU (run with ROCKET_DECODE=megakernel;
+//! skipped without a usable device). Checkpoints: every folder in
+//! ROCKET_GPU_CHECKPOINTS whose shapes are a fuel's (exact-shape random
+//! checkpoints from benches/make_checkpoint.py). Each test prints a line the GPU
+//! run script collects (MK-...).
+#![cfg(feature = "cuda")]
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend};
+use rocket_core::backend::{Backend, Chunk, Device, Logits};
+use rocket_core::model::{ModelSource, ModelWeights};
+use rocket_core::progress::LoadProgress;
+use rocket_core::sampling::argmax;
+use rocket_core::{Engine, EngineOptions, SamplingParams};
+
+fn gpu_or_skip() -> bool {
+    match unavailable_reason() {
+        None => {
+            assert_eq!(
+                std::env::var("ROCKET_DECODE").as_deref(),
+                Ok("megakernel"),
+                "run this test binary with ROCKET_DECODE=megakernel"
+            );
+            true
+        }
+        Some(why) => {
+            eprintln!("skipped: no usable CUDA device ({why})");
+            false
+        }
+    }
+}
+
+fn checkpoints() -> Vec<PathBuf> {
+    std::env::var("ROCKET_GPU_CHECKPOINTS")
+        .map(|l| l.split(',').filter(|s| !s.is_empty()).map(PathBuf::from).collect())
+        .unwrap_or_default()
+}
+
+struct Loaded {
+    name: String,
+    cpu: Engine,
+    gpu: CudaBackend,
+    vocab: usize,
+}
+
+/// Every fuel checkpoint: the CPU reference engine and a CUDA backend with its megakernel.
+fn fuels() -> Vec<Loaded> {
+    let mut out = Vec::new();
+    for path in checkpoints() {
+        let src = ModelSource::open(&path).unwrap();
+        let spec = src.spec.clone();
+        let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
+        let gpu = CudaBackend::new(spec.clone(), &weights, &LoadProgress::new(false)).unwrap();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if gpu.megakernel_fuel().unwrap().is_none() {
+            panic!("{name}: ROCKET_DECODE=megakernel loaded no megakernel");
+        }
+        let cpu = Engine::load(&path, EngineOptions { device: Device::Cpu, progress: false, ..EngineOptions::default() }).unwrap();
+        out.push(Loaded { name, cpu, gpu, vocab: spec.vocab_size });
+    }
+    assert!(!out.is_empty(), "ROCKET_GPU_CHECKPOINTS names no checkpoint");
+    out
+}
+
+fn random_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % (vocab as u64 * 9 / 10)) as u32
+        })
+        .collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+fn logits_match_the_cpu_reference_up_to_position_1024() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for f in fuels() {
+        let len = 1024;
+        let ids = random_ids(17, len, f.vocab);
+        let t = Instant::now();
+        let (tokens, logits) = f.gpu.megakernel_teacher_forced(&ids).unwrap().unwrap();
+        let gpu_s = t.elapsed().as_secs_f64();
+        assert_eq!(tokens.len(), len);
+        assert!(logits.iter().all(|v| v.is_finite()), "{}: non-finite megakernel logits", f.name);
+        let want = f.cpu.teacher_forced_logits(&ids).unwrap();
+        let rel = rel_l2(&logits, &want);
+        let worst = logits.chunks(f.vocab).zip(want.chunks(f.vocab)).map(|(a, b)| rel_l2(a, b)).fold(0.0, f64::max);
+        let agree = tokens.iter().zip(want.chunks(f.vocab)).filter(|(t, w)| **t == argmax(w)).count();
+        println!(
+            "MK-PARITY {}: {len} positions, rel L2 {rel:.3e} (worst position {worst:.3e}), top-1 {agree}/{len}, {:.1} ms",
+            f.name,
+            gpu_s * 1e3
+        );
+        assert!(rel <= 1e-2 && worst <= 2e-2, "{}: rel L2 {rel} (worst {worst})", f.name);
+    }
+}
+
+#[test]
+fn teacher_forced_top1_agrees_with_the_graph_path_and_is_bitwise_repeatable() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for f in fuels() {
+        let (mut agree, mut total) = (0, 0);
+        for prompt in 0..16u64 {
+            let ids = random_ids(1000 + prompt, 128, f.vocab);
+            let (tokens, logits) = f.gpu.megakernel_teacher_forced(&ids).unwrap().unwrap();
+            let mut session = f.gpu.new_session(ids.len()).unwrap();
+            let graph = f.gpu.forward(&mut [Chunk { session: session.as_mut(), tokens: &ids }], Logits::All).unwrap();
+            agree += tokens.iter().zip(graph.chunks(f.vocab)).filter(|(t, g)| **t == argmax(g)).count();
+            total += ids.len();
+            if prompt == 0 {
+                let (again_tokens, again) = f.gpu.megakernel_teacher_forced(&ids).unwrap().unwrap();
+                assert_eq!(again_tokens, tokens, "{}: argmax changed between runs", f.name);
+                assert!(again.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: logits not bitwise repeatable", f.name);
+            }
+        }
+        let pct = 100.0 * agree as f64 / total as f64;
+        println!("MK-AGREE {}: top-1 {agree}/{total} ({pct:.2}%) with the CUDA-graph path", f.name);
+        assert!(pct >= 99.5, "{}: top-1 agreement {pct:.2}%", f.name);
+    }
+}
+
+#[test]
+fn greedy_generation_runs_on_the_device_loop_and_stops_where_asked() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for path in checkpoints() {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let e = Engine::load(&path, EngineOptions { device: Device::Cuda, progress: false, ..EngineOptions::default() }).unwrap();
+        assert_eq!(e.decode_path(1), "megakernel", "{name}");
+        let vocab = e.spec().vocab_size;
+        let prompt = random_ids(5, 40, vocab);
+        let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(300) }; // spans several launches
+        let runs: Vec<Vec<u32>> = (0..3).map(|_| e.generate_ids(String::new(), prompt.clone(), &p, &mut |_| true).unwrap().token_ids).collect();
+        assert!(runs.iter().all(|r| r == &runs[0] && r.len() == 300), "{name}: greedy output differs between runs");
+        // The batched (CUDA-graph) path on the same prompt: report how long they agree.
+        let pair = e.generate_many(vec![(String::new(), prompt.clone(), p.clone()), (String::new(), prompt.clone(), p.clone())]).unwrap();
+        let same = pair[0].token_ids.iter().zip(&runs[0]).take_while(|(a, b)| a == b).count();
+        println!("MK-GREEDY {name}: 3 runs identical; first {same}/300 tokens equal to the CUDA-graph path");
+        // A stop id ends the loop on the device at its first occurrence; min_tokens masks it.
+        let end = runs[0][7];
+        let first = runs[0].iter().position(|&t| t == end).unwrap();
+        let stop = SamplingParams { stop_token_ids: vec![end], ..p.clone() };
+        let out = e.generate_ids(String::new(), prompt.clone(), &stop, &mut |_| true).unwrap();
+        assert_eq!(out.token_ids, runs[0][..=first], "{name}: stop id");
+        let masked = SamplingParams { min_tokens: first + 3, ..stop };
+        let out = e.generate_ids(String::new(), prompt.clone(), &masked, &mut |_| true).unwrap();
+        assert!(!out.token_ids[..first + 3].contains(&end), "{name}: min_tokens did not mask the stop id");
+        // The host's stop flag: a sink that stops after 5 tokens.
+        let mut n = 0;
+        let out = e.generate_ids(String::new(), prompt.clone(), &p, &mut |_| {
+            n += 1;
+            n < 5
+        });
+        assert_eq!(out.unwrap().token_ids, runs[0][..5], "{name}: cancellation");
+        // And the session continues correctly after a cancelled loop.
+        let again = e.generate_ids(String::new(), prompt, &p, &mut |_| true).unwrap();
+        assert_eq!(again.token_ids, runs[0], "{name}: output after a cancelled loop");
+    }
+}
+
+#[test]
+fn the_watchdog_turns_a_stall_into_an_error() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let f = fuels().remove(0);
+    let t = Instant::now();
+    let msg = f.gpu.megakernel_watchdog_probe().unwrap().unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    println!("MK-WATCHDOG {}: {msg} ({secs:.2} s)", f.name);
+    assert!(msg.contains("megakernel watchdog") && msg.contains("Down of layer"), "{msg}");
+    assert!(secs < 10.0);
+    // The device and the megakernel still work afterwards.
+    let ids = random_ids(3, 16, f.vocab);
+    let (tokens, _) = f.gpu.megakernel_teacher_forced(&ids).unwrap().unwrap();
+    assert_eq!(tokens.len(), 16);
+}

@@ -1,0 +1,289 @@
+// The persistent decode megakernel: one launch runs the whole token loop.
+// grid = the schedule's SM count (one CTA per SM, co-resident: launched
+// cooperatively), block = THREADS (8 consumer warps + 1 producer warp),
+// dynamic shared memory = SMEM_BYTES. One instantiation per fuel, its shapes
+// compile-time constants; the schedule (megakernel/schedule.rs) says what each
+// CTA does. Per step t, every CTA waits for the step's input embedding (counter 0
+// reaching t + 1), then runs its instruction list, each instruction waiting until
+// its dependency counter reaches (t + 1) * per_step and bumping its own counter
+// when done. The CTA that finishes the last LM-head tile picks the token (argmax,
+// end ids masked for min_tokens), publishes it to the host ring, checks end ids,
+// max_steps and the host's stop flag, embeds the next input and releases step
+// t + 1 (or sets STOP_BIT). Meanwhile the producer warp streams the weights of
+// the CTA's instructions, step after step, through the shared-memory ring.
+// A wait longer than watchdog_ns aborts the run with the details in `state`.
+#include "common.cuh"
+#include "mk_attention.cuh"
+#include "mk_geometry.cuh"
+#include "mk_matvec.cuh"
+#include "mk_params.cuh"
+#include "mk_sync.cuh"
+
+namespace mk {
+
+template <int D_, int FF_, int NL_, int HQ_, int HKV_, int HD_, int V_>
+struct Fuel {
+    static constexpr int D = D_, FF = FF_, NL = NL_, HQ = HQ_, HKV = HKV_, HD = HD_, V = V_;
+    static constexpr int QD = HQ * HD, KVD = HKV * HD, G = HQ / HKV;
+    static_assert(HQ % HKV == 0 && G <= MAX_GROUP && (HD == 64 || HD == 128) && D <= VEC_CAP, "fuel shapes");
+};
+
+// Thread 0 waits until counters[ctr] >= target (or the run stops or aborts),
+// then the consumers learn the verdict together. `instr` names the instruction
+// for the watchdog's report (0xffffffff: the step start).
+__device__ __noinline__ bool wait_counter(const Params& p, const Smem& s, uint32_t ctr, uint32_t target, uint32_t instr,
+                                          int t) {
+    if (threadIdx.x == 0) {
+        const uint32_t* c = p.counters + ctr;
+        uint32_t v = ld_acquire(c);
+        uint32_t ok = 1;
+        if (v < target) {
+            const uint64_t start = globaltimer_ns();
+            while (true) {
+                if (ld_volatile(p.state + ST_ABORT)) {
+                    ok = 0;
+                    break;
+                }
+                if (globaltimer_ns() - start > p.watchdog_ns) {
+                    if (atomicCAS(p.state + ST_ERROR, 0u, 1u) == 0u) {
+                        p.state[ST_ERR_SM] = blockIdx.x;
+                        p.state[ST_ERR_INSTR] = instr;
+                        p.state[ST_ERR_STEP] = t;
+                        p.state[ST_ERR_VALUE] = v;
+                        p.state[ST_ERR_TARGET] = target;
+                    }
+                    __threadfence();
+                    st_volatile(p.state + ST_ABORT, 1);
+                    ok = 0;
+                    break;
+                }
+                __nanosleep(32);
+                v = ld_acquire(c);
+                if (v >= target) break;
+            }
+        }
+        if (v & STOP_BIT) ok = 0;
+        s.sc->ok = ok;
+    }
+    consumer_sync();
+    return s.sc->ok != 0;
+}
+
+__device__ __forceinline__ void signal(const Params& p, uint32_t ctr) {
+    consumer_sync();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        red_release_add(p.counters + ctr, 1);
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void embed_row(const Params& p, uint32_t token) {
+    const uint16_t* src = p.embed + (size_t)token * D;
+    for (int i = threadIdx.x; i < D; i += CONSUMERS) __stcg(p.x + i, bf16_to_f32(__ldg(src + i)));
+}
+
+__device__ __forceinline__ bool is_end(const Params& p, uint32_t token) {
+    for (int e = 0; e < p.n_end; e++)
+        if (__ldg(p.end_ids + e) == token) return true;
+    return false;
+}
+
+// The last LM-head CTA of step t: the token, the host ring, the next input.
+// `host_stop` is the host's stop flag as thread 0 read it when the tile began.
+template <class F>
+__device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, uint32_t host_stop) {
+    const int tid = threadIdx.x;
+    __threadfence();
+    float v = -INFINITY;
+    uint32_t idx = 0xffffffffu;
+    for (int i = tid; i < p.lm_tiles; i += CONSUMERS) better(v, idx, __ldcg(p.lm_max + i), __ldcg(p.lm_idx + i));
+    consumer_argmax(v, idx, s.sc);
+    if (tid == 0) {
+        const uint32_t token = idx == 0xffffffffu ? 0u : idx;  // all NaN or masked: index 0, as the host
+        const bool free_running = t >= p.n_forced;
+        const bool stop = t + 1 >= p.max_steps || host_stop != 0 || (free_running && is_end(p, token));
+        // One 4-byte store the host polls for (it filled the ring with RING_EMPTY):
+        // no fence on the critical path.
+        st_volatile(p.ring + RING_TOKENS + t, token);
+        s.sc->next = stop ? 0xffffffffu : (free_running ? token : __ldg(p.forced + t));
+    }
+    consumer_sync();
+    const uint32_t next = s.sc->next;
+    if (next != 0xffffffffu) embed_row<F::D>(p, next);
+    consumer_sync();
+    if (tid == 0) {
+        st_volatile(p.state + ST_STEPS, (uint32_t)(t + 1));
+        __threadfence();
+        st_release(p.counters + STEP_COUNTER, next == 0xffffffffu ? STOP_BIT : (uint32_t)(t + 2));
+    }
+}
+
+template <class F>
+__device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr& in, int t, uint32_t& chunk) {
+    const int tid = threadIdx.x;
+    // A read across PCIe: issued now, used at the end, so its latency hides.
+    const uint32_t host_stop = tid == 0 ? ld_volatile(p.ring + RING_STOP) : 0u;
+    matvec<F::D, true>(p, s, in, p.x, p.final_norm, chunk, 1);
+    const int n = in.b - in.a;
+    float* dst = (p.logits_out ? p.logits_out + (size_t)t * F::V : p.logits) + in.a;
+    const bool masked = t < p.mask_end_steps;
+    float best = -INFINITY;
+    uint32_t idx = 0xffffffffu;
+    for (int i = tid; i < n; i += CONSUMERS) {
+        const float v = part_sum<F::D>(s, i);
+        __stcg(dst + i, v);
+        if (!(masked && is_end(p, in.a + i))) better(best, idx, v, in.a + i);
+    }
+    consumer_argmax(best, idx, s.sc);
+    if (tid == 0) {
+        __stcg(p.lm_max + in.c, best);
+        __stcg(p.lm_idx + in.c, idx);
+        __threadfence();
+        const uint32_t arrived = atom_add_acq_rel(p.counters + in.signal, 1) + 1;
+        s.sc->flag = arrived == (uint32_t)(t + 1) * p.lm_tiles;
+    }
+    consumer_sync();
+    if (s.sc->flag) pick_token<F>(p, s, t, host_stop);
+}
+
+template <class F>
+__device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const Instr& in, int t, uint32_t& chunk) {
+    const int tid = threadIdx.x;
+    const int n = in.b - in.a;
+    switch (in.op) {
+        case OP_QKV:
+            matvec<F::D, true>(p, s, in, p.x, p.layers[in.layer].attn_norm, chunk, 1);
+            for (int i = tid; i < n; i += CONSUMERS) __stcg(p.qkv + in.a + i, part_sum<F::D>(s, i));
+            signal(p, in.signal);
+            break;
+        case OP_ATTN:
+            attention<F::HD, F::G, F::HQ, F::HKV, F::NL>(p, s, in, t);
+            break;
+        case OP_OPROJ:
+            matvec<F::QD, false>(p, s, in, p.attn, nullptr, chunk, 1);
+            for (int i = tid; i < n; i += CONSUMERS) {
+                float* xp = p.x + in.a + i;
+                __stcg(xp, __ldcg(xp) + part_sum<F::QD>(s, i));
+            }
+            signal(p, in.signal);
+            break;
+        case OP_GATEUP:
+            matvec<F::D, true>(p, s, in, p.x, p.layers[in.layer].mlp_norm, chunk, 2);
+            for (int i = tid; i < n; i += CONSUMERS) {
+                const float g = part_sum<F::D>(s, i), u = part_sum<F::D>(s, n + i);
+                __stcg(p.act + in.a + i, g / (1.0f + __expf(-g)) * u);  // as kernels/src/silu_mul.cu
+            }
+            signal(p, in.signal);
+            break;
+        case OP_DOWN:
+            matvec<F::FF, false>(p, s, in, p.act, nullptr, chunk, 1);
+            for (int i = tid; i < n; i += CONSUMERS) {
+                float* xp = p.x + in.a + i;
+                __stcg(xp, __ldcg(xp) + part_sum<F::FF>(s, i));
+            }
+            signal(p, in.signal);
+            break;
+        case OP_LMHEAD:
+            lm_head<F>(p, s, in, t, chunk);
+            break;
+        default:
+            __trap();  // a schedule this kernel does not understand
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32_t first, uint32_t last) {
+    const int tid = threadIdx.x;
+    uint32_t chunk = 0;
+    if (blockIdx.x == 0) {  // the launch's first input
+        embed_row<F::D>(p, p.first_token);
+        consumer_sync();
+        if (tid == 0) {
+            __threadfence();
+            st_release(p.counters + STEP_COUNTER, 1);
+        }
+    }
+    bool running = true;
+    for (int t = 0; t < p.max_steps && running; t++) {
+        running = wait_counter(p, s, STEP_COUNTER, (uint32_t)(t + 1), 0xffffffffu, t);
+        for (uint32_t i = first; i < last && running; i++) {
+            const Instr in = load_instr(p, i);
+            running = wait_counter(p, s, in.wait, (uint32_t)(t + 1) * in.per_step, i - first, t);
+            if (running) run_instr<F>(p, s, in, t, chunk);
+        }
+    }
+    consumer_sync();
+    if (tid == 0) {
+        s.sc->consumed = chunk;
+        __threadfence_block();
+        st_volatile(&s.sc->done, 1);
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void producer(const Params& p, const Smem& s, uint32_t first, uint32_t last) {
+    uint32_t chunk = 0;
+    bool go = true;
+    for (int t = 0; t < p.max_steps && go; t++) {
+        for (uint32_t i = first; i < last && go; i++) {
+            const Instr in = load_instr(p, i);
+            const LayerPtrs& lw = p.layers[min(in.layer, (uint32_t)F::NL - 1)];  // the LM head has no layer
+            const int n = in.b - in.a;
+            switch (in.op) {
+                case OP_QKV: go = produce_rows<F::D>(p, s, lw.qkv + (size_t)in.a * F::D, n, chunk); break;
+                case OP_OPROJ: go = produce_rows<F::QD>(p, s, lw.o + (size_t)in.a * F::QD, n, chunk); break;
+                case OP_GATEUP:
+                    go = produce_rows<F::D>(p, s, lw.gate_up + (size_t)in.a * F::D, n, chunk) &&
+                         produce_rows<F::D>(p, s, lw.gate_up + (size_t)(F::FF + in.a) * F::D, n, chunk);
+                    break;
+                case OP_DOWN: go = produce_rows<F::FF>(p, s, lw.down + (size_t)in.a * F::FF, n, chunk); break;
+                case OP_LMHEAD: go = produce_rows<F::D>(p, s, p.lm_head + (size_t)in.a * F::D, n, chunk); break;
+                default: break;  // attention streams no weights
+            }
+        }
+    }
+    // The CTA must not exit with copies still landing in its shared memory: wait
+    // for the consumers to leave, then for every chunk issued but not consumed.
+    while (!ld_volatile(&s.sc->done)) __nanosleep(128);
+    __threadfence_block();
+    const uint32_t consumed = ld_volatile(&s.sc->consumed);
+    for (uint32_t c = consumed; c < chunk; c++)
+        while (!mbar_try_wait(s.full + c % SLOTS, (c / SLOTS) & 1)) {
+        }
+}
+
+template <class F>
+__device__ __forceinline__ void megakernel_body(const Params& p) {
+    extern __shared__ __align__(128) uint8_t smem_raw[];
+    const Smem s = smem_view(smem_raw);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < SLOTS; i++) {
+            mbar_init(s.full + i, 1);
+            mbar_init(s.empty + i, CONSUMER_WARPS);
+        }
+        s.sc->done = 0;
+        s.sc->consumed = 0;
+        mbar_init_fence();
+    }
+    __syncthreads();
+    const uint32_t first = __ldg(p.sm_start + blockIdx.x), last = __ldg(p.sm_start + blockIdx.x + 1);
+    if (threadIdx.x >= CONSUMERS) {
+        if (threadIdx.x == CONSUMERS) producer<F>(p, s, first, last);
+        return;
+    }
+    consumers<F>(p, s, first, last);
+}
+
+}  // namespace mk
+
+// One kernel per fuel: (hidden, ff, layers, q heads, kv heads, head_dim, vocab).
+// backend/cuda/megakernel.rs `FUELS` lists the same shapes.
+#define MEGAKERNEL(NAME, ...)                                                                       \
+    ROCKET_KERNEL void __launch_bounds__(mk::THREADS, 1) NAME(const __grid_constant__ mk::Params p) { \
+        mk::megakernel_body<mk::Fuel<__VA_ARGS__>>(p);                                              \
+    }
+MEGAKERNEL(megakernel_llama_3_2_1b, 2048, 8192, 16, 32, 8, 64, 128256)
+MEGAKERNEL(megakernel_qwen3_0_6b, 1024, 3072, 28, 16, 8, 128, 151936)
+MEGAKERNEL(megakernel_qwen3_1_7b, 2048, 6144, 28, 16, 8, 128, 151936)
+MEGAKERNEL(megakernel_smollm2_135m, 576, 1536, 30, 9, 3, 64, 49152)

@@ -1,0 +1,68 @@
+// The megakernel's fixed geometry. Mirrored by crates/rocket-core/src/megakernel/
+// geometry.rs (a Rust test reads the `constexpr int` lines below and compares).
+#pragma once
+#include <stdint.h>
+
+namespace mk {
+
+constexpr int CONSUMER_WARPS = 8;                     // warps 0-7 compute
+constexpr int CONSUMERS = CONSUMER_WARPS * 32;        // 256 threads
+constexpr int THREADS = CONSUMERS + 32;               // + warp 8, the weight producer
+constexpr int SLOT_BYTES = 16384;                     // one ring slot: whole rows of one matrix
+constexpr int SLOTS = 12;                             // 192 KiB of weights in flight per SM
+constexpr int PART_CAP = 2048;                        // partial sums of one instruction (floats)
+constexpr int VEC_CAP = 2048;                         // a normed input vector (floats); hidden <= this
+constexpr int MAX_SPLITS = 64;                        // attention splits per KV head
+constexpr int MAX_GROUP = 4;                          // query heads per KV head
+constexpr int INSTR_WORDS = 8;                        // u32 words per encoded instruction
+
+// Opcodes (schedule.rs `Op`).
+constexpr uint32_t OP_QKV = 1, OP_ATTN = 2, OP_OPROJ = 3, OP_GATEUP = 4, OP_DOWN = 5, OP_LMHEAD = 6;
+// Counter 0 counts steps whose input is embedded; the sampler sets this bit in it to end the loop.
+constexpr uint32_t STEP_COUNTER = 0;
+constexpr uint32_t STOP_BIT = 0x80000000u;
+
+// Device state words (host reads them after the launch).
+constexpr int ST_ABORT = 0;     // set by an SM whose watchdog fired: every SM leaves
+constexpr int ST_ERROR = 1;     // 1 once a watchdog fired (first SM wins the details)
+constexpr int ST_ERR_SM = 2;
+constexpr int ST_ERR_INSTR = 3; // index into the SM's instruction list, or 0xffffffff: the step start
+constexpr int ST_ERR_STEP = 4;
+constexpr int ST_ERR_VALUE = 5; // the counter's value when it gave up
+constexpr int ST_ERR_TARGET = 6;
+constexpr int ST_STEPS = 7;     // steps run
+constexpr int STATE_WORDS = 16;
+
+// Host ring (mapped pinned memory): [0, stop, 0, 0, tokens[max_steps]]; the host
+// fills the tokens with RING_EMPTY before a launch and polls them.
+constexpr int RING_STOP = 1, RING_TOKENS = 4;
+constexpr uint32_t RING_EMPTY = 0xffffffffu;
+
+// How rows of K bf16 weights stream through the ring (geometry.rs `MatvecShape`):
+// ROWS whole rows per slot; each row cut into SEGS column segments, so that
+// ROWS * SEGS == CONSUMER_WARPS warps share a slot (one (row, segment) each) when
+// rows are long; with SEGS == 1 warp w takes rows w, w + 8, ...
+template <int K>
+struct Matvec {
+    static constexpr int FIT = SLOT_BYTES / (2 * K);
+    static constexpr int ROWS = FIT >= CONSUMER_WARPS ? FIT : (FIT >= 4 ? 4 : (FIT >= 2 ? 2 : 1));
+    static constexpr int SEGS = FIT >= CONSUMER_WARPS ? 1 : CONSUMER_WARPS / ROWS;
+    static constexpr int SEG_LEN = K / SEGS;             // columns of one segment
+    static constexpr int GROUPS = SEG_LEN / 8;           // 16-byte groups of a segment
+    static constexpr int PER_LANE = (GROUPS + 31) / 32;  // groups each lane handles
+    static constexpr int ROW_BYTES = 2 * K;
+    static_assert(K % 8 == 0 && FIT >= 1, "rows must be 16-byte multiples that fit a slot");
+    static_assert(K % SEGS == 0 && SEG_LEN % 8 == 0, "segments of whole 16-byte groups");
+    static_assert(PER_LANE <= 4, "at most 32 input floats per lane");
+};
+
+// Shared memory of one CTA (dynamic): the ring, its barriers, a vector, partial sums, scalars.
+constexpr int SMEM_RING = SLOTS * SLOT_BYTES;
+constexpr int SMEM_BARRIERS = SMEM_RING;                      // full[SLOTS], empty[SLOTS]: u64
+constexpr int SMEM_VEC = SMEM_BARRIERS + 2 * SLOTS * 8;
+constexpr int SMEM_PART = SMEM_VEC + VEC_CAP * 4;
+constexpr int SMEM_SCALARS = SMEM_PART + PART_CAP * 4;
+constexpr int SMEM_SCALAR_WORDS = 64;
+constexpr int SMEM_BYTES = SMEM_SCALARS + SMEM_SCALAR_WORDS * 4;
+
+}  // namespace mk

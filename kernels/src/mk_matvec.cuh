@@ -1,0 +1,152 @@
+// Matrix-vector instructions of the megakernel (Qkv, OProj, GateUp, Down, LmHead):
+// the consumer side, which multiplies the rows the producer streams into the ring
+// by an input vector held in registers, and the producer side, which issues the
+// bulk copies of those rows. Both walk an instruction's rows in the same chunks
+// (Matvec<K>::ROWS rows each), so chunk n of the SM's stream is slot n % SLOTS,
+// phase n / SLOTS.
+#pragma once
+#include "mk_params.cuh"
+#include "mk_sync.cuh"
+
+namespace mk {
+
+// Blocks the calling lane until chunk `n` is in its slot. The producer issues
+// every chunk the consumers reach (it only waits for slots they have freed), so a
+// copy that never lands means the copy engine failed: the watchdog traps (the
+// launch fails with an error) rather than hang the GPU.
+__device__ __forceinline__ void wait_chunk(const Params& p, const Smem& s, uint32_t n) {
+    uint64_t* bar = s.full + n % SLOTS;
+    const uint32_t parity = (n / SLOTS) & 1;
+    if (mbar_try_wait(bar, parity)) return;
+    const uint64_t start = globaltimer_ns();
+    while (!mbar_try_wait(bar, parity)) {
+        if (globaltimer_ns() - start > p.watchdog_ns) __trap();
+    }
+}
+
+// Eight bf16 weights (16 bytes) times eight inputs.
+__device__ __forceinline__ float dot8(uint4 w, const float* a) {
+    float f[8];
+    unpack8(w, f);
+    float acc = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc = fmaf(f[e], a[e], acc);
+    return acc;
+}
+
+// The input slice a warp multiplies with: columns seg*SEG_LEN + (lane + 32 j)*8 + e.
+// NORMED inputs (Qkv, GateUp, LmHead: src is x) are RMSNorm(x) * norm_w, as
+// kernels/src/rms_norm.cu; the others (OProj, Down) are src as it is.
+template <int K, bool NORMED>
+__device__ __forceinline__ void load_input(const Params& p, const Smem& s, const float* src, const float* norm_w,
+                                           float (&a)[Matvec<K>::PER_LANE][8], int seg) {
+    using M = Matvec<K>;
+    const int tid = threadIdx.x, lane = tid & 31;
+    float scale = 1.0f;
+    if constexpr (NORMED) {
+        static_assert(K <= VEC_CAP, "normed inputs fit the shared vector");
+        float ss = 0.0f;
+        for (int i = tid * 4; i < K; i += CONSUMERS * 4) {
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(src + i));
+            *reinterpret_cast<float4*>(s.vec + i) = v;
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        scale = rsqrtf(consumer_sum(ss, s.sc) / (float)K + p.eps);  // its barriers publish s.vec
+    }
+#pragma unroll
+    for (int j = 0; j < M::PER_LANE; j++) {
+        const int g = lane + 32 * j;
+        const int c = seg * M::SEG_LEN + g * 8;
+#pragma unroll
+        for (int e = 0; e < 8; e++) a[j][e] = 0.0f;
+        if (g < M::GROUPS) {
+            if constexpr (NORMED) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) a[j][e] = __ldg(norm_w + c + e) * (s.vec[c + e] * scale);
+            } else {
+                const float4 lo = __ldcg(reinterpret_cast<const float4*>(src + c));
+                const float4 hi = __ldcg(reinterpret_cast<const float4*>(src + c + 4));
+                a[j][0] = lo.x; a[j][1] = lo.y; a[j][2] = lo.z; a[j][3] = lo.w;
+                a[j][4] = hi.x; a[j][5] = hi.y; a[j][6] = hi.z; a[j][7] = hi.w;
+            }
+        }
+    }
+}
+
+// Consumes the chunks of `n` rows: part[(first_part + i) * SEGS + seg] = row i's
+// segment dot product. `chunk` counts the SM's chunks.
+template <int K>
+__device__ __forceinline__ void consume_rows(const Params& p, const Smem& s, const float (&a)[Matvec<K>::PER_LANE][8],
+                                             int n, int first_part, uint32_t& chunk) {
+    using M = Matvec<K>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int seg = M::SEGS > 1 ? warp / M::ROWS : 0;
+    for (int row = 0; row < n; row += M::ROWS) {
+        const int rows_here = min(M::ROWS, n - row);
+        wait_chunk(p, s, chunk);
+        const uint8_t* slot = s.ring + (chunk % SLOTS) * SLOT_BYTES;
+        // SEGS > 1: warp -> (row warp % ROWS, segment warp / ROWS); else rows warp, warp + 8, ...
+        for (int r = M::SEGS > 1 ? warp % M::ROWS : warp; r < rows_here; r += M::SEGS > 1 ? M::ROWS : CONSUMER_WARPS) {
+            const uint4* w = reinterpret_cast<const uint4*>(slot + r * M::ROW_BYTES + seg * M::SEG_LEN * 2);
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < M::PER_LANE; j++) {
+                const int g = lane + 32 * j;
+                if (g < M::GROUPS) acc += dot8(w[g], a[j]);
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) s.part[(first_part + row + r) * M::SEGS + seg] = acc;
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(s.empty + chunk % SLOTS);
+        chunk++;
+    }
+}
+
+template <int K>
+__device__ __forceinline__ float part_sum(const Smem& s, int i) {
+    float v = 0.0f;
+#pragma unroll
+    for (int g = 0; g < Matvec<K>::SEGS; g++) v += s.part[i * Matvec<K>::SEGS + g];
+    return v;
+}
+
+// The dot products of one matrix-vector instruction over rows in.a..in.b of its
+// matrix (`regions` matrices of those rows: 2 for gate|up), left in s.part for the
+// caller's epilogue once every consumer is past the closing barrier.
+template <int K, bool NORMED>
+__device__ __forceinline__ void matvec(const Params& p, const Smem& s, const Instr& in, const float* src,
+                                       const float* norm_w, uint32_t& chunk, int regions) {
+    const int warp = threadIdx.x >> 5;
+    const int seg = Matvec<K>::SEGS > 1 ? warp / Matvec<K>::ROWS : 0;
+    float a[Matvec<K>::PER_LANE][8];
+    load_input<K, NORMED>(p, s, src, norm_w, a, seg);
+    const int n = in.b - in.a;
+    for (int r = 0; r < regions; r++) consume_rows<K>(p, s, a, n, r * n, chunk);
+    consumer_sync();
+}
+
+// Issues the bulk copies of `n` rows starting at `rows` (the producer lane).
+// False when the consumers have left and nothing more will be consumed. (An
+// abort elsewhere is not a reason to stop: this CTA's consumers finish the
+// instruction they are in, which may need more chunks, and then leave.)
+template <int K>
+__device__ __forceinline__ bool produce_rows(const Params& p, const Smem& s, const uint16_t* rows, int n, uint32_t& chunk) {
+    using M = Matvec<K>;
+    for (int row = 0; row < n; row += M::ROWS) {
+        const uint32_t bytes = min(M::ROWS, n - row) * M::ROW_BYTES;
+        const int slot = chunk % SLOTS;
+        if (chunk >= SLOTS) {
+            const uint32_t parity = (chunk / SLOTS - 1) & 1;  // the consumers' release of its last use
+            while (!mbar_try_wait(s.empty + slot, parity)) {
+                if (ld_volatile(&s.sc->done)) return false;
+            }
+        }
+        mbar_arrive_expect_tx(s.full + slot, bytes);
+        bulk_load(s.ring + slot * SLOT_BYTES, rows + (size_t)row * K, bytes, s.full + slot);
+        chunk++;
+    }
+    return true;
+}
+
+}  // namespace mk

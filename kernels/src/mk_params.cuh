@@ -1,0 +1,155 @@
+// What one megakernel launch is given (built by backend/cuda/megakernel.rs, passed
+// by value as the kernel's only parameter), the instruction decoding
+// (megakernel/schedule.rs `Instr::encode`), and the CTA's view of its shared memory.
+#pragma once
+#include "common.cuh"
+#include "mk_geometry.cuh"
+#include "mk_sync.cuh"
+
+namespace mk {
+
+// One layer's weights on the device (cuda/weights.rs `LayerPtrs`, same order).
+struct LayerPtrs {
+    const float* attn_norm;
+    const uint16_t* qkv;      // [q_dim + 2 kv_dim][hidden]
+    const float* q_norm;      // [head_dim] or null
+    const float* k_norm;
+    const uint16_t* o;        // [hidden][q_dim]
+    const float* mlp_norm;
+    const uint16_t* gate_up;  // [2 ff][hidden]: gate rows, then up rows
+    const uint16_t* down;     // [hidden][ff]
+};
+
+struct Params {
+    const uint4* instrs;       // INSTR_WORDS / 4 uint4 per instruction, SM lists back to back
+    const uint32_t* sm_start;  // [grid + 1]: where each SM's list starts
+    uint32_t* counters;        // zeroed before the launch
+    uint32_t* state;           // [STATE_WORDS], zeroed before the launch
+    const LayerPtrs* layers;
+    const uint16_t* embed;     // [vocab][hidden]
+    const uint16_t* lm_head;   // [vocab][hidden] (the embedding when tied)
+    const float* final_norm;
+    const float* inv_freq;     // [head_dim / 2]
+    float* x;                  // [hidden] residual stream
+    float* qkv;                // [q_dim + 2 kv_dim]
+    float* attn;               // [q_dim]
+    float* act;                // [ff]
+    float* logits;             // [vocab]
+    float* part_o;             // [heads][splits][head_dim]
+    float* part_ml;            // [heads][splits][2]
+    float* lm_max;             // [lm_tiles]
+    uint32_t* lm_idx;          // [lm_tiles]
+    uint16_t* kv;              // [capacity][layers][k | v][kv_dim] bf16
+    const uint32_t* forced;    // step t < n_forced feeds forced[t] next (teacher forcing)
+    float* logits_out;         // null, or [max_steps][vocab]: every step's logits
+    uint32_t* ring;            // mapped host memory: [0, stop, 0, 0, tokens[max_steps]]
+    const uint32_t* end_ids;   // [n_end]
+    unsigned long long watchdog_ns;
+    int pos0;                  // position of first_token
+    uint32_t first_token;
+    int max_steps;
+    int n_forced;
+    int n_end;
+    int mask_end_steps;        // steps t < this never pick an end id (min_tokens)
+    int lm_tiles;
+    int splits;
+    float eps;
+};
+
+static_assert(sizeof(Params) == 232, "Params is shared with backend/cuda/megakernel.rs");
+
+struct Instr {
+    uint32_t op, layer, signal, wait, per_step, a, b, c, d;
+};
+
+__device__ __forceinline__ Instr load_instr(const Params& p, uint32_t i) {
+    const uint4 w0 = __ldg(p.instrs + 2 * i), w1 = __ldg(p.instrs + 2 * i + 1);
+    Instr in;
+    in.op = w0.x & 0xff;
+    in.layer = (w0.x >> 8) & 0xff;
+    in.signal = w0.x >> 16;
+    in.wait = w0.y & 0xffff;
+    in.per_step = w0.y >> 16;
+    in.a = w0.z;
+    in.b = w0.w;
+    in.c = w1.x;
+    in.d = w1.y;
+    return in;
+}
+
+// Scalars the consumer warps share (broadcasts, reductions) and the handshake
+// with the producer warp.
+struct Scalars {
+    float red[CONSUMER_WARPS];
+    uint32_t red_idx[CONSUMER_WARPS];
+    uint32_t ok;         // wait_counter's verdict, broadcast by thread 0
+    uint32_t flag;       // "this CTA arrived last", broadcast by thread 0
+    uint32_t next;       // the sampler's next token
+    uint32_t consumed;   // chunks the consumers took, published when they leave
+    uint32_t done;       // consumers have left: the producer stops issuing and drains
+};
+
+struct Smem {
+    uint8_t* ring;
+    uint64_t* full;
+    uint64_t* empty;
+    float* vec;
+    float* part;
+    Scalars* sc;
+};
+
+__device__ __forceinline__ Smem smem_view(uint8_t* base) {
+    Smem s;
+    s.ring = base;
+    s.full = reinterpret_cast<uint64_t*>(base + SMEM_BARRIERS);
+    s.empty = s.full + SLOTS;
+    s.vec = reinterpret_cast<float*>(base + SMEM_VEC);
+    s.part = reinterpret_cast<float*>(base + SMEM_PART);
+    s.sc = reinterpret_cast<Scalars*>(base + SMEM_SCALARS);
+    return s;
+}
+static_assert(sizeof(Scalars) <= SMEM_SCALAR_WORDS * 4, "scalars fit their shared-memory space");
+
+// Sum over the consumer threads; every consumer gets it (fixed order: deterministic).
+__device__ __forceinline__ float consumer_sum(float v, Scalars* sc) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    v = warp_sum(v);
+    if (lane == 0) sc->red[warp] = v;
+    consumer_sync();
+    float t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < CONSUMER_WARPS; w++) t += sc->red[w];
+    consumer_sync();
+    return t;
+}
+
+// (value, index) with the larger value, the lower index on ties; NaN never wins.
+__device__ __forceinline__ void better(float& v, uint32_t& i, float ov, uint32_t oi) {
+    if (ov > v || (ov == v && oi < i)) {
+        v = ov;
+        i = oi;
+    }
+}
+
+// Argmax over the consumer threads' candidates; every consumer gets it.
+__device__ __forceinline__ void consumer_argmax(float& v, uint32_t& i, Scalars* sc) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const uint32_t oi = __shfl_xor_sync(0xffffffffu, i, o);
+        better(v, i, ov, oi);
+    }
+    if (lane == 0) {
+        sc->red[warp] = v;
+        sc->red_idx[warp] = i;
+    }
+    consumer_sync();
+    v = -INFINITY;
+    i = 0xffffffffu;
+#pragma unroll
+    for (int w = 0; w < CONSUMER_WARPS; w++) better(v, i, sc->red[w], sc->red_idx[w]);
+    consumer_sync();
+}
+
+}  // namespace mk
