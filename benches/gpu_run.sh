@@ -3,9 +3,10 @@
 # Binaries and tokenizers come from benches/gpu_pack.sh (built on the CPU
 # machine) in .device-carry/. Exact-shape random checkpoints for every fuel are
 # made first (kept in $CK across calls while the machine stays warm). Steps:
-#   tests     CUDA backend (kernel per op, CUDA graphs) against the CPU reference
+#   tests     CUDA backend (kernel per op, CUDA graphs, tensor-core matmul) against the CPU reference
 #   mk        the megakernel against the CPU reference and the graph path (ROCKET_DECODE=megakernel)
-#   bench     `rocket bench` per fuel: graph path at batch 1 and 16, megakernel at batch 1
+#   bench     `rocket bench` per fuel: graph path at batch 1 and 16, megakernel at batch 1,
+#             and the tensor-core matmul (ROCKET_MATMUL=tensor: prefill, batch 16)
 #   long      Llama-3.2-1B decode at 1K and 4K contexts, both paths
 #   sanitize  compute-sanitizer memcheck and racecheck on the megakernel (SmolLM2)
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
@@ -35,7 +36,7 @@ if has tests; then
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
         timeout 300 "$CARRY/cuda-test" --test-threads=1 --nocapture > "$LOGS/cuda-test.log" 2>&1
     echo "cuda tests rc=$?"
-    grep -E "PARITY|GREEDY|MODULE|test result|FAILED|panicked" "$LOGS/cuda-test.log"
+    grep -E "PARITY|GREEDY|MODULE|TC |test result|FAILED|panicked" "$LOGS/cuda-test.log"
 fi
 
 if has mk; then
@@ -45,8 +46,8 @@ if has mk; then
     grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | head -40
 fi
 
-bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL
-    ROCKET_DECODE=$2 timeout 180 "$CARRY/bin/rocket" bench --model "$CK/$7" --device cuda --batch "$3" --prompt-len "$4" \
+bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL [MATMUL]
+    ROCKET_DECODE=$2 ROCKET_MATMUL=${8:-gemv} timeout 180 "$CARRY/bin/rocket" bench --model "$CK/$7" --device cuda --batch "$3" --prompt-len "$4" \
         --gen-len "$5" --reps "$6" --json "$LOGS/$1.json" > "$LOGS/$1.txt" 2> "$LOGS/$1.err" ||
         { echo "bench $1 failed"; tail -3 "$LOGS/$1.err"; }
 }
@@ -54,6 +55,7 @@ if has bench; then
     for f in $FUELS; do
         bench "bench-graph-$f" graph 1,16 128 256 5 "$f"
         bench "bench-mk-$f" megakernel 1 128 256 5 "$f"
+        bench "bench-tc-$f" graph 16 128 256 5 "$f" tensor
     done
 fi
 if has long; then

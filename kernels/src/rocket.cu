@@ -2,6 +2,7 @@
 #include "embed.cu"
 #include "rms_norm.cu"
 #include "gemv.cu"
+#include "gemm_tc.cu"
 #include "rope_kv.cu"
 #include "attention.cu"
 #include "silu_mul.cu"

@@ -9,8 +9,8 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend};
-use rocket_core::backend::{Backend, Device};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, DecodeMode};
+use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::model::{ModelSource, ModelWeights};
 use rocket_core::progress::LoadProgress;
 use rocket_core::{Engine, EngineOptions, SamplingParams};
@@ -147,4 +147,59 @@ fn module_load_does_not_jit_on_hopper() {
     let info = backend.info();
     println!("MODULE {} loaded in {:.1} ms on {}", info.kernel_image, info.module_load_seconds * 1e3, info.device_name);
     assert!(info.module_load_seconds < 0.5, "module load took {:.2} s", info.module_load_seconds);
+}
+
+/// The rel. L2 distance of `a` from `b`.
+fn rel_l2_of(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for path in checkpoints() {
+        let src = ModelSource::open(&path).unwrap();
+        let spec = src.spec.clone();
+        let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
+        let backend = |tensor_core_matmul| {
+            let opts = CudaOptions { decode: DecodeMode::Graph, tensor_core_matmul, graphs: true };
+            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), opts).unwrap()
+        };
+        let (tc, gemv) = (backend(true), backend(false));
+        let cpu = load(&path, Device::Cpu);
+        let vocab = spec.vocab_size;
+        // Prefill: every row of a 128-token prompt at once.
+        let ids = random_ids(31, 128, vocab);
+        let all = |b: &CudaBackend| {
+            let mut s = b.new_session(ids.len()).unwrap();
+            b.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids }], Logits::All).unwrap()
+        };
+        let (got, via_gemv) = (all(&tc), all(&gemv));
+        assert!(got.iter().all(|v| v.is_finite()), "{}: non-finite tensor-core logits", path.display());
+        let want = cpu.teacher_forced_logits(&ids).unwrap();
+        let (rel, rel_gemv) = (rel_l2_of(&got, &want), rel_l2_of(&got, &via_gemv));
+        // Batched decode: 16 sequences of different lengths, one step together.
+        let prompts: Vec<Vec<u32>> = (0..16).map(|i| random_ids(200 + i, 5 + 3 * i as usize, vocab)).collect();
+        let step = |b: &CudaBackend| {
+            let mut sessions: Vec<_> = prompts.iter().map(|p| b.new_session(p.len() + 1).unwrap()).collect();
+            for (s, p) in sessions.iter_mut().zip(&prompts) {
+                b.forward(&mut [Chunk { session: s.as_mut(), tokens: p }], Logits::Last).unwrap();
+            }
+            let next: Vec<u32> = prompts.iter().map(|p| p[0]).collect();
+            let mut chunks: Vec<Chunk<'_>> =
+                sessions.iter_mut().zip(&next).map(|(s, t)| Chunk { session: s.as_mut(), tokens: std::slice::from_ref(t) }).collect();
+            b.forward(&mut chunks, Logits::Last).unwrap()
+        };
+        let batch_rel = rel_l2_of(&step(&tc), &step(&gemv));
+        println!(
+            "TC {}: prefill 128 rel L2 {rel:.3e} vs CPU, {rel_gemv:.3e} vs GEMV; batch-16 step {batch_rel:.3e} vs GEMV",
+            path.display()
+        );
+        assert!(rel <= 1e-2, "{}: tensor-core prefill rel L2 {rel}", path.display());
+        assert!(rel_gemv <= 5e-3 && batch_rel <= 5e-3, "{}: tensor core vs GEMV {rel_gemv} / {batch_rel}", path.display());
+    }
 }

@@ -16,8 +16,13 @@ static PTX: &[u8] = include_bytes!("../../../../../kernels/build/rocket.ptx");
 const GEMV_TILES: [u32; 5] = [1, 2, 4, 8, 16];
 const GEMV_ROWS_PER_WARP: [u32; 5] = [1, 2, 2, 4, 2];
 
+/// Input rows per CTA (16 MT) and weight rows per CTA (8 NT) of each tensor-core
+/// GEMM instantiation (kernels/src/gemm_tc.cu `GEMM_TC(MT, NT)`), in this order.
+const GEMM_TC_SHAPES: [(u32, u32); 6] = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2)];
+
 pub(crate) struct Kernels {
     module: Module,
+    gemm_tc: [Function; 6],
     embed: Function,
     rms_norm: Function,
     gemv: [Function; 5],
@@ -49,7 +54,17 @@ impl Kernels {
         };
         let f = |name: &str| module.function(name);
         let gemv = [f("gemv_bf16_t1")?, f("gemv_bf16_t2")?, f("gemv_bf16_t4")?, f("gemv_bf16_t8")?, f("gemv_bf16_t16")?];
+        let tc = |(m, n): (u32, u32)| f(&format!("gemm_tc_m{m}_n{n}"));
+        let gemm_tc = [
+            tc(GEMM_TC_SHAPES[0])?,
+            tc(GEMM_TC_SHAPES[1])?,
+            tc(GEMM_TC_SHAPES[2])?,
+            tc(GEMM_TC_SHAPES[3])?,
+            tc(GEMM_TC_SHAPES[4])?,
+            tc(GEMM_TC_SHAPES[5])?,
+        ];
         Ok(Kernels {
+            gemm_tc,
             embed: f("embed_gather")?,
             rms_norm: f("rms_norm")?,
             gemv,
@@ -99,6 +114,33 @@ impl Kernels {
             Arg::I32(accumulate as i32),
         ];
         self.gemv[tile].launch(s, grid, 256, &args)
+    }
+
+    /// Whether `gemm_tc` can multiply rows of `k` weights (64-wide blocks).
+    pub(crate) fn gemm_tc_fits(k: usize) -> bool {
+        k % 64 == 0
+    }
+
+    /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ on the tensor cores (bf16 hi+lo split
+    /// inputs, f32 accumulation); `gemm_tc_fits(k)` must hold.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_tc(&self, s: &Stream, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
+        debug_assert!(Self::gemm_tc_fits(k));
+        let mt = if rows <= 16 { 1 } else if rows <= 32 { 2 } else { 4 };
+        // Two weight tiles per CTA only where that still leaves two CTAs per SM of an H100/H200.
+        let nt = if n / 16 >= 264 { 2 } else { 1 };
+        let i = GEMM_TC_SHAPES.iter().position(|&shape| shape == (mt, nt)).expect("instantiated shape");
+        let grid = (n.div_ceil(8 * nt as usize) as u32, rows.div_ceil(16 * mt as usize) as u32, 1);
+        let args = [
+            Arg::Ptr(w),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+            Arg::I32(rows as i32),
+            Arg::I32(accumulate as i32),
+        ];
+        self.gemm_tc[i].launch(s, grid, 256, &args)
     }
 
     #[allow(clippy::too_many_arguments)]

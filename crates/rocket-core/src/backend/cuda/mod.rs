@@ -65,12 +65,36 @@ impl DecodeMode {
     }
 }
 
+/// Choices of the CUDA backend (from the environment by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// ROCKET_DECODE: how batch-1 decode runs.
+    pub decode: DecodeMode,
+    /// ROCKET_MATMUL=tensor: passes of several rows (prefill, batches) multiply on the
+    /// tensor cores (kernels/src/gemm_tc.cu) instead of the GEMV; `gemv` (today's
+    /// default, until the tensor-core path has been checked on a GPU) keeps the GEMV.
+    pub tensor_core_matmul: bool,
+    /// ROCKET_CUDA_GRAPHS=0 launches decode steps kernel by kernel.
+    pub graphs: bool,
+}
+
+impl CudaOptions {
+    pub fn from_env() -> Result<Self> {
+        let tensor_core_matmul = match std::env::var("ROCKET_MATMUL").as_deref() {
+            Err(_) | Ok("") | Ok("gemv") => false,
+            Ok("tensor") => true,
+            Ok(other) => return Err(RocketError::invalid_arg("ROCKET_MATMUL", other, "expected \"gemv\" or \"tensor\"")),
+        };
+        let graphs = std::env::var("ROCKET_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        Ok(CudaOptions { decode: DecodeMode::from_env()?, tensor_core_matmul, graphs })
+    }
+}
+
 pub struct CudaBackend {
     spec: ModelSpec,
     info: CudaInfo,
     inner: Mutex<Inner>,
-    /// Replay decode steps from CUDA graphs (ROCKET_CUDA_GRAPHS=0 turns it off).
-    use_graphs: bool,
+    options: CudaOptions,
 }
 
 struct Inner {
@@ -207,6 +231,11 @@ struct PassShape {
 impl CudaBackend {
     /// Opens device 0, loads the kernels and uploads the weights.
     pub fn new(spec: ModelSpec, weights: &ModelWeights, progress: &LoadProgress) -> Result<Self> {
+        Self::with_options(spec, weights, progress, CudaOptions::from_env()?)
+    }
+
+    /// Opens device 0 with explicit options (tests compare paths side by side).
+    pub fn with_options(spec: ModelSpec, weights: &ModelWeights, progress: &LoadProgress, options: CudaOptions) -> Result<Self> {
         check_shapes(&spec)?;
         let ctx = Arc::new(Context::open()?);
         let stream = Stream::new()?;
@@ -214,7 +243,7 @@ impl CudaBackend {
         let t = Instant::now();
         let dev_weights = DeviceWeights::upload(&ctx, &stream, &spec, weights, progress)?;
         let upload_seconds = t.elapsed().as_secs_f64();
-        let megakernel = match DecodeMode::from_env()? {
+        let megakernel = match options.decode {
             DecodeMode::Graph | DecodeMode::Auto => None,
             DecodeMode::Megakernel => Some(Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights)?),
         };
@@ -230,11 +259,10 @@ impl CudaBackend {
         };
         tracing::info!(?info, "cuda backend ready");
         let host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(1))?;
-        let use_graphs = std::env::var("ROCKET_CUDA_GRAPHS").map_or(true, |v| v != "0");
         Ok(CudaBackend {
             spec,
             info,
-            use_graphs,
+            options,
             inner: Mutex::new(Inner {
                 megakernel,
                 graphs: HashMap::new(),
@@ -347,7 +375,7 @@ impl CudaBackend {
         }
         scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
-        if decode && self.use_graphs {
+        if decode && self.options.graphs {
             let key = (rows, splits, argmax);
             if !inner.graphs.contains_key(&key) {
                 inner.stream.begin_capture()?;
@@ -389,7 +417,7 @@ impl CudaBackend {
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
         for (li, l) in w.layers.iter().enumerate() {
             k.rms_norm(st, sc.x.ptr, l.attn_norm, sc.h.ptr, d, eps, 0, t)?;
-            k.gemv(st, l.qkv, sc.h.ptr, sc.qkv.ptr, qd + 2 * kvd, d, t, false)?;
+            self.matmul(k, st, l.qkv, sc.h.ptr, sc.qkv.ptr, qd + 2 * kvd, d, t, false)?;
             k.rope_kv(st, sc.qkv.ptr, w.inv_freq, l.q_norm, l.k_norm, eps, meta, s.num_heads, s.num_kv_heads, li, nl, t)?;
             k.attention(
                 st,
@@ -407,19 +435,32 @@ impl CudaBackend {
                 p.splits,
                 t,
             )?;
-            k.gemv(st, l.o, sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
+            self.matmul(k, st, l.o, sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
             k.rms_norm(st, sc.x.ptr, l.mlp_norm, sc.h.ptr, d, eps, 0, t)?;
-            k.gemv(st, l.gate_up, sc.h.ptr, sc.gu.ptr, 2 * ff, d, t, false)?;
+            self.matmul(k, st, l.gate_up, sc.h.ptr, sc.gu.ptr, 2 * ff, d, t, false)?;
             k.silu_mul(st, sc.gu.ptr, sc.act.ptr, ff, t)?;
-            k.gemv(st, l.down, sc.act.ptr, sc.x.ptr, d, ff, t, true)?;
+            self.matmul(k, st, l.down, sc.act.ptr, sc.x.ptr, d, ff, t, true)?;
         }
         let map = if p.gather_last { row_map } else { 0 };
         k.rms_norm(st, sc.x.ptr, w.final_norm, sc.normed.ptr, d, eps, map, p.out_rows)?;
-        k.gemv(st, w.lm_head, sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, false)?;
+        self.matmul(k, st, w.lm_head, sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, false)?;
         if p.argmax {
             k.argmax(st, sc.logits.ptr, sc.argmax.ptr, s.vocab_size, p.out_rows)?;
         }
         Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// y (+)= x · Wᵀ for `rows` input rows: the tensor-core GEMM for several rows
+    /// when enabled and the width allows, else the GEMV.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(&self, k: &Kernels, st: &Stream, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
+        if self.options.tensor_core_matmul && rows >= 2 && Kernels::gemm_tc_fits(width) {
+            k.gemm_tc(st, w, x, y, n, width, rows, accumulate)
+        } else {
+            k.gemv(st, w, x, y, n, width, rows, accumulate)
+        }
     }
 }
 
