@@ -30,12 +30,15 @@ struct Fuel {
 
 // Thread 0 waits until counters[ctr] >= target (or the run stops or aborts),
 // then the consumers learn the verdict together. `instr` names the instruction
-// for the watchdog's report (0xffffffff: the step start).
+// for the watchdog's report (0xffffffff: the step start); `slot` is 0 for the
+// step start and 1 for instructions (see Scalars::ok). The poll is a relaxed
+// load (an acquire per spin would invalidate L1 each time); one acquire fence
+// follows success.
 __device__ __noinline__ bool wait_counter(const Params& p, const Smem& s, uint32_t ctr, uint32_t target, uint32_t instr,
-                                          int t) {
+                                          int t, int slot) {
     if (threadIdx.x == 0) {
         const uint32_t* c = p.counters + ctr;
-        uint32_t v = ld_acquire(c);
+        uint32_t v = ld_volatile(c);
         uint32_t ok = 1;
         if (v < target) {
             const uint64_t start = globaltimer_ns();
@@ -58,23 +61,23 @@ __device__ __noinline__ bool wait_counter(const Params& p, const Smem& s, uint32
                     break;
                 }
                 __nanosleep(32);
-                v = ld_acquire(c);
+                v = ld_volatile(c);
                 if (v >= target) break;
             }
         }
+        fence_acq_rel();
         if (v & STOP_BIT) ok = 0;
-        s.sc->ok = ok;
+        s.sc->ok[slot] = ok;
     }
     consumer_sync();
-    return s.sc->ok != 0;
+    return s.sc->ok[slot] != 0;
 }
 
+// The barrier orders every consumer's writes before thread 0's release, which
+// (being cumulative) publishes them all with the count.
 __device__ __forceinline__ void signal(const Params& p, uint32_t ctr) {
     consumer_sync();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        red_release_add(p.counters + ctr, 1);
-    }
+    if (threadIdx.x == 0) red_release_add(p.counters + ctr, 1);
 }
 
 template <int D>
@@ -94,7 +97,7 @@ __device__ __forceinline__ bool is_end(const Params& p, uint32_t token) {
 template <class F>
 __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, uint32_t host_stop) {
     const int tid = threadIdx.x;
-    __threadfence();
+    // Thread 0's acquire-release arrival and the barrier after it order these reads.
     float v = -INFINITY;
     uint32_t idx = 0xffffffffu;
     for (int i = tid; i < p.lm_tiles; i += CONSUMERS) better(v, idx, __ldcg(p.lm_max + i), __ldcg(p.lm_idx + i));
@@ -114,7 +117,6 @@ __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, u
     consumer_sync();
     if (tid == 0) {
         st_volatile(p.state + ST_STEPS, (uint32_t)(t + 1));
-        __threadfence();
         st_release(p.counters + STEP_COUNTER, next == 0xffffffffu ? STOP_BIT : (uint32_t)(t + 2));
     }
 }
@@ -133,13 +135,13 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     for (int i = tid; i < n; i += CONSUMERS) {
         const float v = part_sum<F::D>(s, i);
         __stcg(dst + i, v);
-        if (!(masked && is_end(p, in.a + i))) better(best, idx, v, in.a + i);
+        // As the host's argmax: -inf and NaN never win (a row of them gives index 0).
+        if (v > -INFINITY && !(masked && is_end(p, in.a + i))) better(best, idx, v, in.a + i);
     }
     consumer_argmax(best, idx, s.sc);
     if (tid == 0) {
         __stcg(p.lm_max + in.c, best);
         __stcg(p.lm_idx + in.c, idx);
-        __threadfence();
         const uint32_t arrived = atom_add_acq_rel(p.counters + in.signal, 1) + 1;
         s.sc->flag = arrived == (uint32_t)(t + 1) * p.lm_tiles;
     }
@@ -199,17 +201,14 @@ __device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32
     if (blockIdx.x == 0) {  // the launch's first input
         embed_row<F::D>(p, p.first_token);
         consumer_sync();
-        if (tid == 0) {
-            __threadfence();
-            st_release(p.counters + STEP_COUNTER, 1);
-        }
+        if (tid == 0) st_release(p.counters + STEP_COUNTER, 1);
     }
     bool running = true;
     for (int t = 0; t < p.max_steps && running; t++) {
-        running = wait_counter(p, s, STEP_COUNTER, (uint32_t)(t + 1), 0xffffffffu, t);
+        running = wait_counter(p, s, STEP_COUNTER, (uint32_t)(t + 1), 0xffffffffu, t, 0);
         for (uint32_t i = first; i < last && running; i++) {
             const Instr in = load_instr(p, i);
-            running = wait_counter(p, s, in.wait, (uint32_t)(t + 1) * in.per_step, i - first, t);
+            running = wait_counter(p, s, in.wait, (uint32_t)(t + 1) * in.per_step, i - first, t, 1);
             if (running) run_instr<F>(p, s, in, t, chunk);
         }
     }

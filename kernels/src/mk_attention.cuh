@@ -43,6 +43,24 @@ __device__ __forceinline__ void rope_head(const Params& p, const float* src, con
     }
 }
 
+// E consecutive bf16 (4 or 8 bytes, aligned) from the KV cache, which other SMs
+// wrote during this launch: loaded past L1.
+template <int E>
+__device__ __forceinline__ void load_bf16(const uint16_t* src, float (&out)[E]) {
+    static_assert(E == 2 || E == 4, "head_dim 64 or 128");
+    if constexpr (E == 2) {
+        const uint32_t w = __ldcg(reinterpret_cast<const unsigned int*>(src));
+        out[0] = __uint_as_float(w << 16);
+        out[1] = __uint_as_float(w & 0xffff0000u);
+    } else {
+        const uint2 w = __ldcg(reinterpret_cast<const uint2*>(src));
+        out[0] = __uint_as_float(w.x << 16);
+        out[1] = __uint_as_float(w.x & 0xffff0000u);
+        out[2] = __uint_as_float(w.y << 16);
+        out[3] = __uint_as_float(w.y & 0xffff0000u);
+    }
+}
+
 template <int HD, int G, int HQ, int HKV, int NL>
 __device__ __forceinline__ void attention(const Params& p, const Smem& s, const Instr& in, int t) {
     constexpr int QD = HQ * HD, KVD = HKV * HD, E = HD / 32;
@@ -97,11 +115,8 @@ __device__ __forceinline__ void attention(const Params& p, const Smem& s, const 
 #pragma unroll
         for (int j = 0; j < P; j++) {
             const uint16_t* kp = base + (size_t)min(p0 + j, end - 1) * pos_stride;
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                kf[j][e] = bf16_to_f32(__ldcg(reinterpret_cast<const unsigned short*>(kp + e)));
-                vf[j][e] = bf16_to_f32(__ldcg(reinterpret_cast<const unsigned short*>(kp + KVD + e)));
-            }
+            load_bf16<E>(kp, kf[j]);
+            load_bf16<E>(kp + KVD, vf[j]);
         }
 #pragma unroll
         for (int h = 0; h < G; h++) {
@@ -166,14 +181,15 @@ __device__ __forceinline__ void attention(const Params& p, const Smem& s, const 
     consumer_sync();
 
     // 4. Arrive; the last split of this KV head merges (kernels/src/attention.cu attn_merge).
+    // Thread 0's acquire-release arrival publishes this CTA's partials (ordered
+    // before it by the barrier above) and, for the last split, orders the other
+    // splits' partials before the merge's reads (ordered after it by the barrier).
     if (tid == 0) {
-        __threadfence();
         const uint32_t arrived = atom_add_acq_rel(p.counters + in.signal, 1) + 1;
         s.sc->flag = arrived == (uint32_t)(t + 1) * splits;
     }
     consumer_sync();
     if (!s.sc->flag) return;
-    __threadfence();
     if (tid < G * HD) {
         const int h = tid / HD, i = tid % HD;
         const size_t first = (size_t)(g * G + h) * splits;
@@ -190,10 +206,7 @@ __device__ __forceinline__ void attention(const Params& p, const Smem& s, const 
         __stcg(p.attn + (g * G + h) * HD + i, o / lsum);
     }
     consumer_sync();
-    if (tid == 0) {
-        __threadfence();
-        red_release_add(p.counters + in.d, 1);
-    }
+    if (tid == 0) red_release_add(p.counters + in.d, 1);
 }
 
 }  // namespace mk

@@ -33,10 +33,12 @@ constexpr int ST_ERR_TARGET = 6;
 constexpr int ST_STEPS = 7;     // steps run
 constexpr int STATE_WORDS = 16;
 
-// Host ring (mapped pinned memory): [0, stop, 0, 0, tokens[max_steps]]; the host
-// fills the tokens with RING_EMPTY before a launch and polls them.
-constexpr int RING_STOP = 1, RING_TOKENS = 4;
+// Host ring (mapped pinned memory): [0, stop, fault, 0, tokens[max_steps]]; the host
+// fills the tokens with RING_EMPTY before a launch and polls them. `fault` is
+// RING_FAULT_COPY | SM when a weight copy never landed (the launch then traps).
+constexpr int RING_STOP = 1, RING_FAULT = 2, RING_TOKENS = 4;
 constexpr uint32_t RING_EMPTY = 0xffffffffu;
+constexpr uint32_t RING_FAULT_COPY = 0xc0de0000u;
 
 // How rows of K bf16 weights stream through the ring (geometry.rs `MatvecShape`):
 // ROWS whole rows per slot; each row cut into SEGS column segments, so that

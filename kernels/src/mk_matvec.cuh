@@ -12,15 +12,21 @@ namespace mk {
 
 // Blocks the calling lane until chunk `n` is in its slot. The producer issues
 // every chunk the consumers reach (it only waits for slots they have freed), so a
-// copy that never lands means the copy engine failed: the watchdog traps (the
-// launch fails with an error) rather than hang the GPU.
+// copy that never lands means the copy engine failed. Nothing can continue then
+// (the warp cannot skip its data and the producer cannot drain copies that never
+// end), so the watchdog leaves a note in the host ring, which outlives the CUDA
+// context, and traps: the launch fails with an error instead of hanging.
 __device__ __forceinline__ void wait_chunk(const Params& p, const Smem& s, uint32_t n) {
     uint64_t* bar = s.full + n % SLOTS;
     const uint32_t parity = (n / SLOTS) & 1;
     if (mbar_try_wait(bar, parity)) return;
     const uint64_t start = globaltimer_ns();
     while (!mbar_try_wait(bar, parity)) {
-        if (globaltimer_ns() - start > p.watchdog_ns) __trap();
+        if (globaltimer_ns() - start > p.watchdog_ns) {
+            st_volatile(p.ring + RING_FAULT, RING_FAULT_COPY | blockIdx.x);
+            __threadfence_system();
+            __trap();
+        }
     }
 }
 

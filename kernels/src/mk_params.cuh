@@ -82,7 +82,9 @@ __device__ __forceinline__ Instr load_instr(const Params& p, uint32_t i) {
 struct Scalars {
     float red[CONSUMER_WARPS];
     uint32_t red_idx[CONSUMER_WARPS];
-    uint32_t ok;         // wait_counter's verdict, broadcast by thread 0
+    uint32_t ok[2];      // wait_counter's verdict, broadcast by thread 0: [0] for the step
+                         // start, [1] for instructions (the two calls follow each other
+                         // with no barrier between, so they must not share a slot)
     uint32_t flag;       // "this CTA arrived last", broadcast by thread 0
     uint32_t next;       // the sampler's next token
     uint32_t consumed;   // chunks the consumers took, published when they leave

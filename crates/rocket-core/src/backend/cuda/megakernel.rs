@@ -57,8 +57,10 @@ const ST_ERR_VALUE: usize = 5;
 const ST_ERR_TARGET: usize = 6;
 const ST_STEPS: usize = 7;
 const RING_STOP: usize = 1;
+const RING_FAULT: usize = 2;
 const RING_TOKENS: usize = 4;
 const RING_EMPTY: u32 = u32::MAX;
+const RING_FAULT_COPY: u32 = 0xc0de_0000;
 /// End ids one launch can check.
 const MAX_END_IDS: usize = 64;
 /// Steps one launch may run (the ring's size); longer generations relaunch.
@@ -109,6 +111,8 @@ const _: () = assert!(std::mem::size_of::<Params>() == 232);
 /// One launch's inputs beyond the session.
 pub(crate) struct Launch<'a> {
     pub kv: u64,
+    /// Positions the KV cache at `kv` holds.
+    pub capacity: usize,
     pub pos0: usize,
     pub first: u32,
     pub req: LoopRequest<'a>,
@@ -274,6 +278,12 @@ impl Megakernel {
         if launch.forced.len() > steps {
             return Err(RocketError::Internal(format!("{} forced tokens for {steps} steps", launch.forced.len())));
         }
+        if launch.pos0 + steps > launch.capacity {
+            return Err(RocketError::ContextOverflow { prompt_tokens: launch.pos0, max_tokens: steps, limit: launch.capacity });
+        }
+        if launch.first as usize >= self.vocab || launch.forced.iter().any(|&t| t as usize >= self.vocab) {
+            return Err(RocketError::invalid_arg("token id", launch.first, format!("must be < vocab size {}", self.vocab)));
+        }
         if !req.end_ids.is_empty() {
             self.end_ids.upload(stream, 0, req.end_ids)?;
         }
@@ -296,6 +306,7 @@ impl Megakernel {
         self.state.fill_u8(stream, 0)?;
         // The device writes each token once; the host waits for the sentinel to change.
         self.ring.write(RING_STOP, 0);
+        self.ring.write(RING_FAULT, 0);
         for i in 0..steps {
             self.ring.write(RING_TOKENS + i, RING_EMPTY);
         }
@@ -316,9 +327,19 @@ impl Megakernel {
         self.function.launch_cooperative(stream, self.grid, THREADS, SMEM_BYTES, &params)?;
 
         // Poll: hand tokens on as they land; sleep between looks so the host stays idle.
+        // A launch that publishes nothing for longer than the device's own watchdog
+        // could take to end it is reported rather than waited on forever.
+        let stall_limit = self.watchdog * 4 + Duration::from_secs(2);
+        let mut last_progress = std::time::Instant::now();
         let (mut seen, mut accepted, mut stopped) = (0usize, 0usize, false);
         loop {
-            let finished = stream.is_idle()?;
+            let finished = match stream.is_idle() {
+                Ok(done) => done,
+                Err(e) => return Err(self.fault_error(e)),
+            };
+            if seen < steps && self.ring.read(RING_TOKENS + seen) != RING_EMPTY {
+                last_progress = std::time::Instant::now();
+            }
             while seen < steps {
                 let token = self.ring.read(RING_TOKENS + seen);
                 if token == RING_EMPTY {
@@ -336,9 +357,17 @@ impl Megakernel {
             if finished {
                 break;
             }
+            if last_progress.elapsed() > stall_limit {
+                return Err(RocketError::Device(format!(
+                    "the megakernel published no token for {:.1} s after step {seen}: the device may be hung \
+                     (its watchdog should have ended the launch after {} ms)",
+                    stall_limit.as_secs_f64(),
+                    self.watchdog.as_millis()
+                )));
+            }
             std::thread::sleep(Duration::from_micros(50));
         }
-        stream.sync()?;
+        stream.sync().map_err(|e| self.fault_error(e))?;
         let mut state = [0u32; STATE_WORDS];
         self.state.download(stream, 0, &mut state)?;
         if state[ST_ERROR] != 0 {
@@ -360,6 +389,21 @@ impl Megakernel {
         Ok((LoopOutcome { accepted, device_steps, host_cpu_seconds }, logits))
     }
 
+    /// A failed launch, with the device's note when it trapped on a weight copy
+    /// that never landed (the CUDA context is lost then).
+    fn fault_error(&self, e: RocketError) -> RocketError {
+        let fault = self.ring.read(RING_FAULT);
+        if fault & 0xffff_0000 == RING_FAULT_COPY {
+            return RocketError::Device(format!(
+                "megakernel watchdog: SM {} waited over {} ms for weights the copy engine never delivered; the CUDA \
+                 context is lost ({e})",
+                fault & 0xffff,
+                self.watchdog.as_millis()
+            ));
+        }
+        e
+    }
+
     /// A watchdog report in words: which SM waited where, for what.
     fn watchdog_error(&self, state: &[u32; STATE_WORDS]) -> RocketError {
         let sm = state[ST_ERR_SM] as usize;
@@ -377,7 +421,7 @@ impl Megakernel {
     }
 
     /// Launches a copy of the schedule in which one wait can never be met, with a
-    /// short watchdog, and returns the error it must end with (a hang would be a
+    /// short watchdog (`kv` must hold 2 positions), and returns the error it must end with (a hang would be a
     /// failure of the watchdog). The real schedule is restored afterwards.
     pub(crate) fn watchdog_probe(&mut self, ctx: &Context, stream: &Stream, kv: u64) -> Result<String> {
         let mut broken = self.schedule.clone();
@@ -391,7 +435,15 @@ impl Megakernel {
         let (real, real_schedule, real_watchdog) = (self.base.instrs, std::mem::replace(&mut self.schedule, broken), self.watchdog);
         self.base.instrs = probe.ptr;
         self.watchdog = Duration::from_millis(200);
-        let launch = Launch { kv, pos0: 0, first: 1, req: LoopRequest { max_steps: 2, end_ids: &[], mask_end_steps: 0 }, forced: &[], keep_logits: false };
+        let launch = Launch {
+            kv,
+            capacity: 2,
+            pos0: 0,
+            first: 1,
+            req: LoopRequest { max_steps: 2, end_ids: &[], mask_end_steps: 0 },
+            forced: &[],
+            keep_logits: false,
+        };
         let outcome = self.run(ctx, stream, &launch, &mut |_, _| true);
         self.base.instrs = real;
         self.schedule = real_schedule;
@@ -455,8 +507,9 @@ mod tests {
         for (name, v) in [("ST_ERROR", ST_ERROR), ("ST_ERR_SM", ST_ERR_SM), ("ST_ERR_INSTR", ST_ERR_INSTR), ("ST_ERR_STEP", ST_ERR_STEP), ("ST_ERR_VALUE", ST_ERR_VALUE), ("ST_ERR_TARGET", ST_ERR_TARGET), ("ST_STEPS", ST_STEPS)] {
             assert_eq!(value(name), v as i64, "{name}");
         }
-        assert!(header.contains("constexpr int RING_STOP = 1, RING_TOKENS = 4;"));
+        assert!(header.contains("constexpr int RING_STOP = 1, RING_FAULT = 2, RING_TOKENS = 4;"));
         assert!(header.contains("constexpr uint32_t RING_EMPTY = 0xffffffffu;"));
+        assert!(header.contains("constexpr uint32_t RING_FAULT_COPY = 0xc0de0000u;"));
         assert_eq!(RING_EMPTY, 0xffff_ffff);
         assert!(SMEM_BYTES <= 227 * 1024, "over Hopper's shared memory per CTA");
     }

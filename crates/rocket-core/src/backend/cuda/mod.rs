@@ -301,7 +301,7 @@ impl CudaBackend {
         let inner = &mut *guard;
         let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
         let req = LoopRequest { max_steps: ids.len(), end_ids: &[], mask_end_steps: 0 };
-        let launch = Launch { kv, pos0: 0, first: ids[0], req, forced: &ids[1..], keep_logits: true };
+        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..], keep_logits: true };
         let mut tokens = Vec::with_capacity(ids.len());
         let (_, logits) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
             tokens.push(t);
@@ -523,7 +523,15 @@ impl Backend for CudaBackend {
         if max_steps == 0 {
             return Err(RocketError::ContextOverflow { prompt_tokens: sess.len + 1, max_tokens: 0, limit: sess.capacity });
         }
-        let launch = Launch { kv: sess.kv.ptr, pos0: sess.len, first, req: LoopRequest { max_steps, ..*req }, forced: &[], keep_logits: false };
+        let launch = Launch {
+            kv: sess.kv.ptr,
+            capacity: sess.capacity,
+            pos0: sess.len,
+            first,
+            req: LoopRequest { max_steps, ..*req },
+            forced: &[],
+            keep_logits: false,
+        };
         let (outcome, _) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| on_token(t))?;
         sess.len += outcome.accepted;
         Ok(Some(outcome))
