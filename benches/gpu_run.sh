@@ -7,7 +7,7 @@
 #   mk        the megakernel against the CPU reference and the graph path (ROCKET_DECODE=megakernel)
 #   bench     `rocket bench` per fuel: graph path at batch 1 and 16, megakernel at batch 1,
 #             and the tensor-core matmul (ROCKET_MATMUL=tensor: prefill, batch 16)
-#   long      Llama-3.2-1B decode at 1K and 4K contexts, both paths
+#   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck and racecheck on the megakernel (SmolLM2)
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
 # Usage: benches/gpu_run.sh [steps...]   (default: tests mk bench)
@@ -59,7 +59,7 @@ if has bench; then
     done
 fi
 if has long; then
-    for p in 1024 4096; do
+    for p in 1024 4096 16384; do
         bench "long-graph-$p" graph 1 "$p" 64 2 llama-3.2-1b
         bench "long-mk-$p" megakernel 1 "$p" 64 2 llama-3.2-1b
     done

@@ -30,6 +30,11 @@ enum Picked {
 /// requests again (about 0.1 s of decoding on the fuels).
 const LOOP_STEPS: usize = 128;
 
+/// Prompt tokens one request feeds per pass by default: a long prompt is
+/// prefilled over several passes, so the others keep decoding meanwhile and a
+/// pass's activations stay bounded.
+pub const PREFILL_CHUNK: usize = 512;
+
 /// A request's handle inside one [`Batcher`].
 pub type RequestId = u64;
 
@@ -46,6 +51,7 @@ struct Active<'a> {
 pub struct Batcher<'a> {
     engine: &'a Engine,
     max_batch: usize,
+    prefill_chunk: usize,
     next_id: RequestId,
     waiting: VecDeque<Active<'a>>,
     running: Vec<Active<'a>>,
@@ -54,7 +60,21 @@ pub struct Batcher<'a> {
 impl<'a> Batcher<'a> {
     /// At most `max_batch` requests run in one pass; the rest wait their turn.
     pub fn new(engine: &'a Engine, max_batch: usize) -> Self {
-        Batcher { engine, max_batch: max_batch.max(1), next_id: 0, waiting: VecDeque::new(), running: Vec::new() }
+        Batcher {
+            engine,
+            max_batch: max_batch.max(1),
+            prefill_chunk: PREFILL_CHUNK,
+            next_id: 0,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    /// Prompt tokens a request feeds per pass at most (default [`PREFILL_CHUNK`]).
+    /// Outputs do not depend on it; smaller chunks trade prefill speed for the
+    /// latency of the other requests in the batch.
+    pub fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens.max(1);
     }
 
     /// Queues a request. Validates `params` and the context fit first; on error
@@ -108,12 +128,23 @@ impl<'a> Batcher<'a> {
         let all_greedy = self.running.iter().all(|a| a.state.wants_plain_argmax());
         let last_tokens: Vec<u32> = self.running.iter().map(|a| a.state.last_token().unwrap_or(0)).collect();
         let mut chunks: Vec<Chunk<'_>> = Vec::with_capacity(self.running.len());
+        // Whether the pass gives each request its next token (a decode step, or the
+        // last piece of its prompt) rather than only filling its cache.
+        let mut picks = Vec::with_capacity(self.running.len());
         for (a, last) in self.running.iter_mut().zip(&last_tokens) {
-            let tokens = match a.state.last_token() {
-                None => a.state.prompt_ids(),
-                Some(_) => std::slice::from_ref(last),
-            };
             let session = a.session.as_deref_mut().expect("running requests hold a session");
+            let tokens = match a.state.last_token() {
+                None => {
+                    let prompt = a.state.prompt_ids();
+                    let end = (session.len() + self.prefill_chunk).min(prompt.len());
+                    picks.push(end == prompt.len());
+                    &prompt[session.len()..end]
+                }
+                Some(_) => {
+                    picks.push(true);
+                    std::slice::from_ref(last)
+                }
+            };
             chunks.push(Chunk { session, tokens });
         }
         let backend = self.engine.backend();
@@ -140,6 +171,10 @@ impl<'a> Batcher<'a> {
         let tokenizer = self.engine.tokenizer();
         let mut still_running = Vec::with_capacity(self.running.len());
         for (i, mut a) in self.running.drain(..).enumerate() {
+            if !picks[i] {
+                still_running.push(a);
+                continue;
+            }
             let accepted = match &picked {
                 Picked::Tokens(t) => a.state.accept_argmax(tokenizer, t[i]),
                 Picked::Logits(l) => a.state.accept(tokenizer, &l[i * vocab..(i + 1) * vocab]),

@@ -141,3 +141,36 @@ fn invalid_requests_are_refused_without_running() {
     assert_eq!(b.pending(), 0);
     assert_eq!(b.step().unwrap(), 0);
 }
+
+#[test]
+fn long_prompts_prefill_in_pieces_without_changing_any_output() {
+    for name in ["tiny-llama", "tiny-qwen3"] {
+        let e = engine(name);
+        let prompts = ["the quick brown fox jumps over the lazy dog again and again", "hi", "zz top plays the blues tonight"];
+        let params = [SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) }, sampled(6, 9), sampled(7, 4)];
+        let run = |chunk: Option<usize>| -> (Vec<RequestOutput>, usize) {
+            let events: Events = Default::default();
+            let mut b = Batcher::new(&e, 8);
+            if let Some(c) = chunk {
+                b.set_prefill_chunk(c);
+            }
+            for (tag, (p, sp)) in prompts.iter().zip(&params).enumerate() {
+                b.add(p.to_string(), e.encode_prompt(p).unwrap(), sp.clone(), recording_sink(&events, tag, None)).unwrap();
+            }
+            let mut passes = 0;
+            while b.step().unwrap() > 0 {
+                passes += 1;
+            }
+            ((0..prompts.len()).map(|t| finished(&events, t)).collect(), passes)
+        };
+        let (whole, whole_passes) = run(None);
+        let (pieces, piece_passes) = run(Some(3));
+        let longest = prompts.iter().map(|p| e.encode_prompt(p).unwrap().len()).max().unwrap();
+        assert!(longest > 6, "{name}: the first prompt must need several pieces");
+        assert!(piece_passes > whole_passes, "{name}: prompts were not split ({piece_passes} vs {whole_passes} passes)");
+        for (a, b) in whole.iter().zip(&pieces) {
+            assert_eq!(a.token_ids, b.token_ids, "{name}: {:?}", a.prompt);
+            assert_eq!(a.text, b.text);
+        }
+    }
+}

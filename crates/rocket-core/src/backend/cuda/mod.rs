@@ -27,6 +27,10 @@ use weights::DeviceWeights;
 /// Positions per attention split (16 per warp): a context of n positions runs
 /// n/64 blocks per head, so decode attention spreads over the SMs.
 const ATTN_CHUNK: usize = 64;
+/// Splits per head at most in a prefill pass, where every row already brings its
+/// own blocks: longer contexts take longer splits, which keeps the partials'
+/// scratch (rows x heads x splits) bounded.
+const PREFILL_SPLITS: usize = 32;
 
 /// What the CUDA backend found and did at load, for `inspect`, benches and logs.
 #[derive(Debug, Clone)]
@@ -224,6 +228,8 @@ struct PassShape {
     rows: usize,
     out_rows: usize,
     splits: usize,
+    /// Positions per attention split.
+    attn_chunk: usize,
     gather_last: bool,
     argmax: bool,
 }
@@ -336,8 +342,10 @@ impl CudaBackend {
         let out_rows = if logits == Logits::All { rows } else { chunks.len() };
         // Decode passes size attention by capacity so one graph serves every step.
         let span = |c: &Chunk<'_>| if decode { c.session.capacity() } else { c.session.len() + c.tokens.len() };
-        let splits = chunks.iter().map(span).max().unwrap_or(1).div_ceil(ATTN_CHUNK).max(1);
-        let shape = PassShape { rows, out_rows, splits, gather_last: !decode && logits == Logits::Last, argmax };
+        let longest = chunks.iter().map(span).max().unwrap_or(1);
+        let attn_chunk = if decode { ATTN_CHUNK } else { ATTN_CHUNK.max(longest.div_ceil(PREFILL_SPLITS)) };
+        let splits = longest.div_ceil(attn_chunk).max(1);
+        let shape = PassShape { rows, out_rows, splits, attn_chunk, gather_last: !decode && logits == Logits::Last, argmax };
 
         let mut guard = self.lock()?;
         let inner = &mut *guard;
@@ -431,7 +439,7 @@ impl CudaBackend {
                 s.num_kv_heads,
                 li,
                 nl,
-                ATTN_CHUNK,
+                p.attn_chunk,
                 p.splits,
                 t,
             )?;
