@@ -4,7 +4,8 @@
 //! counter-based hash of (seed, step), not from hidden generator state.
 //!
 //! Order of operations (vLLM's): penalties → min_tokens mask → temperature →
-//! top_k → top_p → min_p → draw.
+//! top_k → top_p → min_p → draw. Probabilities are summed as exact fixed-point
+//! integers, so the choice does not depend on summation order (see `sample`).
 
 use std::collections::HashMap;
 
@@ -196,57 +197,124 @@ pub fn process_logits(logits: &mut [f32], params: &SamplingParams, history: &Tok
     }
 }
 
+/// 2^63: a candidate's weight is its probability relative to the most likely
+/// candidate (in (0, 1]) as an integer number of 2^-63 units.
+const FIXED_ONE: f64 = 9_223_372_036_854_775_808.0;
+
+/// A token that can still be sampled.
+#[derive(Clone, Copy)]
+struct Candidate {
+    logit: f32,
+    id: u32,
+    /// Probability relative to the most likely candidate, at the temperature.
+    p: f64,
+}
+
+impl Candidate {
+    fn weight(&self) -> u64 {
+        (self.p * FIXED_ONE) as u64
+    }
+}
+
+/// Most likely first, ties by index: a total order, so any partial selection
+/// agrees with a full sort.
+fn most_likely_first(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+}
+
 /// Choose the next token from processed logits.
+///
+/// Weights are exact integers (`Candidate::weight`), so every sum (the nucleus
+/// normaliser, the draw's total and running sum) has the same bits in any
+/// order: a backend that sums in parallel reproduces the choice exactly. Only
+/// the candidates that top-k / top-p / min-p keep are sorted, so the usual chat
+/// settings cost one pass over the vocabulary rather than a sort of it.
 pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> u32 {
     if params.temperature == 0.0 {
         return argmax(logits);
     }
-    let inv_t = 1.0 / params.temperature as f64;
-    // Candidates most likely first (ties by index), truncated by top_k.
-    let mut order: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize] > f32::NEG_INFINITY).collect();
-    if order.is_empty() {
+    // NaN and -inf are never candidates.
+    let max = logits.iter().copied().filter(|&l| l > f32::NEG_INFINITY).fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
         return argmax(logits);
     }
-    let truncate = params.top_k > 0 && params.top_k < order.len();
-    if truncate || params.top_p < 1.0 || params.min_p > 0.0 {
-        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-        if truncate {
-            order.truncate(params.top_k);
+    let inv_t = 1.0 / params.temperature as f64;
+    // Below e^-44 a probability is under one weight unit (2^-63 = e^-43.7): its
+    // weight is 0 whether or not exp is computed, so skip it.
+    let prob = |logit: f32| {
+        let x = (logit as f64 - max as f64) * inv_t;
+        if x < -44.0 {
+            0.0
+        } else {
+            x.exp()
+        }
+    };
+    let mut pool: Vec<Candidate> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, &l)| l > f32::NEG_INFINITY)
+        .map(|(i, &logit)| Candidate { logit, id: i as u32, p: prob(logit) })
+        .collect();
+
+    let top_k = params.top_k > 0 && params.top_k < pool.len();
+    if top_k || params.top_p < 1.0 || params.min_p > 0.0 {
+        // top_k, then top_p, then min_p, each keeping a prefix of the sorted candidates.
+        if top_k {
+            pool.select_nth_unstable_by(params.top_k - 1, most_likely_first);
+            pool.truncate(params.top_k);
+        }
+        let min_p = params.min_p as f64;
+        if params.top_p < 1.0 {
+            nucleus(&mut pool, params.top_p as f64);
+        } else {
+            if min_p > 0.0 {
+                pool.retain(|c| c.p >= min_p);
+            }
+            pool.sort_unstable_by(most_likely_first);
+        }
+        if min_p > 0.0 {
+            // The first candidate is the most likely: probability 1 relative to itself.
+            let keep = pool.iter().take_while(|c| c.p >= min_p).count().max(1);
+            pool.truncate(keep);
         }
     }
-    let max = order.iter().map(|&i| logits[i as usize]).fold(f32::NEG_INFINITY, f32::max) as f64;
-    let mut probs: Vec<f64> = order.iter().map(|&i| ((logits[i as usize] as f64 - max) * inv_t).exp()).collect();
-    if params.top_p < 1.0 {
-        let total: f64 = probs.iter().sum();
-        let mut cum = 0.0;
-        let mut keep = probs.len();
-        for (i, p) in probs.iter().enumerate() {
-            cum += p / total;
-            if cum >= params.top_p as f64 {
-                keep = i + 1;
-                break;
+    let total: u128 = pool.iter().map(|c| c.weight() as u128).sum();
+    let target = (uniform(seed, step) * total as f64) as u128;
+    let mut cum = 0u128;
+    for c in &pool {
+        cum += c.weight() as u128;
+        if cum > target {
+            return c.id;
+        }
+    }
+    pool.last().expect("at least one candidate").id
+}
+
+/// Keeps the shortest most-likely-first prefix of `pool` whose weight reaches
+/// `top_p` of the pool's total, sorted. It sorts only as many candidates as it
+/// needs (the top 64, then 4x more while they fall short, and everything once
+/// that would be over a quarter of the pool).
+fn nucleus(pool: &mut Vec<Candidate>, top_p: f64) {
+    let total = pool.iter().map(|c| c.weight() as u128).sum::<u128>() as f64;
+    let mut m = pool.len().min(64);
+    loop {
+        if m < pool.len() {
+            pool.select_nth_unstable_by(m - 1, most_likely_first);
+        }
+        pool[..m].sort_unstable_by(most_likely_first);
+        let mut cum = 0u128;
+        for i in 0..m {
+            cum += pool[i].weight() as u128;
+            if cum as f64 / total >= top_p {
+                pool.truncate(i + 1);
+                return;
             }
         }
-        probs.truncate(keep);
-        order.truncate(keep);
-    }
-    if params.min_p > 0.0 {
-        // probs[0] is the largest (sorted); relative threshold needs no normalisation.
-        let threshold = params.min_p as f64 * probs[0];
-        let keep = probs.iter().take_while(|&&p| p >= threshold).count().max(1);
-        probs.truncate(keep);
-        order.truncate(keep);
-    }
-    let total: f64 = probs.iter().sum();
-    let target = uniform(seed, step) * total;
-    let mut cum = 0.0;
-    for (p, &id) in probs.iter().zip(&order) {
-        cum += p;
-        if cum > target {
-            return id;
+        if m == pool.len() {
+            return; // rounding kept the whole pool below top_p: keep all of it
         }
+        m = if m * 4 > pool.len() / 4 { pool.len() } else { m * 4 };
     }
-    *order.last().expect("at least one candidate")
 }
 
 /// log-softmax of the model's logits at `token`, and the `n` most likely tokens.
@@ -347,6 +415,73 @@ mod tests {
         let mut l = vec![0.0, 9.0, 1.0];
         process_logits(&mut l, &params(|p| p.min_tokens = 2), &h, &[1]);
         assert_eq!(argmax(&l), 2);
+    }
+
+    /// The sampler's definition written with full sorts, as a specification for
+    /// the partial selections `sample` uses instead.
+    fn sample_by_full_sort(logits: &[f32], p: &SamplingParams, seed: u64, step: u64) -> u32 {
+        let mut order: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize] > f32::NEG_INFINITY).collect();
+        if p.temperature == 0.0 || order.is_empty() {
+            return argmax(logits);
+        }
+        let max = order.iter().map(|&i| logits[i as usize]).fold(f32::NEG_INFINITY, f32::max) as f64;
+        let prob = |i: u32| ((logits[i as usize] as f64 - max) * (1.0 / p.temperature as f64)).exp();
+        let weight = |i: u32| (prob(i) * FIXED_ONE) as u64 as u128;
+        let truncate = p.top_k > 0 && p.top_k < order.len();
+        if truncate || p.top_p < 1.0 || p.min_p > 0.0 {
+            order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+            if truncate {
+                order.truncate(p.top_k);
+            }
+            if p.top_p < 1.0 {
+                let total = order.iter().map(|&i| weight(i)).sum::<u128>() as f64;
+                let mut cum = 0u128;
+                let keep = order.iter().position(|&i| {
+                    cum += weight(i);
+                    cum as f64 / total >= p.top_p as f64
+                });
+                order.truncate(keep.map_or(order.len(), |k| k + 1));
+            }
+            if p.min_p > 0.0 {
+                let keep = order.iter().take_while(|&&i| prob(i) >= p.min_p as f64).count().max(1);
+                order.truncate(keep);
+            }
+        }
+        let total: u128 = order.iter().map(|&i| weight(i)).sum();
+        let target = (uniform(seed, step) * total as f64) as u128;
+        let mut cum = 0u128;
+        *order.iter().find(|&&i| {
+            cum += weight(i);
+            cum > target
+        }).unwrap_or(order.last().unwrap())
+    }
+
+    #[test]
+    fn partial_selection_picks_what_full_sorts_pick() {
+        let mut state = 5u64;
+        let mut next = || {
+            state = splitmix64(state);
+            state
+        };
+        for case in 0..60 {
+            let n = [7, 50, 300, 5000][case % 4];
+            // Logits with ties (a coarse grid), masked tokens and a spread that
+            // makes the nucleus span from a few to thousands of tokens.
+            let spread = [0.5f32, 4.0, 20.0][case % 3];
+            let mut logits: Vec<f32> = (0..n).map(|_| ((next() % 64) as f32 / 64.0 - 0.5) * spread).collect();
+            logits[(next() % n as u64) as usize] = f32::NEG_INFINITY;
+            let p = SamplingParams {
+                temperature: [0.3f32, 0.7, 1.0, 1.6][case % 4],
+                top_k: [0, 1, 5, 40, 100_000][case % 5],
+                top_p: [1.0f32, 0.95, 0.5, 0.999][(case / 2) % 4],
+                min_p: [0.0f32, 0.05, 0.3][(case / 3) % 3],
+                ..SamplingParams::default()
+            };
+            for step in 0..40 {
+                let seed = next();
+                assert_eq!(sample(&logits, &p, seed, step), sample_by_full_sort(&logits, &p, seed, step), "case {case}: {p:?}");
+            }
+        }
     }
 
     #[test]

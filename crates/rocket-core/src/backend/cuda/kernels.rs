@@ -125,7 +125,9 @@ impl Kernels {
     /// inputs, f32 accumulation); `gemm_tc_fits(k)` must hold.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm_tc(&self, s: &Stream, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
-        debug_assert!(Self::gemm_tc_fits(k));
+        if !Self::gemm_tc_fits(k) {
+            return Err(RocketError::Internal(format!("gemm_tc needs k % 64 == 0, got {k}")));
+        }
         let mt = if rows <= 16 { 1 } else if rows <= 32 { 2 } else { 4 };
         // Two weight tiles per CTA only where that still leaves two CTAs per SM of an H100/H200.
         let nt = if n / 16 >= 264 { 2 } else { 1 };

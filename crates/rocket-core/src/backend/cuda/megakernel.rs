@@ -61,8 +61,8 @@ const RING_FAULT: usize = 2;
 const RING_TOKENS: usize = 4;
 const RING_EMPTY: u32 = u32::MAX;
 const RING_FAULT_COPY: u32 = 0xc0de_0000;
-/// End ids one launch can check.
-const MAX_END_IDS: usize = 64;
+/// End ids one launch can check (requests with more take the CUDA-graph path).
+pub const MAX_END_IDS: usize = 64;
 /// Steps one launch may run (the ring's size); longer generations relaunch.
 pub const MAX_LOOP_STEPS: usize = 4096;
 
@@ -142,6 +142,9 @@ pub(crate) struct Megakernel {
     forced: DeviceBuffer,
     logits_out: Option<DeviceBuffer>,
     ring: MappedBuffer,
+    /// Why the megakernel must not be launched again (a launch the host gave up
+    /// on may still be running and writing the ring).
+    broken: Option<String>,
 }
 
 /// How long a wait on one dependency counter may last before the kernel gives
@@ -253,6 +256,7 @@ impl Megakernel {
             forced,
             logits_out: None,
             ring,
+            broken: None,
         })
     }
 
@@ -267,6 +271,12 @@ impl Megakernel {
         launch: &Launch<'_>,
         on_token: &mut dyn FnMut(usize, u32) -> bool,
     ) -> Result<(LoopOutcome, Option<Vec<f32>>)> {
+        if let Some(why) = &self.broken {
+            return Err(RocketError::Device(format!("the megakernel is out of service: {why}")));
+        }
+        if !stream.is_idle()? {
+            return Err(RocketError::Internal("the megakernel's stream is busy before a launch".into()));
+        }
         let req = &launch.req;
         let steps = req.max_steps;
         if steps == 0 || steps > MAX_LOOP_STEPS {
@@ -328,7 +338,8 @@ impl Megakernel {
 
         // Poll: hand tokens on as they land; sleep between looks so the host stays idle.
         // A launch that publishes nothing for longer than the device's own watchdog
-        // could take to end it is reported rather than waited on forever.
+        // could take to end it is reported rather than waited on forever (time
+        // spent in `on_token` does not count: it restarts the clock).
         let stall_limit = self.watchdog * 4 + Duration::from_secs(2);
         let mut last_progress = std::time::Instant::now();
         let (mut seen, mut accepted, mut stopped) = (0usize, 0usize, false);
@@ -337,9 +348,7 @@ impl Megakernel {
                 Ok(done) => done,
                 Err(e) => return Err(self.fault_error(e)),
             };
-            if seen < steps && self.ring.read(RING_TOKENS + seen) != RING_EMPTY {
-                last_progress = std::time::Instant::now();
-            }
+            let before = seen;
             while seen < steps {
                 let token = self.ring.read(RING_TOKENS + seen);
                 if token == RING_EMPTY {
@@ -354,16 +363,22 @@ impl Megakernel {
                 }
                 seen += 1;
             }
+            if seen > before {
+                last_progress = std::time::Instant::now();
+            }
             if finished {
                 break;
             }
-            if last_progress.elapsed() > stall_limit {
-                return Err(RocketError::Device(format!(
-                    "the megakernel published no token for {:.1} s after step {seen}: the device may be hung \
-                     (its watchdog should have ended the launch after {} ms)",
+            if last_progress.elapsed() > stall_limit && !stream.is_idle().unwrap_or(false) {
+                self.ring.write(RING_STOP, 1);
+                let why = format!(
+                    "it published no token for {:.1} s after step {seen} (its watchdog should have ended the launch \
+                     after {} ms); the device may be hung",
                     stall_limit.as_secs_f64(),
                     self.watchdog.as_millis()
-                )));
+                );
+                self.broken = Some(why.clone());
+                return Err(RocketError::Device(format!("megakernel: {why}")));
             }
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -391,7 +406,8 @@ impl Megakernel {
 
     /// A failed launch, with the device's note when it trapped on a weight copy
     /// that never landed (the CUDA context is lost then).
-    fn fault_error(&self, e: RocketError) -> RocketError {
+    fn fault_error(&mut self, e: RocketError) -> RocketError {
+        self.broken = Some(format!("a launch failed: {e}"));
         let fault = self.ring.read(RING_FAULT);
         if fault & 0xffff_0000 == RING_FAULT_COPY {
             return RocketError::Device(format!(

@@ -21,7 +21,7 @@ use crate::model::{ModelSpec, ModelWeights};
 use crate::progress::LoadProgress;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
 use kernels::Kernels;
-use megakernel::{Launch, Megakernel, MAX_LOOP_STEPS};
+use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
 use weights::DeviceWeights;
 
 /// Positions per attention split (16 per warp): a context of n positions runs
@@ -74,9 +74,10 @@ impl DecodeMode {
 pub struct CudaOptions {
     /// ROCKET_DECODE: how batch-1 decode runs.
     pub decode: DecodeMode,
-    /// ROCKET_MATMUL=tensor: passes of several rows (prefill, batches) multiply on the
-    /// tensor cores (kernels/src/gemm_tc.cu) instead of the GEMV; `gemv` (today's
-    /// default, until the tensor-core path has been checked on a GPU) keeps the GEMV.
+    /// ROCKET_MATMUL=tensor: every pass (prefill, batches, and batch-1 steps, so a
+    /// row's result never depends on the batch) multiplies on the tensor cores
+    /// (kernels/src/gemm_tc.cu) instead of the GEMV; `gemv` (today's default, until
+    /// the tensor-core path has been checked on a GPU) keeps the GEMV.
     pub tensor_core_matmul: bool,
     /// ROCKET_CUDA_GRAPHS=0 launches decode steps kernel by kernel.
     pub graphs: bool,
@@ -460,11 +461,12 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// y (+)= x · Wᵀ for `rows` input rows: the tensor-core GEMM for several rows
-    /// when enabled and the width allows, else the GEMV.
+    /// y (+)= x · Wᵀ for `rows` input rows: the tensor-core GEMM when enabled and
+    /// the width allows, else the GEMV. The choice never depends on `rows`, so a
+    /// row's result does not depend on what else is in the pass.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
-        if self.options.tensor_core_matmul && rows >= 2 && Kernels::gemm_tc_fits(width) {
+        if self.options.tensor_core_matmul && Kernels::gemm_tc_fits(width) {
             k.gemm_tc(st, w, x, y, n, width, rows, accumulate)
         } else {
             k.gemv(st, w, x, y, n, width, rows, accumulate)
@@ -523,6 +525,12 @@ impl Backend for CudaBackend {
         if first as usize >= self.spec.vocab_size {
             return Err(RocketError::invalid_arg("token id", first, format!("must be < vocab size {}", self.spec.vocab_size)));
         }
+        let mut end_ids = req.end_ids.to_vec();
+        end_ids.sort_unstable();
+        end_ids.dedup();
+        if end_ids.len() > MAX_END_IDS {
+            return Ok(None); // more end ids than the device checks: the step-by-step path
+        }
         let mut guard = self.lock()?;
         let inner = &mut *guard;
         let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
@@ -536,12 +544,18 @@ impl Backend for CudaBackend {
             capacity: sess.capacity,
             pos0: sess.len,
             first,
-            req: LoopRequest { max_steps, ..*req },
+            req: LoopRequest { max_steps, end_ids: &end_ids, mask_end_steps: req.mask_end_steps },
             forced: &[],
             keep_logits: false,
         };
-        let (outcome, _) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| on_token(t))?;
-        sess.len += outcome.accepted;
+        // Counted here so the session keeps the tokens handed on even if the launch fails later.
+        let mut handed = 0;
+        let ran = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
+            handed += 1;
+            on_token(t)
+        });
+        sess.len += handed;
+        let (outcome, _) = ran?;
         Ok(Some(outcome))
     }
 
