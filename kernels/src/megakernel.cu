@@ -149,6 +149,15 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     if (s.sc->flag) pick_token<F>(p, s, t, host_stop);
 }
 
+// x[rows in.a..in.b] += the instruction's dot products (O-proj and down-proj).
+template <int K>
+__device__ __forceinline__ void add_to_residual(const Params& p, const Smem& s, const Instr& in) {
+    for (int i = threadIdx.x; i < (int)(in.b - in.a); i += CONSUMERS) {
+        float* xp = p.x + in.a + i;
+        __stcg(xp, __ldcg(xp) + part_sum<K>(s, i));
+    }
+}
+
 template <class F>
 __device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const Instr& in, int t, uint32_t& chunk) {
     const int tid = threadIdx.x;
@@ -164,10 +173,7 @@ __device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const 
             break;
         case OP_OPROJ:
             matvec<F::QD, false>(p, s, in, p.attn, nullptr, chunk, 1);
-            for (int i = tid; i < n; i += CONSUMERS) {
-                float* xp = p.x + in.a + i;
-                __stcg(xp, __ldcg(xp) + part_sum<F::QD>(s, i));
-            }
+            add_to_residual<F::QD>(p, s, in);
             signal(p, in.signal);
             break;
         case OP_GATEUP:
@@ -180,10 +186,7 @@ __device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const 
             break;
         case OP_DOWN:
             matvec<F::FF, false>(p, s, in, p.act, nullptr, chunk, 1);
-            for (int i = tid; i < n; i += CONSUMERS) {
-                float* xp = p.x + in.a + i;
-                __stcg(xp, __ldcg(xp) + part_sum<F::FF>(s, i));
-            }
+            add_to_residual<F::FF>(p, s, in);
             signal(p, in.signal);
             break;
         case OP_LMHEAD:

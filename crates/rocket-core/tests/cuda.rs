@@ -37,16 +37,6 @@ fn load(path: &PathBuf, device: Device) -> Engine {
     Engine::load(path, EngineOptions { device, progress: false, ..EngineOptions::default() }).unwrap()
 }
 
-/// Seeded ids in the lower 90% of the vocabulary.
-fn random_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) % (vocab as u64 * 9 / 10)) as u32
-        })
-        .collect()
-}
 
 #[test]
 fn teacher_forced_logits_match_the_cpu_reference() {
@@ -149,13 +139,6 @@ fn module_load_does_not_jit_on_hopper() {
     assert!(info.module_load_seconds < 0.5, "module load took {:.2} s", info.module_load_seconds);
 }
 
-/// The rel. L2 distance of `a` from `b`.
-fn rel_l2_of(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den).sqrt()
-}
-
 #[test]
 fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
     if !gpu_or_skip() {
@@ -181,7 +164,7 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
         let (got, via_gemv) = (all(&tc), all(&gemv));
         assert!(got.iter().all(|v| v.is_finite()), "{}: non-finite tensor-core logits", path.display());
         let want = cpu.teacher_forced_logits(&ids).unwrap();
-        let (rel, rel_gemv) = (rel_l2_of(&got, &want), rel_l2_of(&got, &via_gemv));
+        let (rel, rel_gemv) = (rel_l2(&got, &want), rel_l2(&got, &via_gemv));
         // Batched decode: 16 sequences of different lengths, one step together.
         let prompts: Vec<Vec<u32>> = (0..16).map(|i| random_ids(200 + i, 5 + 3 * i as usize, vocab)).collect();
         let step = |b: &CudaBackend| {
@@ -194,7 +177,7 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
                 sessions.iter_mut().zip(&next).map(|(s, t)| Chunk { session: s.as_mut(), tokens: std::slice::from_ref(t) }).collect();
             b.forward(&mut chunks, Logits::Last).unwrap()
         };
-        let batch_rel = rel_l2_of(&step(&tc), &step(&gemv));
+        let batch_rel = rel_l2(&step(&tc), &step(&gemv));
         println!(
             "TC {}: prefill 128 rel L2 {rel:.3e} vs CPU, {rel_gemv:.3e} vs GEMV; batch-16 step {batch_rel:.3e} vs GEMV",
             path.display()

@@ -5,6 +5,8 @@
 //! run script collects (MK-...).
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -14,6 +16,8 @@ use rocket_core::model::{ModelSource, ModelWeights};
 use rocket_core::progress::LoadProgress;
 use rocket_core::sampling::argmax;
 use rocket_core::{Engine, EngineOptions, SamplingParams};
+
+use common::{random_ids, rel_l2};
 
 fn gpu_or_skip() -> bool {
     match unavailable_reason() {
@@ -62,22 +66,6 @@ fn fuels() -> Vec<Loaded> {
     }
     assert!(!out.is_empty(), "ROCKET_GPU_CHECKPOINTS names no checkpoint");
     out
-}
-
-fn random_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) % (vocab as u64 * 9 / 10)) as u32
-        })
-        .collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 #[test]

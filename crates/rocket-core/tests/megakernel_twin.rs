@@ -3,6 +3,8 @@
 //! backend on the same random weights: teacher-forced logits, free-running
 //! greedy tokens, stopping, min_tokens masking, and the watchdog.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +17,8 @@ use rocket_core::megakernel::{Op, Schedule};
 use rocket_core::model::{Family, Llama3RopeScaling, ModelSpec, ModelWeights};
 use rocket_core::sampling::argmax;
 use rocket_core::weights::{Tensor, Weights};
+
+use common::rel_l2;
 
 struct Rng(u64);
 
@@ -29,6 +33,7 @@ impl Rng {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn spec(family: Family, d: usize, ff: usize, layers: usize, heads: usize, kv: usize, hd: usize, vocab: usize) -> ModelSpec {
     let llama = family == Family::Llama;
     ModelSpec {
@@ -110,12 +115,6 @@ fn models() -> Vec<(&'static str, ModelSpec)> {
 fn ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
     let mut r = Rng(seed);
     (0..n).map(|_| (r.next() % vocab as u64) as u32).collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 fn run(twin: &Twin<'_>, capacity: usize, req: &TwinRequest<'_>) -> TwinOutput {

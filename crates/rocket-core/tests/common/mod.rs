@@ -172,3 +172,14 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den).sqrt()
 }
+
+/// Seeded token ids in the lower 90% of the vocabulary (where special tokens are rare).
+pub fn random_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % (vocab as u64 * 9 / 10)) as u32
+        })
+        .collect()
+}

@@ -20,6 +20,12 @@ const GEMV_ROWS_PER_WARP: [u32; 5] = [1, 2, 2, 4, 2];
 /// GEMM instantiation (kernels/src/gemm_tc.cu `GEMM_TC(MT, NT)`), in this order.
 const GEMM_TC_SHAPES: [(u32, u32); 6] = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2)];
 
+/// The arguments gemv.cu and gemm_tc.cu both take: (W, x, y, n, k, rows, accumulate).
+#[allow(clippy::too_many_arguments)]
+fn matmul_args(w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> [Arg; 7] {
+    [Arg::Ptr(w), Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32), Arg::I32(k as i32), Arg::I32(rows as i32), Arg::I32(accumulate as i32)]
+}
+
 pub(crate) struct Kernels {
     module: Module,
     gemm_tc: [Function; 6],
@@ -104,16 +110,7 @@ impl Kernels {
         let tile = GEMV_TILES.iter().position(|&t| t as usize >= rows).unwrap_or(GEMV_TILES.len() - 1);
         let rows_per_block = 8 * GEMV_ROWS_PER_WARP[tile] as usize;
         let grid = (n.div_ceil(rows_per_block) as u32, rows.div_ceil(GEMV_TILES[tile] as usize) as u32, 1);
-        let args = [
-            Arg::Ptr(w),
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            Arg::I32(n as i32),
-            Arg::I32(k as i32),
-            Arg::I32(rows as i32),
-            Arg::I32(accumulate as i32),
-        ];
-        self.gemv[tile].launch(s, grid, 256, &args)
+        self.gemv[tile].launch(s, grid, 256, &matmul_args(w, x, y, n, k, rows, accumulate))
     }
 
     /// Whether `gemm_tc` can multiply rows of `k` weights (64-wide blocks).
@@ -133,16 +130,7 @@ impl Kernels {
         let nt = if n / 16 >= 264 { 2 } else { 1 };
         let i = GEMM_TC_SHAPES.iter().position(|&shape| shape == (mt, nt)).expect("instantiated shape");
         let grid = (n.div_ceil(8 * nt as usize) as u32, rows.div_ceil(16 * mt as usize) as u32, 1);
-        let args = [
-            Arg::Ptr(w),
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            Arg::I32(n as i32),
-            Arg::I32(k as i32),
-            Arg::I32(rows as i32),
-            Arg::I32(accumulate as i32),
-        ];
-        self.gemm_tc[i].launch(s, grid, 256, &args)
+        self.gemm_tc[i].launch(s, grid, 256, &matmul_args(w, x, y, n, k, rows, accumulate))
     }
 
     #[allow(clippy::too_many_arguments)]

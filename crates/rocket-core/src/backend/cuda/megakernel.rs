@@ -107,6 +107,8 @@ struct Params {
 
 // mk_params.cuh asserts the same size.
 const _: () = assert!(std::mem::size_of::<Params>() == 232);
+// Hopper gives a CTA at most 227 KiB of shared memory.
+const _: () = assert!(SMEM_BYTES <= 227 * 1024);
 
 /// One launch's inputs beyond the session.
 pub(crate) struct Launch<'a> {
@@ -523,11 +525,12 @@ mod tests {
         for (name, v) in [("ST_ERROR", ST_ERROR), ("ST_ERR_SM", ST_ERR_SM), ("ST_ERR_INSTR", ST_ERR_INSTR), ("ST_ERR_STEP", ST_ERR_STEP), ("ST_ERR_VALUE", ST_ERR_VALUE), ("ST_ERR_TARGET", ST_ERR_TARGET), ("ST_STEPS", ST_STEPS)] {
             assert_eq!(value(name), v as i64, "{name}");
         }
-        assert!(header.contains("constexpr int RING_STOP = 1, RING_FAULT = 2, RING_TOKENS = 4;"));
-        assert!(header.contains("constexpr uint32_t RING_EMPTY = 0xffffffffu;"));
-        assert!(header.contains("constexpr uint32_t RING_FAULT_COPY = 0xc0de0000u;"));
-        assert_eq!(RING_EMPTY, 0xffff_ffff);
-        assert!(SMEM_BYTES <= 227 * 1024, "over Hopper's shared memory per CTA");
+        let ring = format!("constexpr int RING_STOP = {RING_STOP}, RING_FAULT = {RING_FAULT}, RING_TOKENS = {RING_TOKENS};");
+        assert!(header.contains(&ring), "mk_geometry.cuh lacks `{ring}`");
+        for (name, v) in [("RING_EMPTY", RING_EMPTY), ("RING_FAULT_COPY", RING_FAULT_COPY)] {
+            let line = format!("constexpr uint32_t {name} = {v:#010x}u;");
+            assert!(header.contains(&line), "mk_geometry.cuh lacks `{line}`");
+        }
     }
 
     #[test]
