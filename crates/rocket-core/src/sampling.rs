@@ -292,8 +292,9 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> 
 
 /// Keeps the shortest most-likely-first prefix of `pool` whose weight reaches
 /// `top_p` of the pool's total, sorted. It sorts only as many candidates as it
-/// needs (the top 64, then 4x more while they fall short, and everything once
-/// that would be over a quarter of the pool).
+/// needs: the top 64, then, while they fall short, a larger top guessed from how
+/// much of the mass they held (at least 4x more), and everything once that
+/// would be over a quarter of the pool.
 fn nucleus(pool: &mut Vec<Candidate>, top_p: f64) {
     let total = pool.iter().map(|c| c.weight() as u128).sum::<u128>() as f64;
     let mut m = pool.len().min(64);
@@ -313,7 +314,10 @@ fn nucleus(pool: &mut Vec<Candidate>, top_p: f64) {
         if m == pool.len() {
             return; // rounding kept the whole pool below top_p: keep all of it
         }
-        m = if m * 4 > pool.len() / 4 { pool.len() } else { m * 4 };
+        // The top m held cum/total of the mass; the next candidates are lighter.
+        let guess = (m as f64 * 2.0 * top_p * total / (cum as f64).max(1.0)).min(pool.len() as f64) as usize;
+        let next = guess.max(4 * m);
+        m = if next > pool.len() / 4 { pool.len() } else { next };
     }
 }
 
