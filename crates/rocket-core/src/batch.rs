@@ -35,6 +35,45 @@ const LOOP_STEPS: usize = 128;
 /// pass's activations stay bounded.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// Where a request stands after one of its tokens.
+enum After {
+    Running,
+    /// Finished: by its own policy (EOS, stop, length), or cancelled by its sink.
+    Done { cancelled: bool },
+    Failed(RocketError),
+}
+
+/// Hands an accepted token's delta to the sink and says what follows.
+fn after_token(sink: &mut Sink<'_>, accepted: Result<(StreamDelta, bool)>) -> After {
+    match accepted {
+        Err(e) => After::Failed(e),
+        Ok((delta, done)) => {
+            let keep_going = sink(BatchEvent::Delta(delta));
+            if done || !keep_going {
+                After::Done { cancelled: !done }
+            } else {
+                After::Running
+            }
+        }
+    }
+}
+
+/// Ends a request that is no longer running: its sink's last event.
+fn end(mut a: Active<'_>, after: After) {
+    match after {
+        After::Running => unreachable!("a running request does not end"),
+        After::Failed(e) => {
+            (a.sink)(BatchEvent::Failed(e));
+        }
+        After::Done { cancelled } => {
+            if cancelled {
+                a.state.cancel();
+            }
+            (a.sink)(BatchEvent::Finished(a.state.finish()));
+        }
+    }
+}
+
 /// A request's handle inside one [`Batcher`].
 pub type RequestId = u64;
 
@@ -179,21 +218,9 @@ impl<'a> Batcher<'a> {
                 Picked::Tokens(t) => a.state.accept_argmax(tokenizer, t[i]),
                 Picked::Logits(l) => a.state.accept(tokenizer, &l[i * vocab..(i + 1) * vocab]),
             };
-            match accepted {
-                Err(e) => {
-                    (a.sink)(BatchEvent::Failed(e));
-                }
-                Ok((delta, done)) => {
-                    let keep_going = (a.sink)(BatchEvent::Delta(delta));
-                    if done || !keep_going {
-                        if !done {
-                            a.state.cancel();
-                        }
-                        (a.sink)(BatchEvent::Finished(a.state.finish()));
-                    } else {
-                        still_running.push(a);
-                    }
-                }
+            match after_token(&mut a.sink, accepted) {
+                After::Running => still_running.push(a),
+                after => end(a, after),
             }
         }
         self.running = still_running;
@@ -216,37 +243,22 @@ impl<'a> Batcher<'a> {
         let req = LoopRequest { max_steps: state.remaining().min(LOOP_STEPS), end_ids: &end_ids, mask_end_steps: state.mask_end_steps() };
         let session = session.as_deref_mut().expect("running requests hold a session");
         let tokenizer = self.engine.tokenizer();
-        let (mut finished, mut cancelled, mut failed) = (false, false, None);
-        let ran = self.engine.backend().decode_loop(session, first, &req, &mut |token| match state.accept_argmax(tokenizer, token) {
-            Err(e) => {
-                failed = Some(e);
-                false
-            }
-            Ok((delta, done)) => {
-                let keep_going = sink(BatchEvent::Delta(delta));
-                cancelled = !done && !keep_going;
-                finished = done || !keep_going;
-                !finished
-            }
+        let mut after = After::Running;
+        let ran = self.engine.backend().decode_loop(session, first, &req, &mut |token| {
+            after = after_token(sink, state.accept_argmax(tokenizer, token));
+            matches!(after, After::Running)
         });
         match ran {
             Ok(None) => return None,
             Ok(Some(_)) => {}
             Err(e) => {
-                let mut a = self.running.remove(0);
-                (a.sink)(BatchEvent::Failed(RocketError::Internal(format!("device token loop failed: {e}"))));
+                let a = self.running.remove(0);
+                end(a, After::Failed(RocketError::Internal(format!("device token loop failed: {e}"))));
                 return Some(Err(e));
             }
         }
-        if let Some(e) = failed {
-            let mut a = self.running.remove(0);
-            (a.sink)(BatchEvent::Failed(e));
-        } else if finished {
-            let mut a = self.running.remove(0);
-            if cancelled {
-                a.state.cancel();
-            }
-            (a.sink)(BatchEvent::Finished(a.state.finish()));
+        if !matches!(after, After::Running) {
+            end(self.running.remove(0), after);
         }
         Some(Ok(self.pending()))
     }

@@ -293,8 +293,8 @@ impl Megakernel {
         if launch.pos0 + steps > launch.capacity {
             return Err(RocketError::ContextOverflow { prompt_tokens: launch.pos0, max_tokens: steps, limit: launch.capacity });
         }
-        if launch.first as usize >= self.vocab || launch.forced.iter().any(|&t| t as usize >= self.vocab) {
-            return Err(RocketError::invalid_arg("token id", launch.first, format!("must be < vocab size {}", self.vocab)));
+        if let Some(&bad) = std::iter::once(&launch.first).chain(launch.forced).find(|&&t| t as usize >= self.vocab) {
+            return Err(RocketError::invalid_arg("token id", bad, format!("must be < vocab size {}", self.vocab)));
         }
         if !req.end_ids.is_empty() {
             self.end_ids.upload(stream, 0, req.end_ids)?;
