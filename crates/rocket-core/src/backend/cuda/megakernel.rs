@@ -276,9 +276,10 @@ impl Megakernel {
         if let Some(why) = &self.broken {
             return Err(RocketError::Device(format!("the megakernel is out of service: {why}")));
         }
-        if !stream.is_idle()? {
-            return Err(RocketError::Internal("the megakernel's stream is busy before a launch".into()));
-        }
+        // Work queued before this launch (a new session's KV poison fill, uploads)
+        // must land before the host resets the mapped ring the kernel reads.
+        // A launch the host gave up on never gets here: it marked us broken.
+        stream.sync()?;
         let req = &launch.req;
         let steps = req.max_steps;
         if steps == 0 || steps > MAX_LOOP_STEPS {
