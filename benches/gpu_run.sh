@@ -5,8 +5,10 @@
 # made first (kept in $CK across calls while the machine stays warm). Steps:
 #   tests     CUDA backend (kernel per op, CUDA graphs, tensor-core matmul) against the CPU reference
 #   mk        the megakernel against the CPU reference and the graph path (ROCKET_DECODE=megakernel)
-#   bench     `rocket bench` per fuel: graph path at batch 1 and 16, megakernel at batch 1,
-#             and the tensor-core matmul (ROCKET_MATMUL=tensor: prefill, batch 16)
+#   bench     `rocket bench` per fuel at batch 1 and 16: the defaults (ROCKET_DECODE and
+#             ROCKET_MATMUL auto), the graph path with the GEMV only, the megakernel
+#   tcb1      the tensor-core matmul at batch 1 (Llama-3.2-1B, Qwen3-0.6B)
+#   sampled   sampled decode (Qwen3 settings) with the device sampler and the host sampler
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck and racecheck on the megakernel (SmolLM2)
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
@@ -33,10 +35,12 @@ for f in $FUELS; do
 done
 
 if has tests; then
+    # The graph path with one matmul kernel: batched output must equal solo bit for bit.
+    ROCKET_DECODE=graph ROCKET_MATMUL=gemv \
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
-        timeout 300 "$CARRY/cuda-test" --test-threads=1 --nocapture > "$LOGS/cuda-test.log" 2>&1
+        timeout 300 "$CARRY/cuda-test" --test-threads=1 --nocapture ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
     echo "cuda tests rc=$?"
-    grep -E "PARITY|GREEDY|MODULE|TC |test result|FAILED|panicked" "$LOGS/cuda-test.log"
+    grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|test result|FAILED|panicked" "$LOGS/cuda-test.log"
 fi
 
 if has mk; then
@@ -47,15 +51,26 @@ if has mk; then
 fi
 
 bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL [MATMUL]
-    ROCKET_DECODE=$2 ROCKET_MATMUL=${8:-gemv} timeout 180 "$CARRY/bin/rocket" bench --model "$CK/$7" --device cuda --batch "$3" --prompt-len "$4" \
-        --gen-len "$5" --reps "$6" --json "$LOGS/$1.json" > "$LOGS/$1.txt" 2> "$LOGS/$1.err" ||
+    ROCKET_DECODE=$2 ROCKET_MATMUL=${8:-auto} timeout 180 "$CARRY/bin/rocket" bench --model "$CK/$7" --device cuda --batch "$3" --prompt-len "$4" \
+        --gen-len "$5" --reps "$6" ${BENCH_EXTRA:-} --json "$LOGS/$1.json" > "$LOGS/$1.txt" 2> "$LOGS/$1.err" ||
         { echo "bench $1 failed"; tail -3 "$LOGS/$1.err"; }
 }
 if has bench; then
     for f in $FUELS; do
-        bench "bench-graph-$f" graph 1,16 128 256 5 "$f"
+        bench "bench-default-$f" auto 1,16 128 256 5 "$f"
+        bench "bench-graph-$f" graph 1,16 128 256 5 "$f" gemv
         bench "bench-mk-$f" megakernel 1 128 256 5 "$f"
-        bench "bench-tc-$f" graph 16 128 256 5 "$f" tensor
+    done
+fi
+if has tcb1; then  # the tensor-core matmul at batch 1 (every pass uses it when enabled)
+    for f in llama-3.2-1b qwen3-0.6b; do
+        bench "bench-tc1-$f" graph 1 128 256 3 "$f" tensor
+    done
+fi
+if has sampled; then  # top-k 20 / top-p 0.95 / temperature 0.7 on the device sampler, then on the host
+    for f in qwen3-0.6b llama-3.2-1b; do
+        BENCH_EXTRA="--temperature 0.7 --top-p 0.95 --top-k 20" bench "sampled-device-$f" auto 1,16 128 256 3 "$f"
+        ROCKET_SAMPLER=host BENCH_EXTRA="--temperature 0.7 --top-p 0.95 --top-k 20" bench "sampled-host-$f" auto 1,16 128 256 3 "$f"
     done
 fi
 if has long; then
@@ -67,22 +82,22 @@ fi
 
 if has sanitize; then
     SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for tool in memcheck racecheck; do
-        ROCKET_DECODE=megakernel ROCKET_WATCHDOG_MS=120000 ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m \
-            timeout 300 "$SAN" --tool "$tool" "$CARRY/cuda-megakernel-test" --test-threads=1 \
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+        ROCKET_DECODE=megakernel ROCKET_WATCHDOG_MS=120000 ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m ROCKET_MK_PROMPTS=1 \
+            timeout "${SANITIZE_TIMEOUT:-150}" "$SAN" --tool "$tool" "$CARRY/cuda-megakernel-test" --test-threads=1 \
             teacher_forced_top1_agrees > "$LOGS/sanitize-$tool.log" 2>&1
         echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log" | tail -1)"
     done
 fi
 
 if has peer; then
-    timeout 400 python3 benches/torch_peer.py --model "$CK/llama-3.2-1b" --batch 1,16 --prompt-len 128 --gen-len 256 --reps 3 \
+    timeout 240 python3 benches/torch_peer.py --model "$CK/llama-3.2-1b" --batch 1,16 --prompt-len 128 --gen-len 256 --reps 2 \
         --json "$LOGS/peer-llama-3.2-1b.json" > "$LOGS/peer-llama-3.2-1b.txt" 2> "$LOGS/peer-llama-3.2-1b.err" ||
         { echo "peer failed"; tail -5 "$LOGS/peer-llama-3.2-1b.err"; }
 fi
 
 echo "=== summary"
-for f in "$LOGS"/bench-*.txt "$LOGS"/long-*.txt; do
+for f in "$LOGS"/bench-*.txt "$LOGS"/sampled-*.txt "$LOGS"/long-*.txt; do
     [[ -f $f ]] && { echo "--- $(basename "$f" .txt)"; tail -n +3 "$f"; }
 done
 [[ -f $LOGS/peer-llama-3.2-1b.txt ]] && { echo "--- peer"; tail -12 "$LOGS/peer-llama-3.2-1b.txt"; }

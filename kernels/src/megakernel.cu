@@ -207,12 +207,20 @@ __device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32
         if (tid == 0) st_release(p.counters + STEP_COUNTER, 1);
     }
     bool running = true;
+    const uint32_t n_instrs = __ldg(p.sm_start + gridDim.x);
     for (int t = 0; t < p.max_steps && running; t++) {
+        // Tracing (megakernel/profile.rs): thread 0 stamps one step's waits and instructions.
+        unsigned long long* tr = (p.trace != nullptr && t == p.trace_step && tid == 0) ? p.trace : nullptr;
+        if (tr) tr[3 * n_instrs + 2 * blockIdx.x] = globaltimer_ns();
         running = wait_counter(p, s, STEP_COUNTER, (uint32_t)(t + 1), 0xffffffffu, t, 0);
+        if (tr) tr[3 * n_instrs + 2 * blockIdx.x + 1] = globaltimer_ns();
         for (uint32_t i = first; i < last && running; i++) {
             const Instr in = load_instr(p, i);
+            if (tr) tr[3 * i] = globaltimer_ns();
             running = wait_counter(p, s, in.wait, (uint32_t)(t + 1) * in.per_step, i - first, t, 1);
+            if (tr) tr[3 * i + 1] = globaltimer_ns();
             if (running) run_instr<F>(p, s, in, t, chunk);
+            if (tr) tr[3 * i + 2] = globaltimer_ns();
         }
     }
     consumer_sync();

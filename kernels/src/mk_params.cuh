@@ -44,6 +44,7 @@ struct Params {
     float* logits_out;         // null, or [max_steps][vocab]: every step's logits
     uint32_t* ring;            // mapped host memory: [0, stop, 0, 0, tokens[max_steps]]
     const uint32_t* end_ids;   // [n_end]
+    unsigned long long* trace; // null, or timestamps of step trace_step (megakernel/profile.rs)
     unsigned long long watchdog_ns;
     int pos0;                  // position of first_token
     uint32_t first_token;
@@ -54,9 +55,10 @@ struct Params {
     int lm_tiles;
     int splits;
     float eps;
+    int trace_step;
 };
 
-static_assert(sizeof(Params) == 232, "Params is shared with backend/cuda/megakernel.rs");
+static_assert(sizeof(Params) == 240, "Params is shared with backend/cuda/megakernel.rs");
 
 struct Instr {
     uint32_t op, layer, signal, wait, per_step, a, b, c, d;

@@ -7,4 +7,5 @@
 #include "attention.cu"
 #include "silu_mul.cu"
 #include "argmax.cu"
+#include "sample.cu"
 #include "megakernel.cu"

@@ -22,9 +22,18 @@ pub struct BenchArgs {
     /// Prompt length in tokens (random ids, seeded)
     #[arg(long, default_value_t = 128)]
     prompt_len: usize,
-    /// Tokens generated per sequence (greedy, EOS ignored)
+    /// Tokens generated per sequence (EOS ignored)
     #[arg(long, default_value_t = 256)]
     gen_len: usize,
+    /// Sampling temperature (0 = greedy, the default); sampled runs use a fixed seed
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling threshold for sampled runs (1 = off)
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep only the k most likely tokens in sampled runs (0 = off)
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
     /// Timed repetitions per batch size (after one warm-up)
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -76,8 +85,8 @@ struct Run {
     host_cpu_per_token: f64,
 }
 
-fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize) -> anyhow::Result<Run> {
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(gen_len) };
+fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize, sampling: &SamplingParams) -> anyhow::Result<Run> {
+    let params = SamplingParams { max_tokens: gen_len, ..sampling.clone() };
     let requests = prompts.iter().map(|p| (String::new(), p.clone(), params.clone())).collect();
     let cpu = thread_cpu_seconds();
     let outs = engine.generate_many(requests)?;
@@ -109,6 +118,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.prompt_len == 0 || args.gen_len < 2 || args.reps == 0 {
         bail!("--prompt-len must be >= 1, --gen-len >= 2 and --reps >= 1");
     }
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        seed: Some(1234),
+        ignore_eos: true,
+        ..SamplingParams::greedy(args.gen_len)
+    };
+    sampling.validate()?;
+    let greedy = sampling.temperature == 0.0;
     let t = Instant::now();
     let engine = args.model.load().context("loading the model")?;
     let load_s = t.elapsed().as_secs_f64();
@@ -121,10 +140,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for &b in &args.batch {
         let prompts: Vec<Vec<u32>> = (0..b).map(|i| random_prompt(1000 + i as u64, args.prompt_len, vocab)).collect();
-        run_batch(&engine, &prompts, args.gen_len.min(8))?; // warm-up: graphs, caches
+        run_batch(&engine, &prompts, args.gen_len.min(8), &sampling)?; // warm-up: graphs, caches
         let (mut ttfts, mut steps, mut host) = (Vec::new(), Vec::new(), Vec::new());
         for rep in 0..args.reps {
-            let r = run_batch(&engine, &prompts, args.gen_len)?;
+            let r = run_batch(&engine, &prompts, args.gen_len, &sampling)?;
             eprintln!(
                 "bench: batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step, host CPU {:.1} µs/token",
                 rep + 1,
@@ -142,7 +161,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let gbs = info.bytes_per_decode_step as f64 / step.0 / 1e9;
         rows.push(Row {
             batch: b,
-            path: engine.decode_path(b),
+            path: engine.decode_path(b, greedy),
             host_us_per_token: stats(&host).0 * 1e6,
             ttft: (ttft.0 * 1e3, ttft.1 * 1e3),
             prefill_tps: (b * args.prompt_len) as f64 / ttft.0,
@@ -167,6 +186,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "load_seconds": load_s,
             "prompt_len": args.prompt_len,
             "gen_len": args.gen_len,
+            "sampling": { "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k },
             "reps": args.reps,
             "results": rows.iter().map(|r| json!({
                 "batch": r.batch,

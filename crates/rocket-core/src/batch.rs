@@ -165,16 +165,22 @@ impl<'a> Batcher<'a> {
             return done;
         }
         let all_greedy = self.running.iter().all(|a| a.state.wants_plain_argmax());
+        let device_sampling = self.running.iter().all(|a| a.state.wants_device_sampling());
         let last_tokens: Vec<u32> = self.running.iter().map(|a| a.state.last_token().unwrap_or(0)).collect();
         let mut chunks: Vec<Chunk<'_>> = Vec::with_capacity(self.running.len());
         // Whether the pass gives each request its next token (a decode step, or the
         // last piece of its prompt) rather than only filling its cache.
         let mut picks = Vec::with_capacity(self.running.len());
+        let mut requests = Vec::with_capacity(if device_sampling { self.running.len() } else { 0 });
         for (a, last) in self.running.iter_mut().zip(&last_tokens) {
-            let session = a.session.as_deref_mut().expect("running requests hold a session");
-            let tokens = match a.state.last_token() {
+            let Active { state, session, .. } = a;
+            let session = session.as_deref_mut().expect("running requests hold a session");
+            if device_sampling {
+                requests.push(state.sample_request());
+            }
+            let tokens = match state.last_token() {
                 None => {
-                    let prompt = a.state.prompt_ids();
+                    let prompt = state.prompt_ids();
                     let end = (session.len() + self.prefill_chunk).min(prompt.len());
                     picks.push(end == prompt.len());
                     &prompt[session.len()..end]
@@ -187,16 +193,19 @@ impl<'a> Batcher<'a> {
             chunks.push(Chunk { session, tokens });
         }
         let backend = self.engine.backend();
-        let pass = if all_greedy {
-            match backend.forward_argmax(&mut chunks) {
-                Ok(Some(tokens)) => Ok(Picked::Tokens(tokens)),
-                Ok(None) => backend.forward(&mut chunks, Logits::Last).map(Picked::Logits),
-                Err(e) => Err(e),
-            }
+        let on_device = if all_greedy {
+            backend.forward_argmax(&mut chunks)
+        } else if device_sampling {
+            backend.forward_sample(&mut chunks, &requests)
         } else {
-            backend.forward(&mut chunks, Logits::Last).map(Picked::Logits)
+            Ok(None)
         };
-        drop(chunks);
+        let pass = match on_device {
+            Ok(Some(tokens)) => Ok(Picked::Tokens(tokens)),
+            Ok(None) => backend.forward(&mut chunks, Logits::Last).map(Picked::Logits),
+            Err(e) => Err(e),
+        };
+        drop((chunks, requests));
         let picked = match pass {
             Ok(p) => p,
             Err(e) => {
@@ -215,7 +224,7 @@ impl<'a> Batcher<'a> {
                 continue;
             }
             let accepted = match &picked {
-                Picked::Tokens(t) => a.state.accept_argmax(tokenizer, t[i]),
+                Picked::Tokens(t) => a.state.accept_picked(tokenizer, t[i]),
                 Picked::Logits(l) => a.state.accept(tokenizer, &l[i * vocab..(i + 1) * vocab]),
             };
             match after_token(&mut a.sink, accepted) {
@@ -245,17 +254,19 @@ impl<'a> Batcher<'a> {
         let tokenizer = self.engine.tokenizer();
         let mut after = After::Running;
         let ran = self.engine.backend().decode_loop(session, first, &req, &mut |token| {
-            after = after_token(sink, state.accept_argmax(tokenizer, token));
+            after = after_token(sink, state.accept_picked(tokenizer, token));
             matches!(after, After::Running)
         });
         match ran {
             Ok(None) => return None,
             Ok(Some(_)) => {}
-            Err(e) => {
-                let a = self.running.remove(0);
-                end(a, After::Failed(RocketError::Internal(format!("device token loop failed: {e}"))));
-                return Some(Err(e));
+            // The session holds exactly the tokens handed on, so the request goes
+            // on step by step (and fails there if the device itself is lost).
+            Err(e) if matches!(after, After::Running) => {
+                tracing::warn!(error = %e, "the device token loop failed; continuing step by step");
+                return None;
             }
+            Err(_) => {}
         }
         if !matches!(after, After::Running) {
             end(self.running.remove(0), after);
@@ -305,6 +316,9 @@ mod tests {
     struct SteppingLoop {
         inner: Box<dyn Backend>,
         launches: Arc<AtomicUsize>,
+        /// Fail the first launch after handing on this many tokens, then leave
+        /// the loop out of service (as the megakernel after its watchdog fires).
+        fail_after: Option<usize>,
     }
 
     impl Backend for SteppingLoop {
@@ -324,9 +338,15 @@ mod tests {
             req: &LoopRequest<'_>,
             on_token: &mut dyn FnMut(u32) -> bool,
         ) -> Result<Option<LoopOutcome>> {
-            self.launches.fetch_add(1, Ordering::Relaxed);
+            let launch = self.launches.fetch_add(1, Ordering::Relaxed);
+            if self.fail_after.is_some() && launch > 0 {
+                return Ok(None);
+            }
             let (mut token, mut accepted) = (first, 0);
             for step in 0..req.max_steps.min(session.capacity() - session.len()) {
+                if self.fail_after == Some(accepted) {
+                    return Err(RocketError::Device("megakernel watchdog: a simulated stall".into()));
+                }
                 let mut logits = self.inner.forward(&mut [Chunk { session: &mut *session, tokens: &[token] }], Logits::Last)?;
                 if step < req.mask_end_steps {
                     for &e in req.end_ids {
@@ -343,13 +363,33 @@ mod tests {
         }
     }
 
-    fn engines() -> (Engine, Engine, Arc<AtomicUsize>) {
+    fn engines_failing_after(fail_after: Option<usize>) -> (Engine, Engine, Arc<AtomicUsize>) {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
         let opts = EngineOptions { device: Device::Cpu, progress: false, ..EngineOptions::default() };
         let launches = Arc::new(AtomicUsize::new(0));
         let counter = launches.clone();
-        let looping = Engine::load(path, opts.clone()).unwrap().wrap_backend(|inner| Box::new(SteppingLoop { inner, launches: counter }));
+        let looping =
+            Engine::load(path, opts.clone()).unwrap().wrap_backend(|inner| Box::new(SteppingLoop { inner, launches: counter, fail_after }));
         (Engine::load(path, opts).unwrap(), looping, launches)
+    }
+
+    fn engines() -> (Engine, Engine, Arc<AtomicUsize>) {
+        engines_failing_after(None)
+    }
+
+    #[test]
+    fn a_failed_device_loop_goes_on_step_by_step() {
+        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(60) };
+        for fail_after in [0, 1, 17] {
+            let (plain, looping, launches) = engines_failing_after(Some(fail_after));
+            let want = plain.generate("hello world", &params).unwrap();
+            let got = looping.generate("hello world", &params).unwrap();
+            assert_eq!(got.token_ids, want.token_ids, "failing after {fail_after} tokens");
+            assert_eq!(got.text, want.text);
+            // Later requests skip the out-of-service loop and are still right.
+            assert_eq!(looping.generate("hello world", &params).unwrap().token_ids, want.token_ids);
+            assert!(launches.load(Ordering::Relaxed) >= 2);
+        }
     }
 
     #[test]

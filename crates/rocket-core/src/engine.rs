@@ -313,8 +313,8 @@ impl Engine {
 
     /// How a decode step of `batch` sequences runs ("megakernel", "cuda-graph",
     /// "forward passes"), for benchmarks.
-    pub fn decode_path(&self, batch: usize) -> &'static str {
-        self.backend.decode_path(batch)
+    pub fn decode_path(&self, batch: usize, greedy: bool) -> &'static str {
+        self.backend.decode_path(batch, greedy)
     }
 
     /// The device's measured copy bandwidth in GB/s (None on the CPU backend).

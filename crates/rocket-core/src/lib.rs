@@ -21,6 +21,7 @@ pub mod megakernel;
 pub mod model;
 pub mod progress;
 mod request;
+pub mod portable_exp;
 pub mod sampling;
 pub mod text;
 pub mod weights;

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use crate::engine::{FinishReason, Metrics, RequestOutput, StopReason, StreamDelta, TokenLogprob};
 use crate::error::Result;
-use crate::sampling::{fresh_seed, logprobs, process_logits, sample, SamplingParams, TokenHistory};
+use crate::backend::SampleRequest;
+use crate::sampling::{fresh_seed, logprobs, SamplingParams, TokenHistory};
 use crate::text::Tokenizer;
 
 pub(crate) struct RequestState {
@@ -68,10 +69,7 @@ impl RequestState {
     /// Takes the logits for the next position: samples a token, updates the text
     /// and returns the delta to stream and whether the request is now finished.
     pub(crate) fn accept(&mut self, tokenizer: &Tokenizer, logits: &[f32]) -> Result<(StreamDelta, bool)> {
-        let step = self.token_ids.len();
-        let mut processed = logits.to_vec();
-        process_logits(&mut processed, &self.params, &self.history, &self.end_ids);
-        let token = sample(&processed, &self.params, self.seed, step as u64);
+        let token = self.sample_request().sample_on_host(logits);
         let logprob = self.params.logprobs.map(|n| {
             let (lp, top) = logprobs(logits, token, n);
             TokenLogprob { token_id: token, logprob: lp, top }
@@ -88,6 +86,23 @@ impl RequestState {
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0
             && p.logprobs.is_none()
+    }
+
+    /// What a sampler needs for this step's token.
+    pub(crate) fn sample_request(&self) -> SampleRequest<'_> {
+        SampleRequest {
+            params: &self.params,
+            seed: self.seed,
+            step: self.token_ids.len() as u64,
+            history: &self.history,
+            end_ids: &self.end_ids,
+        }
+    }
+
+    /// Whether a device may pick this request's tokens (`sample_request`): all
+    /// but logprobs, which need the logits row on the host.
+    pub(crate) fn wants_device_sampling(&self) -> bool {
+        self.params.logprobs.is_none()
     }
 
     /// Whether this step's token is the plain argmax of the raw logits (greedy,
@@ -118,8 +133,9 @@ impl RequestState {
         self.params.min_tokens.saturating_sub(self.token_ids.len())
     }
 
-    /// Takes a token already chosen by the backend's argmax (see `wants_plain_argmax`).
-    pub(crate) fn accept_argmax(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<(StreamDelta, bool)> {
+    /// Takes a token already chosen on the backend, by its argmax (see
+    /// `wants_plain_argmax`) or its sampler (see `sample_request`).
+    pub(crate) fn accept_picked(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<(StreamDelta, bool)> {
         self.push_token(tokenizer, token, None)
     }
 

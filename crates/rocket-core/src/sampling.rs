@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 
 use crate::error::{Result, RocketError};
+use crate::portable_exp::portable_exp;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -133,12 +134,15 @@ pub fn fresh_seed() -> u64 {
     h.finish()
 }
 
-/// Index of the largest logit (the lowest index among equal maxima).
+/// Index of the largest logit (the lowest index among equal maxima). NaN and
+/// -inf never win; a row of only those gives 0. The device argmax kernels
+/// follow the same rule.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
+    let (mut best, mut best_v) = (0, f32::NEG_INFINITY);
     for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
+        if v > best_v {
             best = i;
+            best_v = v;
         }
     }
     best as u32
@@ -167,6 +171,17 @@ impl TokenHistory {
 
     pub fn generated_len(&self) -> usize {
         self.generated_len
+    }
+
+    /// Every token the repetition penalty applies to (prompt and output), with
+    /// how often it was generated: all a device needs to apply the penalties.
+    pub fn penalty_entries(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.seen.keys().map(|&t| (t, self.generated.get(&t).copied().unwrap_or(0)))
+    }
+
+    /// Whether any penalty of `params` changes logits at all.
+    pub fn penalties_apply(params: &SamplingParams) -> bool {
+        params.repetition_penalty != 1.0 || params.presence_penalty != 0.0 || params.frequency_penalty != 0.0
     }
 }
 
@@ -235,7 +250,8 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> 
     }
     // NaN and -inf are never candidates.
     let max = logits.iter().copied().filter(|&l| l > f32::NEG_INFINITY).fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
+    // No candidate, or +inf ones that take all the mass: the first of the best.
+    if max == f32::NEG_INFINITY || max == f32::INFINITY {
         return argmax(logits);
     }
     let inv_t = 1.0 / params.temperature as f64;
@@ -246,7 +262,7 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> 
         if x < -44.0 {
             0.0
         } else {
-            x.exp()
+            portable_exp(x)
         }
     };
     let mut pool: Vec<Candidate> = logits
@@ -354,6 +370,16 @@ mod tests {
     fn greedy_picks_first_maximum() {
         assert_eq!(argmax(&[0.0, 3.0, 3.0, -1.0]), 1);
         assert_eq!(sample(&[0.0, 3.0, 1.0], &SamplingParams::greedy(1), 1, 0), 1);
+        // NaN never wins, wherever it is; nothing but -inf/NaN gives 0.
+        assert_eq!(argmax(&[f32::NAN, 1.0, 2.0]), 2);
+        assert_eq!(argmax(&[1.0, f32::NAN, 0.5]), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY]), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0]), 1);
+        // +inf takes all the mass under any filter; the first one is chosen.
+        let inf = [0.5, f32::INFINITY, 2.0, f32::INFINITY];
+        for p in [params(|_| {}), params(|p| p.min_p = 0.1), params(|p| p.top_p = 0.5), params(|p| p.top_k = 2)] {
+            assert_eq!(sample(&inf, &p, 4, 0), 1);
+        }
     }
 
     #[test]

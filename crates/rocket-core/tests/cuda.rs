@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, DecodeMode};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, DecodeMode, MatmulMode};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::model::{ModelSource, ModelWeights};
 use rocket_core::progress::LoadProgress;
@@ -84,8 +84,17 @@ fn greedy_decode_is_repeatable_batch_independent_and_follows_the_reference() {
             assert_eq!(again.token_ids, solo[0], "{}: greedy output changed between runs", path.display());
         }
         let batch = gpu.generate_many(prompts.iter().map(|ids| (String::new(), ids.clone(), p.clone())).collect()).unwrap();
-        for (b, s) in batch.iter().zip(&solo) {
-            assert_eq!(&b.token_ids, s, "{}: batched greedy differs from solo", path.display());
+        // Batched equals solo bit for bit only where one kernel serves every pass:
+        // the graph path with a fixed matmul (the megakernel and ROCKET_MATMUL=auto
+        // change the summation order with the batch).
+        let invariant = std::env::var("ROCKET_DECODE").as_deref() == Ok("graph")
+            && matches!(std::env::var("ROCKET_MATMUL").as_deref(), Ok("gemv") | Ok("tensor"));
+        let equal = batch.iter().zip(&solo).filter(|(b, s)| &b.token_ids == *s).count();
+        println!("GREEDY {}: batched equal to solo for {equal}/{} prompts", path.display(), solo.len());
+        if invariant {
+            for (b, s) in batch.iter().zip(&solo) {
+                assert_eq!(&b.token_ids, s, "{}: batched greedy differs from solo", path.display());
+            }
         }
         let reference = cpu.generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true).unwrap().token_ids;
         let same = reference.iter().zip(&solo[0]).take_while(|(a, b)| a == b).count();
@@ -148,8 +157,9 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
         let src = ModelSource::open(&path).unwrap();
         let spec = src.spec.clone();
         let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
-        let backend = |tensor_core_matmul| {
-            let opts = CudaOptions { decode: DecodeMode::Graph, tensor_core_matmul, graphs: true };
+        let backend = |tensor| {
+            let matmul = if tensor { MatmulMode::Tensor } else { MatmulMode::Gemv };
+            let opts = CudaOptions { decode: DecodeMode::Graph, matmul, graphs: true, device_sampling: true };
             CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), opts).unwrap()
         };
         let (tc, gemv) = (backend(true), backend(false));
@@ -184,5 +194,170 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
         );
         assert!(rel <= 1e-2, "{}: tensor-core prefill rel L2 {rel}", path.display());
         assert!(rel_gemv <= 5e-3 && batch_rel <= 5e-3, "{}: tensor core vs GEMV {rel_gemv} / {batch_rel}", path.display());
+    }
+}
+
+/// Sampling settings that exercise every branch of the device sampler.
+fn sampler_settings() -> Vec<SamplingParams> {
+    let mut out = Vec::new();
+    for (i, &temperature) in [0.0f32, 0.3, 0.7, 1.0, 1.6].iter().enumerate() {
+        for &top_k in &[0usize, 1, 7, 64, 2000, 1 << 20] {
+            for &top_p in &[1.0f32, 0.95, 0.5, 0.999] {
+                for &min_p in &[0.0f32, 0.05] {
+                    let n = out.len();
+                    out.push(SamplingParams {
+                        temperature,
+                        top_k,
+                        top_p,
+                        min_p,
+                        // Penalties and min_tokens on some of them.
+                        repetition_penalty: if n % 3 == 0 { 1.3 } else { 1.0 },
+                        presence_penalty: if n % 5 == 1 { 0.5 } else { 0.0 },
+                        frequency_penalty: if n % 7 == 2 { -0.4 } else { 0.0 },
+                        min_tokens: if n % 4 == 3 { 50 } else { 0 },
+                        seed: Some(1000 + n as u64 + i as u64),
+                        ..SamplingParams::default()
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Logits rows of several kinds: peaked and flat Gaussian, exact ties, -inf and
+/// NaN holes, a +inf entry, and nothing but -inf.
+fn sampler_logits(kind: usize, seed: u64, vocab: usize) -> Vec<f32> {
+    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut normal = move || {
+        // Sum of uniforms: cheap and good enough for shapes.
+        (0..4).map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 11) as f32 / (1u64 << 53) as f32
+        }).sum::<f32>() * 1.7 - 3.4
+    };
+    let mut row: Vec<f32> = (0..vocab).map(|_| normal()).collect();
+    match kind % 7 {
+        0 => row.iter_mut().for_each(|v| *v *= 4.0),                   // peaked
+        1 => row.iter_mut().for_each(|v| *v *= 0.05),                  // nearly flat: huge nucleus
+        2 => row.iter_mut().for_each(|v| *v = (*v * 2.0).round()),     // many exact ties
+        3 => (0..vocab).step_by(3).for_each(|i| row[i] = f32::NEG_INFINITY),
+        4 => (0..vocab).step_by(11).for_each(|i| row[i] = f32::NAN),
+        5 => row[vocab / 2] = f32::INFINITY,
+        _ => {
+            if seed % 2 == 0 {
+                row.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+            } else {
+                row.iter_mut().for_each(|v| *v = 0.0); // all equal
+            }
+        }
+    }
+    row
+}
+
+#[test]
+fn device_sampler_picks_the_host_samplers_token() {
+    if !gpu_or_skip() {
+        return;
+    }
+    use rocket_core::backend::SampleRequest;
+    use rocket_core::sampling::TokenHistory;
+    for path in checkpoints() {
+        let src = ModelSource::open(&path).unwrap();
+        let spec = src.spec.clone();
+        let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
+        let gpu = CudaBackend::new(spec.clone(), &weights, &LoadProgress::new(false)).unwrap();
+        let vocab = spec.vocab_size;
+        let settings = sampler_settings();
+        // Histories with prompt and generated tokens (penalties), some below min_tokens.
+        let histories: Vec<TokenHistory> = (0..8u64)
+            .map(|h| {
+                let mut t = TokenHistory::new(&random_ids(h, 40, vocab));
+                random_ids(h + 100, 10 * h as usize, vocab).into_iter().for_each(|x| t.push(x));
+                t
+            })
+            .collect();
+        let end_ids: Vec<u32> = random_ids(77, 3, vocab);
+        let (mut rows, mut mismatches, mut device_s) = (0usize, Vec::new(), 0.0f64);
+        for (batch, chunk) in settings.chunks(48).enumerate() {
+            let logits: Vec<f32> = (0..chunk.len()).flat_map(|i| sampler_logits(i + batch, (batch * 100 + i) as u64, vocab)).collect();
+            let requests: Vec<SampleRequest<'_>> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, p)| SampleRequest {
+                    params: p,
+                    seed: p.seed.unwrap(),
+                    step: (batch * 7 + i) as u64,
+                    history: &histories[i % histories.len()],
+                    end_ids: &end_ids,
+                })
+                .collect();
+            let t = std::time::Instant::now();
+            let got = gpu.sample_on_device(&logits, &requests).unwrap();
+            device_s += t.elapsed().as_secs_f64();
+            for (i, r) in requests.iter().enumerate() {
+                let want = r.sample_on_host(&logits[i * vocab..(i + 1) * vocab]);
+                if got[i] != want {
+                    mismatches.push(format!("row {i} of batch {batch} ({:?}, kind {}): device {} host {want}", r.params, (i + batch) % 7, got[i]));
+                }
+                rows += 1;
+            }
+        }
+        println!(
+            "SAMPLER {}: {rows} rows, {} differ from the host sampler; {:.1} us per row (batches of 48, with upload)",
+            path.display(),
+            mismatches.len(),
+            device_s * 1e6 / rows as f64
+        );
+        assert!(mismatches.is_empty(), "{}", mismatches[..mismatches.len().min(5)].join("\n"));
+    }
+}
+
+#[test]
+fn sampled_batches_pick_on_the_device_what_the_host_would() {
+    if !gpu_or_skip() {
+        return;
+    }
+    use rocket_core::backend::SampleRequest;
+    use rocket_core::sampling::TokenHistory;
+    for path in checkpoints() {
+        let src = ModelSource::open(&path).unwrap();
+        let spec = src.spec.clone();
+        let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
+        let gpu = CudaBackend::new(spec.clone(), &weights, &LoadProgress::new(false)).unwrap();
+        let vocab = spec.vocab_size;
+        let settings: Vec<SamplingParams> = sampler_settings().into_iter().step_by(23).take(8).collect();
+        let prompts: Vec<Vec<u32>> = (0..settings.len()).map(|i| random_ids(300 + i as u64, 6 + 5 * i, vocab)).collect();
+        let steps = 24;
+        // Two sets of sessions fed the same tokens: one returns logits (sampled on
+        // the host), the other samples on the device. Both see identical logits.
+        let mut host_sessions: Vec<_> = prompts.iter().map(|p| gpu.new_session(p.len() + steps).unwrap()).collect();
+        let mut dev_sessions: Vec<_> = prompts.iter().map(|p| gpu.new_session(p.len() + steps).unwrap()).collect();
+        let mut histories: Vec<TokenHistory> = prompts.iter().map(|p| TokenHistory::new(p)).collect();
+        let end_ids = [2u32, 5];
+        let mut inputs: Vec<Vec<u32>> = prompts.clone();
+        let mut same = 0;
+        for step in 0..steps {
+            let requests: Vec<SampleRequest<'_>> = settings
+                .iter()
+                .zip(&histories)
+                .map(|(p, h)| SampleRequest { params: p, seed: p.seed.unwrap(), step: step as u64, history: h, end_ids: &end_ids })
+                .collect();
+            let mut chunks: Vec<Chunk<'_>> = host_sessions.iter_mut().zip(&inputs).map(|(s, t)| Chunk { session: s.as_mut(), tokens: t }).collect();
+            let logits = gpu.forward(&mut chunks, Logits::Last).unwrap();
+            let want: Vec<u32> = requests.iter().enumerate().map(|(i, r)| r.sample_on_host(&logits[i * vocab..(i + 1) * vocab])).collect();
+            let mut chunks: Vec<Chunk<'_>> = dev_sessions.iter_mut().zip(&inputs).map(|(s, t)| Chunk { session: s.as_mut(), tokens: t }).collect();
+            let got = gpu.forward_sample(&mut chunks, &requests).unwrap().expect("the CUDA backend samples on the device");
+            assert_eq!(got, want, "{}: step {step}", path.display());
+            same += got.len();
+            drop(requests);
+            for (h, &t) in histories.iter_mut().zip(&want) {
+                h.push(t);
+            }
+            inputs = want.iter().map(|&t| vec![t]).collect();
+        }
+        println!("SAMPLED-BATCH {}: {same} device-sampled tokens over {steps} steps equal the host's", path.display());
     }
 }

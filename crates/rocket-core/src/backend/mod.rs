@@ -8,6 +8,7 @@ pub mod cuda;
 use std::any::Any;
 
 use crate::error::{Result, RocketError};
+use crate::sampling::{process_logits, sample, SamplingParams, TokenHistory};
 
 /// Which logits a forward pass returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +37,14 @@ pub trait Backend: Send + Sync {
     fn forward_argmax(&self, _chunks: &mut [Chunk<'_>]) -> Result<Option<Vec<u32>>> {
         Ok(None)
     }
+    /// `forward` with `Logits::Last`, then each chunk's token chosen on the
+    /// device by `requests[i]` (penalties, min_tokens mask, temperature, top-k,
+    /// top-p, min-p and the seeded draw), the same token `SampleRequest::sample_on_host`
+    /// picks from the same logits. Only token ids reach the host. `None`: no
+    /// such path (nothing was run).
+    fn forward_sample(&self, _chunks: &mut [Chunk<'_>], _requests: &[SampleRequest<'_>]) -> Result<Option<Vec<u32>>> {
+        Ok(None)
+    }
     /// A greedy token loop on the device: feeds `first` at the session's next
     /// position, then each step's argmax, until `req.max_steps` steps, an end id
     /// (after `req.mask_end_steps` steps, which cannot pick one) or until
@@ -51,8 +60,9 @@ pub trait Backend: Send + Sync {
     ) -> Result<Option<LoopOutcome>> {
         Ok(None)
     }
-    /// How a decode step of `batch` sequences runs, in words, for benchmarks.
-    fn decode_path(&self, _batch: usize) -> &'static str {
+    /// How a decode step of `batch` sequences runs, in words, for benchmarks:
+    /// greedy (plain argmax) or sampled requests.
+    fn decode_path(&self, _batch: usize, _greedy: bool) -> &'static str {
         "forward passes"
     }
     /// What it runs on, in words ("cpu", "NVIDIA H200 (sm_90a cubin)").
@@ -63,6 +73,32 @@ pub trait Backend: Send + Sync {
     /// the roofline for decode; None for the CPU.
     fn copy_bandwidth_gbs(&self) -> Result<Option<f64>> {
         Ok(None)
+    }
+}
+
+/// What a sampler needs to pick one request's next token.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleRequest<'a> {
+    pub params: &'a SamplingParams,
+    pub seed: u64,
+    /// Tokens generated so far (the draw's counter).
+    pub step: u64,
+    pub history: &'a TokenHistory,
+    /// Tokens that would end generation, masked while min_tokens is not reached.
+    pub end_ids: &'a [u32],
+}
+
+impl SampleRequest<'_> {
+    /// The host sampler's choice: the specification a device sampler must match.
+    pub fn sample_on_host(&self, logits: &[f32]) -> u32 {
+        let mut processed = logits.to_vec();
+        process_logits(&mut processed, self.params, self.history, self.end_ids);
+        sample(&processed, self.params, self.seed, self.step)
+    }
+
+    /// Whether min_tokens masks the end ids at this step.
+    pub fn masks_end_ids(&self) -> bool {
+        self.history.generated_len() < self.params.min_tokens
     }
 }
 

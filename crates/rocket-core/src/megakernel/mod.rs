@@ -13,9 +13,11 @@
 //! picks the token, publishes it to the host and embeds the next input.
 
 pub mod geometry;
+pub mod profile;
 pub mod schedule;
 pub mod twin;
 pub mod verify;
 
+pub use profile::Profile;
 pub use schedule::{Counters, Instr, Op, Schedule, Wait, Work};
 pub use verify::verify;

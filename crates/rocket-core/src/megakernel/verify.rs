@@ -229,7 +229,7 @@ fn simulate(s: &Schedule, steps: u32, order: Order) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::Family;
 

@@ -37,6 +37,7 @@ pub(crate) struct Kernels {
     attn_merge: Function,
     silu_mul: Function,
     argmax: Function,
+    sample: Function,
     head_dim: u32,
     /// "sm_90a cubin" or "sm_90 PTX (JIT)", and how long loading took.
     pub image: &'static str,
@@ -79,6 +80,7 @@ impl Kernels {
             attn_merge: f(&format!("attn_merge_hd{head_dim}"))?,
             silu_mul: f("silu_mul")?,
             argmax: f("argmax")?,
+            sample: f("sample_rows")?,
             head_dim: head_dim as u32,
             image,
             load_seconds: start.elapsed().as_secs_f64(),
@@ -211,4 +213,57 @@ impl Kernels {
     pub(crate) fn argmax(&self, s: &Stream, logits: u64, out: u64, vocab: usize, rows: usize) -> Result<()> {
         self.argmax.launch(s, (rows as u32, 1, 1), 1024, &[Arg::Ptr(logits), Arg::Ptr(out), Arg::I32(vocab as i32)])
     }
+
+    /// out[r] = the host sampler's token for logits row r (modified in place by
+    /// the penalties) and request `rows[r]`; `items` holds SAMPLE_ITEM_BYTES ×
+    /// vocab bytes per row.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sample(&self, s: &Stream, logits: u64, inputs: &SampleInputs, items: u64, out: u64, vocab: usize, rows: usize) -> Result<()> {
+        let args = [
+            Arg::Ptr(logits),
+            Arg::Ptr(inputs.rows),
+            Arg::Ptr(inputs.penalty_tokens),
+            Arg::Ptr(inputs.penalty_counts),
+            Arg::Ptr(inputs.mask_ids),
+            Arg::Ptr(items),
+            Arg::Ptr(out),
+            Arg::I32(vocab as i32),
+        ];
+        self.sample.launch(s, (rows as u32, 1, 1), SAMPLE_THREADS, &args)
+    }
+}
+
+/// Threads per row of `sample_rows` (kernels/src/sample.cu SAMPLE_THREADS).
+const SAMPLE_THREADS: u32 = 1024;
+
+/// Bytes of one compacted candidate (kernels/src/sample.cu SampleItem).
+pub(crate) const SAMPLE_ITEM_BYTES: usize = 16;
+
+/// One row's sampling request, laid out as kernels/src/sample.cu `SampleRow`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SampleRow {
+    pub seed: u64,
+    pub step: u64,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub top_k: u32,
+    pub penalty_off: u32,
+    pub penalty_len: u32,
+    pub mask_off: u32,
+    pub mask_len: u32,
+    pub reserved: u32,
+}
+const _: () = assert!(std::mem::size_of::<SampleRow>() == 64, "SampleRow must match sample.cu");
+
+/// Device addresses of the per-row requests and their penalty and mask lists.
+pub(crate) struct SampleInputs {
+    pub rows: u64,
+    pub penalty_tokens: u64,
+    pub penalty_counts: u64,
+    pub mask_ids: u64,
 }

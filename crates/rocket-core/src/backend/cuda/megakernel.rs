@@ -12,6 +12,7 @@ use crate::backend::{LoopOutcome, LoopRequest};
 use crate::error::{Result, RocketError};
 use crate::megakernel::geometry::{CONSUMER_WARPS, SLOTS, SLOT_BYTES};
 use crate::megakernel::schedule::INSTR_WORDS;
+use crate::megakernel::profile::trace_words;
 use crate::megakernel::{verify, Op, Schedule, Work};
 use crate::model::ModelSpec;
 
@@ -27,13 +28,16 @@ pub struct Fuel {
     kv_heads: usize,
     head_dim: usize,
     vocab: usize,
+    /// Whether `ROCKET_DECODE=auto` picks the megakernel: where it measured
+    /// faster than the CUDA-graph path (benches/NOTES.md, H200, 2026-12-03).
+    pub auto: bool,
 }
 
 pub const FUELS: [Fuel; 4] = [
-    Fuel { name: "Llama-3.2-1B", kernel: "megakernel_llama_3_2_1b", hidden: 2048, ff: 8192, layers: 16, heads: 32, kv_heads: 8, head_dim: 64, vocab: 128256 },
-    Fuel { name: "Qwen3-0.6B", kernel: "megakernel_qwen3_0_6b", hidden: 1024, ff: 3072, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936 },
-    Fuel { name: "Qwen3-1.7B", kernel: "megakernel_qwen3_1_7b", hidden: 2048, ff: 6144, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936 },
-    Fuel { name: "SmolLM2-135M", kernel: "megakernel_smollm2_135m", hidden: 576, ff: 1536, layers: 30, heads: 9, kv_heads: 3, head_dim: 64, vocab: 49152 },
+    Fuel { name: "Llama-3.2-1B", kernel: "megakernel_llama_3_2_1b", hidden: 2048, ff: 8192, layers: 16, heads: 32, kv_heads: 8, head_dim: 64, vocab: 128256, auto: true },
+    Fuel { name: "Qwen3-0.6B", kernel: "megakernel_qwen3_0_6b", hidden: 1024, ff: 3072, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936, auto: true },
+    Fuel { name: "Qwen3-1.7B", kernel: "megakernel_qwen3_1_7b", hidden: 2048, ff: 6144, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936, auto: true },
+    Fuel { name: "SmolLM2-135M", kernel: "megakernel_smollm2_135m", hidden: 576, ff: 1536, layers: 30, heads: 9, kv_heads: 3, head_dim: 64, vocab: 49152, auto: false },
 ];
 
 /// The fuel whose shapes `spec` has exactly, if any.
@@ -93,6 +97,7 @@ struct Params {
     logits_out: u64,
     ring: u64,
     end_ids: u64,
+    trace: u64,
     watchdog_ns: u64,
     pos0: i32,
     first_token: u32,
@@ -103,10 +108,11 @@ struct Params {
     lm_tiles: i32,
     splits: i32,
     eps: f32,
+    trace_step: i32,
 }
 
 // mk_params.cuh asserts the same size.
-const _: () = assert!(std::mem::size_of::<Params>() == 232);
+const _: () = assert!(std::mem::size_of::<Params>() == 240);
 // Hopper gives a CTA at most 227 KiB of shared memory.
 const _: () = assert!(SMEM_BYTES <= 227 * 1024);
 
@@ -122,12 +128,14 @@ pub(crate) struct Launch<'a> {
     pub forced: &'a [u32],
     /// Keep every step's logits (for tests) instead of only the argmax.
     pub keep_logits: bool,
+    /// Stamp this step's timeline (`megakernel::profile`) into `Megakernel::last_trace`.
+    pub trace_step: Option<usize>,
 }
 
 pub(crate) struct Megakernel {
     pub fuel: &'static Fuel,
     function: Function,
-    schedule: Schedule,
+    pub schedule: Schedule,
     grid: u32,
     vocab: usize,
     eps: f32,
@@ -143,6 +151,9 @@ pub(crate) struct Megakernel {
     end_ids: DeviceBuffer,
     forced: DeviceBuffer,
     logits_out: Option<DeviceBuffer>,
+    trace: Option<DeviceBuffer>,
+    /// The timestamps of the last launch that asked for a trace.
+    pub last_trace: Option<Vec<u64>>,
     ring: MappedBuffer,
     /// Why the megakernel must not be launched again (a launch the host gave up
     /// on may still be running and writing the ring).
@@ -257,9 +268,16 @@ impl Megakernel {
             end_ids,
             forced,
             logits_out: None,
+            trace: None,
+            last_trace: None,
             ring,
             broken: None,
         })
+    }
+
+    /// False once a launch failed (watchdog, fault): callers decode another way.
+    pub(crate) fn in_service(&self) -> bool {
+        self.broken.is_none()
     }
 
     /// Runs one token loop. `on_token(step, token)` gets each step's argmax as it
@@ -336,6 +354,21 @@ impl Megakernel {
             eps: self.eps,
             ..self.base
         };
+        let params = match launch.trace_step {
+            Some(step) if step < steps => {
+                let bytes = trace_words(&self.schedule) * 8;
+                if self.trace.as_ref().is_none_or(|b| b.bytes < bytes) {
+                    self.trace = None;
+                    self.trace = Some(DeviceBuffer::alloc(ctx, bytes, "megakernel trace")?);
+                }
+                let b = self.trace.as_ref().expect("allocated above");
+                b.fill_u8(stream, 0)?;
+                Params { trace: b.ptr, trace_step: step as i32, ..params }
+            }
+            Some(step) => return Err(RocketError::invalid_arg("trace step", step, format!("must be < the launch's {steps} steps"))),
+            None => params,
+        };
+        self.last_trace = None;
         let cpu_start = thread_cpu_seconds();
         self.function.launch_cooperative(stream, self.grid, THREADS, SMEM_BYTES, &params)?;
 
@@ -389,7 +422,11 @@ impl Megakernel {
         let mut state = [0u32; STATE_WORDS];
         self.state.download(stream, 0, &mut state)?;
         if state[ST_ERROR] != 0 {
-            return Err(self.watchdog_error(&state));
+            // A stall is a device or schedule fault that would come back: later
+            // requests decode with CUDA graphs (see `in_service`).
+            let e = self.watchdog_error(&state);
+            self.broken = Some(e.to_string());
+            return Err(e);
         }
         let device_steps = state[ST_STEPS] as usize;
         if seen != device_steps {
@@ -403,6 +440,11 @@ impl Megakernel {
             }
             _ => None,
         };
+        if launch.trace_step.is_some() {
+            let mut stamps = vec![0u64; trace_words(&self.schedule)];
+            self.trace.as_ref().expect("allocated for the launch").download(stream, 0, &mut stamps)?;
+            self.last_trace = Some(stamps);
+        }
         let host_cpu_seconds = thread_cpu_seconds() - cpu_start;
         Ok((LoopOutcome { accepted, device_steps, host_cpu_seconds }, logits))
     }
@@ -462,12 +504,17 @@ impl Megakernel {
             req: LoopRequest { max_steps: 2, end_ids: &[], mask_end_steps: 0 },
             forced: &[],
             keep_logits: false,
+            trace_step: None,
         };
         let outcome = self.run(ctx, stream, &launch, &mut |_, _| true);
         self.base.instrs = real;
         self.schedule = real_schedule;
         self.watchdog = real_watchdog;
         match outcome {
+            Err(RocketError::Device(msg)) if msg.starts_with("megakernel watchdog") && msg.contains("its counter stayed") => {
+                self.broken = None; // the stall was the probe's own
+                Ok(msg)
+            }
             Err(RocketError::Device(msg)) => Ok(msg),
             Err(e) => Err(e),
             Ok(_) => Err(RocketError::Internal("a schedule with an impossible wait ran to the end".into())),

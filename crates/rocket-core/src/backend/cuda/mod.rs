@@ -9,19 +9,22 @@
 mod driver;
 mod kernels;
 pub mod megakernel;
+mod sampler;
 mod weights;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::{check_chunks, own_session, Backend, Chunk, Logits, LoopOutcome, LoopRequest, Session};
+use super::{check_chunks, own_session, Backend, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest, Session};
 use crate::error::{Result, RocketError};
+use crate::megakernel::Profile;
 use crate::model::{ModelSpec, ModelWeights};
 use crate::progress::LoadProgress;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
 use kernels::Kernels;
 use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
+use sampler::DeviceSampler;
 use weights::DeviceWeights;
 
 /// Positions per attention split (16 per warp): a context of n positions runs
@@ -53,8 +56,8 @@ pub enum DecodeMode {
     Graph,
     /// The persistent megakernel where the fuel has one, else an error (`megakernel`).
     Megakernel,
-    /// The default (`auto`): the CUDA-graph path until the megakernel has been
-    /// checked on a GPU (see benches/NOTES.md); then the megakernel where it exists.
+    /// The default (`auto`): the megakernel for fuels where it measured faster
+    /// than the CUDA-graph path (`megakernel::Fuel::auto`), else the graph path.
     Auto,
 }
 
@@ -74,24 +77,64 @@ impl DecodeMode {
 pub struct CudaOptions {
     /// ROCKET_DECODE: how batch-1 decode runs.
     pub decode: DecodeMode,
-    /// ROCKET_MATMUL=tensor: every pass (prefill, batches, and batch-1 steps, so a
-    /// row's result never depends on the batch) multiplies on the tensor cores
-    /// (kernels/src/gemm_tc.cu) instead of the GEMV; `gemv` (today's default, until
-    /// the tensor-core path has been checked on a GPU) keeps the GEMV.
-    pub tensor_core_matmul: bool,
+    /// ROCKET_MATMUL: which kernel multiplies by the weights.
+    pub matmul: MatmulMode,
     /// ROCKET_CUDA_GRAPHS=0 launches decode steps kernel by kernel.
     pub graphs: bool,
+    /// ROCKET_SAMPLER: `device` (default) picks sampled tokens on the GPU
+    /// (kernels/src/sample.cu, the host sampler's choice bit for bit); `host`
+    /// copies each logits row back and samples on the CPU.
+    pub device_sampling: bool,
+}
+
+/// Which kernel multiplies a pass's rows by the weights (ROCKET_MATMUL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulMode {
+    /// The GEMV (kernels/src/gemv.cu) for every pass (`gemv`).
+    Gemv,
+    /// The tensor-core GEMM (kernels/src/gemm_tc.cu) for every pass (`tensor`).
+    Tensor,
+    /// The default (`auto`): the tensor cores for passes of at least
+    /// `TENSOR_CORE_MIN_ROWS` rows (prefill, large batches), the GEMV below.
+    /// A row's logits then depend (≈1e-3 relative) on how many rows share its
+    /// pass; `gemv` or `tensor` make them batch-independent bit for bit.
+    Auto,
+}
+
+/// H200, Llama-3.2-1B (benches/NOTES.md, 2026-12-03): at 16 rows the tensor
+/// cores take 2.83 ms per step against the GEMV's 6.80; at 1 row 2.55 against
+/// 1.23. Between those the crossover is unmeasured; 8 is a guess between them.
+pub const TENSOR_CORE_MIN_ROWS: usize = 8;
+
+impl MatmulMode {
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("ROCKET_MATMUL").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => Ok(MatmulMode::Auto),
+            Ok("gemv") => Ok(MatmulMode::Gemv),
+            Ok("tensor") => Ok(MatmulMode::Tensor),
+            Ok(other) => Err(RocketError::invalid_arg("ROCKET_MATMUL", other, "expected \"auto\", \"gemv\" or \"tensor\"")),
+        }
+    }
+
+    fn tensor_cores_for(self, rows: usize) -> bool {
+        match self {
+            MatmulMode::Gemv => false,
+            MatmulMode::Tensor => true,
+            MatmulMode::Auto => rows >= TENSOR_CORE_MIN_ROWS,
+        }
+    }
 }
 
 impl CudaOptions {
     pub fn from_env() -> Result<Self> {
-        let tensor_core_matmul = match std::env::var("ROCKET_MATMUL").as_deref() {
-            Err(_) | Ok("") | Ok("gemv") => false,
-            Ok("tensor") => true,
-            Ok(other) => return Err(RocketError::invalid_arg("ROCKET_MATMUL", other, "expected \"gemv\" or \"tensor\"")),
-        };
+        let matmul = MatmulMode::from_env()?;
         let graphs = std::env::var("ROCKET_CUDA_GRAPHS").map_or(true, |v| v != "0");
-        Ok(CudaOptions { decode: DecodeMode::from_env()?, tensor_core_matmul, graphs })
+        let device_sampling = match std::env::var("ROCKET_SAMPLER").as_deref() {
+            Err(_) | Ok("") | Ok("device") => true,
+            Ok("host") => false,
+            Ok(other) => return Err(RocketError::invalid_arg("ROCKET_SAMPLER", other, "expected \"device\" or \"host\"")),
+        };
+        Ok(CudaOptions { decode: DecodeMode::from_env()?, matmul, graphs, device_sampling })
     }
 }
 
@@ -107,6 +150,7 @@ struct Inner {
     megakernel: Option<Megakernel>,
     graphs: HashMap<(usize, usize, bool), Graph>,
     scratch: Option<Scratch>,
+    sampler: DeviceSampler,
     weights: DeviceWeights,
     kernels: Kernels,
     host_inputs: PinnedBuffer,
@@ -125,6 +169,17 @@ struct RowMeta {
 
 // The kernels read RowMeta as 16 packed bytes.
 const _: () = assert!(std::mem::size_of::<RowMeta>() == 16);
+
+/// What a pass picks from its last rows' logits.
+#[derive(Clone, Copy)]
+enum Pick<'r> {
+    /// Nothing: the logits themselves go to the host.
+    Logits,
+    /// The greedy token (inside the pass, so graphs capture it).
+    Argmax,
+    /// The sampler's token per request (after the pass).
+    Sample(&'r [SampleRequest<'r>]),
+}
 
 /// What one pass returns to the host.
 enum PassOutput {
@@ -251,8 +306,18 @@ impl CudaBackend {
         let dev_weights = DeviceWeights::upload(&ctx, &stream, &spec, weights, progress)?;
         let upload_seconds = t.elapsed().as_secs_f64();
         let megakernel = match options.decode {
-            DecodeMode::Graph | DecodeMode::Auto => None,
+            DecodeMode::Graph => None,
             DecodeMode::Megakernel => Some(Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights)?),
+            DecodeMode::Auto => match megakernel::fuel_for(&spec) {
+                Some(fuel) if fuel.auto => match Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights) {
+                    Ok(mk) => Some(mk),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no megakernel on this device; decoding with CUDA graphs");
+                        None
+                    }
+                },
+                _ => None,
+            },
         };
         let info = CudaInfo {
             device_name: ctx.name.clone(),
@@ -274,6 +339,7 @@ impl CudaBackend {
                 megakernel,
                 graphs: HashMap::new(),
                 scratch: None,
+                sampler: DeviceSampler::default(),
                 weights: dev_weights,
                 kernels,
                 host_inputs,
@@ -305,13 +371,47 @@ impl CudaBackend {
         let inner = &mut *guard;
         let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
         let req = LoopRequest { max_steps: ids.len(), end_ids: &[], mask_end_steps: 0 };
-        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..], keep_logits: true };
+        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..], keep_logits: true, trace_step: None };
         let mut tokens = Vec::with_capacity(ids.len());
         let (_, logits) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
             tokens.push(t);
             true
         })?;
         Ok(Some((tokens, logits.expect("asked for logits"))))
+    }
+
+    /// The device sampler on given logits rows (`requests.len()` rows of vocab):
+    /// what `forward_sample` runs after a pass, for checking it against
+    /// `SampleRequest::sample_on_host`.
+    pub fn sample_on_device(&self, logits: &[f32], requests: &[SampleRequest<'_>]) -> Result<Vec<u32>> {
+        let vocab = self.spec.vocab_size;
+        if logits.len() != requests.len() * vocab {
+            return Err(RocketError::invalid_arg("logits", logits.len(), format!("need {} rows of {vocab}", requests.len())));
+        }
+        let mut guard = self.lock()?;
+        let inner = &mut *guard;
+        let rows = DeviceBuffer::alloc(&inner.ctx, logits.len().max(1) * 4, "logits to sample")?;
+        rows.upload(&inner.stream, 0, logits)?;
+        inner.sampler.sample(&inner.ctx, &inner.stream, &inner.kernels, rows.ptr, vocab, requests)
+    }
+
+    /// Where the megakernel's time goes: teacher-forces `ids` and reads the
+    /// kernel's timestamps of step `step` (see `megakernel::profile`). None when
+    /// no megakernel is loaded.
+    pub fn megakernel_profile(&self, ids: &[u32], step: usize) -> Result<Option<Profile>> {
+        if ids.is_empty() || ids.len() > MAX_LOOP_STEPS || step >= ids.len() {
+            return Err(RocketError::invalid_arg("ids", ids.len(), format!("need 1..={MAX_LOOP_STEPS} tokens, more than step {step}")));
+        }
+        let mut session = self.new_session(ids.len())?;
+        let kv = own_session::<CudaSession>(session.as_mut(), "cuda")?.kv.ptr;
+        let mut guard = self.lock()?;
+        let inner = &mut *guard;
+        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
+        let req = LoopRequest { max_steps: ids.len(), end_ids: &[], mask_end_steps: 0 };
+        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..], keep_logits: false, trace_step: Some(step) };
+        mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, _| true)?;
+        let stamps = mk.last_trace.take().ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
+        Profile::from_trace(&mk.schedule, &stamps).map(Some)
     }
 
     /// Runs the megakernel on a schedule with a wait that can never be met and
@@ -332,9 +432,15 @@ impl CudaBackend {
     }
 
     /// One pass; returns logits rows or (with `argmax`) one token per output row.
-    fn run(&self, chunks: &mut [Chunk<'_>], logits: Logits, argmax: bool) -> Result<PassOutput> {
+    fn run(&self, chunks: &mut [Chunk<'_>], logits: Logits, pick: Pick<'_>) -> Result<PassOutput> {
         let s = &self.spec;
         check_chunks(chunks, s.vocab_size)?;
+        let argmax = matches!(pick, Pick::Argmax);
+        if let Pick::Sample(requests) = pick {
+            if requests.len() != chunks.len() || logits != Logits::Last {
+                return Err(RocketError::Internal(format!("{} sample requests for {} chunks", requests.len(), chunks.len())));
+            }
+        }
         let rows: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let decode = chunks.iter().all(|c| c.tokens.len() == 1);
         let out_rows = if logits == Logits::All { rows } else { chunks.len() };
@@ -395,14 +501,21 @@ impl CudaBackend {
             self.record_pass(inner, scratch, &shape)?;
         }
 
-        let out = if argmax {
-            let mut tokens = vec![0u32; out_rows];
-            scratch.argmax.download(&inner.stream, 0, &mut tokens)?;
-            PassOutput::Tokens(tokens)
-        } else {
-            let mut l = vec![0f32; out_rows * s.vocab_size];
-            scratch.logits.download(&inner.stream, 0, &mut l)?;
-            PassOutput::Logits(l)
+        let out = match pick {
+            Pick::Argmax => {
+                let mut tokens = vec![0u32; out_rows];
+                scratch.argmax.download(&inner.stream, 0, &mut tokens)?;
+                PassOutput::Tokens(tokens)
+            }
+            Pick::Sample(requests) => {
+                let (ctx, stream, kernels) = (&inner.ctx, &inner.stream, &inner.kernels);
+                PassOutput::Tokens(inner.sampler.sample(ctx, stream, kernels, scratch.logits.ptr, s.vocab_size, requests)?)
+            }
+            Pick::Logits => {
+                let mut l = vec![0f32; out_rows * s.vocab_size];
+                scratch.logits.download(&inner.stream, 0, &mut l)?;
+                PassOutput::Logits(l)
+            }
         };
         for c in chunks.iter_mut() {
             own_session::<CudaSession>(c.session, "cuda")?.len += c.tokens.len();
@@ -458,12 +571,11 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// y (+)= x · Wᵀ for `rows` input rows: the tensor-core GEMM when enabled and
-    /// the width allows, else the GEMV. The choice never depends on `rows`, so a
-    /// row's result does not depend on what else is in the pass.
+    /// y (+)= x · Wᵀ for `rows` input rows: the tensor-core GEMM where the
+    /// matmul mode picks it for `rows` and the width allows, else the GEMV.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
-        if self.options.tensor_core_matmul && Kernels::gemm_tc_fits(width) {
+        if self.options.matmul.tensor_cores_for(rows) && Kernels::gemm_tc_fits(width) {
             k.gemm_tc(st, w, x, y, n, width, rows, accumulate)
         } else {
             k.gemv(st, w, x, y, n, width, rows, accumulate)
@@ -506,7 +618,7 @@ impl Backend for CudaBackend {
     }
 
     fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
-        match self.run(chunks, logits, false)? {
+        match self.run(chunks, logits, Pick::Logits)? {
             PassOutput::Logits(l) => Ok(l),
             PassOutput::Tokens(_) => Err(RocketError::Internal("argmax pass where logits were asked for".into())),
         }
@@ -522,6 +634,9 @@ impl Backend for CudaBackend {
         let mut guard = self.lock()?;
         let inner = &mut *guard;
         let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
+        if !mk.in_service() {
+            return Ok(None); // a launch failed earlier: CUDA graphs from here on
+        }
         let mut end_ids = req.end_ids.to_vec();
         end_ids.sort_unstable();
         end_ids.dedup();
@@ -541,6 +656,7 @@ impl Backend for CudaBackend {
             req: LoopRequest { max_steps, end_ids: &end_ids, mask_end_steps: req.mask_end_steps },
             forced: &[],
             keep_logits: false,
+            trace_step: None,
         };
         // Counted here so the session keeps the tokens handed on even if the launch fails later.
         let mut handed = 0;
@@ -553,17 +669,29 @@ impl Backend for CudaBackend {
         Ok(Some(outcome))
     }
 
-    fn decode_path(&self, batch: usize) -> &'static str {
-        match self.lock().map(|i| i.megakernel.is_some()) {
-            Ok(true) if batch == 1 => "megakernel",
-            _ => "cuda-graph",
+    fn decode_path(&self, batch: usize, greedy: bool) -> &'static str {
+        match self.lock().map(|i| i.megakernel.as_ref().is_some_and(Megakernel::in_service)) {
+            Ok(true) if batch == 1 && greedy => "megakernel",
+            _ if greedy => "cuda-graph",
+            _ if self.options.device_sampling => "cuda-graph + device sampler",
+            _ => "cuda-graph + host sampler",
         }
     }
 
     fn forward_argmax(&self, chunks: &mut [Chunk<'_>]) -> Result<Option<Vec<u32>>> {
-        match self.run(chunks, Logits::Last, true)? {
+        match self.run(chunks, Logits::Last, Pick::Argmax)? {
             PassOutput::Tokens(t) => Ok(Some(t)),
             PassOutput::Logits(_) => Err(RocketError::Internal("logits pass where argmax was asked for".into())),
+        }
+    }
+
+    fn forward_sample(&self, chunks: &mut [Chunk<'_>], requests: &[SampleRequest<'_>]) -> Result<Option<Vec<u32>>> {
+        if !self.options.device_sampling {
+            return Ok(None);
+        }
+        match self.run(chunks, Logits::Last, Pick::Sample(requests))? {
+            PassOutput::Tokens(t) => Ok(Some(t)),
+            PassOutput::Logits(_) => Err(RocketError::Internal("logits pass where sampling was asked for".into())),
         }
     }
 }

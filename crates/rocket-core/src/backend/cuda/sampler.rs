@@ -1,0 +1,163 @@
+//! The host side of the device sampler (kernels/src/sample.cu): packs each
+//! row's request, penalty list and masked end ids into one upload, keeps the
+//! kernel's buffers, and brings back only the chosen token ids.
+
+use super::driver::{Context, DeviceBuffer, Stream};
+use super::kernels::{Kernels, SampleInputs, SampleRow, SAMPLE_ITEM_BYTES};
+use crate::backend::SampleRequest;
+use crate::error::{Result, RocketError};
+use crate::sampling::TokenHistory;
+
+/// Every row's inputs in one byte image: rows | penalty tokens | penalty counts | mask ids.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Packed {
+    pub bytes: Vec<u8>,
+    pub penalty_tokens_at: usize,
+    pub penalty_counts_at: usize,
+    pub mask_ids_at: usize,
+}
+
+fn push_words(bytes: &mut Vec<u8>, words: &[u32]) -> usize {
+    let at = bytes.len().next_multiple_of(16);
+    bytes.resize(at, 0);
+    for w in words {
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    at
+}
+
+/// Lays out the requests as sample.cu reads them.
+pub(crate) fn pack(requests: &[SampleRequest<'_>]) -> Result<Packed> {
+    let (mut tokens, mut counts, mut masks) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rows = Vec::with_capacity(requests.len());
+    for r in requests {
+        let p = r.params;
+        let penalty_off = tokens.len();
+        if TokenHistory::penalties_apply(p) {
+            for (t, c) in r.history.penalty_entries() {
+                tokens.push(t);
+                counts.push(c);
+            }
+        }
+        let mask_off = masks.len();
+        if r.masks_end_ids() {
+            masks.extend_from_slice(r.end_ids);
+        }
+        let word = |n: usize, what: &str| u32::try_from(n).map_err(|_| RocketError::Internal(format!("{what} {n} does not fit the device sampler")));
+        rows.push(SampleRow {
+            seed: r.seed,
+            step: r.step,
+            temperature: p.temperature,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            top_k: word(p.top_k.min(u32::MAX as usize), "top_k")?,
+            penalty_off: word(penalty_off, "penalty list offset")?,
+            penalty_len: word(tokens.len() - penalty_off, "penalty list length")?,
+            mask_off: word(mask_off, "mask offset")?,
+            mask_len: word(masks.len() - mask_off, "mask length")?,
+            reserved: 0,
+        });
+    }
+    let mut bytes = Vec::with_capacity(rows.len() * 64 + 4 * (2 * tokens.len() + masks.len()) + 48);
+    for row in &rows {
+        // SAFETY: SampleRow is repr(C) plain data without padding (64 bytes, asserted).
+        let raw = unsafe { std::slice::from_raw_parts(row as *const SampleRow as *const u8, std::mem::size_of::<SampleRow>()) };
+        bytes.extend_from_slice(raw);
+    }
+    let penalty_tokens_at = push_words(&mut bytes, &tokens);
+    let penalty_counts_at = push_words(&mut bytes, &counts);
+    let mask_ids_at = push_words(&mut bytes, &masks);
+    Ok(Packed { bytes, penalty_tokens_at, penalty_counts_at, mask_ids_at })
+}
+
+/// Buffers of the device sampler, grown to the largest batch seen.
+#[derive(Default)]
+pub(crate) struct DeviceSampler {
+    /// Compacted candidates: SAMPLE_ITEM_BYTES × vocab per row.
+    items: Option<DeviceBuffer>,
+    inputs: Option<DeviceBuffer>,
+    tokens: Option<DeviceBuffer>,
+}
+
+fn ensure(buf: &mut Option<DeviceBuffer>, ctx: &Context, bytes: usize, what: &str) -> Result<u64> {
+    if buf.as_ref().is_none_or(|b| b.bytes < bytes) {
+        *buf = None; // free the old one first
+        *buf = Some(DeviceBuffer::alloc(ctx, bytes.next_power_of_two(), what)?);
+    }
+    Ok(buf.as_ref().expect("allocated above").ptr)
+}
+
+impl DeviceSampler {
+    /// Picks one token per logits row (`requests.len()` rows of `vocab` at
+    /// `logits`, which the penalties modify in place), after the work already
+    /// queued on `stream`.
+    pub(crate) fn sample(
+        &mut self,
+        ctx: &Context,
+        stream: &Stream,
+        kernels: &Kernels,
+        logits: u64,
+        vocab: usize,
+        requests: &[SampleRequest<'_>],
+    ) -> Result<Vec<u32>> {
+        let rows = requests.len();
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let packed = pack(requests)?;
+        let items = ensure(&mut self.items, ctx, rows * vocab * SAMPLE_ITEM_BYTES, "sampler candidates")?;
+        let inputs = ensure(&mut self.inputs, ctx, packed.bytes.len(), "sampler inputs")?;
+        let tokens = ensure(&mut self.tokens, ctx, rows * 4, "sampled tokens")?;
+        self.inputs.as_ref().expect("ensured").upload(stream, 0, &packed.bytes)?;
+        let at = |off: usize| inputs + off as u64;
+        let addresses = SampleInputs {
+            rows: inputs,
+            penalty_tokens: at(packed.penalty_tokens_at),
+            penalty_counts: at(packed.penalty_counts_at),
+            mask_ids: at(packed.mask_ids_at),
+        };
+        kernels.sample(stream, logits, &addresses, items, tokens, vocab, rows)?;
+        let mut out = vec![0u32; rows];
+        self.tokens.as_ref().expect("ensured").download(stream, 0, &mut out)?;
+        if let Some(bad) = out.iter().find(|&&t| t as usize >= vocab) {
+            return Err(RocketError::Internal(format!("the device sampler returned token {bad} for a vocabulary of {vocab}")));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplingParams;
+
+    #[test]
+    fn packs_rows_penalties_and_masks_where_the_kernel_reads_them() {
+        let mut history = TokenHistory::new(&[5, 9]);
+        history.push(9);
+        history.push(11);
+        let penalised = SamplingParams { repetition_penalty: 1.2, min_tokens: 5, top_k: 7, seed: Some(3), ..SamplingParams::default() };
+        let plain = SamplingParams { temperature: 0.5, ..SamplingParams::default() };
+        let empty = TokenHistory::new(&[1]);
+        let reqs = [
+            SampleRequest { params: &penalised, seed: 3, step: 2, history: &history, end_ids: &[2, 4] },
+            SampleRequest { params: &plain, seed: 8, step: 0, history: &empty, end_ids: &[2] },
+        ];
+        let p = pack(&reqs).unwrap();
+        let row = |i: usize| unsafe { std::ptr::read_unaligned(p.bytes[i * 64..].as_ptr() as *const SampleRow) };
+        let word = |at: usize, i: usize| u32::from_le_bytes(p.bytes[at + 4 * i..at + 4 * i + 4].try_into().unwrap());
+        let (a, b) = (row(0), row(1));
+        assert_eq!((a.seed, a.step, a.top_k, a.repetition_penalty), (3, 2, 7, 1.2));
+        assert_eq!((a.penalty_off, a.penalty_len, a.mask_off, a.mask_len), (0, 3, 0, 2));
+        let mut entries: Vec<(u32, u32)> = (0..3).map(|i| (word(p.penalty_tokens_at, i), word(p.penalty_counts_at, i))).collect();
+        entries.sort();
+        assert_eq!(entries, [(5, 0), (9, 1), (11, 1)]);
+        assert_eq!([word(p.mask_ids_at, 0), word(p.mask_ids_at, 1)], [2, 4]);
+        // No penalties and min_tokens reached: nothing to upload for the second row.
+        assert_eq!((b.temperature, b.penalty_len, b.mask_len, b.mask_off), (0.5, 0, 0, 2));
+        assert!(p.penalty_tokens_at % 16 == 0 && p.mask_ids_at % 16 == 0 && p.penalty_tokens_at >= 128);
+    }
+}

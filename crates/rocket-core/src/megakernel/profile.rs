@@ -1,0 +1,176 @@
+//! Where a megakernel step's time goes, from the kernel's own timestamps.
+//!
+//! With tracing on, thread 0 of every CTA stamps the GPU's global timer (ns)
+//! for one chosen step: when it starts waiting for the step's input and when
+//! that wait ends, and for each of its instructions when the dependency wait
+//! begins, when it ends and when the instruction is done. Layout (u64 words):
+//! `[3 i + 0, 1, 2]` for instruction `i` of the encoded schedule (SM lists back
+//! to back), then `[3 n + 2 sm + 0, 1]` for the step wait of each SM.
+
+use std::fmt;
+
+use super::schedule::{Op, Schedule, Work};
+use crate::error::{Result, RocketError};
+
+/// Words a trace of `schedule` takes.
+pub fn trace_words(schedule: &Schedule) -> usize {
+    3 * schedule.len() + 2 * schedule.sm_count
+}
+
+/// Time per kind of instruction over one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpTimes {
+    pub op: Op,
+    pub count: usize,
+    /// Mean time waiting for the dependency (µs).
+    pub wait_us: f64,
+    /// Mean time from the wait's end to done (µs): the work itself.
+    pub busy_us: f64,
+    /// Mean time from the last instruction the wait needed being done to the
+    /// wait ending, over instructions that did wait (µs): the hand-off cost.
+    pub handoff_us: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// From the first SM seeing the step's input to the last instruction done (µs).
+    pub step_us: f64,
+    /// Mean time between the ends of consecutive layers' last down-projection (µs).
+    pub layer_us: f64,
+    pub ops: Vec<OpTimes>,
+}
+
+impl Profile {
+    /// Reads a trace of `schedule` (see the module docs). Errors when a stamp is
+    /// missing or out of order, which means the trace is not of a whole step.
+    pub fn from_trace(schedule: &Schedule, stamps: &[u64]) -> Result<Profile> {
+        let n = schedule.len();
+        if stamps.len() != trace_words(schedule) {
+            return Err(RocketError::Internal(format!("a trace of {} words for a schedule of {n} instructions", stamps.len())));
+        }
+        let instrs: Vec<_> = schedule.per_sm.iter().flatten().collect();
+        for (i, w) in stamps[..3 * n].chunks(3).enumerate() {
+            if w[0] == 0 || w[0] > w[1] || w[1] > w[2] {
+                return Err(RocketError::Internal(format!("instruction {i} ({:?}) has stamps {w:?}", instrs[i].op)));
+            }
+        }
+        let step_ends = &stamps[3 * n..];
+        if step_ends.chunks(2).any(|w| w[0] == 0 || w[0] > w[1]) {
+            return Err(RocketError::Internal("a step wait was not stamped".into()));
+        }
+        let start = step_ends.chunks(2).map(|w| w[1]).min().unwrap_or(0);
+        let end = stamps[..3 * n].chunks(3).map(|w| w[2]).max().unwrap_or(start);
+        let us = |ns: u64| ns as f64 / 1e3;
+
+        // When each counter was last bumped: the latest `done` of its signallers
+        // (attention's merge counter: the latest split of that head).
+        let mut ready = std::collections::HashMap::<u16, u64>::new();
+        for (i, ins) in instrs.iter().enumerate() {
+            let done = stamps[3 * i + 2];
+            let mut bump = |c: u16| {
+                let r = ready.entry(c).or_insert(0);
+                *r = (*r).max(done);
+            };
+            bump(ins.signal);
+            if let Work::Attn { done: merged, .. } = ins.work {
+                bump(merged);
+            }
+        }
+
+        let mut ops = Vec::new();
+        for op in [Op::Qkv, Op::Attn, Op::OProj, Op::GateUp, Op::Down, Op::LmHead] {
+            let (mut count, mut wait, mut busy, mut handoffs, mut handoff) = (0, 0u64, 0u64, 0usize, 0u64);
+            for (i, ins) in instrs.iter().enumerate().filter(|(_, ins)| ins.op == op) {
+                let w = &stamps[3 * i..3 * i + 3];
+                count += 1;
+                wait += w[1] - w[0];
+                busy += w[2] - w[1];
+                if let Some(&r) = ready.get(&ins.wait.counter) {
+                    if r > w[0] && w[1] >= r {
+                        handoffs += 1;
+                        handoff += w[1] - r;
+                    }
+                }
+            }
+            if count > 0 {
+                let mean = |t: u64, k: usize| if k == 0 { 0.0 } else { us(t) / k as f64 };
+                ops.push(OpTimes { op, count, wait_us: mean(wait, count), busy_us: mean(busy, count), handoff_us: mean(handoff, handoffs) });
+            }
+        }
+
+        // Layer l ends when its last down-projection tile is done.
+        let layers = schedule.counters.layers;
+        let mut layer_end = vec![0u64; layers];
+        for (i, ins) in instrs.iter().enumerate().filter(|(_, ins)| ins.op == Op::Down) {
+            let l = ins.layer as usize;
+            layer_end[l] = layer_end[l].max(stamps[3 * i + 2]);
+        }
+        let layer_us = if layers > 0 { us(layer_end[layers - 1].saturating_sub(start)) / layers as f64 } else { 0.0 };
+        Ok(Profile { step_us: us(end.saturating_sub(start)), layer_us, ops })
+    }
+}
+
+impl fmt::Display for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "step {:.1} µs, {:.1} µs per layer", self.step_us, self.layer_us)?;
+        writeln!(f, "| op | instructions | wait µs | busy µs | hand-off µs |")?;
+        writeln!(f, "|:--|--:|--:|--:|--:|")?;
+        for o in &self.ops {
+            writeln!(f, "| {:?} | {} | {:.2} | {:.2} | {:.2} |", o.op, o.count, o.wait_us, o.busy_us, o.handoff_us)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::megakernel::verify::tests::spec;
+
+    fn small_schedule() -> Schedule {
+        Schedule::compile(&spec(64, 128, 2, 4, 2, 64, 300), 3).unwrap()
+    }
+
+    /// A synthetic trace: every instruction waits 1 µs and works 2 µs, one after another.
+    fn serial_trace(s: &Schedule) -> Vec<u64> {
+        let n = s.len();
+        let mut stamps = vec![0u64; trace_words(s)];
+        let mut t = 10_000u64;
+        for sm in 0..s.sm_count {
+            stamps[3 * n + 2 * sm] = 9_000;
+            stamps[3 * n + 2 * sm + 1] = 10_000;
+        }
+        for i in 0..n {
+            stamps[3 * i] = t;
+            stamps[3 * i + 1] = t + 1_000;
+            stamps[3 * i + 2] = t + 3_000;
+            t += 3_000;
+        }
+        stamps
+    }
+
+    #[test]
+    fn a_serial_trace_adds_up() {
+        let s = small_schedule();
+        let p = Profile::from_trace(&s, &serial_trace(&s)).unwrap();
+        assert!((p.step_us - 3.0 * s.len() as f64).abs() < 1e-9, "{p}");
+        assert_eq!(p.ops.iter().map(|o| o.count).sum::<usize>(), s.len());
+        assert!(p.ops.iter().all(|o| (o.wait_us - 1.0).abs() < 1e-9 && (o.busy_us - 2.0).abs() < 1e-9));
+        assert!(p.layer_us > 0.0 && p.layer_us <= p.step_us);
+        assert!(p.to_string().contains("| Qkv |"));
+    }
+
+    #[test]
+    fn missing_or_disordered_stamps_are_errors() {
+        let s = small_schedule();
+        let mut t = serial_trace(&s);
+        t[4] = 0; // instruction 1 never stamped its wait's end... and is now out of order
+        assert!(Profile::from_trace(&s, &t).is_err());
+        let t = serial_trace(&s);
+        assert!(Profile::from_trace(&s, &t[1..]).is_err());
+        let mut t = serial_trace(&s);
+        let n = s.len();
+        t[3 * n] = 0;
+        assert!(Profile::from_trace(&s, &t).is_err());
+    }
+}
