@@ -251,7 +251,7 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> 
     // NaN and -inf are never candidates.
     let max = logits.iter().copied().filter(|&l| l > f32::NEG_INFINITY).fold(f32::NEG_INFINITY, f32::max);
     // No candidate, or +inf ones that take all the mass: the first of the best.
-    if max == f32::NEG_INFINITY || max == f32::INFINITY {
+    if max.is_infinite() {
         return argmax(logits);
     }
     let inv_t = 1.0 / params.temperature as f64;

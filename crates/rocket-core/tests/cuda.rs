@@ -33,6 +33,13 @@ fn checkpoints() -> Vec<PathBuf> {
     v
 }
 
+/// The CUDA backend alone (options from the environment) on a checkpoint.
+fn cuda_backend(path: &std::path::Path) -> CudaBackend {
+    let src = ModelSource::open(path).unwrap();
+    let weights = ModelWeights::from_weights(&src.spec, src.weights).unwrap();
+    CudaBackend::new(src.spec.clone(), &weights, &LoadProgress::new(false)).unwrap()
+}
+
 fn load(path: &PathBuf, device: Device) -> Engine {
     Engine::load(path, EngineOptions { device, progress: false, ..EngineOptions::default() }).unwrap()
 }
@@ -265,11 +272,8 @@ fn device_sampler_picks_the_host_samplers_token() {
     use rocket_core::backend::SampleRequest;
     use rocket_core::sampling::TokenHistory;
     for path in checkpoints() {
-        let src = ModelSource::open(&path).unwrap();
-        let spec = src.spec.clone();
-        let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
-        let gpu = CudaBackend::new(spec.clone(), &weights, &LoadProgress::new(false)).unwrap();
-        let vocab = spec.vocab_size;
+        let gpu = cuda_backend(&path);
+        let vocab = gpu.spec().vocab_size;
         let settings = sampler_settings();
         // Histories with prompt and generated tokens (penalties), some below min_tokens.
         let histories: Vec<TokenHistory> = (0..8u64)
@@ -323,11 +327,8 @@ fn sampled_batches_pick_on_the_device_what_the_host_would() {
     use rocket_core::backend::SampleRequest;
     use rocket_core::sampling::TokenHistory;
     for path in checkpoints() {
-        let src = ModelSource::open(&path).unwrap();
-        let spec = src.spec.clone();
-        let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
-        let gpu = CudaBackend::new(spec.clone(), &weights, &LoadProgress::new(false)).unwrap();
-        let vocab = spec.vocab_size;
+        let gpu = cuda_backend(&path);
+        let vocab = gpu.spec().vocab_size;
         let settings: Vec<SamplingParams> = sampler_settings().into_iter().step_by(23).take(8).collect();
         let prompts: Vec<Vec<u32>> = (0..settings.len()).map(|i| random_ids(300 + i as u64, 6 + 5 * i, vocab)).collect();
         let steps = 24;

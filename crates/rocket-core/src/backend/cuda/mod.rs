@@ -353,6 +353,10 @@ impl CudaBackend {
         &self.info
     }
 
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
     /// The fuel whose megakernel decodes at batch 1, or None (CUDA-graph path).
     pub fn megakernel_fuel(&self) -> Result<Option<&'static str>> {
         Ok(self.lock()?.megakernel.as_ref().map(|m| m.fuel.name))
@@ -362,6 +366,32 @@ impl CudaBackend {
     /// fresh sequence and returns each step's argmax and logits ([len][vocab]).
     /// None when no megakernel is loaded.
     pub fn megakernel_teacher_forced(&self, ids: &[u32]) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
+        self.megakernel_forced(ids, true, None, |_, tokens, logits| Ok((tokens, logits.expect("asked for logits"))))
+    }
+
+    /// Where the megakernel's time goes: teacher-forces `ids` and reads the
+    /// kernel's timestamps of step `step` (see `megakernel::profile`). None when
+    /// no megakernel is loaded.
+    pub fn megakernel_profile(&self, ids: &[u32], step: usize) -> Result<Option<Profile>> {
+        if step >= ids.len() {
+            return Err(RocketError::invalid_arg("step", step, format!("must be < the {} steps of the run", ids.len())));
+        }
+        self.megakernel_forced(ids, false, Some(step), |mk, _, _| {
+            let stamps = mk.last_trace.take().ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
+            Profile::from_trace(&mk.schedule, &stamps)
+        })
+    }
+
+    /// One megakernel launch over a fresh sequence fed `ids` one per step;
+    /// `finish` gets the megakernel, each step's argmax and (with `keep_logits`)
+    /// the logits. None when no megakernel is loaded.
+    fn megakernel_forced<T>(
+        &self,
+        ids: &[u32],
+        keep_logits: bool,
+        trace_step: Option<usize>,
+        finish: impl FnOnce(&mut Megakernel, Vec<u32>, Option<Vec<f32>>) -> Result<T>,
+    ) -> Result<Option<T>> {
         if ids.is_empty() || ids.len() > MAX_LOOP_STEPS {
             return Err(RocketError::invalid_arg("ids", ids.len(), format!("need 1..={MAX_LOOP_STEPS} tokens")));
         }
@@ -371,13 +401,13 @@ impl CudaBackend {
         let inner = &mut *guard;
         let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
         let req = LoopRequest { max_steps: ids.len(), end_ids: &[], mask_end_steps: 0 };
-        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..], keep_logits: true, trace_step: None };
+        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..], keep_logits, trace_step };
         let mut tokens = Vec::with_capacity(ids.len());
         let (_, logits) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
             tokens.push(t);
             true
         })?;
-        Ok(Some((tokens, logits.expect("asked for logits"))))
+        finish(mk, tokens, logits).map(Some)
     }
 
     /// The device sampler on given logits rows (`requests.len()` rows of vocab):
@@ -393,25 +423,6 @@ impl CudaBackend {
         let rows = DeviceBuffer::alloc(&inner.ctx, logits.len().max(1) * 4, "logits to sample")?;
         rows.upload(&inner.stream, 0, logits)?;
         inner.sampler.sample(&inner.ctx, &inner.stream, &inner.kernels, rows.ptr, vocab, requests)
-    }
-
-    /// Where the megakernel's time goes: teacher-forces `ids` and reads the
-    /// kernel's timestamps of step `step` (see `megakernel::profile`). None when
-    /// no megakernel is loaded.
-    pub fn megakernel_profile(&self, ids: &[u32], step: usize) -> Result<Option<Profile>> {
-        if ids.is_empty() || ids.len() > MAX_LOOP_STEPS || step >= ids.len() {
-            return Err(RocketError::invalid_arg("ids", ids.len(), format!("need 1..={MAX_LOOP_STEPS} tokens, more than step {step}")));
-        }
-        let mut session = self.new_session(ids.len())?;
-        let kv = own_session::<CudaSession>(session.as_mut(), "cuda")?.kv.ptr;
-        let mut guard = self.lock()?;
-        let inner = &mut *guard;
-        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
-        let req = LoopRequest { max_steps: ids.len(), end_ids: &[], mask_end_steps: 0 };
-        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..], keep_logits: false, trace_step: Some(step) };
-        mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, _| true)?;
-        let stamps = mk.last_trace.take().ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
-        Profile::from_trace(&mk.schedule, &stamps).map(Some)
     }
 
     /// Runs the megakernel on a schedule with a wait that can never be met and
