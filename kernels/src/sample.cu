@@ -327,7 +327,8 @@ __device__ uint32_t row_argmax(const float* row, uint32_t vocab, SampleShared& s
     for (uint32_t i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
         const float v = row[i];
         if (v > -INFINITY) {
-            const uint64_t k = item_key(v, i);
+            // + 0.0f turns -0.0 into +0.0: the host's `>` sees them equal (lower index wins).
+            const uint64_t k = item_key(__fadd_rn(v, 0.0f), i);
             best = k > best ? k : best;
         }
     }

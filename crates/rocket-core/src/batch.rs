@@ -266,7 +266,8 @@ impl<'a> Batcher<'a> {
                 tracing::warn!(error = %e, "the device token loop failed; continuing step by step");
                 return None;
             }
-            Err(_) => {}
+            // The sink already ended the request; the error only concerns the device.
+            Err(e) => tracing::warn!(error = %e, "the device token loop failed after its request ended"),
         }
         if !matches!(after, After::Running) {
             end(self.running.remove(0), after);

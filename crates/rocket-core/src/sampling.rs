@@ -375,6 +375,7 @@ mod tests {
         assert_eq!(argmax(&[1.0, f32::NAN, 0.5]), 0);
         assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY]), 0);
         assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0]), 1);
+        assert_eq!(argmax(&[-0.0, 0.0, -1.0]), 0); // -0.0 == +0.0: the first wins
         // +inf takes all the mass under any filter; the first one is chosen.
         let inf = [0.5, f32::INFINITY, 2.0, f32::INFINITY];
         for p in [params(|_| {}), params(|p| p.min_p = 0.1), params(|p| p.top_p = 0.5), params(|p| p.top_k = 2)] {

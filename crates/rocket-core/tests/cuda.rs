@@ -257,7 +257,8 @@ fn sampler_logits(kind: usize, seed: u64, vocab: usize) -> Vec<f32> {
             if seed % 2 == 0 {
                 row.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
             } else {
-                row.iter_mut().for_each(|v| *v = 0.0); // all equal
+                // All equal, as -0.0 and +0.0: argmax takes the first; total_cmp orders them.
+                row.iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { -0.0 } else { 0.0 });
             }
         }
     }

@@ -154,6 +154,8 @@ pub(crate) struct Megakernel {
     trace: Option<DeviceBuffer>,
     /// The timestamps of the last launch that asked for a trace.
     pub last_trace: Option<Vec<u64>>,
+    /// A launch the host gave up on (see `hung`).
+    hung: bool,
     ring: MappedBuffer,
     /// Why the megakernel must not be launched again (a launch the host gave up
     /// on may still be running and writing the ring).
@@ -270,6 +272,7 @@ impl Megakernel {
             logits_out: None,
             trace: None,
             last_trace: None,
+            hung: false,
             ring,
             broken: None,
         })
@@ -278,6 +281,12 @@ impl Megakernel {
     /// False once a launch failed (watchdog, fault): callers decode another way.
     pub(crate) fn in_service(&self) -> bool {
         self.broken.is_none()
+    }
+
+    /// Whether a launch the host gave up on may still occupy the GPU: nothing
+    /// else queued behind it on the stream would ever run.
+    pub(crate) fn hung(&self) -> bool {
+        self.hung
     }
 
     /// Runs one token loop. `on_token(step, token)` gets each step's argmax as it
@@ -414,6 +423,7 @@ impl Megakernel {
                     self.watchdog.as_millis()
                 );
                 self.broken = Some(why.clone());
+                self.hung = true;
                 return Err(RocketError::Device(format!("megakernel: {why}")));
             }
             std::thread::sleep(Duration::from_micros(50));
@@ -430,7 +440,9 @@ impl Megakernel {
         }
         let device_steps = state[ST_STEPS] as usize;
         if seen != device_steps {
-            return Err(RocketError::Internal(format!("the megakernel ran {device_steps} steps but published {seen} tokens")));
+            let why = format!("the megakernel ran {device_steps} steps but published {seen} tokens");
+            self.broken = Some(why.clone());
+            return Err(RocketError::Internal(why));
         }
         let logits = match (&self.logits_out, launch.keep_logits) {
             (Some(b), true) => {

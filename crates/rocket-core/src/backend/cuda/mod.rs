@@ -464,6 +464,10 @@ impl CudaBackend {
 
         let mut guard = self.lock()?;
         let inner = &mut *guard;
+        if inner.megakernel.as_ref().is_some_and(Megakernel::hung) {
+            // Work queued behind a launch that never ended would wait forever.
+            return Err(RocketError::Device("the GPU is held by a megakernel launch that never ended; restart the process".into()));
+        }
         let grow = inner.scratch.as_ref().is_none_or(|sc| sc.rows < rows || sc.splits < splits);
         if grow {
             let (r, sp) = inner.scratch.as_ref().map_or((rows, splits), |sc| (sc.rows.max(rows), sc.splits.max(splits)));
