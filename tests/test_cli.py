@@ -54,6 +54,28 @@ def test_inspect_exports_the_gguf_tokenizer_as_an_hf_folder(smollm2: rocket.LLM,
     assert config["eos_token"] == "<|im_end|>" and "<|im_start|>" in config["chat_template"]
 
 
+@pytest.mark.parametrize("sampled", [False, True])
+def test_bench_prints_a_table_and_writes_json(sampled: bool, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    extra = ["--temperature", "0.8", "--top-p", "0.9", "--top-k", "20"] if sampled else []
+    r = run("bench", "--model", str(FIXTURES / "tiny-llama"), "--device", "cpu", "--batch", "1,3", "--prompt-len", "12",
+            "--gen-len", "6", "--reps", "2", *extra, "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and not line.startswith("| batch")]
+    assert [row.split("|")[1].strip() for row in rows] == ["1", "3"], r.stdout
+    report = json.loads(out.read_text())
+    assert report["backend"] == "cpu" and report["prompt_len"] == 12 and report["gen_len"] == 6
+    assert report["sampling"]["temperature"] == (0.8 if sampled else 0.0)
+    for res in report["results"]:
+        assert res["decode_ms_per_step"] > 0 and res["ttft_ms"] > 0 and res["host_cpu_us_per_token"] >= 0
+
+
+def test_bench_rejects_bad_settings() -> None:
+    for args in (["--batch", "0"], ["--gen-len", "1"], ["--top-p", "0"]):
+        r = run("bench", "--model", str(FIXTURES / "tiny-llama"), "--device", "cpu", *args)
+        assert r.returncode != 0 and r.stderr.strip(), args
+
+
 @pytest.mark.parametrize("args", [("generate", "--model", "/no/such/dir", "hi"), ("inspect", "/no/such/file.gguf")])
 def test_errors_are_one_line(args: tuple[str, ...]) -> None:
     r = run(*args)

@@ -81,16 +81,22 @@ struct Run {
     ttft: f64,
     /// Seconds per decode step.
     step: f64,
-    /// Host CPU seconds per generated token (this thread, prefill included).
+    /// Host CPU seconds per decoded token (this thread): the run's CPU time less
+    /// a prefill-only run's, over the tokens after the first.
     host_cpu_per_token: f64,
 }
 
 fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize, sampling: &SamplingParams) -> anyhow::Result<Run> {
     let params = SamplingParams { max_tokens: gen_len, ..sampling.clone() };
-    let requests = prompts.iter().map(|p| (String::new(), p.clone(), params.clone())).collect();
+    let requests = |max_tokens| prompts.iter().map(|p| (String::new(), p.clone(), SamplingParams { max_tokens, ..params.clone() })).collect();
+    // The prefill (and first token) alone, so the decode's host CPU time can be told apart.
     let cpu = thread_cpu_seconds();
-    let outs = engine.generate_many(requests)?;
-    let host_cpu_per_token = (thread_cpu_seconds() - cpu) / (prompts.len() * gen_len) as f64;
+    engine.generate_many(requests(1))?;
+    let prefill_cpu = thread_cpu_seconds() - cpu;
+    let cpu = thread_cpu_seconds();
+    let outs = engine.generate_many(requests(gen_len))?;
+    let decoded = (prompts.len() * gen_len.saturating_sub(1)).max(1) as f64;
+    let host_cpu_per_token = ((thread_cpu_seconds() - cpu) - prefill_cpu).max(0.0) / decoded;
     let m = &outs[0].metrics;
     if outs.iter().any(|o| o.token_ids.len() != gen_len) {
         bail!("a sequence stopped before gen_len");
@@ -210,7 +216,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         copy_gbs.map_or("n/a".into(), |c| format!("{c:.0} GB/s"))
     );
     println!(
-        "| batch | decode path | TTFT ms (p={}) | prefill tok/s | decode ms/step | tok/s | GB/s | % copy BW | host CPU µs/tok |",
+        "| batch | decode path | TTFT ms (p={}) | prefill tok/s | decode ms/step | tok/s | GB/s | % copy BW | decode host CPU µs/tok |",
         args.prompt_len
     );
     println!("|------:|:------------|---------------:|--------------:|---------------:|------:|-----:|----------:|----------------:|");
