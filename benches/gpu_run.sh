@@ -8,7 +8,8 @@
 #   bench     `rocket bench` per fuel at batch 1 and 16: the defaults (ROCKET_DECODE and
 #             ROCKET_MATMUL auto), the graph path with the GEMV only, the megakernel
 #   tcb1      the tensor-core matmul at batch 1 (Llama-3.2-1B, Qwen3-0.6B)
-#   sampled   sampled decode (Qwen3 settings) with the device sampler and the host sampler
+#   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
+#             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck and racecheck on the megakernel (SmolLM2)
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
@@ -44,7 +45,7 @@ if has tests; then
 fi
 
 if has mk; then
-    ROCKET_DECODE=megakernel ROCKET_GPU_CHECKPOINTS=$CKPTS \
+    ROCKET_DECODE=megakernel ROCKET_LOOP_SAMPLING=1 ROCKET_GPU_CHECKPOINTS=$CKPTS \
         timeout 420 "$CARRY/cuda-megakernel-test" --test-threads=1 --nocapture > "$LOGS/mk-test.log" 2>&1
     echo "megakernel tests rc=$?"
     grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | head -40
@@ -71,6 +72,7 @@ if has sampled; then  # top-k 20 / top-p 0.95 / temperature 0.7 on the device sa
     for f in qwen3-0.6b llama-3.2-1b; do
         BENCH_EXTRA="--temperature 0.7 --top-p 0.95 --top-k 20" bench "sampled-device-$f" auto 1,16 128 256 3 "$f"
         ROCKET_SAMPLER=host BENCH_EXTRA="--temperature 0.7 --top-p 0.95 --top-k 20" bench "sampled-host-$f" auto 1,16 128 256 3 "$f"
+        ROCKET_LOOP_SAMPLING=1 BENCH_EXTRA="--temperature 0.7 --top-p 0.95 --top-k 20" bench "sampled-mk-$f" megakernel 1 128 256 3 "$f"
     done
 fi
 if has long; then

@@ -18,6 +18,7 @@
 #include "mk_matvec.cuh"
 #include "mk_params.cuh"
 #include "mk_sync.cuh"
+#include "sampler.cuh"
 
 namespace mk {
 
@@ -92,18 +93,61 @@ __device__ __forceinline__ bool is_end(const Params& p, uint32_t token) {
     return false;
 }
 
+struct ConsumerBarrier {
+    static __device__ __forceinline__ void sync() { consumer_sync(); }
+};
+static_assert(sizeof(SampleShared) <= VEC_CAP * 4, "the sampler's shared state fits the vector space");
+
+// Step t's token by the request's sampler (p.sample): the penalties and the
+// min_tokens mask on the whole logits row, then sampler.cuh over the consumer
+// threads (the host sampler's token bit for bit). Updates the penalty state
+// with the token when it is the next input. Every consumer gets the token.
+template <class F>
+__device__ __noinline__ uint32_t sample_token(const Params& p, const Smem& s, int t) {
+    const int tid = threadIdx.x;
+    SampleRow r = *p.sample;
+    r.step += (uint64_t)t;
+    float* row = p.logits;
+    const bool penalties = r.repetition_penalty != 1.0f || r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f;
+    if (penalties) {
+        for (int i = tid; i < F::V; i += CONSUMERS) {
+            const bool seen = (__ldcg(p.seen_bits + (i >> 5)) >> (i & 31)) & 1u;
+            const uint32_t count = __ldcg(p.gen_counts + i);
+            if (seen || count) __stcg(row + i, penalised(__ldcg(row + i), r, seen, count));
+        }
+        consumer_sync();
+    }
+    if (t < p.mask_end_steps) {
+        for (int e = tid; e < p.n_end; e += CONSUMERS) __stcg(row + __ldg(p.end_ids + e), -INFINITY);
+        consumer_sync();
+    }
+    SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec);
+    const uint32_t token = Sampler<CONSUMERS, ConsumerBarrier>::pick(row, F::V, r, p.sample_items, sh);
+    if (tid == 0 && penalties && t >= p.n_forced) {
+        // This CTA alone samples step t; the step counter's release publishes these.
+        __stcg(p.gen_counts + token, __ldcg(p.gen_counts + token) + 1);
+        __stcg(p.seen_bits + (token >> 5), __ldcg(p.seen_bits + (token >> 5)) | (1u << (token & 31)));
+    }
+    return token;
+}
+
 // The last LM-head CTA of step t: the token, the host ring, the next input.
 // `host_stop` is the host's stop flag as thread 0 read it when the tile began.
 template <class F>
 __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, uint32_t host_stop) {
     const int tid = threadIdx.x;
-    // Thread 0's acquire-release arrival and the barrier after it order these reads.
-    float v = -INFINITY;
-    uint32_t idx = 0xffffffffu;
-    for (int i = tid; i < p.lm_tiles; i += CONSUMERS) better(v, idx, __ldcg(p.lm_max + i), __ldcg(p.lm_idx + i));
-    consumer_argmax(v, idx, s.sc);
+    uint32_t token;
+    if (p.sample != nullptr) {
+        token = sample_token<F>(p, s, t);
+    } else {
+        // Thread 0's acquire-release arrival and the barrier after it order these reads.
+        float v = -INFINITY;
+        uint32_t idx = 0xffffffffu;
+        for (int i = tid; i < p.lm_tiles; i += CONSUMERS) better(v, idx, __ldcg(p.lm_max + i), __ldcg(p.lm_idx + i));
+        consumer_argmax(v, idx, s.sc);
+        token = idx == 0xffffffffu ? 0u : idx;  // all NaN or masked: index 0, as the host
+    }
     if (tid == 0) {
-        const uint32_t token = idx == 0xffffffffu ? 0u : idx;  // all NaN or masked: index 0, as the host
         const bool free_running = t >= p.n_forced;
         const bool stop = t + 1 >= p.max_steps || host_stop != 0 || (free_running && is_end(p, token));
         // One 4-byte store the host polls for (it filled the ring with RING_EMPTY):
@@ -128,13 +172,16 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     const uint32_t host_stop = tid == 0 ? ld_volatile(p.ring + RING_STOP) : 0u;
     matvec<F::D, true>(p, s, in, p.x, p.final_norm, chunk, 1);
     const int n = in.b - in.a;
-    float* dst = (p.logits_out ? p.logits_out + (size_t)t * F::V : p.logits) + in.a;
+    // The sampler reads p.logits (and changes it: penalties); tests keep a copy per step.
+    float* dst = p.logits + in.a;
+    float* kept = p.logits_out ? p.logits_out + (size_t)t * F::V + in.a : nullptr;
     const bool masked = t < p.mask_end_steps;
     float best = -INFINITY;
     uint32_t idx = 0xffffffffu;
     for (int i = tid; i < n; i += CONSUMERS) {
         const float v = part_sum<F::D>(s, i);
         __stcg(dst + i, v);
+        if (kept) __stcg(kept + i, v);
         // As the host's argmax: -inf and NaN never win (a row of them gives index 0).
         if (v > -INFINITY && !(masked && is_end(p, in.a + i))) better(best, idx, v, in.a + i);
     }

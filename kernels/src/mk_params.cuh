@@ -5,6 +5,7 @@
 #include "common.cuh"
 #include "mk_geometry.cuh"
 #include "mk_sync.cuh"
+#include "sampler.cuh"
 
 namespace mk {
 
@@ -45,6 +46,10 @@ struct Params {
     uint32_t* ring;            // mapped host memory: [0, stop, 0, 0, tokens[max_steps]]
     const uint32_t* end_ids;   // [n_end]
     unsigned long long* trace; // null, or timestamps of step trace_step (megakernel/profile.rs)
+    const SampleRow* sample;   // null: greedy argmax; else the request's sampler (step t: sample->step + t)
+    uint32_t* seen_bits;       // [ceil(vocab / 32)] prompt and output tokens (repetition penalty)
+    uint32_t* gen_counts;      // [vocab] how often each token was generated (presence/frequency)
+    SampleItem* sample_items;  // [vocab] the sampler's candidates
     unsigned long long watchdog_ns;
     int pos0;                  // position of first_token
     uint32_t first_token;
@@ -58,7 +63,7 @@ struct Params {
     int trace_step;
 };
 
-static_assert(sizeof(Params) == 240, "Params is shared with backend/cuda/megakernel.rs");
+static_assert(sizeof(Params) == 272, "Params is shared with backend/cuda/megakernel.rs");
 
 struct Instr {
     uint32_t op, layer, signal, wait, per_step, a, b, c, d;

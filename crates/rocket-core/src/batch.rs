@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use crate::backend::{Chunk, Logits, LoopRequest, Session};
 use crate::engine::{Engine, RequestOutput, StreamDelta};
 use crate::error::{Result, RocketError};
-use crate::request::RequestState;
+use crate::request::{LoopSampling, RequestState};
 use crate::sampling::SamplingParams;
 
 /// What a request's sink receives: deltas as tokens arrive, then exactly one
@@ -249,7 +249,16 @@ impl<'a> Batcher<'a> {
             return None;
         }
         let end_ids = state.end_ids().to_vec();
-        let req = LoopRequest { max_steps: state.remaining().min(LOOP_STEPS), end_ids: &end_ids, mask_end_steps: state.mask_end_steps() };
+        if !state.plain_greedy() && !self.engine.backend().loops_sampling() {
+            return None;
+        }
+        let sampling = state.loop_sampling();
+        let req = LoopRequest {
+            max_steps: state.remaining().min(LOOP_STEPS),
+            end_ids: &end_ids,
+            mask_end_steps: state.mask_end_steps(),
+            sampling: sampling.as_ref().map(LoopSampling::request),
+        };
         let session = session.as_deref_mut().expect("running requests hold a session");
         let tokenizer = self.engine.tokenizer();
         let mut after = After::Running;
@@ -309,7 +318,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::backend::{Backend, LoopOutcome};
+    use crate::backend::{Backend, LoopOutcome, SampleRequest};
     use crate::engine::{EngineOptions, FinishReason};
     use crate::sampling::argmax;
     use crate::Device;
@@ -332,6 +341,9 @@ mod tests {
         fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
             self.inner.forward(chunks, logits)
         }
+        fn loops_sampling(&self) -> bool {
+            true
+        }
         fn decode_loop(
             &self,
             session: &mut dyn Session,
@@ -344,17 +356,28 @@ mod tests {
                 return Ok(None);
             }
             let (mut token, mut accepted) = (first, 0);
+            let mut history = req.sampling.map(|s| s.history.clone());
             for step in 0..req.max_steps.min(session.capacity() - session.len()) {
                 if self.fail_after == Some(accepted) {
                     return Err(RocketError::Device("megakernel watchdog: a simulated stall".into()));
                 }
                 let mut logits = self.inner.forward(&mut [Chunk { session: &mut *session, tokens: &[token] }], Logits::Last)?;
-                if step < req.mask_end_steps {
-                    for &e in req.end_ids {
-                        logits[e as usize] = f32::NEG_INFINITY;
+                token = match (&req.sampling, history.as_mut()) {
+                    (Some(s), Some(h)) => {
+                        // The request's sampler with its step and history advanced (the trait's contract).
+                        let t = SampleRequest { step: s.step + step as u64, history: h, ..*s }.sample_on_host(&logits);
+                        h.push(t);
+                        t
                     }
-                }
-                token = argmax(&logits);
+                    _ => {
+                        if step < req.mask_end_steps {
+                            for &e in req.end_ids {
+                                logits[e as usize] = f32::NEG_INFINITY;
+                            }
+                        }
+                        argmax(&logits)
+                    }
+                };
                 accepted += 1;
                 if !on_token(token) || req.end_ids.contains(&token) {
                     break;
@@ -435,12 +458,28 @@ mod tests {
     }
 
     #[test]
-    fn sampled_and_batched_requests_do_not_loop_and_a_closed_stream_stops_one() {
+    fn sampled_requests_loop_with_the_same_tokens_as_steps() {
+        let (plain, looping, launches) = engines();
+        let cases = [
+            SamplingParams { temperature: 0.8, seed: Some(3), ignore_eos: true, ..SamplingParams::greedy(150) },
+            SamplingParams { temperature: 1.1, top_k: 20, top_p: 0.9, min_p: 0.02, seed: Some(9), ..SamplingParams::greedy(60) },
+            SamplingParams { repetition_penalty: 1.3, presence_penalty: 0.4, frequency_penalty: 0.3, ..SamplingParams::greedy(40) },
+            SamplingParams { temperature: 0.7, repetition_penalty: 1.2, min_tokens: 20, seed: Some(1), ..SamplingParams::greedy(50) },
+        ];
+        for params in cases {
+            let want = plain.generate("the quick brown fox", &params).unwrap();
+            let got = looping.generate("the quick brown fox", &params).unwrap();
+            assert_eq!(got.token_ids, want.token_ids, "{params:?}");
+            assert_eq!((got.text, got.finish_reason), (want.text, want.finish_reason));
+        }
+        assert!(launches.load(Ordering::Relaxed) >= 5, "sampled requests ran as device loops");
+    }
+
+    #[test]
+    fn logprobs_and_batched_requests_do_not_loop_and_a_closed_stream_stops_one() {
         let (_, looping, launches) = engines();
-        let sampled = SamplingParams { temperature: 0.8, seed: Some(3), ..SamplingParams::greedy(20) };
-        looping.generate("hello", &sampled).unwrap();
-        let penalised = SamplingParams { repetition_penalty: 1.2, ..SamplingParams::greedy(20) };
-        looping.generate("hello", &penalised).unwrap();
+        let with_logprobs = SamplingParams { temperature: 0.8, seed: Some(3), logprobs: Some(2), ..SamplingParams::greedy(20) };
+        looping.generate("hello", &with_logprobs).unwrap();
         let two = [("a".to_string(), looping.encode_prompt("a").unwrap(), SamplingParams::greedy(20)), ("b".to_string(), looping.encode_prompt("b").unwrap(), SamplingParams::greedy(20))];
         looping.generate_many(two.to_vec()).unwrap();
         assert_eq!(launches.load(Ordering::Relaxed), 0);

@@ -11,6 +11,21 @@ use crate::backend::SampleRequest;
 use crate::sampling::{fresh_seed, logprobs, SamplingParams, TokenHistory};
 use crate::text::Tokenizer;
 
+/// An owned copy of what `RequestState::sample_request` lends.
+pub(crate) struct LoopSampling {
+    params: SamplingParams,
+    seed: u64,
+    step: u64,
+    history: TokenHistory,
+    end_ids: Vec<u32>,
+}
+
+impl LoopSampling {
+    pub(crate) fn request(&self) -> SampleRequest<'_> {
+        SampleRequest { params: &self.params, seed: self.seed, step: self.step, history: &self.history, end_ids: &self.end_ids }
+    }
+}
+
 pub(crate) struct RequestState {
     prompt: String,
     prompt_ids: Vec<u32>,
@@ -79,7 +94,7 @@ impl RequestState {
 
     /// Whether the request samples greedily from the raw logits: no penalties
     /// and no logprobs, so a device may pick its tokens.
-    fn plain_greedy(&self) -> bool {
+    pub(crate) fn plain_greedy(&self) -> bool {
         let p = &self.params;
         p.temperature == 0.0
             && p.repetition_penalty == 1.0
@@ -112,10 +127,24 @@ impl RequestState {
         self.plain_greedy() && self.token_ids.len() >= self.params.min_tokens
     }
 
-    /// Whether the rest of the request can run as a device token loop: plain
-    /// greedy (the loop masks end ids itself while min_tokens is not reached).
+    /// Whether the rest of the request can run as a device token loop: all but
+    /// logprobs (the loop masks end ids itself while min_tokens is not reached,
+    /// and samples on the device unless the request is plain greedy).
     pub(crate) fn wants_device_loop(&self) -> bool {
-        self.plain_greedy()
+        self.params.logprobs.is_none()
+    }
+
+    /// The sampler's inputs for a device token loop, owned (the loop's token
+    /// callback borrows the request meanwhile); None when plain greedy, whose
+    /// loop takes the argmax.
+    pub(crate) fn loop_sampling(&self) -> Option<LoopSampling> {
+        (!self.plain_greedy()).then(|| LoopSampling {
+            params: self.params.clone(),
+            seed: self.seed,
+            step: self.token_ids.len() as u64,
+            history: self.history.clone(),
+            end_ids: self.end_ids.clone(),
+        })
     }
 
     /// Tokens still to generate.

@@ -166,7 +166,7 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
         let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
         let backend = |tensor| {
             let matmul = if tensor { MatmulMode::Tensor } else { MatmulMode::Gemv };
-            let opts = CudaOptions { decode: DecodeMode::Graph, matmul, graphs: true, device_sampling: true };
+            let opts = CudaOptions { decode: DecodeMode::Graph, matmul, graphs: true, device_sampling: true, loop_sampling: false };
             CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), opts).unwrap()
         };
         let (tc, gemv) = (backend(true), backend(false));

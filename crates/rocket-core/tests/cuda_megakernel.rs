@@ -199,3 +199,38 @@ fn a_traced_step_shows_where_the_time_goes() {
         assert!(profile.step_us > 0.0 && profile.step_us < 20.0 * wall_us, "{}: traced step {} µs", f.name, profile.step_us);
     }
 }
+
+#[test]
+fn sampled_loops_pick_the_host_samplers_tokens() {
+    if !gpu_or_skip() {
+        return;
+    }
+    use rocket_core::backend::SampleRequest;
+    use rocket_core::sampling::TokenHistory;
+    let settings = [
+        SamplingParams { temperature: 0.7, top_k: 20, top_p: 0.95, ..SamplingParams::default() }, // Qwen3's defaults
+        SamplingParams { temperature: 1.0, ..SamplingParams::default() },
+        SamplingParams { temperature: 1.3, min_p: 0.05, repetition_penalty: 1.3, presence_penalty: 0.5, frequency_penalty: 0.3, ..SamplingParams::default() },
+        SamplingParams { temperature: 0.0, repetition_penalty: 1.5, ..SamplingParams::default() }, // greedy with a penalty
+    ];
+    for f in fuels() {
+        let (mut sampled, steps) = (0, 48);
+        for (n, params) in settings.iter().enumerate() {
+            let prompt = random_ids(700 + n as u64, 24, f.vocab);
+            let seed = 77 + n as u64;
+            let start = TokenHistory::new(&prompt);
+            let req = SampleRequest { params, seed, step: 0, history: &start, end_ids: &[] };
+            let (tokens, logits) = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
+            assert_eq!(tokens.len(), steps);
+            // The host sampler on the kernel's own logits, with the history the kernel kept.
+            let mut history = TokenHistory::new(&prompt);
+            for (j, (&got, row)) in tokens.iter().zip(logits.chunks(f.vocab)).enumerate() {
+                let want = SampleRequest { params, seed, step: j as u64, history: &history, end_ids: &[] }.sample_on_host(row);
+                assert_eq!(got, want, "{} setting {n} step {j}: device {got}, host {want}", f.name);
+                history.push(got);
+            }
+            sampled += tokens.len();
+        }
+        println!("MK-SAMPLED {}: {sampled} tokens sampled in the kernel, each the host sampler's choice", f.name);
+    }
+}

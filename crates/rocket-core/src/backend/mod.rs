@@ -45,8 +45,9 @@ pub trait Backend: Send + Sync {
     fn forward_sample(&self, _chunks: &mut [Chunk<'_>], _requests: &[SampleRequest<'_>]) -> Result<Option<Vec<u32>>> {
         Ok(None)
     }
-    /// A greedy token loop on the device: feeds `first` at the session's next
-    /// position, then each step's argmax, until `req.max_steps` steps, an end id
+    /// A token loop on the device: feeds `first` at the session's next position,
+    /// then each step's token (the argmax, or the sampler's choice with
+    /// `req.sampling`), until `req.max_steps` steps, an end id
     /// (after `req.mask_end_steps` steps, which cannot pick one) or until
     /// `on_token` returns false. `on_token` sees every token as the device
     /// publishes it, in order; the session keeps exactly the tokens it saw.
@@ -59,6 +60,11 @@ pub trait Backend: Send + Sync {
         _on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<LoopOutcome>> {
         Ok(None)
+    }
+    /// Whether `decode_loop` runs sampled requests (`req.sampling`) at all, so
+    /// callers need not prepare one that would come back `None`.
+    fn loops_sampling(&self) -> bool {
+        false
     }
     /// How a decode step of `batch` sequences runs, in words, for benchmarks:
     /// greedy (plain argmax) or sampled requests.
@@ -133,6 +139,11 @@ pub struct LoopRequest<'a> {
     pub end_ids: &'a [u32],
     /// The first this many steps cannot pick an end id (min_tokens).
     pub mask_end_steps: usize,
+    /// None: each step's token is the plain argmax. Some: the sampler's choice,
+    /// as `SampleRequest::sample_on_host` picks it with the request's step and
+    /// history advanced by the tokens of the loop so far (its `end_ids` are
+    /// masked while `mask_end_steps` lasts, as above).
+    pub sampling: Option<SampleRequest<'a>>,
 }
 
 /// What a device token loop did.

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use super::driver::{Context, DeviceBuffer, Function, MappedBuffer, Module, Stream};
 use super::weights::DeviceWeights;
-use crate::backend::{LoopOutcome, LoopRequest};
+use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
+use super::sampler::sample_row;
+use crate::backend::{LoopOutcome, LoopRequest, SampleRequest};
+use crate::sampling::TokenHistory;
 use crate::error::{Result, RocketError};
 use crate::megakernel::geometry::{CONSUMER_WARPS, SLOTS, SLOT_BYTES};
 use crate::megakernel::schedule::INSTR_WORDS;
@@ -98,6 +101,10 @@ struct Params {
     ring: u64,
     end_ids: u64,
     trace: u64,
+    sample: u64,
+    seen_bits: u64,
+    gen_counts: u64,
+    sample_items: u64,
     watchdog_ns: u64,
     pos0: i32,
     first_token: u32,
@@ -112,7 +119,7 @@ struct Params {
 }
 
 // mk_params.cuh asserts the same size.
-const _: () = assert!(std::mem::size_of::<Params>() == 240);
+const _: () = assert!(std::mem::size_of::<Params>() == 272);
 // Hopper gives a CTA at most 227 KiB of shared memory.
 const _: () = assert!(SMEM_BYTES <= 227 * 1024);
 
@@ -130,6 +137,45 @@ pub(crate) struct Launch<'a> {
     pub keep_logits: bool,
     /// Stamp this step's timeline (`megakernel::profile`) into `Megakernel::last_trace`.
     pub trace_step: Option<usize>,
+}
+
+/// The device state of a sampled token loop (kernels/src/megakernel.cu
+/// `sample_token`): the request's SampleRow, its penalty state (seen tokens as
+/// bits, generation counts), and the sampler's candidate space.
+struct LoopSampler {
+    row: DeviceBuffer,
+    seen_bits: DeviceBuffer,
+    gen_counts: DeviceBuffer,
+    items: DeviceBuffer,
+    vocab: usize,
+}
+
+impl LoopSampler {
+    fn alloc(ctx: &Context, vocab: usize) -> Result<Self> {
+        Ok(LoopSampler {
+            row: DeviceBuffer::alloc(ctx, std::mem::size_of::<SampleRow>(), "megakernel sampling")?,
+            seen_bits: DeviceBuffer::alloc(ctx, vocab.div_ceil(32) * 4, "megakernel penalty state")?,
+            gen_counts: DeviceBuffer::alloc(ctx, vocab * 4, "megakernel penalty state")?,
+            items: DeviceBuffer::alloc(ctx, vocab * SAMPLE_ITEM_BYTES, "megakernel sampler candidates")?,
+            vocab,
+        })
+    }
+
+    /// Uploads a launch's sampling request; returns the address of its row.
+    fn upload(&self, stream: &Stream, s: &SampleRequest<'_>) -> Result<u64> {
+        self.row.upload(stream, 0, std::slice::from_ref(&sample_row(s)))?;
+        if TokenHistory::penalties_apply(s.params) {
+            let mut bits = vec![0u32; self.vocab.div_ceil(32)];
+            let mut counts = vec![0u32; self.vocab];
+            for (t, c) in s.history.penalty_entries().filter(|&(t, _)| (t as usize) < self.vocab) {
+                bits[t as usize / 32] |= 1 << (t % 32);
+                counts[t as usize] = c;
+            }
+            self.seen_bits.upload(stream, 0, &bits)?;
+            self.gen_counts.upload(stream, 0, &counts)?;
+        }
+        Ok(self.row.ptr)
+    }
 }
 
 pub(crate) struct Megakernel {
@@ -156,6 +202,7 @@ pub(crate) struct Megakernel {
     pub last_trace: Option<Vec<u64>>,
     /// A launch the host gave up on (see `hung`).
     hung: bool,
+    sampler: LoopSampler,
     ring: MappedBuffer,
     /// Why the megakernel must not be launched again (a launch the host gave up
     /// on may still be running and writing the ring).
@@ -221,6 +268,7 @@ impl Megakernel {
         let state = DeviceBuffer::alloc(ctx, STATE_WORDS * 4, "megakernel state")?;
         let end_ids = DeviceBuffer::alloc(ctx, MAX_END_IDS * 4, "megakernel end ids")?;
         let forced = DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * 4, "megakernel forced tokens")?;
+        let sampler = LoopSampler::alloc(ctx, spec.vocab_size)?;
         let ring = MappedBuffer::alloc(RING_TOKENS + MAX_LOOP_STEPS)?;
         let p = |i: usize| activations[i].ptr;
         let base = Params {
@@ -244,6 +292,9 @@ impl Megakernel {
             lm_idx: p(8),
             end_ids: end_ids.ptr,
             forced: forced.ptr,
+            seen_bits: sampler.seen_bits.ptr,
+            gen_counts: sampler.gen_counts.ptr,
+            sample_items: sampler.items.ptr,
             ring: ring.device_ptr,
             lm_tiles: schedule.lm_tiles as i32,
             splits: schedule.splits as i32,
@@ -273,6 +324,7 @@ impl Megakernel {
             trace: None,
             last_trace: None,
             hung: false,
+            sampler,
             ring,
             broken: None,
         })
@@ -342,6 +394,10 @@ impl Megakernel {
         } else {
             0
         };
+        let sample = match &req.sampling {
+            Some(s) => self.sampler.upload(stream, s)?,
+            None => 0,
+        };
         self.counters.fill_u8(stream, 0)?;
         self.state.fill_u8(stream, 0)?;
         // The device writes each token once; the host waits for the sentinel to change.
@@ -360,6 +416,7 @@ impl Megakernel {
             n_forced: launch.forced.len() as i32,
             n_end: req.end_ids.len() as i32,
             mask_end_steps: req.mask_end_steps.min(steps) as i32,
+            sample,
             eps: self.eps,
             ..self.base
         };
@@ -513,7 +570,7 @@ impl Megakernel {
             capacity: 2,
             pos0: 0,
             first: 1,
-            req: LoopRequest { max_steps: 2, end_ids: &[], mask_end_steps: 0 },
+            req: LoopRequest { max_steps: 2, end_ids: &[], mask_end_steps: 0, sampling: None },
             forced: &[],
             keep_logits: false,
             trace_step: None,

@@ -85,6 +85,11 @@ pub struct CudaOptions {
     /// (kernels/src/sample.cu, the host sampler's choice bit for bit); `host`
     /// copies each logits row back and samples on the CPU.
     pub device_sampling: bool,
+    /// ROCKET_LOOP_SAMPLING=1: sampled requests also run as megakernel token
+    /// loops, sampling inside the kernel (kernels/src/megakernel.cu
+    /// `sample_token`). Off by default until `tests/cuda_megakernel.rs` has
+    /// checked it on a GPU; sampled requests then decode with CUDA graphs.
+    pub loop_sampling: bool,
 }
 
 /// Which kernel multiplies a pass's rows by the weights (ROCKET_MATMUL).
@@ -134,7 +139,8 @@ impl CudaOptions {
             Ok("host") => false,
             Ok(other) => return Err(RocketError::invalid_arg("ROCKET_SAMPLER", other, "expected \"device\" or \"host\"")),
         };
-        Ok(CudaOptions { decode: DecodeMode::from_env()?, matmul, graphs, device_sampling })
+        let loop_sampling = std::env::var("ROCKET_LOOP_SAMPLING").is_ok_and(|v| v == "1");
+        Ok(CudaOptions { decode: DecodeMode::from_env()?, matmul, graphs, device_sampling, loop_sampling })
     }
 }
 
@@ -366,7 +372,28 @@ impl CudaBackend {
     /// fresh sequence and returns each step's argmax and logits ([len][vocab]).
     /// None when no megakernel is loaded.
     pub fn megakernel_teacher_forced(&self, ids: &[u32]) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
-        self.megakernel_forced(ids, true, None, |_, tokens, logits| Ok((tokens, logits.expect("asked for logits"))))
+        self.megakernel_forced(ids, None, true, None, |_, tokens, logits| Ok((tokens, logits.expect("asked for logits"))))
+    }
+
+    /// A sampled token loop in the megakernel: teacher-forces `prompt`, then
+    /// samples `steps` tokens with `sampling` (its `history` the prompt's, its
+    /// `step` 0; no end ids). Returns the sampled tokens and each one's raw
+    /// logits ([steps][vocab]), for checking against the host sampler. None when
+    /// no megakernel is loaded.
+    pub fn megakernel_sampled(&self, prompt: &[u32], sampling: &SampleRequest<'_>, steps: usize) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
+        if prompt.is_empty() || steps == 0 {
+            return Err(RocketError::invalid_arg("prompt", prompt.len(), "needs a prompt and at least one step"));
+        }
+        let forced = prompt.len() - 1;
+        let mut ids = prompt.to_vec();
+        ids.resize(prompt.len() + steps - 1, 0); // room for the sampled steps (their inputs are the samples)
+        // Step t samples with counter step + t: the first sampled step (t = forced) draws with counter 0.
+        let shifted = SampleRequest { step: sampling.step.wrapping_sub(forced as u64), ..*sampling };
+        let vocab = self.spec.vocab_size;
+        self.megakernel_forced(&ids, Some((forced, shifted)), true, None, |_, tokens, logits| {
+            let logits = logits.expect("asked for logits");
+            Ok((tokens[forced..].to_vec(), logits[forced * vocab..].to_vec()))
+        })
     }
 
     /// Where the megakernel's time goes: teacher-forces `ids` and reads the
@@ -376,18 +403,20 @@ impl CudaBackend {
         if step >= ids.len() {
             return Err(RocketError::invalid_arg("step", step, format!("must be < the {} steps of the run", ids.len())));
         }
-        self.megakernel_forced(ids, false, Some(step), |mk, _, _| {
+        self.megakernel_forced(ids, None, false, Some(step), |mk, _, _| {
             let stamps = mk.last_trace.take().ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
             Profile::from_trace(&mk.schedule, &stamps)
         })
     }
 
-    /// One megakernel launch over a fresh sequence fed `ids` one per step;
-    /// `finish` gets the megakernel, each step's argmax and (with `keep_logits`)
-    /// the logits. None when no megakernel is loaded.
+    /// One megakernel launch over a fresh sequence fed `ids` one per step (all
+    /// of them, or with `sampled = (n, request)` the first n + 1, then the
+    /// request's samples); `finish` gets the megakernel, each step's token and
+    /// (with `keep_logits`) the logits. None when no megakernel is loaded.
     fn megakernel_forced<T>(
         &self,
         ids: &[u32],
+        sampled: Option<(usize, SampleRequest<'_>)>,
         keep_logits: bool,
         trace_step: Option<usize>,
         finish: impl FnOnce(&mut Megakernel, Vec<u32>, Option<Vec<f32>>) -> Result<T>,
@@ -400,8 +429,9 @@ impl CudaBackend {
         let mut guard = self.lock()?;
         let inner = &mut *guard;
         let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
-        let req = LoopRequest { max_steps: ids.len(), end_ids: &[], mask_end_steps: 0 };
-        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..], keep_logits, trace_step };
+        let forced = sampled.map_or(ids.len() - 1, |(n, _)| n);
+        let req = LoopRequest { max_steps: ids.len(), end_ids: &[], mask_end_steps: 0, sampling: sampled.map(|(_, s)| s) };
+        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..=forced], keep_logits, trace_step };
         let mut tokens = Vec::with_capacity(ids.len());
         let (_, logits) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
             tokens.push(t);
@@ -652,6 +682,9 @@ impl Backend for CudaBackend {
         if !mk.in_service() {
             return Ok(None); // a launch failed earlier: CUDA graphs from here on
         }
+        if req.sampling.is_some() && !self.options.loop_sampling {
+            return Ok(None);
+        }
         let mut end_ids = req.end_ids.to_vec();
         end_ids.sort_unstable();
         end_ids.dedup();
@@ -668,7 +701,7 @@ impl Backend for CudaBackend {
             capacity: sess.capacity,
             pos0: sess.len,
             first,
-            req: LoopRequest { max_steps, end_ids: &end_ids, mask_end_steps: req.mask_end_steps },
+            req: LoopRequest { max_steps, end_ids: &end_ids, mask_end_steps: req.mask_end_steps, sampling: req.sampling },
             forced: &[],
             keep_logits: false,
             trace_step: None,
@@ -684,9 +717,13 @@ impl Backend for CudaBackend {
         Ok(Some(outcome))
     }
 
+    fn loops_sampling(&self) -> bool {
+        self.options.loop_sampling && self.lock().is_ok_and(|i| i.megakernel.as_ref().is_some_and(Megakernel::in_service))
+    }
+
     fn decode_path(&self, batch: usize, greedy: bool) -> &'static str {
         match self.lock().map(|i| i.megakernel.as_ref().is_some_and(Megakernel::in_service)) {
-            Ok(true) if batch == 1 && greedy => "megakernel",
+            Ok(true) if batch == 1 && (greedy || self.options.loop_sampling) => "megakernel",
             _ if greedy => "cuda-graph",
             _ if self.options.device_sampling => "cuda-graph + device sampler",
             _ => "cuda-graph + host sampler",

@@ -26,6 +26,28 @@ fn push_words(bytes: &mut Vec<u8>, words: &[u32]) -> usize {
     at
 }
 
+fn word(n: usize, what: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| RocketError::Internal(format!("{what} {n} does not fit the device sampler")))
+}
+
+/// A request's parameters, seed and step as sampler.cuh reads them (no
+/// penalty list or mask: sample.cu and the megakernel supply those their way).
+pub(crate) fn sample_row(r: &SampleRequest<'_>) -> SampleRow {
+    let p = r.params;
+    SampleRow {
+        seed: r.seed,
+        step: r.step,
+        temperature: p.temperature,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        top_k: p.top_k.min(u32::MAX as usize) as u32,
+        ..SampleRow::default()
+    }
+}
+
 /// Lays out the requests as sample.cu reads them.
 pub(crate) fn pack(requests: &[SampleRequest<'_>]) -> Result<Packed> {
     let (mut tokens, mut counts, mut masks) = (Vec::new(), Vec::new(), Vec::new());
@@ -43,22 +65,12 @@ pub(crate) fn pack(requests: &[SampleRequest<'_>]) -> Result<Packed> {
         if r.masks_end_ids() {
             masks.extend_from_slice(r.end_ids);
         }
-        let word = |n: usize, what: &str| u32::try_from(n).map_err(|_| RocketError::Internal(format!("{what} {n} does not fit the device sampler")));
         rows.push(SampleRow {
-            seed: r.seed,
-            step: r.step,
-            temperature: p.temperature,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            repetition_penalty: p.repetition_penalty,
-            presence_penalty: p.presence_penalty,
-            frequency_penalty: p.frequency_penalty,
-            top_k: word(p.top_k.min(u32::MAX as usize), "top_k")?,
             penalty_off: word(penalty_off, "penalty list offset")?,
             penalty_len: word(tokens.len() - penalty_off, "penalty list length")?,
             mask_off: word(mask_off, "mask offset")?,
             mask_len: word(masks.len() - mask_off, "mask length")?,
-            reserved: 0,
+            ..sample_row(r)
         });
     }
     let mut bytes = Vec::with_capacity(rows.len() * 64 + 4 * (2 * tokens.len() + masks.len()) + 48);
