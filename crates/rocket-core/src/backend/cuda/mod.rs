@@ -139,7 +139,11 @@ impl CudaOptions {
             Ok("host") => false,
             Ok(other) => return Err(RocketError::invalid_arg("ROCKET_SAMPLER", other, "expected \"device\" or \"host\"")),
         };
-        let loop_sampling = std::env::var("ROCKET_LOOP_SAMPLING").is_ok_and(|v| v == "1");
+        let loop_sampling = match std::env::var("ROCKET_LOOP_SAMPLING").as_deref() {
+            Err(_) | Ok("") | Ok("0") => false,
+            Ok("1") => true,
+            Ok(other) => return Err(RocketError::invalid_arg("ROCKET_LOOP_SAMPLING", other, "expected \"0\" or \"1\"")),
+        };
         Ok(CudaOptions { decode: DecodeMode::from_env()?, matmul, graphs, device_sampling, loop_sampling })
     }
 }
