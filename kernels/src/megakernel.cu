@@ -118,7 +118,10 @@ __device__ __noinline__ uint32_t sample_token(const Params& p, const Smem& s, in
         consumer_sync();
     }
     if (t < p.mask_end_steps) {
-        for (int e = tid; e < p.n_end; e += CONSUMERS) __stcg(row + __ldg(p.end_ids + e), -INFINITY);
+        for (int e = tid; e < p.n_end; e += CONSUMERS) {
+            const uint32_t id = __ldg(p.end_ids + e);
+            if (id < (uint32_t)F::V) __stcg(row + id, -INFINITY);  // the host skips ids past the vocabulary too
+        }
         consumer_sync();
     }
     SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec);

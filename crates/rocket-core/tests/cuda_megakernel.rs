@@ -212,22 +212,39 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
         SamplingParams { temperature: 1.0, ..SamplingParams::default() },
         SamplingParams { temperature: 1.3, min_p: 0.05, repetition_penalty: 1.3, presence_penalty: 0.5, frequency_penalty: 0.3, ..SamplingParams::default() },
         SamplingParams { temperature: 0.0, repetition_penalty: 1.5, ..SamplingParams::default() }, // greedy with a penalty
+        // Mid-request: earlier generations count for the penalties, min_tokens masks the
+        // end ids (the greedy choices of an unmasked run), which end the loop afterwards.
+        SamplingParams { temperature: 0.0, min_tokens: 12, frequency_penalty: 0.2, ..SamplingParams::default() },
     ];
     for f in fuels() {
         let (mut sampled, steps) = (0, 48);
         for (n, params) in settings.iter().enumerate() {
             let prompt = random_ids(700 + n as u64, 24, f.vocab);
             let seed = 77 + n as u64;
-            let start = TokenHistory::new(&prompt);
-            let req = SampleRequest { params, seed, step: 0, history: &start, end_ids: &[] };
+            let mut start = TokenHistory::new(&prompt);
+            let (mut step, mut end_ids) = (0, Vec::new());
+            if params.min_tokens > 0 {
+                let earlier = random_ids(900, 5, f.vocab);
+                earlier.iter().for_each(|&t| start.push(t));
+                step = earlier.len() as u64;
+                let probe = SampleRequest { params, seed, step, history: &start, end_ids: &[] };
+                let (free, _) = f.gpu.megakernel_sampled(&prompt, &probe, 16).unwrap().unwrap();
+                end_ids = vec![free[2], free[9], f.vocab as u32 + 7]; // one id past the vocabulary, ignored
+            }
+            let req = SampleRequest { params, seed, step, history: &start, end_ids: &end_ids };
             let (tokens, logits) = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
-            assert_eq!(tokens.len(), steps);
             // The host sampler on the kernel's own logits, with the history the kernel kept.
-            let mut history = TokenHistory::new(&prompt);
+            let mut history = start.clone();
             for (j, (&got, row)) in tokens.iter().zip(logits.chunks(f.vocab)).enumerate() {
-                let want = SampleRequest { params, seed, step: j as u64, history: &history, end_ids: &[] }.sample_on_host(row);
+                let want = SampleRequest { params, seed, step: step + j as u64, history: &history, end_ids: &end_ids }.sample_on_host(row);
                 assert_eq!(got, want, "{} setting {n} step {j}: device {got}, host {want}", f.name);
                 history.push(got);
+            }
+            // It ran to the end, or stopped at the first end id it could pick.
+            let stop = tokens.iter().position(|t| end_ids.contains(t));
+            assert_eq!(tokens.len(), stop.map_or(steps, |i| i + 1), "{} setting {n}: stopped at the wrong step", f.name);
+            if let Some(i) = stop {
+                assert!(start.generated_len() + i >= params.min_tokens, "{} setting {n}: an end id inside min_tokens", f.name);
             }
             sampled += tokens.len();
         }

@@ -141,8 +141,9 @@ pub struct LoopRequest<'a> {
     pub mask_end_steps: usize,
     /// None: each step's token is the plain argmax. Some: the sampler's choice,
     /// as `SampleRequest::sample_on_host` picks it with the request's step and
-    /// history advanced by the tokens of the loop so far (its `end_ids` are
-    /// masked while `mask_end_steps` lasts, as above).
+    /// history advanced by the tokens of the loop so far. The loop masks
+    /// `end_ids` above for `mask_end_steps` steps and ignores the request's own
+    /// `end_ids` and `min_tokens`, so the caller must make them agree.
     pub sampling: Option<SampleRequest<'a>>,
 }
 

@@ -376,14 +376,15 @@ impl CudaBackend {
     /// fresh sequence and returns each step's argmax and logits ([len][vocab]).
     /// None when no megakernel is loaded.
     pub fn megakernel_teacher_forced(&self, ids: &[u32]) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
-        self.megakernel_forced(ids, None, true, None, |_, tokens, logits| Ok((tokens, logits.expect("asked for logits"))))
+        self.megakernel_forced(ids, None, (&[], 0), true, None, |_, tokens, logits| Ok((tokens, logits.expect("asked for logits"))))
     }
 
     /// A sampled token loop in the megakernel: teacher-forces `prompt`, then
-    /// samples `steps` tokens with `sampling` (its `history` the prompt's, its
-    /// `step` 0; no end ids). Returns the sampled tokens and each one's raw
-    /// logits ([steps][vocab]), for checking against the host sampler. None when
-    /// no megakernel is loaded.
+    /// samples up to `steps` tokens with `sampling` (its history, step, end ids
+    /// and min_tokens as a request in the middle of its generation would have
+    /// them), stopping after an end id. Returns the sampled tokens and each
+    /// one's raw logits ([tokens][vocab]), for checking against the host
+    /// sampler. None when no megakernel is loaded.
     pub fn megakernel_sampled(&self, prompt: &[u32], sampling: &SampleRequest<'_>, steps: usize) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
         if prompt.is_empty() || steps == 0 {
             return Err(RocketError::invalid_arg("prompt", prompt.len(), "needs a prompt and at least one step"));
@@ -394,7 +395,9 @@ impl CudaBackend {
         // Step t samples with counter step + t: the first sampled step (t = forced) draws with counter 0.
         let shifted = SampleRequest { step: sampling.step.wrapping_sub(forced as u64), ..*sampling };
         let vocab = self.spec.vocab_size;
-        self.megakernel_forced(&ids, Some((forced, shifted)), true, None, |_, tokens, logits| {
+        // The device counts min_tokens' masked steps from the launch's first (forced) step.
+        let masked = forced + sampling.params.min_tokens.saturating_sub(sampling.history.generated_len());
+        self.megakernel_forced(&ids, Some((forced, shifted)), (sampling.end_ids, masked), true, None, |_, tokens, logits| {
             let logits = logits.expect("asked for logits");
             Ok((tokens[forced..].to_vec(), logits[forced * vocab..].to_vec()))
         })
@@ -407,7 +410,7 @@ impl CudaBackend {
         if step >= ids.len() {
             return Err(RocketError::invalid_arg("step", step, format!("must be < the {} steps of the run", ids.len())));
         }
-        self.megakernel_forced(ids, None, false, Some(step), |mk, _, _| {
+        self.megakernel_forced(ids, None, (&[], 0), false, Some(step), |mk, _, _| {
             let stamps = mk.last_trace.take().ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
             Profile::from_trace(&mk.schedule, &stamps)
         })
@@ -415,12 +418,15 @@ impl CudaBackend {
 
     /// One megakernel launch over a fresh sequence fed `ids` one per step (all
     /// of them, or with `sampled = (n, request)` the first n + 1, then the
-    /// request's samples); `finish` gets the megakernel, each step's token and
-    /// (with `keep_logits`) the logits. None when no megakernel is loaded.
+    /// request's samples), ending at `end.0` ids after the first `end.1` steps;
+    /// `finish` gets the megakernel, each step's token and (with `keep_logits`)
+    /// the logits. None when no megakernel is loaded.
+    #[allow(clippy::too_many_arguments)]
     fn megakernel_forced<T>(
         &self,
         ids: &[u32],
         sampled: Option<(usize, SampleRequest<'_>)>,
+        end: (&[u32], usize),
         keep_logits: bool,
         trace_step: Option<usize>,
         finish: impl FnOnce(&mut Megakernel, Vec<u32>, Option<Vec<f32>>) -> Result<T>,
@@ -434,7 +440,7 @@ impl CudaBackend {
         let inner = &mut *guard;
         let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
         let forced = sampled.map_or(ids.len() - 1, |(n, _)| n);
-        let req = LoopRequest { max_steps: ids.len(), end_ids: &[], mask_end_steps: 0, sampling: sampled.map(|(_, s)| s) };
+        let req = LoopRequest { max_steps: ids.len(), end_ids: end.0, mask_end_steps: end.1, sampling: sampled.map(|(_, s)| s) };
         let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..=forced], keep_logits, trace_step };
         let mut tokens = Vec::with_capacity(ids.len());
         let (_, logits) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
