@@ -65,7 +65,7 @@ def test_bench_prints_a_table_and_writes_json(sampled: bool, tmp_path: Path) -> 
     assert [row.split("|")[1].strip() for row in rows] == ["1", "3"], r.stdout
     report = json.loads(out.read_text())
     assert report["backend"] == "cpu" and report["prompt_len"] == 12 and report["gen_len"] == 6
-    assert report["sampling"]["temperature"] == (0.8 if sampled else 0.0)
+    assert report["sampling"] == {"temperature": 0.8 if sampled else 0.0, "top_p": 0.9 if sampled else 1.0, "top_k": 20 if sampled else 0}
     for res in report["results"]:
         assert res["decode_ms_per_step"] > 0 and res["ttft_ms"] > 0 and res["host_cpu_us_per_token"] >= 0
 

@@ -42,6 +42,11 @@ pub struct BenchArgs {
     json: Option<PathBuf>,
 }
 
+/// An f32 setting as the user wrote it (0.8, not its f64 widening 0.800000011920929).
+fn as_typed(v: f32) -> f64 {
+    v.to_string().parse().unwrap_or(v as f64)
+}
+
 /// mean ± std of repeated timings.
 fn stats(xs: &[f64]) -> (f64, f64) {
     let n = xs.len() as f64;
@@ -192,7 +197,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "load_seconds": load_s,
             "prompt_len": args.prompt_len,
             "gen_len": args.gen_len,
-            "sampling": { "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k },
+            "sampling": { "temperature": as_typed(args.temperature), "top_p": as_typed(args.top_p), "top_k": args.top_k },
             "reps": args.reps,
             "results": rows.iter().map(|r| json!({
                 "batch": r.batch,
