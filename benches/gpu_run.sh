@@ -6,7 +6,8 @@
 #   tests     CUDA backend (kernel per op, CUDA graphs, tensor-core matmul) against the CPU reference
 #   mk        the megakernel against the CPU reference and the graph path (ROCKET_DECODE=megakernel)
 #   bench     `rocket bench` per fuel at batch 1 and 16: the defaults (ROCKET_DECODE and
-#             ROCKET_MATMUL auto), the graph path with the GEMV only, the megakernel
+#             ROCKET_MATMUL auto), the graph path with the GEMV only, the megakernel (and
+#             with ROCKET_MK_SPIN=1: polls without sleeping)
 #   tcb1      the tensor-core matmul at batch 1 (Llama-3.2-1B, Qwen3-0.6B)
 #   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
@@ -61,6 +62,7 @@ if has bench; then
         bench "bench-default-$f" auto 1,16 128 256 5 "$f"
         bench "bench-graph-$f" graph 1,16 128 256 5 "$f" gemv
         bench "bench-mk-$f" megakernel 1 128 256 5 "$f"
+        ROCKET_MK_SPIN=1 bench "bench-mkspin-$f" megakernel 1 128 256 5 "$f"
     done
 fi
 if has tcb1; then  # the tensor-core matmul at batch 1 (every pass uses it when enabled)

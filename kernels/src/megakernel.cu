@@ -61,7 +61,7 @@ __device__ __noinline__ bool wait_counter(const Params& p, const Smem& s, uint32
                     ok = 0;
                     break;
                 }
-                __nanosleep(32);
+                if (!p.poll_spin) __nanosleep(32);
                 v = ld_volatile(c);
                 if (v >= target) break;
             }

@@ -61,9 +61,10 @@ struct Params {
     int splits;
     float eps;
     int trace_step;
+    int poll_spin;             // 1: dependency polls spin without __nanosleep (ROCKET_MK_SPIN, an experiment)
 };
 
-static_assert(sizeof(Params) == 272, "Params is shared with backend/cuda/megakernel.rs");
+static_assert(sizeof(Params) == 280, "Params is shared with backend/cuda/megakernel.rs");
 
 struct Instr {
     uint32_t op, layer, signal, wait, per_step, a, b, c, d;

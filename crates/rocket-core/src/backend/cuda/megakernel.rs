@@ -116,10 +116,11 @@ struct Params {
     splits: i32,
     eps: f32,
     trace_step: i32,
+    poll_spin: i32,
 }
 
 // mk_params.cuh asserts the same size.
-const _: () = assert!(std::mem::size_of::<Params>() == 272);
+const _: () = assert!(std::mem::size_of::<Params>() == 280);
 // Hopper gives a CTA at most 227 KiB of shared memory.
 const _: () = assert!(SMEM_BYTES <= 227 * 1024);
 
@@ -211,6 +212,12 @@ pub(crate) struct Megakernel {
 
 /// How long a wait on one dependency counter may last before the kernel gives
 /// up (ROCKET_WATCHDOG_MS; raise it under compute-sanitizer).
+/// ROCKET_MK_SPIN=1: dependency polls spin instead of sleeping 32 ns between
+/// loads (an experiment for the hand-off latency; see benches/NOTES.md).
+fn poll_spin() -> bool {
+    std::env::var("ROCKET_MK_SPIN").is_ok_and(|v| v == "1")
+}
+
 fn watchdog() -> Duration {
     let ms = std::env::var("ROCKET_WATCHDOG_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(2000);
     Duration::from_millis(ms.max(1))
@@ -299,6 +306,7 @@ impl Megakernel {
             lm_tiles: schedule.lm_tiles as i32,
             splits: schedule.splits as i32,
             eps: spec.rms_norm_eps as f32,
+            poll_spin: poll_spin() as i32,
             ..Params::default()
         };
         stream.sync()?;
