@@ -165,7 +165,7 @@ impl<'a> Batcher<'a> {
             return done;
         }
         let all_greedy = self.running.iter().all(|a| a.state.wants_plain_argmax());
-        let device_sampling = self.running.iter().all(|a| a.state.wants_device_sampling());
+        let device_sampling = !all_greedy && self.running.iter().all(|a| a.state.wants_device_sampling());
         let last_tokens: Vec<u32> = self.running.iter().map(|a| a.state.last_token().unwrap_or(0)).collect();
         let mut chunks: Vec<Chunk<'_>> = Vec::with_capacity(self.running.len());
         // Whether the pass gives each request its next token (a decode step, or the

@@ -96,11 +96,7 @@ impl RequestState {
     /// and no logprobs, so a device may pick its tokens.
     pub(crate) fn plain_greedy(&self) -> bool {
         let p = &self.params;
-        p.temperature == 0.0
-            && p.repetition_penalty == 1.0
-            && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
-            && p.logprobs.is_none()
+        p.temperature == 0.0 && !p.has_penalties() && p.logprobs.is_none()
     }
 
     /// What a sampler needs for this step's token.

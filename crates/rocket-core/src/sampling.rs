@@ -76,6 +76,11 @@ impl SamplingParams {
         SamplingParams { max_tokens, temperature: 0.0, ..Self::default() }
     }
 
+    /// Whether any penalty changes logits at all.
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |p: &str, v: &dyn ToString, m: &str| Err(RocketError::invalid_arg(p, v.to_string(), m));
         if self.max_tokens == 0 {
@@ -179,10 +184,6 @@ impl TokenHistory {
         self.seen.keys().map(|&t| (t, self.generated.get(&t).copied().unwrap_or(0)))
     }
 
-    /// Whether any penalty of `params` changes logits at all.
-    pub fn penalties_apply(params: &SamplingParams) -> bool {
-        params.repetition_penalty != 1.0 || params.presence_penalty != 0.0 || params.frequency_penalty != 0.0
-    }
 }
 
 /// Apply penalties and the min_tokens mask to `logits` in place. `end_ids` are the

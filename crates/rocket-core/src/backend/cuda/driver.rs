@@ -97,6 +97,16 @@ impl Drop for Context {
 }
 
 /// Device memory, freed on drop.
+/// The buffer in `slot`, replaced by a new one of `bytes` when it is missing or
+/// smaller (the old one is freed first).
+pub(crate) fn grown<'a>(slot: &'a mut Option<DeviceBuffer>, ctx: &Context, bytes: usize, what: &str) -> Result<&'a DeviceBuffer> {
+    if slot.as_ref().is_none_or(|b| b.bytes < bytes) {
+        *slot = None;
+        *slot = Some(DeviceBuffer::alloc(ctx, bytes, what)?);
+    }
+    Ok(slot.as_ref().expect("allocated above"))
+}
+
 pub(crate) struct DeviceBuffer {
     pub ptr: sys::CUdeviceptr,
     pub bytes: usize,

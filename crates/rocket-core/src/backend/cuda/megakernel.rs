@@ -6,12 +6,11 @@
 
 use std::time::Duration;
 
-use super::driver::{Context, DeviceBuffer, Function, MappedBuffer, Module, Stream};
+use super::driver::{grown, Context, DeviceBuffer, Function, MappedBuffer, Module, Stream};
 use super::weights::DeviceWeights;
 use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
 use super::sampler::sample_row;
 use crate::backend::{LoopOutcome, LoopRequest, SampleRequest};
-use crate::sampling::TokenHistory;
 use crate::error::{Result, RocketError};
 use crate::megakernel::geometry::{CONSUMER_WARPS, SLOTS, SLOT_BYTES};
 use crate::megakernel::schedule::INSTR_WORDS;
@@ -165,7 +164,7 @@ impl LoopSampler {
     /// Uploads a launch's sampling request; returns the address of its row.
     fn upload(&self, stream: &Stream, s: &SampleRequest<'_>) -> Result<u64> {
         self.row.upload(stream, 0, std::slice::from_ref(&sample_row(s)))?;
-        if TokenHistory::penalties_apply(s.params) {
+        if s.params.has_penalties() {
             let mut bits = vec![0u32; self.vocab.div_ceil(32)];
             let mut counts = vec![0u32; self.vocab];
             for (t, c) in s.history.penalty_entries().filter(|&(t, _)| (t as usize) < self.vocab) {
@@ -391,12 +390,7 @@ impl Megakernel {
             self.forced.upload(stream, 0, launch.forced)?;
         }
         let logits_out = if launch.keep_logits {
-            let bytes = steps * self.vocab * 4;
-            if self.logits_out.as_ref().is_none_or(|b| b.bytes < bytes) {
-                self.logits_out = None;
-                self.logits_out = Some(DeviceBuffer::alloc(ctx, bytes, "megakernel logits")?);
-            }
-            let b = self.logits_out.as_ref().expect("allocated above");
+            let b = grown(&mut self.logits_out, ctx, steps * self.vocab * 4, "megakernel logits")?;
             b.fill_u8(stream, 0xff)?;
             b.ptr
         } else {
@@ -430,12 +424,7 @@ impl Megakernel {
         };
         let params = match launch.trace_step {
             Some(step) if step < steps => {
-                let bytes = trace_words(&self.schedule) * 8;
-                if self.trace.as_ref().is_none_or(|b| b.bytes < bytes) {
-                    self.trace = None;
-                    self.trace = Some(DeviceBuffer::alloc(ctx, bytes, "megakernel trace")?);
-                }
-                let b = self.trace.as_ref().expect("allocated above");
+                let b = grown(&mut self.trace, ctx, trace_words(&self.schedule) * 8, "megakernel trace")?;
                 b.fill_u8(stream, 0)?;
                 Params { trace: b.ptr, trace_step: step as i32, ..params }
             }

@@ -2,11 +2,10 @@
 //! row's request, penalty list and masked end ids into one upload, keeps the
 //! kernel's buffers, and brings back only the chosen token ids.
 
-use super::driver::{Context, DeviceBuffer, Stream};
+use super::driver::{grown, Context, DeviceBuffer, Stream};
 use super::kernels::{Kernels, SampleInputs, SampleRow, SAMPLE_ITEM_BYTES};
 use crate::backend::SampleRequest;
 use crate::error::{Result, RocketError};
-use crate::sampling::TokenHistory;
 
 /// Every row's inputs in one byte image: rows | penalty tokens | penalty counts | mask ids.
 #[derive(Debug, Default, PartialEq)]
@@ -55,7 +54,7 @@ pub(crate) fn pack(requests: &[SampleRequest<'_>]) -> Result<Packed> {
     for r in requests {
         let p = r.params;
         let penalty_off = tokens.len();
-        if TokenHistory::penalties_apply(p) {
+        if p.has_penalties() {
             for (t, c) in r.history.penalty_entries() {
                 tokens.push(t);
                 counts.push(c);
@@ -94,12 +93,9 @@ pub(crate) struct DeviceSampler {
     tokens: Option<DeviceBuffer>,
 }
 
+/// `grown`, rounded up so batches of growing size do not reallocate each time.
 fn ensure(buf: &mut Option<DeviceBuffer>, ctx: &Context, bytes: usize, what: &str) -> Result<u64> {
-    if buf.as_ref().is_none_or(|b| b.bytes < bytes) {
-        *buf = None; // free the old one first
-        *buf = Some(DeviceBuffer::alloc(ctx, bytes.next_power_of_two(), what)?);
-    }
-    Ok(buf.as_ref().expect("allocated above").ptr)
+    Ok(grown(buf, ctx, bytes.next_power_of_two(), what)?.ptr)
 }
 
 impl DeviceSampler {
@@ -144,7 +140,7 @@ impl DeviceSampler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampling::SamplingParams;
+    use crate::sampling::{SamplingParams, TokenHistory};
 
     #[test]
     fn packs_rows_penalties_and_masks_where_the_kernel_reads_them() {
