@@ -213,8 +213,12 @@ pub(crate) struct Megakernel {
 /// up (ROCKET_WATCHDOG_MS; raise it under compute-sanitizer).
 /// ROCKET_MK_SPIN=1: dependency polls spin instead of sleeping 32 ns between
 /// loads (an experiment for the hand-off latency; see benches/NOTES.md).
-fn poll_spin() -> bool {
-    std::env::var("ROCKET_MK_SPIN").is_ok_and(|v| v == "1")
+fn poll_spin() -> Result<bool> {
+    match std::env::var("ROCKET_MK_SPIN").as_deref() {
+        Err(_) | Ok("") | Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(other) => Err(RocketError::invalid_arg("ROCKET_MK_SPIN", other, "expected \"0\" or \"1\"")),
+    }
 }
 
 fn watchdog() -> Duration {
@@ -305,7 +309,7 @@ impl Megakernel {
             lm_tiles: schedule.lm_tiles as i32,
             splits: schedule.splits as i32,
             eps: spec.rms_norm_eps as f32,
-            poll_spin: poll_spin() as i32,
+            poll_spin: poll_spin()? as i32,
             ..Params::default()
         };
         stream.sync()?;
