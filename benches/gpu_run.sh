@@ -7,13 +7,17 @@
 #   mk        the megakernel against the CPU reference and the graph path (ROCKET_DECODE=megakernel)
 #   bench     `rocket bench` per fuel at batch 1 and 16: the defaults (ROCKET_DECODE and
 #             ROCKET_MATMUL auto), the graph path with the GEMV only, the megakernel (and
-#             with ROCKET_MK_SPIN=1: polls without sleeping)
+#             with ROCKET_MK_SPIN=1: polls without sleeping); BENCH_CONFIGS="default graph"
+#             runs a subset
 #   tcb1      the tensor-core matmul at batch 1 (Llama-3.2-1B, Qwen3-0.6B)
 #   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck and racecheck on the megakernel (SmolLM2)
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
+#   ab        the megakernel of this build against a baseline build's (.device-carry/base/
+#             rocket.xz, packed by hand), interleaved per fuel, batch 1 (and the baseline's
+#             megakernel tests' MK-PROFILE lines when base/cuda-megakernel-test.xz is there)
 # Usage: benches/gpu_run.sh [steps...]   (default: tests mk bench)
 # Logs and JSON go to $LOGS and are packed into $OUT/logs.tgz; a summary prints last.
 set -uo pipefail
@@ -27,12 +31,14 @@ export PYTHONUNBUFFERED=1
 STEPS=" ${*:-tests mk bench} "
 FUELS="smollm2-135m qwen3-0.6b llama-3.2-1b qwen3-1.7b"
 CKPTS=$(for f in $FUELS; do printf '%s,' "$CK/$f"; done)
+TOK=/tmp/rocket-tok
+[[ -d $TOK/tok ]] || { mkdir -p "$TOK" && tar -C "$TOK" -xJf "$CARRY/tok.tar.xz"; }
 tokdir() { case $1 in llama*) echo llama3;; qwen*) echo qwen3;; smol*) echo smollm2;; esac; }
 has() { [[ $STEPS == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total --format=csv | tee "$LOGS/gpu.txt"
 for f in $FUELS; do
-    python3 benches/make_checkpoint.py --fuel "$f" --tokenizer-dir "$CARRY/tok/$(tokdir "$f")" --out "$CK/$f" --device cuda \
+    python3 benches/make_checkpoint.py --fuel "$f" --tokenizer-dir "$TOK/tok/$(tokdir "$f")" --out "$CK/$f" --device cuda \
         >> "$LOGS/checkpoints.log" 2>&1 || { echo "checkpoint $f failed"; tail -5 "$LOGS/checkpoints.log"; }
 done
 
@@ -49,7 +55,7 @@ if has mk; then
     ROCKET_DECODE=megakernel ROCKET_LOOP_SAMPLING=1 ROCKET_GPU_CHECKPOINTS=$CKPTS \
         timeout 420 "$CARRY/cuda-megakernel-test" --test-threads=1 --nocapture > "$LOGS/mk-test.log" 2>&1
     echo "megakernel tests rc=$?"
-    grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | head -40
+    grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | grep -v "MK-PROFILE.*|" | head -40
 fi
 
 bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL [MATMUL]
@@ -58,11 +64,12 @@ bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL [MATMUL]
         { echo "bench $1 failed"; tail -3 "$LOGS/$1.err"; }
 }
 if has bench; then
+    configs=" ${BENCH_CONFIGS:-default graph mk mkspin} "  # a subset saves device time
     for f in $FUELS; do
-        bench "bench-default-$f" auto 1,16 128 256 5 "$f"
-        bench "bench-graph-$f" graph 1,16 128 256 5 "$f" gemv
-        bench "bench-mk-$f" megakernel 1 128 256 5 "$f"
-        ROCKET_MK_SPIN=1 bench "bench-mkspin-$f" megakernel 1 128 256 5 "$f"
+        [[ $configs == *" default "* ]] && bench "bench-default-$f" auto 1,16 128 256 5 "$f"
+        [[ $configs == *" graph "* ]] && bench "bench-graph-$f" graph 1,16 128 256 5 "$f" gemv
+        [[ $configs == *" mk "* ]] && bench "bench-mk-$f" megakernel 1 128 256 5 "$f"
+        [[ $configs == *" mkspin "* ]] && ROCKET_MK_SPIN=1 bench "bench-mkspin-$f" megakernel 1 128 256 5 "$f"
     done
 fi
 if has tcb1; then  # the tensor-core matmul at batch 1 (every pass uses it when enabled)
@@ -94,6 +101,24 @@ if has sanitize; then
     done
 fi
 
+if has ab && [[ -f $CARRY/base/rocket.xz ]]; then
+    mkdir -p /tmp/base && xz -dc "$CARRY/base/rocket.xz" > /tmp/base/rocket && chmod +x /tmp/base/rocket
+    for f in $FUELS; do
+        for round in 1 2; do
+            bench "ab-new$round-$f" megakernel 1 128 256 3 "$f"
+            ( CARRY_BIN=/tmp/base/rocket; ROCKET_DECODE=megakernel timeout 180 "$CARRY_BIN" bench --model "$CK/$f" --device cuda \
+                --batch 1 --prompt-len 128 --gen-len 256 --reps 3 --json "$LOGS/ab-base$round-$f.json" > "$LOGS/ab-base$round-$f.txt" \
+                2> "$LOGS/ab-base$round-$f.err" ) || echo "base bench $f failed"
+        done
+    done
+    if [[ -f $CARRY/base/cuda-megakernel-test.xz ]]; then
+        xz -dc "$CARRY/base/cuda-megakernel-test.xz" > /tmp/base/mk-test && chmod +x /tmp/base/mk-test
+        ROCKET_DECODE=megakernel ROCKET_GPU_CHECKPOINTS=$CKPTS timeout 120 /tmp/base/mk-test --test-threads=1 --nocapture \
+            a_traced_step > "$LOGS/ab-base-profile.log" 2>&1
+        grep -c "MK-PROFILE" "$LOGS/ab-base-profile.log"
+    fi
+fi
+
 if has peer; then
     timeout 240 python3 benches/torch_peer.py --model "$CK/llama-3.2-1b" --batch 1,16 --prompt-len 128 --gen-len 256 --reps 2 \
         --json "$LOGS/peer-llama-3.2-1b.json" > "$LOGS/peer-llama-3.2-1b.txt" 2> "$LOGS/peer-llama-3.2-1b.err" ||
@@ -103,6 +128,9 @@ fi
 echo "=== summary"
 for f in "$LOGS"/bench-*.txt "$LOGS"/sampled-*.txt "$LOGS"/long-*.txt; do
     [[ -f $f ]] && { echo "--- $(basename "$f" .txt)"; tail -n +3 "$f"; }
+done
+for f in "$LOGS"/ab-*.txt; do  # one row each
+    [[ -f $f ]] && echo "$(basename "$f" .txt) $(grep '^| 1 ' "$f")"
 done
 [[ -f $LOGS/peer-llama-3.2-1b.txt ]] && { echo "--- peer"; tail -12 "$LOGS/peer-llama-3.2-1b.txt"; }
 true

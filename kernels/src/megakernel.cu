@@ -32,41 +32,47 @@ struct Fuel {
 // Thread 0 waits until counters[ctr] >= target (or the run stops or aborts),
 // then the consumers learn the verdict together. `instr` names the instruction
 // for the watchdog's report (0xffffffff: the step start); `slot` is 0 for the
-// step start and 1 for instructions (see Scalars::ok). The poll is a relaxed
-// load (an acquire per spin would invalidate L1 each time); one acquire fence
-// follows success.
+// step start and 1 for instructions (see Scalars::ok). Each poll is an acquire
+// load (it also invalidates L1, which holds nothing other SMs write: those reads
+// go through L2), so success needs no fence; the barrier after it orders every
+// consumer's reads. The abort flag and the clock are read every POLLS_PER_CHECK
+// polls only: each is another L2 round trip on the hand-off's critical path.
+constexpr int POLLS_PER_CHECK = 16;
 __device__ __noinline__ bool wait_counter(const Params& p, const Smem& s, uint32_t ctr, uint32_t target, uint32_t instr,
                                           int t, int slot) {
     if (threadIdx.x == 0) {
         const uint32_t* c = p.counters + ctr;
-        uint32_t v = ld_volatile(c);
+        uint32_t v = ld_acquire(c);
         uint32_t ok = 1;
         if (v < target) {
             const uint64_t start = globaltimer_ns();
-            while (true) {
-                if (ld_volatile(p.state + ST_ABORT)) {
-                    ok = 0;
-                    break;
-                }
-                if (globaltimer_ns() - start > p.watchdog_ns) {
-                    if (atomicCAS(p.state + ST_ERROR, 0u, 1u) == 0u) {
-                        p.state[ST_ERR_SM] = blockIdx.x;
-                        p.state[ST_ERR_INSTR] = instr;
-                        p.state[ST_ERR_STEP] = t;
-                        p.state[ST_ERR_VALUE] = v;
-                        p.state[ST_ERR_TARGET] = target;
+            const uint64_t limit = p.watchdog_ns;
+            const bool spin = p.poll_spin != 0;
+            for (uint32_t polls = 1;; polls++) {
+                if (polls % POLLS_PER_CHECK == 0) {
+                    if (ld_volatile(p.state + ST_ABORT)) {
+                        ok = 0;
+                        break;
                     }
-                    __threadfence();
-                    st_volatile(p.state + ST_ABORT, 1);
-                    ok = 0;
-                    break;
+                    if (globaltimer_ns() - start > limit) {
+                        if (atomicCAS(p.state + ST_ERROR, 0u, 1u) == 0u) {
+                            p.state[ST_ERR_SM] = blockIdx.x;
+                            p.state[ST_ERR_INSTR] = instr;
+                            p.state[ST_ERR_STEP] = t;
+                            p.state[ST_ERR_VALUE] = v;
+                            p.state[ST_ERR_TARGET] = target;
+                        }
+                        __threadfence();
+                        st_volatile(p.state + ST_ABORT, 1);
+                        ok = 0;
+                        break;
+                    }
                 }
-                if (!p.poll_spin) __nanosleep(32);
-                v = ld_volatile(c);
+                if (!spin) __nanosleep(32);
+                v = ld_acquire(c);
                 if (v >= target) break;
             }
         }
-        fence_acq_rel();
         if (v & STOP_BIT) ok = 0;
         s.sc->ok[slot] = ok;
     }
@@ -199,12 +205,20 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     if (s.sc->flag) pick_token<F>(p, s, t, host_stop);
 }
 
-// x[rows in.a..in.b] += the instruction's dot products (O-proj and down-proj).
+// x[in.a + threadIdx.x], loaded before an O-proj or down-proj instruction's
+// matvec so the load is not a round trip of its own after it (tiles have at
+// most a few dozen rows; add_to_residual loads any row past CONSUMERS itself).
+__device__ __forceinline__ float residual_row(const Params& p, const Instr& in) {
+    return (int)threadIdx.x < (int)(in.b - in.a) ? __ldcg(p.x + in.a + threadIdx.x) : 0.0f;
+}
+
+// x[rows in.a..in.b] += the instruction's dot products (O-proj and down-proj);
+// `mine` is residual_row's value.
 template <int K>
-__device__ __forceinline__ void add_to_residual(const Params& p, const Smem& s, const Instr& in) {
+__device__ __forceinline__ void add_to_residual(const Params& p, const Smem& s, const Instr& in, float mine) {
     for (int i = threadIdx.x; i < (int)(in.b - in.a); i += CONSUMERS) {
         float* xp = p.x + in.a + i;
-        __stcg(xp, __ldcg(xp) + part_sum<K>(s, i));
+        __stcg(xp, (i < CONSUMERS ? mine : __ldcg(xp)) + part_sum<K>(s, i));
     }
 }
 
@@ -221,11 +235,13 @@ __device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const 
         case OP_ATTN:
             attention<F::HD, F::G, F::HQ, F::HKV, F::NL>(p, s, in, t);
             break;
-        case OP_OPROJ:
+        case OP_OPROJ: {
+            const float mine = residual_row(p, in);
             matvec<F::QD, false>(p, s, in, p.attn, nullptr, chunk, 1);
-            add_to_residual<F::QD>(p, s, in);
+            add_to_residual<F::QD>(p, s, in, mine);
             signal(p, in.signal);
             break;
+        }
         case OP_GATEUP:
             matvec<F::D, true>(p, s, in, p.x, p.layers[in.layer].mlp_norm, chunk, 2);
             for (int i = tid; i < n; i += CONSUMERS) {
@@ -234,11 +250,13 @@ __device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const 
             }
             signal(p, in.signal);
             break;
-        case OP_DOWN:
+        case OP_DOWN: {
+            const float mine = residual_row(p, in);
             matvec<F::FF, false>(p, s, in, p.act, nullptr, chunk, 1);
-            add_to_residual<F::FF>(p, s, in);
+            add_to_residual<F::FF>(p, s, in, mine);
             signal(p, in.signal);
             break;
+        }
         case OP_LMHEAD:
             lm_head<F>(p, s, in, t, chunk);
             break;

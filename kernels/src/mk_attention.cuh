@@ -1,5 +1,7 @@
 // The megakernel's attention instruction: for KV head g and context split s of
-// `splits`, q/k-norm (Qwen3) and RoPE of the step's q heads of g and its k (as
+// `splits` (of which the step uses the first `used`: splits of at least
+// SPLIT_POSITIONS positions, so a short context is not cut into slivers whose
+// merge costs more than their work; the others only arrive), q/k-norm (Qwen3) and RoPE of the step's q heads of g and its k (as
 // kernels/src/rope_kv.cu), the k/v append at the step's position by the split that
 // holds it, then an online-softmax partial over the split's positions (as
 // kernels/src/attention.cu, 8 warps instead of 4). The last split of g to finish
@@ -61,17 +63,21 @@ __device__ __forceinline__ void load_bf16(const uint16_t* src, float (&out)[E]) 
     }
 }
 
+// Splits of at least SPLIT_POSITIONS positions (the CUDA-graph path's split
+// size), at most `splits`: the first `used` splits are never empty
+// (geometry.rs `used_splits`).
+__device__ __forceinline__ int used_splits(int context, int splits) {
+    return min(splits, (context + SPLIT_POSITIONS - 1) / SPLIT_POSITIONS);
+}
+
+// Steps 1-3 of a non-empty split: q, the KV append, the split's partial.
 template <int HD, int G, int HQ, int HKV, int NL>
-__device__ __forceinline__ void attention(const Params& p, const Smem& s, const Instr& in, int t) {
+__device__ __forceinline__ void attend_split(const Params& p, const Smem& s, const Instr& in, int t, int pos, int begin,
+                                             int end, bool owner) {
     constexpr int QD = HQ * HD, KVD = HKV * HD, E = HD / 32;
-    static_assert(G <= MAX_GROUP && CONSUMER_WARPS * G * HD <= PART_CAP && G * HD <= CONSUMERS, "attention fits");
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int layer = in.layer, g = in.a, split = in.b, splits = in.c;
+    const int layer = in.layer, g = in.a, split = in.b, splits = in.c;  // splits: the partials' stride
     const LayerPtrs& lw = p.layers[layer];
-    const int pos = p.pos0 + t, context = pos + 1;
-    const int chunk = (context + splits - 1) / splits;
-    const int begin = min(split * chunk, context), end = min(begin + chunk, context);
-    const bool owner = begin <= pos && pos < end;
     const size_t pos_stride = (size_t)NL * 2 * KVD;
     uint16_t* cache = p.kv + (size_t)layer * 2 * KVD + g * HD;
 
@@ -95,7 +101,9 @@ __device__ __forceinline__ void attention(const Params& p, const Smem& s, const 
     }
     consumer_sync();  // q in shared memory; this CTA's cache writes visible to its threads
 
-    // 2. Online softmax over positions begin..end: warp w takes 4 at a time, w*4 + 32 k.
+    // 2. Online softmax over positions begin..end: warp w takes P at a time, w*P +
+    // 8P k. P loads of K and of V in flight per lane: at long contexts each
+    // iteration is an L2/HBM round trip, so the split's latency is its iterations.
     const float scale = 1.0f / sqrtf((float)HD);
     float q[G][E], acc[G][E], m[G], l[G];
 #pragma unroll
@@ -109,7 +117,7 @@ __device__ __forceinline__ void attention(const Params& p, const Smem& s, const 
         }
     }
     const uint16_t* base = cache + lane * E;
-    constexpr int P = 4;
+    constexpr int P = 8;  // 8 warps x 8 = one 64-position split per iteration; 32-64 registers of K and V
     for (int p0 = begin + warp * P; p0 < end; p0 += CONSUMER_WARPS * P) {
         float kf[P][E], vf[P][E];
 #pragma unroll
@@ -179,6 +187,55 @@ __device__ __forceinline__ void attention(const Params& p, const Smem& s, const 
         }
     }
     consumer_sync();
+}
+
+// The last split of KV head g to arrive: every used split's (max, sum) of g's
+// q heads staged at once ([h][split][2]), then each output element's sum over
+// the splits with its partials' loads in flight together.
+template <int HD, int G>
+__device__ __forceinline__ void merge_splits(const Params& p, const Smem& s, int g, int splits, int used) {
+    const int tid = threadIdx.x;
+    float* sml = s.vec + 1536;
+    static_assert(1536 + MAX_GROUP * MAX_SPLITS * 2 <= VEC_CAP, "merge staging fits the vector space");
+    for (int k = tid; k < G * used * 2; k += CONSUMERS) {
+        const int h = k / (2 * used), r = k % (2 * used);
+        sml[k] = __ldcg(p.part_ml + (size_t)(g * G + h) * splits * 2 + r);
+    }
+    consumer_sync();
+    if (tid < G * HD) {
+        const int h = tid / HD, i = tid % HD;
+        const float* ml = sml + h * used * 2;
+        const float* po = p.part_o + (size_t)(g * G + h) * splits * HD + i;
+        float mx = -INFINITY;
+        for (int sp = 0; sp < used; sp++) mx = fmaxf(mx, ml[2 * sp]);
+        float lsum = 0.0f, o = 0.0f;
+#pragma unroll 8
+        for (int sp = 0; sp < used; sp++) {
+            const float ms = ml[2 * sp];
+            const float f = ms == -INFINITY ? 0.0f : __expf(ms - mx);
+            const float part = __ldcg(po + (size_t)sp * HD);
+            if (ms != -INFINITY) {  // as attn_merge: a split with no finite score adds nothing
+                lsum += ml[2 * sp + 1] * f;
+                o += part * f;
+            }
+        }
+        __stcg(p.attn + (g * G + h) * HD + i, o / lsum);
+    }
+}
+
+template <int HD, int G, int HQ, int HKV, int NL>
+__device__ __forceinline__ void attention(const Params& p, const Smem& s, const Instr& in, int t) {
+    static_assert(G <= MAX_GROUP && CONSUMER_WARPS * G * HD <= PART_CAP && G * HD <= CONSUMERS, "attention fits");
+    const int tid = threadIdx.x;
+    const int g = in.a, split = in.b, splits = in.c;
+    const int pos = p.pos0 + t, context = pos + 1;
+    const int used = used_splits(context, splits);
+    const int chunk = (context + used - 1) / used;
+    const int begin = min(split * chunk, context), end = min(begin + chunk, context);
+    const bool owner = begin <= pos && pos < end;
+
+    if (split < used) attend_split<HD, G, HQ, HKV, NL>(p, s, in, t, pos, begin, end, owner);
+    // (else: an empty split; splits < used never are, and the merge reads only those.)
 
     // 4. Arrive; the last split of this KV head merges (kernels/src/attention.cu attn_merge).
     // Thread 0's acquire-release arrival publishes this CTA's partials (ordered
@@ -190,21 +247,7 @@ __device__ __forceinline__ void attention(const Params& p, const Smem& s, const 
     }
     consumer_sync();
     if (!s.sc->flag) return;
-    if (tid < G * HD) {
-        const int h = tid / HD, i = tid % HD;
-        const size_t first = (size_t)(g * G + h) * splits;
-        float mx = -INFINITY;
-        for (int sp = 0; sp < splits; sp++) mx = fmaxf(mx, __ldcg(p.part_ml + (first + sp) * 2));
-        float lsum = 0.0f, o = 0.0f;
-        for (int sp = 0; sp < splits; sp++) {
-            const float ms = __ldcg(p.part_ml + (first + sp) * 2);
-            if (ms == -INFINITY) continue;
-            const float f = __expf(ms - mx);
-            lsum += __ldcg(p.part_ml + (first + sp) * 2 + 1) * f;
-            o += __ldcg(p.part_o + (first + sp) * HD + i) * f;
-        }
-        __stcg(p.attn + (g * G + h) * HD + i, o / lsum);
-    }
+    merge_splits<HD, G>(p, s, g, splits, used);
     consumer_sync();
     if (tid == 0) red_release_add(p.counters + in.d, 1);
 }

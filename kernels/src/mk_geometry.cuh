@@ -13,6 +13,7 @@ constexpr int SLOTS = 12;                             // 192 KiB of weights in f
 constexpr int PART_CAP = 2048;                        // partial sums of one instruction (floats)
 constexpr int VEC_CAP = 2048;                         // a normed input vector (floats); hidden <= this
 constexpr int MAX_SPLITS = 64;                        // attention splits per KV head
+constexpr int SPLIT_POSITIONS = 64;                   // context positions a used split takes at least
 constexpr int MAX_GROUP = 4;                          // query heads per KV head
 constexpr int INSTR_WORDS = 8;                        // u32 words per encoded instruction
 

@@ -51,6 +51,13 @@ __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const
     float scale = 1.0f;
     if constexpr (NORMED) {
         static_assert(K <= VEC_CAP, "normed inputs fit the shared vector");
+        // The norm weights first: their loads fly with x's instead of after the reduction.
+#pragma unroll
+        for (int j = 0; j < M::PER_LANE; j++) {
+            const int c = seg * M::SEG_LEN + (lane + 32 * j) * 8;
+#pragma unroll
+            for (int e = 0; e < 8; e++) a[j][e] = lane + 32 * j < M::GROUPS ? __ldg(norm_w + c + e) : 0.0f;
+        }
         float ss = 0.0f;
         for (int i = tid * 4; i < K; i += CONSUMERS * 4) {
             const float4 v = __ldcg(reinterpret_cast<const float4*>(src + i));
@@ -63,12 +70,14 @@ __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const
     for (int j = 0; j < M::PER_LANE; j++) {
         const int g = lane + 32 * j;
         const int c = seg * M::SEG_LEN + g * 8;
+        if (!NORMED || g >= M::GROUPS) {
 #pragma unroll
-        for (int e = 0; e < 8; e++) a[j][e] = 0.0f;
+            for (int e = 0; e < 8; e++) a[j][e] = 0.0f;
+        }
         if (g < M::GROUPS) {
             if constexpr (NORMED) {
 #pragma unroll
-                for (int e = 0; e < 8; e++) a[j][e] = __ldg(norm_w + c + e) * (s.vec[c + e] * scale);
+                for (int e = 0; e < 8; e++) a[j][e] = a[j][e] * (s.vec[c + e] * scale);
             } else {
                 const float4 lo = __ldcg(reinterpret_cast<const float4*>(src + c));
                 const float4 hi = __ldcg(reinterpret_cast<const float4*>(src + c + 4));

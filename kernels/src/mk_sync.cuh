@@ -56,11 +56,6 @@ __device__ __forceinline__ void consumer_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
 }
 
-// Orders this thread's later reads after what an earlier relaxed poll observed.
-__device__ __forceinline__ void fence_acq_rel() {
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-}
-
 __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
     uint32_t v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");

@@ -9,3 +9,4 @@
 #include "argmax.cu"
 #include "sample.cu"
 #include "megakernel.cu"
+#include "stream_probe.cu"

@@ -363,3 +363,21 @@ fn sampled_batches_pick_on_the_device_what_the_host_would() {
         println!("SAMPLED-BATCH {}: {same} device-sampled tokens over {steps} steps equal the host's", path.display());
     }
 }
+
+/// The rate one CTA per SM streams HBM through the megakernel's weight ring at
+/// several slot sizes, and with plain loads: the ceiling of its matrix-vector ops.
+#[test]
+fn streaming_probe_reads_every_byte_and_reports_its_rate() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    let copy = gpu.copy_bandwidth_gbs().unwrap();
+    let rates = gpu.stream_probe(2 << 30, 5, 0x5eed).unwrap();
+    for r in &rates {
+        println!("STREAM {}: {:.0} GB/s read ({:.1}% of the copy bandwidth {copy:.0} GB/s)", r.kernel, r.read_gbs, 100.0 * r.read_gbs / copy);
+        assert!(r.checksum_ok, "{}: the kernel's xor of the buffer differs from the host's", r.kernel);
+        assert!(r.read_gbs > 0.0 && r.read_gbs.is_finite());
+    }
+    assert_eq!(rates.len(), 5);
+}

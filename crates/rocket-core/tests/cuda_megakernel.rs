@@ -10,7 +10,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, MatmulMode};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::model::{ModelSource, ModelWeights};
 use rocket_core::progress::LoadProgress;
@@ -56,7 +56,11 @@ fn fuels() -> Vec<Loaded> {
         let src = ModelSource::open(&path).unwrap();
         let spec = src.spec.clone();
         let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
-        let gpu = CudaBackend::new(spec.clone(), &weights, &LoadProgress::new(false)).unwrap();
+        // The graph path's side of every comparison is what it computes when it
+        // decodes one token at a time: the GEMV. (Its prefill of a whole prompt
+        // would use the tensor cores, a different rounding the decode never sees.)
+        let options = CudaOptions { matmul: MatmulMode::Gemv, ..CudaOptions::from_env().unwrap() };
+        let gpu = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), options).unwrap();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         if gpu.megakernel_fuel().unwrap().is_none() {
             panic!("{name}: ROCKET_DECODE=megakernel loaded no megakernel");

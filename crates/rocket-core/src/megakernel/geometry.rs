@@ -16,6 +16,16 @@ pub const SLOTS: usize = 12;
 pub const PART_CAP: usize = 2048;
 /// Attention splits per KV head at most (partials are sized for this).
 pub const MAX_SPLITS: usize = 64;
+/// Context positions each attention split the step uses takes at least: a
+/// short context is not cut into slivers whose merge costs more than their work.
+pub const SPLIT_POSITIONS: usize = 64;
+
+/// Of an attention op's `splits` splits, how many a step with `context`
+/// positions uses (the first ones; none of them is empty, the rest are).
+pub fn used_splits(context: usize, splits: usize) -> usize {
+    splits.min(context.div_ceil(SPLIT_POSITIONS))
+}
+
 /// Query heads per KV head at most (registers of the attention instruction).
 pub const MAX_GROUP: usize = 4;
 

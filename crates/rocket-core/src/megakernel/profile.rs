@@ -38,6 +38,24 @@ pub struct Profile {
     /// Mean time between the ends of consecutive layers' last down-projection (µs).
     pub layer_us: f64,
     pub ops: Vec<OpTimes>,
+    /// The ops of one layer in the middle of the model, as a timeline.
+    pub timeline: Vec<Phase>,
+    /// The LM head, in µs from the last layer's end.
+    pub lm_head: Option<Phase>,
+}
+
+/// One op of one layer on the step's timeline, in µs from the moment the
+/// layer's input was ready (the previous layer's last down-projection tile done).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Phase {
+    pub op: Op,
+    pub layer: usize,
+    /// The last instruction this op waits for is done.
+    pub ready_us: f64,
+    /// Its instructions' waits end (first, last).
+    pub start_us: (f64, f64),
+    /// Its instructions are done (first, mean, last).
+    pub done_us: (f64, f64, f64),
 }
 
 impl Profile {
@@ -106,7 +124,24 @@ impl Profile {
             layer_end[l] = layer_end[l].max(stamps[3 * i + 2]);
         }
         let layer_us = if layers > 0 { us(layer_end[layers - 1].saturating_sub(start)) / layers as f64 } else { 0.0 };
-        Ok(Profile { step_us: us(end.saturating_sub(start)), layer_us, ops })
+
+        // One op of one layer (the LM head: layer `layers`) relative to `origin`.
+        let phase = |op: Op, layer: usize, origin: u64| -> Option<Phase> {
+            let rel = |ns: u64| (ns as f64 - origin as f64) / 1e3;
+            let these: Vec<_> = instrs.iter().enumerate().filter(|(_, ins)| ins.op == op && ins.layer as usize == layer).collect();
+            let (_, first) = these.first()?;
+            let ready = ready.get(&first.wait.counter).copied().unwrap_or(origin);
+            let ends: Vec<u64> = these.iter().map(|(i, _)| stamps[3 * i + 1]).collect();
+            let dones: Vec<u64> = these.iter().map(|(i, _)| stamps[3 * i + 2]).collect();
+            let mean = dones.iter().map(|&d| rel(d)).sum::<f64>() / dones.len() as f64;
+            let span = |v: &[u64]| (rel(*v.iter().min().unwrap()), rel(*v.iter().max().unwrap()));
+            Some(Phase { op, layer, ready_us: rel(ready), start_us: span(&ends), done_us: (span(&dones).0, mean, span(&dones).1) })
+        };
+        let mid = layers / 2;
+        let origin = if mid == 0 { start } else { layer_end[mid - 1] };
+        let timeline = Op::LAYER_OPS.iter().filter_map(|&op| phase(op, mid, origin)).collect();
+        let lm_head = phase(Op::LmHead, layers, layer_end.last().copied().unwrap_or(start));
+        Ok(Profile { step_us: us(end.saturating_sub(start)), layer_us, ops, timeline, lm_head })
     }
 }
 
@@ -117,6 +152,15 @@ impl fmt::Display for Profile {
         writeln!(f, "|:--|--:|--:|--:|--:|")?;
         for o in &self.ops {
             writeln!(f, "| {:?} | {} | {:.2} | {:.2} | {:.2} |", o.op, o.count, o.wait_us, o.busy_us, o.handoff_us)?;
+        }
+        if let Some(first) = self.timeline.first() {
+            writeln!(f, "layer {} timeline, µs from its input being ready (LmHead: from the last layer's end):", first.layer)?;
+            writeln!(f, "| op | dependency ready | waits end (first..last) | done (first / mean / last) |")?;
+            writeln!(f, "|:--|--:|--:|--:|")?;
+            for p in self.timeline.iter().chain(&self.lm_head) {
+                let (s, d) = (p.start_us, p.done_us);
+                writeln!(f, "| {:?} | {:.2} | {:.2}..{:.2} | {:.2} / {:.2} / {:.2} |", p.op, p.ready_us, s.0, s.1, d.0, d.1, d.2)?;
+            }
         }
         Ok(())
     }
@@ -158,6 +202,11 @@ mod tests {
         assert!(p.ops.iter().all(|o| (o.wait_us - 1.0).abs() < 1e-9 && (o.busy_us - 2.0).abs() < 1e-9));
         assert!(p.layer_us > 0.0 && p.layer_us <= p.step_us);
         assert!(p.to_string().contains("| Qkv |"));
+        // Layer 1 of 2 on the timeline: its Qkv's dependency is layer 0's last Down.
+        assert_eq!(p.timeline.len(), 5);
+        assert_eq!((p.timeline[0].op, p.timeline[0].layer, p.timeline[0].ready_us), (Op::Qkv, 1, 0.0));
+        assert!(p.timeline.windows(2).all(|w| w[0].done_us.2 <= w[1].ready_us + 1e-9), "{p}");
+        assert!(p.to_string().contains("layer 1 timeline"));
     }
 
     #[test]

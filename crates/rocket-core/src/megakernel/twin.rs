@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use super::geometry::used_splits;
 use super::schedule::{Counters, Instr, Op, Schedule, Work};
 use crate::backend::cpu::linalg::{matvec_rows, rms_norm, rms_norm_in_place, silu};
 use crate::error::{Result, RocketError};
@@ -366,7 +367,8 @@ impl<'w> Twin<'w> {
         let group = s.num_heads / s.num_kv_heads;
         let pos = run.req.pos0 + t as usize;
         let context = pos + 1;
-        let chunk = context.div_ceil(splits);
+        let used = used_splits(context, splits);
+        let chunk = context.div_ceil(used);
         let (begin, end) = ((split * chunk).min(context), ((split + 1) * chunk).min(context));
 
         let mut k = run.qkv.read(qd + g * hd, hd);
@@ -377,7 +379,8 @@ impl<'w> Twin<'w> {
             run.kv.data.write(kv_at(pos, 1), &run.qkv.read(qd + kvd + g * hd, hd));
         }
         let scale = 1.0 / (hd as f32).sqrt();
-        for head in g * group..(g + 1) * group {
+        // Splits past `used` are empty: they only arrive (and write no partials).
+        for head in (g * group..(g + 1) * group).filter(|_| split < used) {
             let mut q = run.qkv.read(head * hd, hd);
             self.rotate(&mut q, lw.q_norm.as_ref(), pos);
             let (mut m, mut l, mut o) = (f32::NEG_INFINITY, 0f32, vec![0f32; hd]);
@@ -402,7 +405,7 @@ impl<'w> Twin<'w> {
             // Last split of this KV head: merge every split of its query heads.
             for head in g * group..(g + 1) * group {
                 let parts: Vec<(f32, f32)> =
-                    (0..splits).map(|sp| (run.part_ml.get((head * splits + sp) * 2), run.part_ml.get((head * splits + sp) * 2 + 1))).collect();
+                    (0..used).map(|sp| (run.part_ml.get((head * splits + sp) * 2), run.part_ml.get((head * splits + sp) * 2 + 1))).collect();
                 let big_m = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
                 let mut total = 0f32;
                 let mut out = vec![0f32; hd];

@@ -360,6 +360,11 @@ pub(crate) enum Arg {
 
 impl Function {
     pub(crate) fn launch(&self, stream: &Stream, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+        self.launch_with_smem(stream, grid, block, 0, args)
+    }
+
+    /// As `launch`, with `smem` bytes of dynamic shared memory.
+    pub(crate) fn launch_with_smem(&self, stream: &Stream, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
         let mut storage: Vec<[u8; 8]> = args
             .iter()
             .map(|a| {
@@ -375,7 +380,7 @@ impl Function {
         let mut params: Vec<*mut c_void> = storage.iter_mut().map(|b| b.as_mut_ptr() as *mut c_void).collect();
         // SAFETY: the argument list matches the kernel's signature (each kernels.rs
         // launcher mirrors its .cu contract); buffers outlive the stream's work.
-        unsafe { result::launch_kernel(self.raw, grid, (block, 1, 1), 0, stream.raw, &mut params) }
+        unsafe { result::launch_kernel(self.raw, grid, (block, 1, 1), smem, stream.raw, &mut params) }
             .map_err(|e| device_err("cuLaunchKernel", e))
     }
 }

@@ -637,6 +637,7 @@ mod tests {
         assert_eq!(value("VEC_CAP"), VEC_CAP as i64);
         assert_eq!(value("MAX_SPLITS"), g::MAX_SPLITS as i64);
         assert_eq!(value("MAX_GROUP"), g::MAX_GROUP as i64);
+        assert_eq!(value("SPLIT_POSITIONS"), g::SPLIT_POSITIONS as i64);
         assert_eq!(value("INSTR_WORDS"), INSTR_WORDS as i64);
         assert_eq!(value("STATE_WORDS"), STATE_WORDS as i64);
         assert_eq!(value("SMEM_SCALAR_WORDS"), 64);

@@ -9,6 +9,8 @@
 mod driver;
 mod kernels;
 pub mod megakernel;
+mod probe;
+pub use probe::StreamRate;
 mod sampler;
 mod weights;
 
