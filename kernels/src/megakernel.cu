@@ -1,13 +1,14 @@
 // The persistent decode megakernel: one launch runs the whole token loop.
 // grid = the schedule's SM count (one CTA per SM, co-resident: launched
-// cooperatively), block = THREADS (8 consumer warps + 1 producer warp),
+// cooperatively), block = THREADS (8 consumer warps, 1 producer warp, 1 warp for
+// the host link),
 // dynamic shared memory = SMEM_BYTES. One instantiation per fuel, its shapes
 // compile-time constants; the schedule (megakernel/schedule.rs) says what each
 // CTA does. Per step t, every CTA waits for the step's input embedding (counter 0
 // reaching t + 1), then runs its instruction list, each instruction waiting until
 // its dependency counter reaches (t + 1) * per_step and bumping its own counter
 // when done. The CTA that finishes the last LM-head tile picks the token (argmax,
-// end ids masked for min_tokens), publishes it to the host ring, checks end ids,
+// end ids masked for min_tokens), publishes it (warp 9 of CTA 0 forwards it to the host ring), checks end ids,
 // max_steps and the host's stop flag, embeds the next input and releases step
 // t + 1 (or sets STOP_BIT). Meanwhile the producer warp streams the weights of
 // the CTA's instructions, step after step, through the shared-memory ring.
@@ -140,8 +141,9 @@ __device__ __noinline__ uint32_t sample_token(const Params& p, const Smem& s, in
     return token;
 }
 
-// The last LM-head CTA of step t: the token, the host ring, the next input.
-// `host_stop` is the host's stop flag as thread 0 read it when the tile began.
+// The last LM-head CTA of step t: the token, the next input, the step's release.
+// `host_stop` is the host's stop flag (its device copy) as thread 0 read it when
+// the tile began.
 template <class F>
 __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, uint32_t host_stop) {
     const int tid = threadIdx.x;
@@ -159,9 +161,7 @@ __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, u
     if (tid == 0) {
         const bool free_running = t >= p.n_forced;
         const bool stop = t + 1 >= p.max_steps || host_stop != 0 || (free_running && is_end(p, token));
-        // One 4-byte store the host polls for (it filled the ring with RING_EMPTY):
-        // no fence on the critical path.
-        st_volatile(p.ring + RING_TOKENS + t, token);
+        __stcg(p.tokens + t, token);  // published with ST_STEPS below; the host link forwards it
         s.sc->next = stop ? 0xffffffffu : (free_running ? token : __ldg(p.forced + t));
     }
     consumer_sync();
@@ -169,7 +169,7 @@ __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, u
     if (next != 0xffffffffu) embed_row<F::D>(p, next);
     consumer_sync();
     if (tid == 0) {
-        st_volatile(p.state + ST_STEPS, (uint32_t)(t + 1));
+        st_release(p.state + ST_STEPS, (uint32_t)(t + 1));
         st_release(p.counters + STEP_COUNTER, next == 0xffffffffu ? STOP_BIT : (uint32_t)(t + 2));
     }
 }
@@ -177,8 +177,10 @@ __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, u
 template <class F>
 __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr& in, int t, uint32_t& chunk) {
     const int tid = threadIdx.x;
-    // A read across PCIe: issued now, used at the end, so its latency hides.
-    const uint32_t host_stop = tid == 0 ? ld_volatile(p.ring + RING_STOP) : 0u;
+    // The host link's copy of the stop flag (device memory: a read of the mapped
+    // ring itself measured ~130 µs on the H200 machine, and the arrival's fence
+    // below waited for it).
+    const uint32_t host_stop = tid == 0 ? ld_volatile(p.state + ST_HOST_STOP) : 0u;
     matvec<F::D, true>(p, s, in, p.x, p.final_norm, chunk, 1);
     const int n = in.b - in.a;
     // The sampler reads p.logits (and changes it: penalties); tests keep a copy per step.
@@ -331,6 +333,27 @@ __device__ __forceinline__ void producer(const Params& p, const Smem& s, uint32_
         }
 }
 
+// Warp 9 of CTA 0, one lane: the only thread that touches the host's mapped
+// memory while the loop runs. It forwards each published step's token to the
+// host ring and copies the host's stop flag into device state (seen by the LM
+// head of a later step), until the loop has ended and every token is forwarded.
+__device__ __noinline__ void host_link(const Params& p) {
+    uint32_t sent = 0, stop_copied = 0;
+    while (true) {
+        // The step word first: once it carries STOP_BIT, ST_STEPS (released before it) is final.
+        const bool over = (ld_acquire(p.counters + STEP_COUNTER) & STOP_BIT) != 0 || ld_volatile(p.state + ST_ABORT) != 0;
+        const uint32_t steps = ld_acquire(p.state + ST_STEPS);
+        for (; sent < steps; sent++) st_volatile(p.ring + RING_TOKENS + sent, __ldcg(p.tokens + sent));
+        if (over || steps >= (uint32_t)p.max_steps) break;
+        if (!stop_copied && ld_volatile(p.ring + RING_STOP) != 0) {
+            stop_copied = 1;
+            st_volatile(p.state + ST_HOST_STOP, 1);
+        }
+        __nanosleep(500);
+    }
+    __threadfence_system();  // the last tokens reach the host before the launch ends
+}
+
 template <class F>
 __device__ __forceinline__ void megakernel_body(const Params& p) {
     extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -348,6 +371,7 @@ __device__ __forceinline__ void megakernel_body(const Params& p) {
     const uint32_t first = __ldg(p.sm_start + blockIdx.x), last = __ldg(p.sm_start + blockIdx.x + 1);
     if (threadIdx.x >= CONSUMERS) {
         if (threadIdx.x == CONSUMERS) producer<F>(p, s, first, last);
+        if (threadIdx.x == CONSUMERS + 32 && blockIdx.x == 0) host_link(p);
         return;
     }
     consumers<F>(p, s, first, last);

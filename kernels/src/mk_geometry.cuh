@@ -7,7 +7,7 @@ namespace mk {
 
 constexpr int CONSUMER_WARPS = 8;                     // warps 0-7 compute
 constexpr int CONSUMERS = CONSUMER_WARPS * 32;        // 256 threads
-constexpr int THREADS = CONSUMERS + 32;               // + warp 8, the weight producer
+constexpr int THREADS = CONSUMERS + 64;               // + warp 8, the weight producer, and warp 9, the host link
 constexpr int SLOT_BYTES = 16384;                     // one ring slot: whole rows of one matrix
 constexpr int SLOTS = 12;                             // 192 KiB of weights in flight per SM
 constexpr int PART_CAP = 2048;                        // partial sums of one instruction (floats)
@@ -31,11 +31,14 @@ constexpr int ST_ERR_INSTR = 3; // index into the SM's instruction list, or 0xff
 constexpr int ST_ERR_STEP = 4;
 constexpr int ST_ERR_VALUE = 5; // the counter's value when it gave up
 constexpr int ST_ERR_TARGET = 6;
-constexpr int ST_STEPS = 7;     // steps run
+constexpr int ST_STEPS = 7;     // steps run (their tokens are in Params::tokens)
+constexpr int ST_HOST_STOP = 8; // the host's stop flag, copied from the ring by the host link
 constexpr int STATE_WORDS = 16;
 
 // Host ring (mapped pinned memory): [0, stop, fault, 0, tokens[max_steps]]; the host
-// fills the tokens with RING_EMPTY before a launch and polls them. `fault` is
+// fills the tokens with RING_EMPTY before a launch and polls them. Only the host
+// link (warp 9 of CTA 0) touches it during the loop, so no read or write across
+// PCIe sits on a token's critical path. `fault` is
 // RING_FAULT_COPY | SM when a weight copy never landed (the launch then traps).
 constexpr int RING_STOP = 1, RING_FAULT = 2, RING_TOKENS = 4;
 constexpr uint32_t RING_EMPTY = 0xffffffffu;

@@ -50,6 +50,7 @@ struct Params {
     uint32_t* seen_bits;       // [ceil(vocab / 32)] prompt and output tokens (repetition penalty)
     uint32_t* gen_counts;      // [vocab] how often each token was generated (presence/frequency)
     SampleItem* sample_items;  // [vocab] the sampler's candidates
+    uint32_t* tokens;          // [max_steps] each step's token on the device (the host link forwards them)
     unsigned long long watchdog_ns;
     int pos0;                  // position of first_token
     uint32_t first_token;
@@ -64,7 +65,7 @@ struct Params {
     int poll_spin;             // 1: dependency polls spin without __nanosleep (ROCKET_MK_SPIN, an experiment)
 };
 
-static_assert(sizeof(Params) == 280, "Params is shared with backend/cuda/megakernel.rs");
+static_assert(sizeof(Params) == 288, "Params is shared with backend/cuda/megakernel.rs");
 
 struct Instr {
     uint32_t op, layer, signal, wait, per_step, a, b, c, d;

@@ -51,7 +51,7 @@ pub fn fuel_for(spec: &ModelSpec) -> Option<&'static Fuel> {
 }
 
 /// kernels/src/mk_geometry.cuh: threads per CTA, shared memory, ring and state layout.
-const THREADS: u32 = (CONSUMER_WARPS as u32 + 1) * 32;
+const THREADS: u32 = (CONSUMER_WARPS as u32 + 2) * 32;
 const VEC_CAP: usize = 2048;
 const SMEM_BYTES: usize = SLOTS * SLOT_BYTES + 2 * SLOTS * 8 + VEC_CAP * 4 + crate::megakernel::geometry::PART_CAP * 4 + 64 * 4;
 const STATE_WORDS: usize = 16;
@@ -62,6 +62,7 @@ const ST_ERR_STEP: usize = 4;
 const ST_ERR_VALUE: usize = 5;
 const ST_ERR_TARGET: usize = 6;
 const ST_STEPS: usize = 7;
+const ST_HOST_STOP: usize = 8;
 const RING_STOP: usize = 1;
 const RING_FAULT: usize = 2;
 const RING_TOKENS: usize = 4;
@@ -104,6 +105,7 @@ struct Params {
     seen_bits: u64,
     gen_counts: u64,
     sample_items: u64,
+    tokens: u64,
     watchdog_ns: u64,
     pos0: i32,
     first_token: u32,
@@ -119,7 +121,7 @@ struct Params {
 }
 
 // mk_params.cuh asserts the same size.
-const _: () = assert!(std::mem::size_of::<Params>() == 280);
+const _: () = assert!(std::mem::size_of::<Params>() == 288);
 // Hopper gives a CTA at most 227 KiB of shared memory.
 const _: () = assert!(SMEM_BYTES <= 227 * 1024);
 
@@ -196,6 +198,8 @@ pub(crate) struct Megakernel {
     _activations: Vec<DeviceBuffer>,
     end_ids: DeviceBuffer,
     forced: DeviceBuffer,
+    /// Each step's token on the device; the kernel's host link forwards them to `ring`.
+    tokens: DeviceBuffer,
     logits_out: Option<DeviceBuffer>,
     trace: Option<DeviceBuffer>,
     /// The timestamps of the last launch that asked for a trace.
@@ -278,6 +282,7 @@ impl Megakernel {
         let state = DeviceBuffer::alloc(ctx, STATE_WORDS * 4, "megakernel state")?;
         let end_ids = DeviceBuffer::alloc(ctx, MAX_END_IDS * 4, "megakernel end ids")?;
         let forced = DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * 4, "megakernel forced tokens")?;
+        let tokens = DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * 4, "megakernel tokens")?;
         let sampler = LoopSampler::alloc(ctx, spec.vocab_size)?;
         let ring = MappedBuffer::alloc(RING_TOKENS + MAX_LOOP_STEPS)?;
         let p = |i: usize| activations[i].ptr;
@@ -302,6 +307,7 @@ impl Megakernel {
             lm_idx: p(8),
             end_ids: end_ids.ptr,
             forced: forced.ptr,
+            tokens: tokens.ptr,
             seen_bits: sampler.seen_bits.ptr,
             gen_counts: sampler.gen_counts.ptr,
             sample_items: sampler.items.ptr,
@@ -331,6 +337,7 @@ impl Megakernel {
             _activations: activations,
             end_ids,
             forced,
+            tokens,
             logits_out: None,
             trace: None,
             last_trace: None,
@@ -641,7 +648,7 @@ mod tests {
         assert_eq!(value("INSTR_WORDS"), INSTR_WORDS as i64);
         assert_eq!(value("STATE_WORDS"), STATE_WORDS as i64);
         assert_eq!(value("SMEM_SCALAR_WORDS"), 64);
-        for (name, v) in [("ST_ERROR", ST_ERROR), ("ST_ERR_SM", ST_ERR_SM), ("ST_ERR_INSTR", ST_ERR_INSTR), ("ST_ERR_STEP", ST_ERR_STEP), ("ST_ERR_VALUE", ST_ERR_VALUE), ("ST_ERR_TARGET", ST_ERR_TARGET), ("ST_STEPS", ST_STEPS)] {
+        for (name, v) in [("ST_ERROR", ST_ERROR), ("ST_ERR_SM", ST_ERR_SM), ("ST_ERR_INSTR", ST_ERR_INSTR), ("ST_ERR_STEP", ST_ERR_STEP), ("ST_ERR_VALUE", ST_ERR_VALUE), ("ST_ERR_TARGET", ST_ERR_TARGET), ("ST_STEPS", ST_STEPS), ("ST_HOST_STOP", ST_HOST_STOP)] {
             assert_eq!(value(name), v as i64, "{name}");
         }
         let ring = format!("constexpr int RING_STOP = {RING_STOP}, RING_FAULT = {RING_FAULT}, RING_TOKENS = {RING_TOKENS};");
