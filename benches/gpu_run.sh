@@ -58,8 +58,8 @@ if has mk; then
     grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | grep -v "MK-PROFILE.*|" | head -40
 fi
 
-bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL [MATMUL]
-    ROCKET_DECODE=$2 ROCKET_MATMUL=${8:-auto} timeout 180 "$CARRY/bin/rocket" bench --model "$CK/$7" --device cuda --batch "$3" --prompt-len "$4" \
+bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL [MATMUL]; ROCKET_BIN picks another binary
+    ROCKET_DECODE=$2 ROCKET_MATMUL=${8:-auto} timeout 180 "${ROCKET_BIN:-$CARRY/bin/rocket}" bench --model "$CK/$7" --device cuda --batch "$3" --prompt-len "$4" \
         --gen-len "$5" --reps "$6" ${BENCH_EXTRA:-} --json "$LOGS/$1.json" > "$LOGS/$1.txt" 2> "$LOGS/$1.err" ||
         { echo "bench $1 failed"; tail -3 "$LOGS/$1.err"; }
 }
@@ -106,9 +106,7 @@ if has ab && [[ -f $CARRY/base/rocket.xz ]]; then
     for f in $FUELS; do
         for round in 1 2; do
             bench "ab-new$round-$f" megakernel 1 128 256 3 "$f"
-            ( CARRY_BIN=/tmp/base/rocket; ROCKET_DECODE=megakernel timeout 180 "$CARRY_BIN" bench --model "$CK/$f" --device cuda \
-                --batch 1 --prompt-len 128 --gen-len 256 --reps 3 --json "$LOGS/ab-base$round-$f.json" > "$LOGS/ab-base$round-$f.txt" \
-                2> "$LOGS/ab-base$round-$f.err" ) || echo "base bench $f failed"
+            ROCKET_BIN=/tmp/base/rocket bench "ab-base$round-$f" megakernel 1 128 256 3 "$f"
         done
     done
     if [[ -f $CARRY/base/cuda-megakernel-test.xz ]]; then

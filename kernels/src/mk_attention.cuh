@@ -72,14 +72,15 @@ __device__ __forceinline__ int used_splits(int context, int splits) {
 
 // Steps 1-3 of a non-empty split: q, the KV append, the split's partial.
 template <int HD, int G, int HQ, int HKV, int NL>
-__device__ __forceinline__ void attend_split(const Params& p, const Smem& s, const Instr& in, int t, int pos, int begin,
-                                             int end, bool owner) {
+__device__ __forceinline__ void attend_split(const Params& p, const Smem& s, const Instr& in, int pos, int begin,
+                                             int end) {
     constexpr int QD = HQ * HD, KVD = HKV * HD, E = HD / 32;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int layer = in.layer, g = in.a, split = in.b, splits = in.c;  // splits: the partials' stride
     const LayerPtrs& lw = p.layers[layer];
     const size_t pos_stride = (size_t)NL * 2 * KVD;
     uint16_t* cache = p.kv + (size_t)layer * 2 * KVD + g * HD;
+    const bool owner = begin <= pos && pos < end;  // this split appends the step's k and v
 
     // 1. q heads into s.vec (rotated), k and v of this position into the cache.
     float* sq = s.vec;
@@ -232,9 +233,8 @@ __device__ __forceinline__ void attention(const Params& p, const Smem& s, const 
     const int used = used_splits(context, splits);
     const int chunk = (context + used - 1) / used;
     const int begin = min(split * chunk, context), end = min(begin + chunk, context);
-    const bool owner = begin <= pos && pos < end;
 
-    if (split < used) attend_split<HD, G, HQ, HKV, NL>(p, s, in, t, pos, begin, end, owner);
+    if (split < used) attend_split<HD, G, HQ, HKV, NL>(p, s, in, pos, begin, end);
     // (else: an empty split; splits < used never are, and the merge reads only those.)
 
     // 4. Arrive; the last split of this KV head merges (kernels/src/attention.cu attn_merge).

@@ -354,6 +354,7 @@ unsafe impl Sync for Function {}
 /// One kernel argument: its bytes, passed by pointer as cuLaunchKernel expects.
 pub(crate) enum Arg {
     Ptr(u64),
+    U64(u64),
     I32(i32),
     F32(f32),
 }
@@ -370,7 +371,7 @@ impl Function {
             .map(|a| {
                 let mut b = [0u8; 8];
                 match a {
-                    Arg::Ptr(p) => b.copy_from_slice(&p.to_ne_bytes()),
+                    Arg::Ptr(p) | Arg::U64(p) => b.copy_from_slice(&p.to_ne_bytes()),
                     Arg::I32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
                     Arg::F32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
                 }

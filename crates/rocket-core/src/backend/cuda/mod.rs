@@ -89,8 +89,9 @@ pub struct CudaOptions {
     pub device_sampling: bool,
     /// ROCKET_LOOP_SAMPLING=1: sampled requests also run as megakernel token
     /// loops, sampling inside the kernel (kernels/src/megakernel.cu
-    /// `sample_token`). Off by default until `tests/cuda_megakernel.rs` has
-    /// checked it on a GPU; sampled requests then decode with CUDA graphs.
+    /// `sample_token`). Checked on the H200 (`tests/cuda_megakernel.rs`), but
+    /// off by default until its speed is measured; sampled requests then decode
+    /// with CUDA graphs.
     pub loop_sampling: bool,
 }
 

@@ -5,6 +5,7 @@
 use super::driver::{self, Arg, DeviceBuffer};
 use super::CudaBackend;
 use crate::error::{Result, RocketError};
+use crate::sampling::splitmix64;
 
 /// One streaming kernel's rate.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,15 +22,15 @@ pub struct StreamRate {
 const RINGS: [(&str, usize, usize); 4] =
     [("stream_ring_8k", 8 << 10, 24), ("stream_ring_16k", 16 << 10, 12), ("stream_ring_32k", 32 << 10, 6), ("stream_ring_64k", 64 << 10, 3)];
 
-/// splitmix64: fresh random bytes for the buffer (never time on zeros).
-fn random_words(n: usize, mut seed: u64) -> Vec<u64> {
+/// Fresh random bytes for the buffer (never time on zeros): the splitmix64 stream
+/// from `seed` (splitmix64 adds its own increment to each input).
+fn random_words(n: usize, seed: u64) -> Vec<u64> {
+    let mut state = seed;
     (0..n)
         .map(|_| {
-            seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = seed;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
+            let word = splitmix64(state);
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            word
         })
         .collect()
 }
@@ -74,7 +75,7 @@ impl CudaBackend {
 
         let mut rates = Vec::new();
         for (label, f, block, smem) in kernels {
-            let args = [Arg::Ptr(src.ptr), Arg::Ptr(per_cta as u64), Arg::Ptr(sink.ptr)];
+            let args = [Arg::Ptr(src.ptr), Arg::U64(per_cta as u64), Arg::Ptr(sink.ptr)];
             let mut best = f64::INFINITY;
             let mut checksum_ok = true;
             for rep in 0..=reps {
