@@ -181,7 +181,7 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     // ring itself measured ~130 µs on the H200 machine, and the arrival's fence
     // below waited for it).
     const uint32_t host_stop = tid == 0 ? ld_volatile(p.state + ST_HOST_STOP) : 0u;
-    matvec<F::D, true>(p, s, in, p.x, p.final_norm, chunk, 1);
+    matvec<F::D, NORMED_X>(p, s, in, p.x, p.final_norm, chunk, 1);
     const int n = in.b - in.a;
     // The sampler reads p.logits (and changes it: penalties); tests keep a copy per step.
     float* dst = p.logits + in.a;
@@ -230,22 +230,24 @@ __device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const 
     const int n = in.b - in.a;
     switch (in.op) {
         case OP_QKV:
-            matvec<F::D, true>(p, s, in, p.x, p.layers[in.layer].attn_norm, chunk, 1);
+            matvec<F::D, NORMED_X>(p, s, in, p.x, p.layers[in.layer].attn_norm, chunk, 1);
             for (int i = tid; i < n; i += CONSUMERS) __stcg(p.qkv + in.a + i, part_sum<F::D>(s, i));
             signal(p, in.signal);
             break;
         case OP_ATTN:
             attention<F::HD, F::G, F::HQ, F::HKV, F::NL>(p, s, in, t);
+            signal(p, in.signal);
             break;
         case OP_OPROJ: {
             const float mine = residual_row(p, in);
-            matvec<F::QD, false>(p, s, in, p.attn, nullptr, chunk, 1);
+            merge_attention<F::HD, F::HQ>(p, s, t);  // the input, into s.vec
+            matvec<F::QD, SHARED>(p, s, in, s.vec, nullptr, chunk, 1);
             add_to_residual<F::QD>(p, s, in, mine);
             signal(p, in.signal);
             break;
         }
         case OP_GATEUP:
-            matvec<F::D, true>(p, s, in, p.x, p.layers[in.layer].mlp_norm, chunk, 2);
+            matvec<F::D, NORMED_X>(p, s, in, p.x, p.layers[in.layer].mlp_norm, chunk, 2);
             for (int i = tid; i < n; i += CONSUMERS) {
                 const float g = part_sum<F::D>(s, i), u = part_sum<F::D>(s, n + i);
                 __stcg(p.act + in.a + i, g / (1.0f + __expf(-g)) * u);  // as kernels/src/silu_mul.cu
@@ -254,7 +256,7 @@ __device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const 
             break;
         case OP_DOWN: {
             const float mine = residual_row(p, in);
-            matvec<F::FF, false>(p, s, in, p.act, nullptr, chunk, 1);
+            matvec<F::FF, GLOBAL>(p, s, in, p.act, nullptr, chunk, 1);
             add_to_residual<F::FF>(p, s, in, mine);
             signal(p, in.signal);
             break;
@@ -287,6 +289,7 @@ __device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32
         for (uint32_t i = first; i < last && running; i++) {
             const Instr in = load_instr(p, i);
             if (tr) tr[3 * i] = globaltimer_ns();
+            if (in.op == OP_ATTN) prefetch_split_kv<F::HD, F::HKV, F::NL>(p, in, t);
             running = wait_counter(p, s, in.wait, (uint32_t)(t + 1) * in.per_step, i - first, t, 1);
             if (tr) tr[3 * i + 1] = globaltimer_ns();
             if (running) run_instr<F>(p, s, in, t, chunk);
@@ -301,27 +304,88 @@ __device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32
     }
 }
 
+// The SM's weight stream, chunk by chunk: every matrix-vector instruction of its
+// list, step after step, in Matvec<K>::ROWS-row chunks (consume_rows' order).
+// An instruction is decoded once, when the stream reaches it.
 template <class F>
-__device__ __forceinline__ void producer(const Params& p, const Smem& s, uint32_t first, uint32_t last) {
-    uint32_t chunk = 0;
-    bool go = true;
-    for (int t = 0; t < p.max_steps && go; t++) {
-        for (uint32_t i = first; i < last && go; i++) {
-            const Instr in = load_instr(p, i);
+struct WeightStream {
+    uint32_t first, last;             // the SM's instruction list
+    int t = 0;                        // step
+    uint32_t i;                       // the next instruction to decode
+    const uint16_t* rows = nullptr;   // the current instruction's next chunk (null: none left)
+    const uint16_t* second = nullptr; // gate|up: the up rows, after the gate rows
+    int left = 0, per_chunk = 0, row_bytes = 0, n = 0;
+
+    __device__ WeightStream(uint32_t first_, uint32_t last_) : first(first_), last(last_), i(first_) {}
+
+    // The next chunk's source and bytes; false once the launch's steps are over.
+    __device__ bool next(const Params& p, const uint16_t*& src, uint32_t& bytes) {
+        while (left == 0) {
+            if (second != nullptr) {
+                rows = second, second = nullptr, left = n;
+                break;
+            }
+            if (i >= last) {
+                if (++t >= p.max_steps) return false;
+                i = first;
+            }
+            if (t >= p.max_steps) return false;
+            const Instr in = load_instr(p, i++);
             const LayerPtrs& lw = p.layers[min(in.layer, (uint32_t)F::NL - 1)];  // the LM head has no layer
-            const int n = in.b - in.a;
+            n = in.b - in.a;
             switch (in.op) {
-                case OP_QKV: go = produce_rows<F::D>(p, s, lw.qkv + (size_t)in.a * F::D, n, chunk); break;
-                case OP_OPROJ: go = produce_rows<F::QD>(p, s, lw.o + (size_t)in.a * F::QD, n, chunk); break;
+                case OP_QKV: start<F::D>(lw.qkv + (size_t)in.a * F::D); break;
+                case OP_OPROJ: start<F::QD>(lw.o + (size_t)in.a * F::QD); break;
                 case OP_GATEUP:
-                    go = produce_rows<F::D>(p, s, lw.gate_up + (size_t)in.a * F::D, n, chunk) &&
-                         produce_rows<F::D>(p, s, lw.gate_up + (size_t)(F::FF + in.a) * F::D, n, chunk);
+                    start<F::D>(lw.gate_up + (size_t)in.a * F::D);
+                    second = lw.gate_up + (size_t)(F::FF + in.a) * F::D;
                     break;
-                case OP_DOWN: go = produce_rows<F::FF>(p, s, lw.down + (size_t)in.a * F::FF, n, chunk); break;
-                case OP_LMHEAD: go = produce_rows<F::D>(p, s, p.lm_head + (size_t)in.a * F::D, n, chunk); break;
+                case OP_DOWN: start<F::FF>(lw.down + (size_t)in.a * F::FF); break;
+                case OP_LMHEAD: start<F::D>(p.lm_head + (size_t)in.a * F::D); break;
                 default: break;  // attention streams no weights
             }
         }
+        const int k = min(per_chunk, left);
+        src = rows;
+        bytes = (uint32_t)(k * row_bytes);
+        rows += (size_t)k * row_bytes / 2;
+        left -= k;
+        return true;
+    }
+
+    template <int K>
+    __device__ void start(const uint16_t* r) {
+        rows = r, left = n, per_chunk = Matvec<K>::ROWS, row_bytes = Matvec<K>::ROW_BYTES;
+    }
+};
+
+// The producer lane: issues the SM's weight stream into the ring, each chunk as
+// soon as its slot is free.
+template <class F>
+__device__ __forceinline__ void producer(const Params& p, const Smem& s, uint32_t first, uint32_t last) {
+    WeightStream<F> at(first, last);
+    const uint16_t* src;
+    uint32_t bytes;
+    uint32_t chunk = 0;
+    bool go = true;
+    while (go && at.next(p, src, bytes)) {
+        const int slot = chunk % SLOTS;
+        if (chunk >= SLOTS) {
+            // Wait for the consumers' release of the slot's last use, unless they
+            // have left (an abort elsewhere is not a reason to stop: this CTA's
+            // consumers finish their instruction, which may need more chunks).
+            const uint32_t parity = (chunk / SLOTS - 1) & 1;
+            while (!mbar_try_wait(s.empty + slot, parity)) {
+                if (ld_volatile(&s.sc->done)) {
+                    go = false;
+                    break;
+                }
+            }
+            if (!go) break;
+        }
+        mbar_arrive_expect_tx(s.full + slot, bytes);
+        bulk_load(s.ring + slot * SLOT_BYTES, src, bytes, s.full + slot);
+        chunk++;
     }
     // The CTA must not exit with copies still landing in its shared memory: wait
     // for the consumers to leave, then for every chunk issued but not consumed.

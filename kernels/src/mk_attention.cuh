@@ -1,11 +1,13 @@
 // The megakernel's attention instruction: for KV head g and context split s of
 // `splits` (of which the step uses the first `used`: splits of at least
 // SPLIT_POSITIONS positions, so a short context is not cut into slivers whose
-// merge costs more than their work; the others only arrive), q/k-norm (Qwen3) and RoPE of the step's q heads of g and its k (as
-// kernels/src/rope_kv.cu), the k/v append at the step's position by the split that
-// holds it, then an online-softmax partial over the split's positions (as
-// kernels/src/attention.cu, 8 warps instead of 4). The last split of g to finish
-// merges all splits into p.attn and bumps the layer's merge counter.
+// merge costs more than their work; the others only arrive), q/k-norm (Qwen3)
+// and RoPE of the step's q heads of g and its k (as kernels/src/rope_kv.cu), the
+// k/v append at the step's position by the split that holds it, then an
+// online-softmax partial over the split's positions (as kernels/src/attention.cu,
+// 8 warps instead of 4). Nobody merges the splits here: every O-proj CTA merges
+// them as it loads its input (`merge_attention`), which saves the hand-off to a
+// merging CTA and that CTA's round trips (~6 µs per layer in the H200 trace).
 #pragma once
 #include "mk_params.cuh"
 #include "mk_sync.cuh"
@@ -187,69 +189,115 @@ __device__ __forceinline__ void attend_split(const Params& p, const Smem& s, con
             __stcg(p.part_ml + slot * 2 + 1, lsum);
         }
     }
+    // (The caller's signal() barrier orders these stores before its release.)
+}
+
+// One group of 8 attention outputs (q head h, elements i..i+7) merged from the
+// used splits' partials, as kernels/src/attention.cu attn_merge: the largest
+// max first, then the splits in order, a split with no finite score adding
+// nothing. Up to FAST splits load in one round trip; more take two passes.
+template <int HD>
+__device__ __forceinline__ void merge_group(const Params& p, int h, int i, int used, float (&o)[8]) {
+    constexpr int FAST = 4;
+    const int splits = p.splits;
+    const float* ml = p.part_ml + (size_t)h * splits * 2;
+    const float* po = p.part_o + (size_t)h * splits * HD + i;
+    float mx = -INFINITY, lsum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) o[e] = 0.0f;
+    auto add = [&](float2 v, float4 a, float4 b) {
+        if (v.x == -INFINITY) return;
+        const float f = __expf(v.x - mx);
+        lsum += v.y * f;
+        const float part[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[e] += part[e] * f;
+    };
+    auto load = [&](int sp, float2& v, float4& a, float4& b) {
+        v = __ldcg(reinterpret_cast<const float2*>(ml + 2 * sp));
+        a = __ldcg(reinterpret_cast<const float4*>(po + (size_t)sp * HD));
+        b = __ldcg(reinterpret_cast<const float4*>(po + (size_t)sp * HD + 4));
+    };
+    if (used <= FAST) {
+        float2 v[FAST];
+        float4 a[FAST], b[FAST];
+#pragma unroll
+        for (int sp = 0; sp < FAST; sp++) {
+            if (sp < used) {
+                load(sp, v[sp], a[sp], b[sp]);
+            } else {
+                v[sp] = make_float2(-INFINITY, 0.0f);
+                a[sp] = b[sp] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+#pragma unroll
+        for (int sp = 0; sp < FAST; sp++) mx = fmaxf(mx, v[sp].x);
+#pragma unroll
+        for (int sp = 0; sp < FAST; sp++) add(v[sp], a[sp], b[sp]);
+    } else {
+#pragma unroll 8
+        for (int sp = 0; sp < used; sp++) mx = fmaxf(mx, __ldcg(ml + 2 * sp));
+#pragma unroll 4
+        for (int sp = 0; sp < used; sp++) {
+            float2 v;
+            float4 a, b;
+            load(sp, v, a, b);
+            add(v, a, b);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) o[e] /= lsum;
+}
+
+// Step t's attention output (all q heads) into s.vec, merged from the splits'
+// partials: the O-proj instruction's input. Thread k takes elements 8k..8k+7.
+template <int HD, int HQ>
+__device__ __forceinline__ void merge_attention(const Params& p, const Smem& s, int t) {
+    constexpr int GROUPS = HQ * HD / 8;
+    static_assert(HQ * HD <= VEC_CAP, "the attention output fits the shared vector");
+    const int used = used_splits(p.pos0 + t + 1, p.splits);
+    for (int grp = threadIdx.x; grp < GROUPS; grp += CONSUMERS) {
+        float o[8];
+        merge_group<HD>(p, grp * 8 / HD, grp * 8 % HD, used, o);
+        float4* dst = reinterpret_cast<float4*>(s.vec + grp * 8);
+        dst[0] = make_float4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+    }
     consumer_sync();
 }
 
-// The last split of KV head g to arrive: every used split's (max, sum) of g's
-// q heads staged at once ([h][split][2]), then each output element's sum over
-// the splits with its partials' loads in flight together.
-template <int HD, int G>
-__device__ __forceinline__ void merge_splits(const Params& p, const Smem& s, int g, int splits, int used) {
-    const int tid = threadIdx.x;
-    float* sml = s.vec + 1536;
-    static_assert(1536 + MAX_GROUP * MAX_SPLITS * 2 <= VEC_CAP, "merge staging fits the vector space");
-    for (int k = tid; k < G * used * 2; k += CONSUMERS) {
-        const int h = k / (2 * used), r = k % (2 * used);
-        sml[k] = __ldcg(p.part_ml + (size_t)(g * G + h) * splits * 2 + r);
-    }
-    consumer_sync();
-    if (tid < G * HD) {
-        const int h = tid / HD, i = tid % HD;
-        const float* ml = sml + h * used * 2;
-        const float* po = p.part_o + (size_t)(g * G + h) * splits * HD + i;
-        float mx = -INFINITY;
-        for (int sp = 0; sp < used; sp++) mx = fmaxf(mx, ml[2 * sp]);
-        float lsum = 0.0f, o = 0.0f;
-#pragma unroll 8
-        for (int sp = 0; sp < used; sp++) {
-            const float ms = ml[2 * sp];
-            const float f = ms == -INFINITY ? 0.0f : __expf(ms - mx);
-            const float part = __ldcg(po + (size_t)sp * HD);
-            if (ms != -INFINITY) {  // as attn_merge: a split with no finite score adds nothing
-                lsum += ml[2 * sp + 1] * f;
-                o += part * f;
-            }
-        }
-        __stcg(p.attn + (g * G + h) * HD + i, o / lsum);
+// Called by every consumer before an attention instruction's wait: asks L2 for
+// the K and V rows of the split's earlier positions. They are final (written in
+// earlier steps) and long evicted by the weight stream, so without this the
+// split's first loads after the wait go to HBM. (The step's own position is
+// written by this instruction itself.)
+template <int HD, int HKV, int NL>
+__device__ __forceinline__ void prefetch_split_kv(const Params& p, const Instr& in, int t) {
+    constexpr int KVD = HKV * HD, LINES = HD * 2 / 128;  // 128-byte lines per row
+    const int g = in.a, split = in.b, splits = in.c;
+    const int pos = p.pos0 + t, context = pos + 1;
+    const int used = used_splits(context, splits);
+    if (split >= used) return;
+    const int chunk = (context + used - 1) / used;
+    const int begin = min(split * chunk, context), end = min(begin + chunk, pos);
+    const size_t pos_stride = (size_t)NL * 2 * KVD;
+    const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.kv + (size_t)in.layer * 2 * KVD + g * HD);
+    for (int k = threadIdx.x; k < (end - begin) * 2 * LINES; k += CONSUMERS) {
+        const int row = k / LINES, line = k % LINES;  // row: position (row / 2), k or v (row % 2)
+        prefetch_line_l2(cache + ((begin + row / 2) * pos_stride + (row & 1) * KVD) * 2 + line * 128);
     }
 }
 
 template <int HD, int G, int HQ, int HKV, int NL>
 __device__ __forceinline__ void attention(const Params& p, const Smem& s, const Instr& in, int t) {
     static_assert(G <= MAX_GROUP && CONSUMER_WARPS * G * HD <= PART_CAP && G * HD <= CONSUMERS, "attention fits");
-    const int tid = threadIdx.x;
-    const int g = in.a, split = in.b, splits = in.c;
+    const int split = in.b, splits = in.c;
     const int pos = p.pos0 + t, context = pos + 1;
     const int used = used_splits(context, splits);
     const int chunk = (context + used - 1) / used;
     const int begin = min(split * chunk, context), end = min(begin + chunk, context);
-
     if (split < used) attend_split<HD, G, HQ, HKV, NL>(p, s, in, pos, begin, end);
     // (else: an empty split; splits < used never are, and the merge reads only those.)
-
-    // 4. Arrive; the last split of this KV head merges (kernels/src/attention.cu attn_merge).
-    // Thread 0's acquire-release arrival publishes this CTA's partials (ordered
-    // before it by the barrier above) and, for the last split, orders the other
-    // splits' partials before the merge's reads (ordered after it by the barrier).
-    if (tid == 0) {
-        const uint32_t arrived = atom_add_acq_rel(p.counters + in.signal, 1) + 1;
-        s.sc->flag = arrived == (uint32_t)(t + 1) * splits;
-    }
-    consumer_sync();
-    if (!s.sc->flag) return;
-    merge_splits<HD, G>(p, s, g, splits, used);
-    consumer_sync();
-    if (tid == 0) red_release_add(p.counters + in.d, 1);
 }
 
 }  // namespace mk

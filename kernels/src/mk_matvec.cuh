@@ -1,9 +1,8 @@
 // Matrix-vector instructions of the megakernel (Qkv, OProj, GateUp, Down, LmHead):
 // the consumer side, which multiplies the rows the producer streams into the ring
-// by an input vector held in registers, and the producer side, which issues the
-// bulk copies of those rows. Both walk an instruction's rows in the same chunks
-// (Matvec<K>::ROWS rows each), so chunk n of the SM's stream is slot n % SLOTS,
-// phase n / SLOTS.
+// by an input vector held in registers. The producer (megakernel.cu
+// `WeightStream`) walks an instruction's rows in the same chunks (Matvec<K>::ROWS
+// rows each), so chunk n of the SM's stream is slot n % SLOTS, phase n / SLOTS.
 #pragma once
 #include "mk_params.cuh"
 #include "mk_sync.cuh"
@@ -40,15 +39,21 @@ __device__ __forceinline__ float dot8(uint4 w, const float* a) {
     return acc;
 }
 
+// Where a matrix-vector instruction's input comes from.
+enum Input {
+    NORMED_X,  // RMSNorm(src) * norm_w, as kernels/src/rms_norm.cu (Qkv, GateUp, LmHead: src is x)
+    GLOBAL,    // src in global memory as it is (Down: act)
+    SHARED,    // src in shared memory as it is (OProj: the merged attention in s.vec)
+};
+
 // The input slice a warp multiplies with: columns seg*SEG_LEN + (lane + 32 j)*8 + e.
-// NORMED inputs (Qkv, GateUp, LmHead: src is x) are RMSNorm(x) * norm_w, as
-// kernels/src/rms_norm.cu; the others (OProj, Down) are src as it is.
-template <int K, bool NORMED>
+template <int K, Input IN>
 __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const float* src, const float* norm_w,
                                            float (&a)[Matvec<K>::PER_LANE][8], int seg) {
     using M = Matvec<K>;
     const int tid = threadIdx.x, lane = tid & 31;
     float scale = 1.0f;
+    constexpr bool NORMED = IN == NORMED_X;
     if constexpr (NORMED) {
         static_assert(K <= VEC_CAP, "normed inputs fit the shared vector");
         // The norm weights first: their loads fly with x's instead of after the reduction.
@@ -79,8 +84,8 @@ __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const
 #pragma unroll
                 for (int e = 0; e < 8; e++) a[j][e] = a[j][e] * (s.vec[c + e] * scale);
             } else {
-                const float4 lo = __ldcg(reinterpret_cast<const float4*>(src + c));
-                const float4 hi = __ldcg(reinterpret_cast<const float4*>(src + c + 4));
+                const float4* v = reinterpret_cast<const float4*>(src + c);
+                const float4 lo = IN == SHARED ? v[0] : __ldcg(v), hi = IN == SHARED ? v[1] : __ldcg(v + 1);
                 a[j][0] = lo.x; a[j][1] = lo.y; a[j][2] = lo.z; a[j][3] = lo.w;
                 a[j][4] = hi.x; a[j][5] = hi.y; a[j][6] = hi.z; a[j][7] = hi.w;
             }
@@ -129,39 +134,16 @@ __device__ __forceinline__ float part_sum(const Smem& s, int i) {
 // The dot products of one matrix-vector instruction over rows in.a..in.b of its
 // matrix (`regions` matrices of those rows: 2 for gate|up), left in s.part for the
 // caller's epilogue once every consumer is past the closing barrier.
-template <int K, bool NORMED>
+template <int K, Input IN>
 __device__ __forceinline__ void matvec(const Params& p, const Smem& s, const Instr& in, const float* src,
                                        const float* norm_w, uint32_t& chunk, int regions) {
     const int warp = threadIdx.x >> 5;
     const int seg = Matvec<K>::SEGS > 1 ? warp / Matvec<K>::ROWS : 0;
     float a[Matvec<K>::PER_LANE][8];
-    load_input<K, NORMED>(p, s, src, norm_w, a, seg);
+    load_input<K, IN>(p, s, src, norm_w, a, seg);
     const int n = in.b - in.a;
     for (int r = 0; r < regions; r++) consume_rows<K>(p, s, a, n, r * n, chunk);
     consumer_sync();
-}
-
-// Issues the bulk copies of `n` rows starting at `rows` (the producer lane).
-// False when the consumers have left and nothing more will be consumed. (An
-// abort elsewhere is not a reason to stop: this CTA's consumers finish the
-// instruction they are in, which may need more chunks, and then leave.)
-template <int K>
-__device__ __forceinline__ bool produce_rows(const Params& p, const Smem& s, const uint16_t* rows, int n, uint32_t& chunk) {
-    using M = Matvec<K>;
-    for (int row = 0; row < n; row += M::ROWS) {
-        const uint32_t bytes = min(M::ROWS, n - row) * M::ROW_BYTES;
-        const int slot = chunk % SLOTS;
-        if (chunk >= SLOTS) {
-            const uint32_t parity = (chunk / SLOTS - 1) & 1;  // the consumers' release of its last use
-            while (!mbar_try_wait(s.empty + slot, parity)) {
-                if (ld_volatile(&s.sc->done)) return false;
-            }
-        }
-        mbar_arrive_expect_tx(s.full + slot, bytes);
-        bulk_load(s.ring + slot * SLOT_BYTES, rows + (size_t)row * K, bytes, s.full + slot);
-        chunk++;
-    }
-    return true;
 }
 
 }  // namespace mk

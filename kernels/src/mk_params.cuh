@@ -33,11 +33,10 @@ struct Params {
     const float* inv_freq;     // [head_dim / 2]
     float* x;                  // [hidden] residual stream
     float* qkv;                // [q_dim + 2 kv_dim]
-    float* attn;               // [q_dim]
     float* act;                // [ff]
     float* logits;             // [vocab]
-    float* part_o;             // [heads][splits][head_dim]
-    float* part_ml;            // [heads][splits][2]
+    float* part_o;             // [heads][splits][head_dim] each split's attention partial
+    float* part_ml;            // [heads][splits][2] its (max, sum); O-proj merges them
     float* lm_max;             // [lm_tiles]
     uint32_t* lm_idx;          // [lm_tiles]
     uint16_t* kv;              // [capacity][layers][k | v][kv_dim] bf16
@@ -65,7 +64,7 @@ struct Params {
     int poll_spin;             // 1: dependency polls spin without __nanosleep (ROCKET_MK_SPIN, an experiment)
 };
 
-static_assert(sizeof(Params) == 288, "Params is shared with backend/cuda/megakernel.rs");
+static_assert(sizeof(Params) == 280, "Params is shared with backend/cuda/megakernel.rs");
 
 struct Instr {
     uint32_t op, layer, signal, wait, per_step, a, b, c, d;

@@ -51,6 +51,11 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                  : "memory");
 }
 
+// Asks L2 for the 128-byte line holding `p` (nothing waits for it).
+__device__ __forceinline__ void prefetch_line_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // Barrier 1 over the 256 consumer threads (barrier 0 is __syncthreads, used once at start).
 __device__ __forceinline__ void consumer_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use super::schedule::{Op, Schedule, Work};
+use super::schedule::{Op, Schedule};
 use crate::error::{Result, RocketError};
 
 /// Words a trace of `schedule` takes.
@@ -80,8 +80,7 @@ impl Profile {
         let end = stamps[..3 * n].chunks(3).map(|w| w[2]).max().unwrap_or(start);
         let us = |ns: u64| ns as f64 / 1e3;
 
-        // When each counter was last bumped: the latest `done` of its signallers
-        // (attention's merge counter: the latest split of that head).
+        // When each counter was last bumped: the latest `done` of its signallers.
         let mut ready = std::collections::HashMap::<u16, u64>::new();
         for (i, ins) in instrs.iter().enumerate() {
             let done = stamps[3 * i + 2];
@@ -90,9 +89,6 @@ impl Profile {
                 *r = (*r).max(done);
             };
             bump(ins.signal);
-            if let Work::Attn { done: merged, .. } = ins.work {
-                bump(merged);
-            }
         }
 
         let mut ops = Vec::new();

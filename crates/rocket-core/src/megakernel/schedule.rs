@@ -6,8 +6,8 @@
 //!
 //! Per layer, five ops run in this order, each split into tiles over the SMs:
 //! `Qkv` (RMSNorm + fused q|k|v rows), `Attn` (q/k-norm + RoPE + KV append +
-//! attention over one split of the context, for one KV head; the last split to
-//! finish merges), `OProj` (+ residual), `GateUp` (RMSNorm + gate and up rows +
+//! attention over one split of the context, for one KV head), `OProj` (merge of
+//! the splits' partials + rows + residual), `GateUp` (RMSNorm + gate and up rows +
 //! SiLU·mul), `Down` (+ residual); then `LmHead` (final RMSNorm + vocabulary
 //! rows + the tile's argmax), whose last tile picks the token and writes the
 //! next step's embedding. Every SM's list follows this global order, which is
@@ -45,9 +45,9 @@ pub enum Work {
     /// (the LM head keeps one argmax per tile).
     Rows { begin: u32, end: u32, tile: u32 },
     /// Split `split` of `splits` over the context, for the query heads of
-    /// `kv_head`. The split that arrives last at the instruction's signal counter
-    /// merges all splits and bumps `done`.
-    Attn { kv_head: u32, split: u32, splits: u32, done: u16 },
+    /// `kv_head`: its partial (max, sum, weighted values), which every `OProj`
+    /// tile merges as it loads its input.
+    Attn { kv_head: u32, split: u32, splits: u32 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,14 +64,14 @@ pub struct Instr {
 pub const INSTR_WORDS: usize = 8;
 
 impl Instr {
-    /// The device encoding (kernels/src/megakernel/schedule.cuh `decode`):
+    /// The device encoding (kernels/src/mk_params.cuh `load_instr`):
     /// `[op | layer << 8 | signal << 16, wait.counter | wait.per_step << 16, a, b, c, d, 0, 0]`
     /// with (a, b, c, d) = (begin, end, tile, 0) for rows and
-    /// (kv_head, split, splits, done) for attention.
+    /// (kv_head, split, splits, 0) for attention.
     pub fn encode(&self) -> [u32; INSTR_WORDS] {
         let (a, b, c, d) = match self.work {
             Work::Rows { begin, end, tile } => (begin, end, tile, 0),
-            Work::Attn { kv_head, split, splits, done } => (kv_head, split, splits, done as u32),
+            Work::Attn { kv_head, split, splits } => (kv_head, split, splits, 0),
         };
         [
             self.op as u32 | (self.layer as u32) << 8 | (self.signal as u32) << 16,
@@ -90,7 +90,6 @@ impl Instr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counters {
     pub layers: usize,
-    pub kv_heads: usize,
 }
 
 impl Counters {
@@ -98,25 +97,20 @@ impl Counters {
     pub const STEP: u16 = 0;
 
     fn base(&self, layer: usize) -> usize {
-        1 + layer * (5 + self.kv_heads)
+        1 + layer * 5
     }
 
     /// Tiles of `op` (not `Attn`, not `LmHead`) finished in `layer`.
     pub fn op(&self, op: Op, layer: usize) -> u16 {
         let slot = match op {
             Op::Qkv => 0,
-            Op::Attn => 1, // KV heads merged
+            Op::Attn => 1, // splits done (of every KV head)
             Op::OProj => 2,
             Op::GateUp => 3,
             Op::Down => 4,
             Op::LmHead => return self.lm_head(),
         };
         (self.base(layer) + slot) as u16
-    }
-
-    /// Splits of `kv_head` in `layer` that have written their partials.
-    pub fn attn_part(&self, layer: usize, kv_head: usize) -> u16 {
-        (self.base(layer) + 5 + kv_head) as u16
     }
 
     pub fn lm_head(&self) -> u16 {
@@ -148,10 +142,13 @@ struct MatvecOp {
     parts_per_row: usize,
 }
 
-/// Tiles for `rows` rows over `sm_count` SMs: one per SM, more where a tile's
-/// partial sums would not fit in shared memory, never an empty one.
+/// Tiles for `rows` rows over `sm_count` SMs: one per SM, or where a tile's
+/// partial sums would not fit in shared memory, the next multiple of the SM
+/// count (an op lasts as long as its busiest SM: 149 tiles on 132 SMs would give
+/// 17 SMs twice the rows of the others); never an empty one.
 fn tile_count(rows: usize, parts_per_row: usize, sm_count: usize) -> usize {
-    sm_count.max((rows * parts_per_row).div_ceil(PART_CAP)).min(rows)
+    let needed = (rows * parts_per_row).div_ceil(PART_CAP);
+    (needed.div_ceil(sm_count).max(1) * sm_count).min(rows)
 }
 
 impl Schedule {
@@ -164,7 +161,7 @@ impl Schedule {
             return Err(RocketError::Device(format!("no megakernel schedule: {why}")));
         }
         let (d, ff, hkv, nl) = (spec.hidden_size, spec.intermediate_size, spec.num_kv_heads, spec.num_layers);
-        let counters = Counters { layers: nl, kv_heads: hkv };
+        let counters = Counters { layers: nl };
         if counters.count() > u16::MAX as usize {
             return Err(RocketError::Device(format!("{nl} layers need more dependency counters than the encoding holds")));
         }
@@ -219,18 +216,13 @@ impl Schedule {
                     place(Instr {
                         op: Op::Attn,
                         layer: layer as u16,
-                        signal: counters.attn_part(layer, kv_head),
+                        signal: counters.op(Op::Attn, layer),
                         wait: after_qkv,
-                        work: Work::Attn {
-                            kv_head: kv_head as u32,
-                            split: split as u32,
-                            splits: splits as u32,
-                            done: counters.op(Op::Attn, layer),
-                        },
+                        work: Work::Attn { kv_head: kv_head as u32, split: split as u32, splits: splits as u32 },
                     });
                 }
             }
-            let after_attn = Wait { counter: counters.op(Op::Attn, layer), per_step: per_step(hkv)? };
+            let after_attn = Wait { counter: counters.op(Op::Attn, layer), per_step: per_step(hkv * splits)? };
             let o_tiles = push_matvec(&matvec(Op::OProj), layer, after_attn, &mut place)?;
             let after_o = Wait { counter: counters.op(Op::OProj, layer), per_step: per_step(o_tiles)? };
             let gu_tiles = push_matvec(&matvec(Op::GateUp), layer, after_o, &mut place)?;
@@ -301,23 +293,34 @@ mod tests {
             layer: 7,
             signal: 300,
             wait: Wait { counter: 12, per_step: 132 },
-            work: Work::Attn { kv_head: 3, split: 5, splits: 16, done: 40 },
+            work: Work::Attn { kv_head: 3, split: 5, splits: 16 },
         };
-        assert_eq!(i.encode(), [2 | 7 << 8 | 300 << 16, 12 | 132 << 16, 3, 5, 16, 40, 0, 0]);
+        assert_eq!(i.encode(), [2 | 7 << 8 | 300 << 16, 12 | 132 << 16, 3, 5, 16, 0, 0, 0]);
         let r = Instr { op: Op::LmHead, layer: 16, signal: 9, wait: Wait { counter: 8, per_step: 1 }, work: Work::Rows { begin: 10, end: 20, tile: 4 } };
         assert_eq!(r.encode()[2..6], [10, 20, 4, 0]);
     }
 
     #[test]
+    fn tiles_come_in_whole_rounds_of_the_sm_count() {
+        // Qwen3-1.7B's LM head: 151936 rows of 2 segments need 149 tiles of PART_CAP.
+        assert_eq!(tile_count(151_936, 2, 132), 264);
+        assert_eq!(tile_count(128_256, 2, 132), 132);
+        assert_eq!(tile_count(3072, 2, 132), 132);
+        assert_eq!(tile_count(5, 1, 132), 5); // never an empty tile
+        for (rows, parts, sms) in [(151_936, 2, 132), (49_152, 1, 100), (8192, 4, 7)] {
+            let t = tile_count(rows, parts, sms);
+            assert_eq!(t % sms, 0, "{rows} rows on {sms} SMs: {t} tiles");
+            assert!(rows.div_ceil(t) * parts <= PART_CAP, "{rows} rows in {t} tiles overflow the partial sums");
+        }
+    }
+
+    #[test]
     fn counters_are_distinct() {
-        let c = Counters { layers: 3, kv_heads: 2 };
+        let c = Counters { layers: 3 };
         let mut all = vec![Counters::STEP, c.lm_head()];
         for l in 0..3 {
             for op in Op::LAYER_OPS {
                 all.push(c.op(op, l));
-            }
-            for g in 0..2 {
-                all.push(c.attn_part(l, g));
             }
         }
         let n = all.len();

@@ -2,7 +2,7 @@
 //! one thread per virtual SM, each executing its instruction list in order and
 //! waiting on the same dependency counters, with every instruction body in f32
 //! on the CPU reference's arithmetic. It checks what the schedule means (tiles,
-//! waits, attention splits and their last-arriver merge, the token loop, masking,
+//! waits, attention splits and the O-proj merge of their partials, the token loop, masking,
 //! teacher forcing, stopping) against the reference backend with no GPU at hand.
 //!
 //! Shared buffers are atomics holding f32 bits, poisoned with NaN, so a read of
@@ -99,7 +99,6 @@ struct Run<'a> {
     counters: Vec<AtomicU32>,
     x: F32s,
     qkv: F32s,
-    attn: F32s,
     act: F32s,
     /// [q head][split][head_dim] and [q head][split][max, sum].
     part_o: F32s,
@@ -153,7 +152,6 @@ impl<'w> Twin<'w> {
             counters: (0..sched.counters.count()).map(|_| AtomicU32::new(0)).collect(),
             x: F32s::poisoned(s.hidden_size),
             qkv: F32s::poisoned(s.q_dim() + 2 * s.kv_dim()),
-            attn: F32s::poisoned(s.q_dim()),
             act: F32s::poisoned(s.intermediate_size),
             part_o: F32s::poisoned(s.num_heads * sched.splits * s.head_dim),
             part_ml: F32s::poisoned(s.num_heads * sched.splits * 2),
@@ -202,8 +200,8 @@ impl<'w> Twin<'w> {
                 self.wait(run, instr.wait.counter, target, sm, t, &format!("{:?} of layer {}", instr.op, instr.layer))?;
                 match instr.work {
                     Work::Rows { begin, end, tile } => self.matvec(run, instr, begin as usize..end as usize, tile as usize, t)?,
-                    Work::Attn { kv_head, split, splits, done } => {
-                        self.attention(run, instr, kv_head as usize, split as usize, splits as usize, done, t)
+                    Work::Attn { kv_head, split, splits } => {
+                        self.attention(run, instr, kv_head as usize, split as usize, splits as usize, t)
                     }
                 }
             }
@@ -273,7 +271,7 @@ impl<'w> Twin<'w> {
             }
             Op::OProj | Op::Down => {
                 let (input, k, matrix) = if instr.op == Op::OProj {
-                    (run.attn.read(0, s.q_dim()), s.q_dim(), &w.layers[layer].o_proj)
+                    (self.merged_attention(run, t), s.q_dim(), &w.layers[layer].o_proj)
                 } else {
                     (run.act.read(0, s.intermediate_size), s.intermediate_size, &w.layers[layer].down_proj)
                 };
@@ -358,8 +356,7 @@ impl<'w> Twin<'w> {
         rope::apply(head, pos, &self.inv_freq);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn attention(&self, run: &Run<'_>, instr: &Instr, g: usize, split: usize, splits: usize, done: u16, t: u32) {
+    fn attention(&self, run: &Run<'_>, instr: &Instr, g: usize, split: usize, splits: usize, t: u32) {
         let s = self.spec;
         let (hd, qd, kvd, nl) = (s.head_dim, s.q_dim(), s.kv_dim(), s.num_layers);
         let layer = instr.layer as usize;
@@ -401,27 +398,35 @@ impl<'w> Twin<'w> {
             run.part_ml.set(slot * 2, m);
             run.part_ml.set(slot * 2 + 1, l);
         }
-        if Self::signal(run, instr.signal) == (t + 1) * splits as u32 {
-            // Last split of this KV head: merge every split of its query heads.
-            for head in g * group..(g + 1) * group {
-                let parts: Vec<(f32, f32)> =
-                    (0..used).map(|sp| (run.part_ml.get((head * splits + sp) * 2), run.part_ml.get((head * splits + sp) * 2 + 1))).collect();
-                let big_m = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
-                let mut total = 0f32;
-                let mut out = vec![0f32; hd];
-                for (sp, &(m, l)) in parts.iter().enumerate() {
-                    if m == f32::NEG_INFINITY {
-                        continue;
-                    }
-                    let f = (m - big_m).exp();
-                    total += l * f;
-                    for (acc, v) in out.iter_mut().zip(run.part_o.read((head * splits + sp) * hd, hd)) {
-                        *acc += v * f;
-                    }
+        Self::signal(run, instr.signal);
+    }
+
+    /// Step `t`'s attention output, every q head merged from its used splits'
+    /// partials as each O-proj tile does (kernels/src/mk_attention.cuh `merge_group`).
+    fn merged_attention(&self, run: &Run<'_>, t: u32) -> Vec<f32> {
+        let s = self.spec;
+        let hd = s.head_dim;
+        let splits = self.schedule.splits;
+        let used = used_splits(run.req.pos0 + t as usize + 1, splits);
+        let mut attn = Vec::with_capacity(s.q_dim());
+        for head in 0..s.num_heads {
+            let parts: Vec<(f32, f32)> =
+                (0..used).map(|sp| (run.part_ml.get((head * splits + sp) * 2), run.part_ml.get((head * splits + sp) * 2 + 1))).collect();
+            let big_m = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0f32;
+            let mut out = vec![0f32; hd];
+            for (sp, &(m, l)) in parts.iter().enumerate() {
+                if m == f32::NEG_INFINITY {
+                    continue;
                 }
-                run.attn.write(head * hd, &out.iter().map(|v| v / total).collect::<Vec<_>>());
+                let f = (m - big_m).exp();
+                total += l * f;
+                for (acc, v) in out.iter_mut().zip(run.part_o.read((head * splits + sp) * hd, hd)) {
+                    *acc += v * f;
+                }
             }
-            Self::signal(run, done);
+            attn.extend(out.iter().map(|v| v / total));
         }
+        attn
     }
 }

@@ -9,13 +9,13 @@ use super::schedule::{Counters, Instr, Op, Schedule, Wait, Work};
 use crate::model::ModelSpec;
 
 /// What the op at (layer, op) must wait for, given the tile counts of the ops.
-fn expected_wait(c: &Counters, tiles: &HashMap<(usize, Op), usize>, layer: usize, op: Op, kv_heads: usize) -> Wait {
+fn expected_wait(c: &Counters, tiles: &HashMap<(usize, Op), usize>, layer: usize, op: Op) -> Wait {
     let done = |l: usize, o: Op| Wait { counter: c.op(o, l), per_step: tiles[&(l, o)] as u16 };
     match op {
         Op::Qkv if layer == 0 => Wait { counter: Counters::STEP, per_step: 1 },
         Op::Qkv => done(layer - 1, Op::Down),
         Op::Attn => done(layer, Op::Qkv),
-        Op::OProj => Wait { counter: c.op(Op::Attn, layer), per_step: kv_heads as u16 },
+        Op::OProj => done(layer, Op::Attn), // every split of every KV head
         Op::GateUp => done(layer, Op::OProj),
         Op::Down => done(layer, Op::GateUp),
         Op::LmHead => done(layer - 1, Op::Down),
@@ -132,19 +132,16 @@ fn check_waits(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
     }
     for i in s.per_sm.iter().flatten() {
         let layer = i.layer as usize;
-        let want_signal = match i.work {
-            Work::Attn { kv_head, .. } => c.attn_part(layer, kv_head as usize),
-            Work::Rows { .. } => c.op(i.op, layer),
-        };
+        let want_signal = c.op(i.op, layer);
         if i.signal != want_signal {
             return Err(format!("{:?} of layer {layer} signals counter {} instead of {want_signal}", i.op, i.signal));
         }
-        if let Work::Attn { done, splits, .. } = i.work {
-            if done != c.op(Op::Attn, layer) || signals[&i.signal] != splits as usize {
-                return Err(format!("attention of layer {layer}: merge counter or split count is wrong"));
+        if let Work::Attn { splits, .. } = i.work {
+            if signals[&i.signal] != splits as usize * spec.num_kv_heads {
+                return Err(format!("attention of layer {layer}: {} signals for {splits} splits of {} KV heads", signals[&i.signal], spec.num_kv_heads));
             }
         }
-        let want = expected_wait(c, &tiles, layer, i.op, spec.num_kv_heads);
+        let want = expected_wait(c, &tiles, layer, i.op);
         if i.wait != want {
             return Err(format!("{:?} of layer {layer} waits {:?}, should wait {want:?}", i.op, i.wait));
         }
@@ -206,12 +203,8 @@ fn simulate(s: &Schedule, steps: u32, order: Order) -> Result<(), String> {
                 }
                 counters[instr.signal as usize] += 1;
                 let arrived = counters[instr.signal as usize];
-                match instr.work {
-                    Work::Attn { splits, done, .. } if arrived == (t + 1) * splits => counters[done as usize] += 1,
-                    Work::Rows { .. } if instr.op == Op::LmHead && arrived == (t + 1) * s.lm_tiles as u32 => {
-                        counters[Counters::STEP as usize] += 1
-                    }
-                    _ => {}
+                if instr.op == Op::LmHead && arrived == (t + 1) * s.lm_tiles as u32 {
+                    counters[Counters::STEP as usize] += 1
                 }
                 pc[sm] += 1;
                 moved = true;
