@@ -181,7 +181,7 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     // ring itself measured ~130 µs on the H200 machine, and the arrival's fence
     // below waited for it).
     const uint32_t host_stop = tid == 0 ? ld_volatile(p.state + ST_HOST_STOP) : 0u;
-    matvec<F::D, NORMED_X>(p, s, in, p.x, p.final_norm, chunk, 1);
+    matvec<F::D, Input::NORMED_X>(p, s, in, p.x, p.final_norm, chunk, 1);
     const int n = in.b - in.a;
     // The sampler reads p.logits (and changes it: penalties); tests keep a copy per step.
     float* dst = p.logits + in.a;
@@ -230,7 +230,7 @@ __device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const 
     const int n = in.b - in.a;
     switch (in.op) {
         case OP_QKV:
-            matvec<F::D, NORMED_X>(p, s, in, p.x, p.layers[in.layer].attn_norm, chunk, 1);
+            matvec<F::D, Input::NORMED_X>(p, s, in, p.x, p.layers[in.layer].attn_norm, chunk, 1);
             for (int i = tid; i < n; i += CONSUMERS) __stcg(p.qkv + in.a + i, part_sum<F::D>(s, i));
             signal(p, in.signal);
             break;
@@ -241,13 +241,13 @@ __device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const 
         case OP_OPROJ: {
             const float mine = residual_row(p, in);
             merge_attention<F::HD, F::HQ>(p, s, t);  // the input, into s.vec
-            matvec<F::QD, SHARED>(p, s, in, s.vec, nullptr, chunk, 1);
+            matvec<F::QD, Input::SHARED>(p, s, in, s.vec, nullptr, chunk, 1);
             add_to_residual<F::QD>(p, s, in, mine);
             signal(p, in.signal);
             break;
         }
         case OP_GATEUP:
-            matvec<F::D, NORMED_X>(p, s, in, p.x, p.layers[in.layer].mlp_norm, chunk, 2);
+            matvec<F::D, Input::NORMED_X>(p, s, in, p.x, p.layers[in.layer].mlp_norm, chunk, 2);
             for (int i = tid; i < n; i += CONSUMERS) {
                 const float g = part_sum<F::D>(s, i), u = part_sum<F::D>(s, n + i);
                 __stcg(p.act + in.a + i, g / (1.0f + __expf(-g)) * u);  // as kernels/src/silu_mul.cu
@@ -256,7 +256,7 @@ __device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const 
             break;
         case OP_DOWN: {
             const float mine = residual_row(p, in);
-            matvec<F::FF, GLOBAL>(p, s, in, p.act, nullptr, chunk, 1);
+            matvec<F::FF, Input::GLOBAL>(p, s, in, p.act, nullptr, chunk, 1);
             add_to_residual<F::FF>(p, s, in, mine);
             signal(p, in.signal);
             break;
@@ -306,13 +306,15 @@ __device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32
 
 // The SM's weight stream, chunk by chunk: every matrix-vector instruction of its
 // list, step after step, in Matvec<K>::ROWS-row chunks (consume_rows' order).
-// An instruction is decoded once, when the stream reaches it.
+// An instruction is decoded once, when the stream reaches it. Relies on what
+// megakernel/verify.rs checks for every schedule: no SM's list is empty and no
+// tile is (an empty list would make `i = first` decode another SM's instruction).
 template <class F>
 struct WeightStream {
     uint32_t first, last;             // the SM's instruction list
     int t = 0;                        // step
     uint32_t i;                       // the next instruction to decode
-    const uint16_t* rows = nullptr;   // the current instruction's next chunk (null: none left)
+    const uint16_t* rows = nullptr;   // the current instruction's next chunk (`left` rows from here)
     const uint16_t* second = nullptr; // gate|up: the up rows, after the gate rows
     int left = 0, per_chunk = 0, row_bytes = 0, n = 0;
 

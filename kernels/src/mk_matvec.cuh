@@ -40,7 +40,7 @@ __device__ __forceinline__ float dot8(uint4 w, const float* a) {
 }
 
 // Where a matrix-vector instruction's input comes from.
-enum Input {
+enum class Input {
     NORMED_X,  // RMSNorm(src) * norm_w, as kernels/src/rms_norm.cu (Qkv, GateUp, LmHead: src is x)
     GLOBAL,    // src in global memory as it is (Down: act)
     SHARED,    // src in shared memory as it is (OProj: the merged attention in s.vec)
@@ -53,7 +53,7 @@ __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const
     using M = Matvec<K>;
     const int tid = threadIdx.x, lane = tid & 31;
     float scale = 1.0f;
-    constexpr bool NORMED = IN == NORMED_X;
+    constexpr bool NORMED = IN == Input::NORMED_X;
     if constexpr (NORMED) {
         static_assert(K <= VEC_CAP, "normed inputs fit the shared vector");
         // The norm weights first: their loads fly with x's instead of after the reduction.
@@ -85,7 +85,7 @@ __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const
                 for (int e = 0; e < 8; e++) a[j][e] = a[j][e] * (s.vec[c + e] * scale);
             } else {
                 const float4* v = reinterpret_cast<const float4*>(src + c);
-                const float4 lo = IN == SHARED ? v[0] : __ldcg(v), hi = IN == SHARED ? v[1] : __ldcg(v + 1);
+                const float4 lo = IN == Input::SHARED ? v[0] : __ldcg(v), hi = IN == Input::SHARED ? v[1] : __ldcg(v + 1);
                 a[j][0] = lo.x; a[j][1] = lo.y; a[j][2] = lo.z; a[j][3] = lo.w;
                 a[j][4] = hi.x; a[j][5] = hi.y; a[j][6] = hi.z; a[j][7] = hi.w;
             }

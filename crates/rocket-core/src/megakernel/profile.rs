@@ -22,7 +22,8 @@ pub fn trace_words(schedule: &Schedule) -> usize {
 pub struct OpTimes {
     pub op: Op,
     pub count: usize,
-    /// Mean time waiting for the dependency (µs).
+    /// Mean time waiting for the dependency (µs); for attention it includes
+    /// issuing the split's K/V prefetches, which come before the wait.
     pub wait_us: f64,
     /// Mean time from the wait's end to done (µs): the work itself.
     pub busy_us: f64,

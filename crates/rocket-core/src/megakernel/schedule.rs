@@ -67,7 +67,7 @@ impl Instr {
     /// The device encoding (kernels/src/mk_params.cuh `load_instr`):
     /// `[op | layer << 8 | signal << 16, wait.counter | wait.per_step << 16, a, b, c, d, 0, 0]`
     /// with (a, b, c, d) = (begin, end, tile, 0) for rows and
-    /// (kv_head, split, splits, 0) for attention.
+    /// (kv_head, split, splits, 0) for attention; `d` and the last two words are reserved (0).
     pub fn encode(&self) -> [u32; INSTR_WORDS] {
         let (a, b, c, d) = match self.work {
             Work::Rows { begin, end, tile } => (begin, end, tile, 0),
@@ -100,7 +100,7 @@ impl Counters {
         1 + layer * 5
     }
 
-    /// Tiles of `op` (not `Attn`, not `LmHead`) finished in `layer`.
+    /// Tiles of `op` finished in `layer` (for `Attn`: splits, of every KV head).
     pub fn op(&self, op: Op, layer: usize) -> u16 {
         let slot = match op {
             Op::Qkv => 0,

@@ -43,6 +43,11 @@ pub fn verify(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
         return Err(format!("{} instruction lists for {} SMs", s.per_sm.len(), s.sm_count));
     }
     for (sm, list) in s.per_sm.iter().enumerate() {
+        // The kernel's weight stream restarts an SM's list every step and decodes
+        // its first instruction: an empty list would decode another SM's.
+        if list.is_empty() {
+            return Err(format!("SM {sm} has no instructions"));
+        }
         if let Some(w) = list.windows(2).find(|w| rank(&w[0]) > rank(&w[1])) {
             return Err(format!("SM {sm} runs {:?} of layer {} before {:?} of layer {}", w[0].op, w[0].layer, w[1].op, w[1].layer));
         }
@@ -284,7 +289,7 @@ pub(crate) mod tests {
         let good = Schedule::compile(&small, 5).unwrap();
         verify(&good, &small).unwrap();
 
-        // A wait one tile short lets OProj read attention that is not merged yet.
+        // A wait one split short lets OProj merge partials that are not all written yet.
         let mut s = good.clone();
         let i = s.per_sm.iter_mut().flatten().find(|i| i.op == Op::OProj).unwrap();
         i.wait.per_step -= 1;

@@ -16,6 +16,8 @@ pub fn inv_freq(spec: &ModelSpec) -> Vec<f32> {
         for f in &mut freqs {
             let wavelen = 2.0 * std::f32::consts::PI / *f;
             let scaled = if wavelen > low_freq_wavelen { *f / factor } else { *f };
+            // Written as transformers' `~(wavelen < high) & ~(wavelen > low)`.
+            #[allow(clippy::neg_cmp_op_on_partial_ord)]
             let is_medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
             *f = if is_medium {
                 let smooth = (old_ctx / wavelen - low) / (high - low);

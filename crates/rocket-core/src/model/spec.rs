@@ -130,6 +130,8 @@ impl ModelSpec {
             return fail(format!("rope_theta must be positive, got {}", self.rope_theta));
         }
         if let Some(s) = &self.rope_scaling {
+            // Negated so that NaN fails too.
+            #[allow(clippy::neg_cmp_op_on_partial_ord)]
             if !(s.factor > 0.0) || !(s.high_freq_factor > s.low_freq_factor) || s.original_max_position_embeddings == 0 {
                 return fail(format!("invalid llama3 rope_scaling {s:?}"));
             }

@@ -151,8 +151,8 @@ mod tests {
         }
         let mut out = vec![0u16; 32];
         dequantize_to_bf16(GgmlType::Q8_0, &block, &mut out);
-        for j in 0..32 {
-            assert_eq!(f(out[j]), 0.5 * (j as f32 - 16.0));
+        for (j, &v) in out.iter().enumerate() {
+            assert_eq!(f(v), 0.5 * (j as f32 - 16.0));
         }
     }
 

@@ -292,7 +292,7 @@ impl GgufFile {
             .get_u64(&format!("{arch}.attention.key_length"))
             .or_else(|| self.get_u64(&format!("{arch}.rope.dimension_count")))
             .map(|v| v as usize)
-            .unwrap_or(if num_heads > 0 { hidden_size / num_heads } else { 0 });
+            .unwrap_or(hidden_size.checked_div(num_heads).unwrap_or(0));
         let vocab_size = match self.get_u64(&format!("{arch}.vocab_size")) {
             Some(v) => v as usize,
             None => self

@@ -657,6 +657,37 @@ mod tests {
         }
     }
 
+    /// Params crosses to the kernel as raw bytes: every field must sit where
+    /// mk_params.cuh's struct puts it (same names, same order, same widths).
+    #[test]
+    fn params_layout_matches_the_kernels() {
+        let header = include_str!("../../../../../kernels/src/mk_params.cuh");
+        let body = &header[header.find("struct Params {").expect("Params in mk_params.cuh")..];
+        let body = &body[..body.find("};").expect("end of Params")];
+        let mut offset = 0usize;
+        let mut kernel_fields = Vec::new();
+        for line in body.lines().skip(1) {
+            let decl = line.split("//").next().unwrap_or("").trim();
+            let Some(decl) = decl.strip_suffix(';') else { continue };
+            let (ty, name) = decl.rsplit_once([' ', '*']).expect("a field declaration");
+            let size = if ty.contains('*') || decl.contains('*') || ty.contains("long long") { 8 } else { 4 };
+            offset = offset.next_multiple_of(size);
+            kernel_fields.push((name.trim().to_string(), offset));
+            offset += size;
+        }
+        macro_rules! rust_fields {
+            ($($f:ident),* $(,)?) => { vec![$((stringify!($f).to_string(), std::mem::offset_of!(Params, $f))),*] };
+        }
+        let rust = rust_fields![
+            instrs, sm_start, counters, state, layers, embed, lm_head, final_norm, inv_freq, x, qkv, act, logits,
+            part_o, part_ml, lm_max, lm_idx, kv, forced, logits_out, ring, end_ids, trace, sample, seen_bits,
+            gen_counts, sample_items, tokens, watchdog_ns, pos0, first_token, max_steps, n_forced, n_end,
+            mask_end_steps, lm_tiles, splits, eps, trace_step, poll_spin,
+        ];
+        assert_eq!(kernel_fields, rust);
+        assert_eq!(offset.next_multiple_of(8), std::mem::size_of::<Params>());
+    }
+
     #[test]
     fn fuels_have_kernels_and_schedules() {
         let kernels = include_str!("../../../../../kernels/src/megakernel.cu");
