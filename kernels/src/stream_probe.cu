@@ -16,7 +16,8 @@
 
 namespace probe {
 
-constexpr int CONSUMER_WARPS = 8, CONSUMERS = CONSUMER_WARPS * 32;
+using mk::CONSUMER_WARPS;  // the megakernel's consumer warps
+using mk::CONSUMERS;
 
 __device__ __forceinline__ void xor_into(uint4& acc, uint4 v) {
     acc.x ^= v.x;
