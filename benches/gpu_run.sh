@@ -48,7 +48,7 @@ if has tests; then
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
         timeout 300 "$CARRY/cuda-test" --test-threads=1 --nocapture ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
     echo "cuda tests rc=$?"
-    grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|test result|FAILED|panicked" "$LOGS/cuda-test.log"
+    grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|test result|FAILED|panicked" "$LOGS/cuda-test.log"
 fi
 
 if has mk; then

@@ -1,35 +1,65 @@
-// gemm_tc_mMT_nNT: y[t][n] (+)= sum_k W[n][k] * x[t][k] on the tensor cores, for a
-// bf16 weight W [n][k] and M f32 input rows x [rows][k]: the batched-decode and
+// gemm_tc_mMT: y[t][n] (+)= sum_k W[n][k] * x[t][k] on the tensor cores, for a
+// bf16 weight W [n][k] and f32 input rows x [rows][k]: the batched-decode and
 // prefill counterpart of gemv.cu. Each f32 input is split into bf16 hi + lo
 // (x = hi + lo to ~16 bits of mantissa) and multiplied as two bf16 MMAs
 // (mma.sync m16n8k16, f32 accumulation), so the result is as close to f32 as
 // the GEMV's. With accumulate = 1 the result is added to y (residual adds).
 //
-// Tiling: a CTA of 8 warps owns 8*NT weight rows and MT*16 input rows; its warps
-// split K in 64-wide blocks (warp w takes blocks w, w+8, ...) and the CTA sums
-// the 8 partial tiles in shared memory in a fixed order (deterministic).
-// Within a 64-wide block, lane (g = lane/4, t = lane%4) loads weight row g of
-// each 8-row tile at columns 16t..16t+15 (two 16-byte loads, 128 contiguous
-// bytes per row per 4 lanes) and the same columns of input rows g and g+8. MMA
-// step s (0..3) then uses the column pairs j = 2s and 2s+1 of those 16: a fixed
-// permutation of k applied to both operands, which leaves the dot products
-// unchanged and lets every load be 16 bytes wide.
+// Tiling: a CTA of 8 warps owns TILE_N = 128 weight rows (16 per warp) and
+// 16 MT input rows, over the 64-wide k blocks of its split of K. The blocks
+// stream through a STAGES-deep cp.async ring in shared memory (weights and the
+// f32 inputs of a block land together), so each input block is read once per
+// 128 weight rows instead of once per 8, and every weight byte is read once.
+// One block ahead of the MMAs, all threads split the inputs into bf16 hi/lo
+// tiles (double-buffered); the warps then read both operands with ldmatrix.
+// Shared tiles are 128-byte rows whose 16-byte chunks are XOR-swizzled by the
+// row (chunk c of row r sits at c ^ (r & 7)), so ldmatrix is conflict-free.
 //
-// Contract: k % 64 == 0, W rows and x rows 16-byte aligned. grid = (ceil(n / (8 NT)),
-// ceil(rows / (16 MT))), block = 256.
+// Split K (splits > 1, for shapes with too few weight tiles to fill the GPU):
+// split s of a tile takes blocks [s*kb/splits, (s+1)*kb/splits), writes its
+// partial tile to ws, and the split that arrives last (a counter per tile,
+// reset by that split, so the next launch finds it zero) sums the partials in
+// split order 0, 1, ... and writes y. The order is fixed, so results are
+// deterministic and do not depend on the number of input rows.
+//
+// Contract: k % 64 == 0, W rows and x rows 16-byte aligned, dynamic shared memory
+// gemm_tc_smem_bytes(MT), grid = (ceil(n / 128), ceil(rows / (16 MT)), splits),
+// block = 256. With splits > 1: ws holds grid.x * grid.y * splits * 16 MT * 128
+// floats and counters grid.x * grid.y zeroed words.
 #include "common.cuh"
 
 namespace gemm_tc {
 
-__device__ __forceinline__ uint32_t pack_bf16(uint16_t lo_k, uint16_t hi_k) {
-    return (uint32_t)lo_k | ((uint32_t)hi_k << 16);
+constexpr int TILE_N = 128;  // weight rows per CTA: 8 warps x 16
+constexpr int KB = 64;       // k per block: one 128-byte bf16 row per weight row
+constexpr int STAGES = 4;    // blocks in flight (3 loading while one is used)
+constexpr int THREADS = 256;
+
+template <int MT>
+struct Layout {
+    static constexpr int M = 16 * MT;                    // input rows per CTA
+    static constexpr int W_BYTES = TILE_N * KB * 2;      // one block of weights (swizzled)
+    static constexpr int X_BYTES = M * KB * 4;           // one block of f32 inputs (plain)
+    static constexpr int STAGE_BYTES = W_BYTES + X_BYTES;
+    static constexpr int SPLIT_BYTES = M * KB * 2;       // one bf16 hi (or lo) tile (swizzled)
+    static constexpr int BYTES = STAGES * STAGE_BYTES + 2 * 2 * SPLIT_BYTES;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Two f32 -> (hi pair, lo pair) of bf16, each pair packed low k first.
-__device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
-    const uint16_t ha = f32_to_bf16(a), hb = f32_to_bf16(b);
-    hi = pack_bf16(ha, hb);
-    lo = pack_bf16(f32_to_bf16(a - bf16_to_f32(ha)), f32_to_bf16(b - bf16_to_f32(hb)));
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
 }
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -40,100 +70,188 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int MT, int NT>
+// Byte offset of 16-byte chunk c of row r in a swizzled tile of 128-byte rows.
+__device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+// Queues k block kb of the CTA's weight rows and input rows into ring slot `stage`.
+// Rows past n or rows are clamped to the last one (valid memory; never stored).
+template <int MT>
+__device__ __forceinline__ void load_block(unsigned char* stage, const uint16_t* __restrict__ W,
+                                           const float* __restrict__ x, int n0, int m0, int n, int k, int rows,
+                                           int kb) {
+    using L = Layout<MT>;
+    const uint32_t base = smem_addr(stage);
+#pragma unroll
+    for (int i = 0; i < TILE_N * 8 / THREADS; i++) {
+        const int idx = threadIdx.x + i * THREADS, r = idx >> 3, c = idx & 7;
+        const int row = min(n0 + r, n - 1);
+        cp_async16(base + swizzled(r, c), W + (size_t)row * k + kb * KB + c * 8);
+    }
+#pragma unroll
+    for (int i = 0; i < (L::M * 16 + THREADS - 1) / THREADS; i++) {
+        const int idx = threadIdx.x + i * THREADS, r = idx >> 4, c = idx & 15;
+        if (idx < L::M * 16) {
+            const int row = min(m0 + r, rows - 1);
+            cp_async16(base + L::W_BYTES + idx * 16, x + (size_t)row * k + kb * KB + c * 4);
+        }
+    }
+}
+
+// The f32 inputs of a landed ring slot -> bf16 hi and lo tiles (x = hi + lo).
+template <int MT>
+__device__ __forceinline__ void split_inputs(const unsigned char* stage, unsigned char* hi, unsigned char* lo) {
+    using L = Layout<MT>;
+    const float* xf = reinterpret_cast<const float*>(stage + L::W_BYTES);
+    for (int idx = threadIdx.x; idx < L::M * 8; idx += THREADS) {  // one 8-element chunk each
+        const int r = idx >> 3, c = idx & 7;
+        const float4 a = *reinterpret_cast<const float4*>(xf + r * KB + c * 8);
+        const float4 b = *reinterpret_cast<const float4*>(xf + r * KB + c * 8 + 4);
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        uint32_t h[4], l[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint16_t h0 = f32_to_bf16(v[2 * j]), h1 = f32_to_bf16(v[2 * j + 1]);
+            const uint16_t l0 = f32_to_bf16(v[2 * j] - bf16_to_f32(h0));
+            const uint16_t l1 = f32_to_bf16(v[2 * j + 1] - bf16_to_f32(h1));
+            h[j] = (uint32_t)h0 | ((uint32_t)h1 << 16);
+            l[j] = (uint32_t)l0 | ((uint32_t)l1 << 16);
+        }
+        *reinterpret_cast<uint4*>(hi + swizzled(r, c)) = make_uint4(h[0], h[1], h[2], h[3]);
+        *reinterpret_cast<uint4*>(lo + swizzled(r, c)) = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+}
+
+template <int MT>
 __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
-                                     int n, int k, int rows, int accumulate) {
+                                     int n, int k, int rows, int accumulate, float* __restrict__ ws,
+                                     unsigned* __restrict__ counters) {
+    using L = Layout<MT>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char* split_base = smem + STAGES * L::STAGE_BYTES;  // [buffer][hi | lo]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * 8 * NT, m0 = blockIdx.y * 16 * MT;
-    float acc[MT][NT][4];
+    const int n0 = blockIdx.x * TILE_N, m0 = blockIdx.y * L::M;
+    const int splits = gridDim.z, split = blockIdx.z;
+    const int blocks = k / KB;
+    const int kb0 = split * blocks / splits, count = (split + 1) * blocks / splits - kb0;
+
+    float acc[MT][2][4];
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int j = 0; j < NT; j++)
+        for (int j = 0; j < 2; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
-    for (int kb = warp; kb < k / 64; kb += 8) {
-        const int col = kb * 64 + 16 * t;
-        // Weight words: w[nt][j] holds columns col + 2j, col + 2j + 1 of row n0 + 8 nt + g.
-        uint32_t w[NT][8];
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const int row = min(n0 + 8 * j + g, n - 1);
-            const uint4* src = reinterpret_cast<const uint4*>(W + (size_t)row * k + col);
-            const uint4 p = __ldg(src), q = __ldg(src + 1);
-            w[j][0] = p.x; w[j][1] = p.y; w[j][2] = p.z; w[j][3] = p.w;
-            w[j][4] = q.x; w[j][5] = q.y; w[j][6] = q.z; w[j][7] = q.w;
-        }
-#pragma unroll
-        for (int i = 0; i < MT; i++) {
-            // Input words of rows g and g + 8 of this m16 tile, split into hi and lo.
-            uint32_t hi[2][8], lo[2][8];
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int m = m0 + 16 * i + g + 8 * half;
-                float v[16];
-                if (m < rows) {
-                    const float4* src = reinterpret_cast<const float4*>(x + (size_t)m * k + col);
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        const float4 f = __ldg(src + q);
-                        v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
-                    }
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 16; e++) v[e] = 0.0f;
-                }
-#pragma unroll
-                for (int j = 0; j < 8; j++) split_pair(v[2 * j], v[2 * j + 1], hi[half][j], lo[half][j]);
-            }
-#pragma unroll
-            for (int s = 0; s < 4; s++) {
-                // A registers: (row g, pair 2s), (row g+8, pair 2s), (row g, pair 2s+1), (row g+8, pair 2s+1).
-                const uint32_t ah[4] = {hi[0][2 * s], hi[1][2 * s], hi[0][2 * s + 1], hi[1][2 * s + 1]};
-                const uint32_t al[4] = {lo[0][2 * s], lo[1][2 * s], lo[0][2 * s + 1], lo[1][2 * s + 1]};
-#pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    mma_bf16(acc[i][j], ah, w[j][2 * s], w[j][2 * s + 1]);
-                    mma_bf16(acc[i][j], al, w[j][2 * s], w[j][2 * s + 1]);
-                }
-            }
-        }
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < count) load_block<MT>(smem + s * L::STAGE_BYTES, W, x, n0, m0, n, k, rows, kb0 + s);
+        cp_async_commit();  // empty groups keep the count uniform
     }
-
-    // The 8 warps' partial tiles -> y, summed in warp order.
-    __shared__ float part[8][16 * MT][8 * NT];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) part[warp][16 * i + g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)] = acc[i][j][e];
+    cp_async_wait<STAGES - 2>();
     __syncthreads();
-    for (int idx = threadIdx.x; idx < 16 * MT * 8 * NT; idx += blockDim.x) {
-        const int r = idx / (8 * NT), c = idx % (8 * NT);
-        const int m = m0 + r, col = n0 + c;
-        if (m >= rows || col >= n) continue;
-        float s = 0.0f;
+    split_inputs<MT>(smem, split_base, split_base + L::SPLIT_BYTES);
+
+    // ldmatrix row addresses of this lane: weight rows 16 warp + (lane & 7) + 8 (lane >> 4)
+    // at chunk offset (lane >> 3) & 1; input rows (lane & 7) + 8 ((lane >> 3) & 1) at lane >> 4.
+    const int w_row = 16 * warp + (lane & 7) + ((lane >> 4) << 3), w_chunk = (lane >> 3) & 1;
+    const int x_row = (lane & 7) + (((lane >> 3) & 1) << 3), x_chunk = lane >> 4;
+
+    for (int i = 0; i < count; i++) {
+        // Block i + 1 has landed (and block i's split tiles are written) once every thread is here;
+        // every warp has also finished block i - 1, whose ring slot and split buffer are reused below.
+        cp_async_wait<STAGES - 3>();
+        __syncthreads();
+        if (i + STAGES - 1 < count)
+            load_block<MT>(smem + ((i + STAGES - 1) % STAGES) * L::STAGE_BYTES, W, x, n0, m0, n, k, rows,
+                           kb0 + i + STAGES - 1);
+        cp_async_commit();
+        if (i + 1 < count) {
+            unsigned char* next = split_base + ((i + 1) & 1) * 2 * L::SPLIT_BYTES;
+            split_inputs<MT>(smem + ((i + 1) % STAGES) * L::STAGE_BYTES, next, next + L::SPLIT_BYTES);
+        }
+        const uint32_t w_tile = smem_addr(smem + (i % STAGES) * L::STAGE_BYTES);
+        const uint32_t hi_tile = smem_addr(split_base + (i & 1) * 2 * L::SPLIT_BYTES);
+        const uint32_t lo_tile = hi_tile + L::SPLIT_BYTES;
 #pragma unroll
-        for (int w8 = 0; w8 < 8; w8++) s += part[w8][r][c];
-        float* out = y + (size_t)m * n + col;
-        *out = accumulate ? *out + s : s;
+        for (int kk = 0; kk < KB / 16; kk++) {
+            uint32_t b[4];  // b0, b1 of weight rows 0-7 of the warp, then of rows 8-15
+            ldmatrix_x4(b, w_tile + swizzled(w_row, 2 * kk + w_chunk));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                uint32_t ah[4], al[4];
+                const int off = swizzled(16 * mt + x_row, 2 * kk + x_chunk);
+                ldmatrix_x4(ah, hi_tile + off);
+                ldmatrix_x4(al, lo_tile + off);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    mma_bf16(acc[mt][j], ah, b[2 * j], b[2 * j + 1]);
+                    mma_bf16(acc[mt][j], al, b[2 * j], b[2 * j + 1]);
+                }
+            }
+        }
     }
+    cp_async_wait<0>();
+
+    // acc[mt][j][e] is y[m0 + 16 mt + g + 8 (e >> 1)][n0 + 16 warp + 8 j + 2 t + (e & 1)].
+    if (splits > 1) {
+        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+        constexpr int PER_THREAD = MT * 8;
+        float4* mine = reinterpret_cast<float4*>(ws + ((size_t)(tile * splits + split) * THREADS + threadIdx.x) * PER_THREAD);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) mine[mt * 2 + j] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+        __threadfence();
+        __syncthreads();
+        __shared__ int last;
+        if (threadIdx.x == 0) {
+            last = atomicAdd(&counters[tile], 1u) == (unsigned)(splits - 1);
+            if (last) counters[tile] = 0;  // every split has arrived: ready for the next launch
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
+        for (int s = 0; s < splits; s++) {
+            const float4* part =
+                reinterpret_cast<const float4*>(ws + ((size_t)(tile * splits + s) * THREADS + threadIdx.x) * PER_THREAD);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const float4 p = __ldcg(part + mt * 2 + j);
+                    acc[mt][j][0] += p.x; acc[mt][j][1] += p.y; acc[mt][j][2] += p.z; acc[mt][j][3] += p.w;
+                }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int m = m0 + 16 * mt + g + 8 * (e >> 1), col = n0 + 16 * warp + 8 * j + 2 * t + (e & 1);
+                if (m >= rows || col >= n) continue;
+                float* out = y + (size_t)m * n + col;
+                *out = accumulate ? *out + acc[mt][j][e] : acc[mt][j][e];
+            }
 }
 
 }  // namespace gemm_tc
 
-#define GEMM_TC(MT, NT)                                                                                          \
-    ROCKET_KERNEL void __launch_bounds__(256) gemm_tc_m##MT##_n##NT(const uint16_t* __restrict__ W,                \
-                                                                    const float* __restrict__ x, float* y, int n, \
-                                                                    int k, int rows, int accumulate) {            \
-        gemm_tc::body<MT, NT>(W, x, y, n, k, rows, accumulate);                                                  \
+#define GEMM_TC(MT)                                                                                              \
+    ROCKET_KERNEL void __launch_bounds__(256) gemm_tc_m##MT(const uint16_t* __restrict__ W,                        \
+                                                            const float* __restrict__ x, float* y, int n, int k,   \
+                                                            int rows, int accumulate, float* ws,                  \
+                                                            unsigned* counters) {                                 \
+        gemm_tc::body<MT>(W, x, y, n, k, rows, accumulate, ws, counters);                                        \
     }
-GEMM_TC(1, 1)
-GEMM_TC(1, 2)
-GEMM_TC(2, 1)
-GEMM_TC(2, 2)
-GEMM_TC(4, 1)
-GEMM_TC(4, 2)
+GEMM_TC(1)
+GEMM_TC(2)
+GEMM_TC(4)

@@ -1,0 +1,213 @@
+//! One matmul kernel (kernels/src/gemm_tc.cu or gemv.cu) on its own: checked
+//! against an f64 product on the host, on fresh random inputs with a poisoned
+//! output, then timed streaming weights from HBM (in the manner of llm.c's
+//! dev/cuda: one kernel, a CPU check, a GB/s figure).
+
+use half::bf16;
+use rayon::prelude::*;
+
+use super::driver::{DeviceBuffer, TimedEvent};
+use super::kernels::{GemmPlan, GemmScratch};
+use super::CudaBackend;
+use crate::error::{Result, RocketError};
+use crate::sampling::splitmix64;
+
+/// Which kernel a [`MatmulCheck`] ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulKernel {
+    /// The tensor-core GEMM (bf16 hi+lo inputs on mma.sync).
+    Tensor,
+    /// The CUDA-core GEMV.
+    Gemv,
+}
+
+/// The outcome of [`CudaBackend::matmul_check`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatmulCheck {
+    pub kernel: MatmulKernel,
+    /// How the tensor-core GEMM covered the product (tiles, split), or "gemv".
+    pub plan: String,
+    /// Relative L2 error of the checked outputs against the host's f64 product.
+    pub rel_l2: f64,
+    /// Outputs compared with the host (every row, a stride of columns on large shapes).
+    pub checked: usize,
+    /// Whether every output was written (the output starts as NaN without accumulate).
+    pub all_written: bool,
+    /// Mean time per launch, in microseconds, with weights coming from HBM.
+    pub micros: f64,
+    /// Weight, input and output bytes moved per launch over that time, in GB/s.
+    pub gbs: f64,
+}
+
+/// At most this many multiply-adds are checked on the host per call.
+const HOST_CHECK_MACS: usize = 1 << 26;
+/// Timed launches rotate over weight copies of at least this many bytes in
+/// all, more than the H200's 50 MB L2, so weights come from HBM as in decode.
+const ROTATION_BYTES: usize = 192 << 20;
+
+/// splitmix64 draws mapped to [-1, 1).
+fn uniform(seed: u64, n: usize) -> Vec<f32> {
+    (0..n)
+        .into_par_iter()
+        .map(|i| (splitmix64(seed.wrapping_add(i as u64)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+        .collect()
+}
+
+impl CudaBackend {
+    /// Runs `y (+)= x · Wᵀ` for a random bf16 `W` [n][k] and random f32 `x`
+    /// [rows][k] on `kernel`, checks it against the host, then times `reps`
+    /// launches. A diagnostic and a test of the matmul kernels at any shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_check(
+        &self,
+        kernel: MatmulKernel,
+        n: usize,
+        k: usize,
+        rows: usize,
+        accumulate: bool,
+        reps: usize,
+        seed: u64,
+    ) -> Result<MatmulCheck> {
+        if n == 0 || rows == 0 || reps == 0 {
+            return Err(RocketError::invalid_arg(
+                "n, rows, reps",
+                format!("{n}, {rows}, {reps}"),
+                "must all be at least 1",
+            ));
+        }
+        let needs = match kernel {
+            MatmulKernel::Tensor => (k % 64 == 0, "a multiple of 64"),
+            MatmulKernel::Gemv => (k % 8 == 0, "a multiple of 8"),
+        };
+        if !needs.0 {
+            return Err(RocketError::invalid_arg(
+                "k",
+                k,
+                format!("must be {} for {kernel:?}", needs.1),
+            ));
+        }
+        let inner = self.lock()?;
+        let (ctx, st, kernels) = (&inner.ctx, &inner.stream, &inner.kernels);
+        let w_host: Vec<bf16> = uniform(seed, n * k)
+            .into_par_iter()
+            .map(|v| bf16::from_f32(v * 0.25))
+            .collect();
+        let x_host = uniform(seed ^ 0x9e37_79b9, rows * k);
+        let y0_host: Vec<f32> = if accumulate {
+            uniform(seed ^ 0x5151, rows * n)
+        } else {
+            vec![f32::NAN; rows * n]
+        };
+
+        let w_bytes = n * k * 2;
+        let copies = ROTATION_BYTES.div_ceil(w_bytes).max(1);
+        let weights = DeviceBuffer::alloc(ctx, w_bytes * copies, "the matmul check's weights")?;
+        for c in 0..copies {
+            weights.upload(st, c * w_bytes, &w_host)?;
+        }
+        let x = DeviceBuffer::alloc(ctx, rows * k * 4, "the matmul check's inputs")?;
+        x.upload(st, 0, &x_host)?;
+        let y = DeviceBuffer::alloc(ctx, rows * n * 4, "the matmul check's outputs")?;
+        y.upload(st, 0, &y0_host)?;
+        let plan = kernels.gemm_plan(n, k, rows);
+        let workspace = DeviceBuffer::alloc(
+            ctx,
+            plan.workspace_floats() * 4,
+            "the matmul check's partials",
+        )?;
+        let counters =
+            DeviceBuffer::alloc(ctx, plan.counters() * 4, "the matmul check's counters")?;
+        counters.fill_u8(st, 0)?;
+        let scratch = GemmScratch {
+            workspace: workspace.ptr,
+            workspace_floats: workspace.bytes / 4,
+            counters: counters.ptr,
+            counter_count: counters.bytes / 4,
+        };
+        let launch = |w: u64| match kernel {
+            MatmulKernel::Tensor => {
+                kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch)
+            }
+            MatmulKernel::Gemv => kernels.gemv(st, w, x.ptr, y.ptr, n, k, rows, accumulate),
+        };
+
+        launch(weights.ptr)?;
+        let mut got = vec![0f32; rows * n];
+        y.download(st, 0, &mut got)?;
+        let all_written = got.iter().all(|v| v.is_finite());
+        let (rel_l2, checked) = compare(&w_host, &x_host, &y0_host, &got, n, k, rows, accumulate);
+
+        let (start, end) = (TimedEvent::new()?, TimedEvent::new()?);
+        launch(weights.ptr)?;
+        start.record(st)?;
+        for r in 0..reps {
+            launch(weights.ptr + ((r + 1) % copies * w_bytes) as u64)?;
+        }
+        end.record(st)?;
+        st.sync()?;
+        let micros = start.elapsed_ms(&end)? as f64 * 1e3 / reps as f64;
+        let moved = w_bytes + rows * k * 4 + rows * n * 4 * (1 + accumulate as usize);
+        let plan = match kernel {
+            MatmulKernel::Tensor => describe(&plan),
+            MatmulKernel::Gemv => "gemv".to_string(),
+        };
+        Ok(MatmulCheck {
+            kernel,
+            plan,
+            rel_l2,
+            checked,
+            all_written,
+            micros,
+            gbs: moved as f64 / micros / 1e3,
+        })
+    }
+}
+
+fn describe(p: &GemmPlan) -> String {
+    format!(
+        "m{} {}x{} tiles, split {}",
+        p.mt, p.tiles_n, p.tiles_m, p.splits
+    )
+}
+
+/// Relative L2 error of `got` against the f64 product over every row and a stride
+/// of columns (always the last, which sits in a partial tile), and how many outputs
+/// that compared.
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    w: &[bf16],
+    x: &[f32],
+    y0: &[f32],
+    got: &[f32],
+    n: usize,
+    k: usize,
+    rows: usize,
+    accumulate: bool,
+) -> (f64, usize) {
+    let stride = (n * k * rows).div_ceil(HOST_CHECK_MACS).max(1);
+    let mut cols: Vec<usize> = (0..n).step_by(stride).collect();
+    if cols.last() != Some(&(n - 1)) {
+        cols.push(n - 1);
+    }
+    let (err, norm) = cols
+        .par_iter()
+        .map(|&c| {
+            let wr = &w[c * k..(c + 1) * k];
+            let (mut err, mut norm) = (0f64, 0f64);
+            for r in 0..rows {
+                let xr = &x[r * k..(r + 1) * k];
+                let mut want: f64 = wr.iter().zip(xr).map(|(a, b)| a.to_f64() * *b as f64).sum();
+                if accumulate {
+                    want += y0[r * n + c] as f64;
+                }
+                err += (got[r * n + c] as f64 - want).powi(2);
+                norm += want * want;
+            }
+            (err, norm)
+        })
+        .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+    (
+        (err / norm.max(f64::MIN_POSITIVE)).sqrt(),
+        cols.len() * rows,
+    )
+}
