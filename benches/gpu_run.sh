@@ -15,6 +15,9 @@
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck and racecheck on the megakernel (SmolLM2)
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
+#   profile   Nsight Compute's time per kernel of one batch-16 decode step and one 128-token
+#             prefill (PROFILE_FUEL, default Llama-3.2-1B; graph path, kernels launched one by
+#             one), summarised by benches/ncu_step.py
 #   ab        the megakernel of this build against a baseline build's (.device-carry/base/
 #             rocket.xz, packed by hand), interleaved per fuel, batch 1 (and the baseline's
 #             megakernel tests' MK-PROFILE lines when base/cuda-megakernel-test.xz is there)
@@ -121,6 +124,19 @@ if has peer; then
     timeout 240 python3 benches/torch_peer.py --model "$CK/llama-3.2-1b" --batch 1,16 --prompt-len 128 --gen-len 256 --reps 2 \
         --json "$LOGS/peer-llama-3.2-1b.json" > "$LOGS/peer-llama-3.2-1b.txt" 2> "$LOGS/peer-llama-3.2-1b.err" ||
         { echo "peer failed"; tail -5 "$LOGS/peer-llama-3.2-1b.err"; }
+fi
+
+if has profile; then
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    pf=${PROFILE_FUEL:-llama-3.2-1b}
+    for shape in "16 128 3 -1" "1 128 2 -2"; do
+        set -- $shape
+        ROCKET_DECODE=graph ROCKET_CUDA_GRAPHS=0 timeout 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
+            --csv "$CARRY/bin/rocket" bench --model "$CK/$pf" --device cuda --batch "$1" --prompt-len "$2" --gen-len "$3" \
+            --reps 1 > "$LOGS/profile-b$1.csv" 2> "$LOGS/profile-b$1.err" || echo "ncu batch $1 failed: $(tail -2 "$LOGS/profile-b$1.err")"
+        echo "--- ncu $pf batch $1 (pass $4: a decode step at batch 16, the 128-token prefill at batch 1)"
+        python3 benches/ncu_step.py "$LOGS/profile-b$1.csv" "$4"
+    done
 fi
 
 echo "=== summary"

@@ -7,7 +7,7 @@
 //
 // Tiling: a CTA of 8 warps owns TILE_N = 128 weight rows (16 per warp) and
 // 16 MT input rows, over the 64-wide k blocks of its split of K. The blocks
-// stream through a STAGES-deep cp.async ring in shared memory (weights and the
+// stream through a cp.async ring (8, 7 or 5 deep for MT 1, 2, 4) in shared memory (weights and the
 // f32 inputs of a block land together), so each input block is read once per
 // 128 weight rows instead of once per 8, and every weight byte is read once.
 // One block ahead of the MMAs, all threads split the inputs into bf16 hi/lo
@@ -22,8 +22,8 @@
 // split order 0, 1, ... and writes y. The order is fixed, so results are
 // deterministic and do not depend on the number of input rows.
 //
-// Contract: k % 64 == 0, W rows and x rows 16-byte aligned, dynamic shared memory
-// gemm_tc_smem_bytes(MT), grid = (ceil(n / 128), ceil(rows / (16 MT)), splits),
+// Contract: k % 64 == 0, W rows and x rows 16-byte aligned, splits <= 8, dynamic
+// shared memory Layout<MT>::BYTES, grid = (ceil(n / 128), ceil(rows / (16 MT)), splits),
 // block = 256. With splits > 1: ws holds grid.x * grid.y * splits * 16 MT * 128
 // floats and counters grid.x * grid.y zeroed words.
 #include "common.cuh"
@@ -32,17 +32,21 @@ namespace gemm_tc {
 
 constexpr int TILE_N = 128;  // weight rows per CTA: 8 warps x 16
 constexpr int KB = 64;       // k per block: one 128-byte bf16 row per weight row
-constexpr int STAGES = 4;    // blocks in flight (3 loading while one is used)
 constexpr int THREADS = 256;
+constexpr int MAX_SPLITS = 8;
 
 template <int MT>
 struct Layout {
+    // Ring depth: as deep as one CTA per SM allows, so a split's few blocks are all
+    // requested at once and long K keeps 100+ KB per SM in flight.
+    static constexpr int STAGES = MT == 1 ? 8 : MT == 2 ? 7 : 5;
     static constexpr int M = 16 * MT;                    // input rows per CTA
     static constexpr int W_BYTES = TILE_N * KB * 2;      // one block of weights (swizzled)
     static constexpr int X_BYTES = M * KB * 4;           // one block of f32 inputs (plain)
     static constexpr int STAGE_BYTES = W_BYTES + X_BYTES;
     static constexpr int SPLIT_BYTES = M * KB * 2;       // one bf16 hi (or lo) tile (swizzled)
     static constexpr int BYTES = STAGES * STAGE_BYTES + 2 * 2 * SPLIT_BYTES;
+    static_assert(BYTES <= 227 * 1024, "one CTA per SM must fit");
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -126,6 +130,7 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
                                      int n, int k, int rows, int accumulate, float* __restrict__ ws,
                                      unsigned* __restrict__ counters) {
     using L = Layout<MT>;
+    constexpr int STAGES = L::STAGES;
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* split_base = smem + STAGES * L::STAGE_BYTES;  // [buffer][hi | lo]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -218,15 +223,24 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
             for (int j = 0; j < 2; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
-        for (int s = 0; s < splits; s++) {
-            const float4* part =
-                reinterpret_cast<const float4*>(ws + ((size_t)(tile * splits + s) * THREADS + threadIdx.x) * PER_THREAD);
+        const float4* part = reinterpret_cast<const float4*>(ws + (size_t)tile * splits * THREADS * PER_THREAD) +
+                             threadIdx.x * (PER_THREAD / 4);
+        constexpr size_t SPLIT_STRIDE = THREADS * PER_THREAD / 4;  // float4s between splits
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+        for (int mt = 0; mt < MT; mt++) {
+            // Every split's words of this m tile in flight at once, then summed in split order.
+            float4 p[MAX_SPLITS][2];
+#pragma unroll
+            for (int s = 0; s < MAX_SPLITS; s++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    p[s][j] = s < splits ? __ldcg(part + s * SPLIT_STRIDE + mt * 2 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int s = 0; s < MAX_SPLITS; s++)
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    const float4 p = __ldcg(part + mt * 2 + j);
-                    acc[mt][j][0] += p.x; acc[mt][j][1] += p.y; acc[mt][j][2] += p.z; acc[mt][j][3] += p.w;
+                    acc[mt][j][0] += p[s][j].x; acc[mt][j][1] += p[s][j].y;
+                    acc[mt][j][2] += p[s][j].z; acc[mt][j][3] += p[s][j].w;
                 }
         }
     }

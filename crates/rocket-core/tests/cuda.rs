@@ -657,8 +657,10 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
                         c.all_written,
                         "{fuel} {name} rows {rows} {kernel:?}: an output was never written"
                     );
+                    // hi+lo inputs keep ~16 bits (2^-17 ≈ 7.6e-6 each) and f32 sums run 8192 terms
+                    // deep: ~2e-5 at worst; a wrong or missing term shows as 1e-3 or more.
                     assert!(
-                        c.rel_l2 <= 1e-5,
+                        c.rel_l2 <= 1e-4,
                         "{fuel} {name} rows {rows} {kernel:?}: rel L2 {}",
                         c.rel_l2
                     );
