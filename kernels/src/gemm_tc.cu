@@ -74,6 +74,27 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Thread-block clusters (sm_90): a tile's splits run as one cluster and meet in
+// distributed shared memory.
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float4 ld_cluster(uint32_t local_addr, uint32_t rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local_addr), "r"(rank));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(remote)
+                 : "memory");
+    return v;
+}
+
 // Byte offset of 16-byte chunk c of row r in a swizzled tile of 128-byte rows.
 __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
@@ -101,27 +122,29 @@ __device__ __forceinline__ void load_block(unsigned char* stage, const uint16_t*
     }
 }
 
-// The f32 inputs of a landed ring slot -> bf16 hi and lo tiles (x = hi + lo).
+// The f32 inputs of a landed ring slot -> bf16 hi and lo tiles (x = hi + lo),
+// four elements per thread at a time, so every thread shares the work.
 template <int MT>
 __device__ __forceinline__ void split_inputs(const unsigned char* stage, unsigned char* hi, unsigned char* lo) {
     using L = Layout<MT>;
     const float* xf = reinterpret_cast<const float*>(stage + L::W_BYTES);
-    for (int idx = threadIdx.x; idx < L::M * 8; idx += THREADS) {  // one 8-element chunk each
-        const int r = idx >> 3, c = idx & 7;
-        const float4 a = *reinterpret_cast<const float4*>(xf + r * KB + c * 8);
-        const float4 b = *reinterpret_cast<const float4*>(xf + r * KB + c * 8 + 4);
-        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        uint32_t h[4], l[4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+    for (int i = 0; i < L::M * 16 / THREADS; i++) {
+        const int idx = threadIdx.x + i * THREADS, r = idx >> 4, q = idx & 15;  // q: 4-element quarter chunk
+        const float4 a = *reinterpret_cast<const float4*>(xf + r * KB + q * 4);
+        const float v[4] = {a.x, a.y, a.z, a.w};
+        uint32_t h[2], l[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
             const uint16_t h0 = f32_to_bf16(v[2 * j]), h1 = f32_to_bf16(v[2 * j + 1]);
             const uint16_t l0 = f32_to_bf16(v[2 * j] - bf16_to_f32(h0));
             const uint16_t l1 = f32_to_bf16(v[2 * j + 1] - bf16_to_f32(h1));
             h[j] = (uint32_t)h0 | ((uint32_t)h1 << 16);
             l[j] = (uint32_t)l0 | ((uint32_t)l1 << 16);
         }
-        *reinterpret_cast<uint4*>(hi + swizzled(r, c)) = make_uint4(h[0], h[1], h[2], h[3]);
-        *reinterpret_cast<uint4*>(lo + swizzled(r, c)) = make_uint4(l[0], l[1], l[2], l[3]);
+        const int off = swizzled(r, q >> 1) + (q & 1) * 8;
+        *reinterpret_cast<uint2*>(hi + off) = make_uint2(h[0], h[1]);
+        *reinterpret_cast<uint2*>(lo + off) = make_uint2(l[0], l[1]);
     }
 }
 
@@ -140,13 +163,15 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
     const int blocks = k / KB;
     const int kb0 = split * blocks / splits, count = (split + 1) * blocks / splits - kb0;
 
-    float acc[MT][2][4];
+    // The hi and lo products accumulate apart (two independent MMA chains per
+    // tile instead of one twice as long) and are added once at the end.
+    float acc[MT][2][4], acc_lo[MT][2][4];
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+            for (int e = 0; e < 4; e++) acc[i][j][e] = acc_lo[i][j][e] = 0.0f;
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
@@ -191,15 +216,55 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     mma_bf16(acc[mt][j], ah, b[2 * j], b[2 * j + 1]);
-                    mma_bf16(acc[mt][j], al, b[2 * j], b[2 * j + 1]);
+                    mma_bf16(acc_lo[mt][j], al, b[2 * j], b[2 * j + 1]);
                 }
             }
         }
     }
     cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] += acc_lo[i][j][e];
 
     // acc[mt][j][e] is y[m0 + 16 mt + g + 8 (e >> 1)][n0 + 16 warp + 8 j + 2 t + (e & 1)].
-    if (splits > 1) {
+    if (splits > 1 && counters == nullptr) {
+        // Launched as clusters of the tile's splits: each split leaves its partial in its own
+        // shared memory (the ring, now idle), and split 0 sums them in split order over DSMEM.
+        __syncthreads();
+        float4* mine = reinterpret_cast<float4*>(smem) + threadIdx.x * (2 * MT);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) mine[mt * 2 + j] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+        cluster_sync();
+        const bool first = cluster_rank() == 0;
+        if (first) {
+            const uint32_t local = smem_addr(mine);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                float4 p[MAX_SPLITS][2];
+#pragma unroll
+                for (int s = 0; s < MAX_SPLITS; s++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++)
+                        p[s][j] = s < splits ? ld_cluster(local + (mt * 2 + j) * 16, s) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
+#pragma unroll
+                    for (int s = 0; s < MAX_SPLITS; s++) {
+                        acc[mt][j][0] += p[s][j].x; acc[mt][j][1] += p[s][j].y;
+                        acc[mt][j][2] += p[s][j].z; acc[mt][j][3] += p[s][j].w;
+                    }
+                }
+            }
+        }
+        cluster_sync();  // every split's shared memory stays until split 0 has read it
+        if (!first) return;
+    } else if (splits > 1) {
         const int tile = blockIdx.y * gridDim.x + blockIdx.x;
         constexpr int PER_THREAD = MT * 8;
         float4* mine = reinterpret_cast<float4*>(ws + ((size_t)(tile * splits + split) * THREADS + threadIdx.x) * PER_THREAD);
