@@ -74,56 +74,58 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Thread-block clusters (sm_90): a tile's splits run as one cluster and meet in
-// distributed shared memory.
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ float4 ld_cluster(uint32_t local_addr, uint32_t rank) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local_addr), "r"(rank));
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(remote)
-                 : "memory");
-    return v;
-}
-
 // Byte offset of 16-byte chunk c of row r in a swizzled tile of 128-byte rows.
 __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
-// Queues k block kb of the CTA's weight rows and input rows into ring slot `stage`.
-// Rows past n or rows are clamped to the last one (valid memory; never stored).
+// Where this thread's 16-byte copies of every k block come from and go to:
+// weight rows past n and input rows past `rows` are clamped to the last one
+// (valid memory; their results are never stored). Computed once per CTA, so
+// queueing a block is one add and one cp.async per copy.
 template <int MT>
-__device__ __forceinline__ void load_block(unsigned char* stage, const uint16_t* __restrict__ W,
-                                           const float* __restrict__ x, int n0, int m0, int n, int k, int rows,
-                                           int kb) {
-    using L = Layout<MT>;
-    const uint32_t base = smem_addr(stage);
+struct Copies {
+    static constexpr int W = TILE_N * 8 / THREADS;                // weight chunks per thread
+    static constexpr int X = (Layout<MT>::M * 16 + THREADS - 1) / THREADS;  // input chunks per thread
+    const uint16_t* w_src[W];
+    uint32_t w_dst[W];
+    const float* x_src[X];
+    uint32_t x_dst[X];
+    bool x_live[X];
+
+    __device__ __forceinline__ Copies(const uint16_t* W_, const float* x, int n0, int m0, int n, int k, int rows) {
 #pragma unroll
-    for (int i = 0; i < TILE_N * 8 / THREADS; i++) {
-        const int idx = threadIdx.x + i * THREADS, r = idx >> 3, c = idx & 7;
-        const int row = min(n0 + r, n - 1);
-        cp_async16(base + swizzled(r, c), W + (size_t)row * k + kb * KB + c * 8);
-    }
+        for (int i = 0; i < W; i++) {
+            const int idx = threadIdx.x + i * THREADS, r = idx >> 3, c = idx & 7;
+            w_src[i] = W_ + (size_t)min(n0 + r, n - 1) * k + c * 8;
+            w_dst[i] = swizzled(r, c);
+        }
 #pragma unroll
-    for (int i = 0; i < (L::M * 16 + THREADS - 1) / THREADS; i++) {
-        const int idx = threadIdx.x + i * THREADS, r = idx >> 4, c = idx & 15;
-        if (idx < L::M * 16) {
-            const int row = min(m0 + r, rows - 1);
-            cp_async16(base + L::W_BYTES + idx * 16, x + (size_t)row * k + kb * KB + c * 4);
+        for (int i = 0; i < X; i++) {
+            const int idx = threadIdx.x + i * THREADS, r = idx >> 4, c = idx & 15;
+            x_live[i] = idx < Layout<MT>::M * 16;
+            x_src[i] = x + (size_t)min(m0 + r, rows - 1) * k + c * 4;
+            x_dst[i] = Layout<MT>::W_BYTES + idx * 16;
         }
     }
-}
+
+    // Queues k block kb into the ring slot at shared address `stage`.
+    __device__ __forceinline__ void load(uint32_t stage, int kb) const {
+#pragma unroll
+        for (int i = 0; i < W; i++) cp_async16(stage + w_dst[i], w_src[i] + kb * KB);
+#pragma unroll
+        for (int i = 0; i < X; i++)
+            if (x_live[i]) cp_async16(stage + x_dst[i], x_src[i] + kb * KB);
+    }
+};
 
 // The f32 inputs of a landed ring slot -> bf16 hi and lo tiles (x = hi + lo),
-// four elements per thread at a time, so every thread shares the work.
+// four elements per thread at a time, so every thread shares the work. cvt.rn
+// rounds to nearest even like f32_to_bf16, two values per instruction.
+__device__ __forceinline__ uint32_t bf16x2_rn(float lo_k, float hi_k) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k));
+    return r;
+}
+
 template <int MT>
 __device__ __forceinline__ void split_inputs(const unsigned char* stage, unsigned char* hi, unsigned char* lo) {
     using L = Layout<MT>;
@@ -132,19 +134,12 @@ __device__ __forceinline__ void split_inputs(const unsigned char* stage, unsigne
     for (int i = 0; i < L::M * 16 / THREADS; i++) {
         const int idx = threadIdx.x + i * THREADS, r = idx >> 4, q = idx & 15;  // q: 4-element quarter chunk
         const float4 a = *reinterpret_cast<const float4*>(xf + r * KB + q * 4);
-        const float v[4] = {a.x, a.y, a.z, a.w};
-        uint32_t h[2], l[2];
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const uint16_t h0 = f32_to_bf16(v[2 * j]), h1 = f32_to_bf16(v[2 * j + 1]);
-            const uint16_t l0 = f32_to_bf16(v[2 * j] - bf16_to_f32(h0));
-            const uint16_t l1 = f32_to_bf16(v[2 * j + 1] - bf16_to_f32(h1));
-            h[j] = (uint32_t)h0 | ((uint32_t)h1 << 16);
-            l[j] = (uint32_t)l0 | ((uint32_t)l1 << 16);
-        }
+        const uint32_t h0 = bf16x2_rn(a.x, a.y), h1 = bf16x2_rn(a.z, a.w);
+        const uint32_t l0 = bf16x2_rn(a.x - __uint_as_float(h0 << 16), a.y - __uint_as_float(h0 & 0xffff0000u));
+        const uint32_t l1 = bf16x2_rn(a.z - __uint_as_float(h1 << 16), a.w - __uint_as_float(h1 & 0xffff0000u));
         const int off = swizzled(r, q >> 1) + (q & 1) * 8;
-        *reinterpret_cast<uint2*>(hi + off) = make_uint2(h[0], h[1]);
-        *reinterpret_cast<uint2*>(lo + off) = make_uint2(l[0], l[1]);
+        *reinterpret_cast<uint2*>(hi + off) = make_uint2(h0, h1);
+        *reinterpret_cast<uint2*>(lo + off) = make_uint2(l0, l1);
     }
 }
 
@@ -173,9 +168,11 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = acc_lo[i][j][e] = 0.0f;
 
+    const Copies<MT> copies(W, x, n0, m0, n, k, rows);
+    const uint32_t ring = smem_addr(smem);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < count) load_block<MT>(smem + s * L::STAGE_BYTES, W, x, n0, m0, n, k, rows, kb0 + s);
+        if (s < count) copies.load(ring + s * L::STAGE_BYTES, kb0 + s);
         cp_async_commit();  // empty groups keep the count uniform
     }
     cp_async_wait<STAGES - 2>();
@@ -192,9 +189,7 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
         // every warp has also finished block i - 1, whose ring slot and split buffer are reused below.
         cp_async_wait<STAGES - 3>();
         __syncthreads();
-        if (i + STAGES - 1 < count)
-            load_block<MT>(smem + ((i + STAGES - 1) % STAGES) * L::STAGE_BYTES, W, x, n0, m0, n, k, rows,
-                           kb0 + i + STAGES - 1);
+        if (i + STAGES - 1 < count) copies.load(ring + ((i + STAGES - 1) % STAGES) * L::STAGE_BYTES, kb0 + i + STAGES - 1);
         cp_async_commit();
         if (i + 1 < count) {
             unsigned char* next = split_base + ((i + 1) & 1) * 2 * L::SPLIT_BYTES;
@@ -230,41 +225,7 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
             for (int e = 0; e < 4; e++) acc[i][j][e] += acc_lo[i][j][e];
 
     // acc[mt][j][e] is y[m0 + 16 mt + g + 8 (e >> 1)][n0 + 16 warp + 8 j + 2 t + (e & 1)].
-    if (splits > 1 && counters == nullptr) {
-        // Launched as clusters of the tile's splits: each split leaves its partial in its own
-        // shared memory (the ring, now idle), and split 0 sums them in split order over DSMEM.
-        __syncthreads();
-        float4* mine = reinterpret_cast<float4*>(smem) + threadIdx.x * (2 * MT);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) mine[mt * 2 + j] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
-        cluster_sync();
-        const bool first = cluster_rank() == 0;
-        if (first) {
-            const uint32_t local = smem_addr(mine);
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                float4 p[MAX_SPLITS][2];
-#pragma unroll
-                for (int s = 0; s < MAX_SPLITS; s++)
-#pragma unroll
-                    for (int j = 0; j < 2; j++)
-                        p[s][j] = s < splits ? ld_cluster(local + (mt * 2 + j) * 16, s) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
-#pragma unroll
-                    for (int s = 0; s < MAX_SPLITS; s++) {
-                        acc[mt][j][0] += p[s][j].x; acc[mt][j][1] += p[s][j].y;
-                        acc[mt][j][2] += p[s][j].z; acc[mt][j][3] += p[s][j].w;
-                    }
-                }
-            }
-        }
-        cluster_sync();  // every split's shared memory stays until split 0 has read it
-        if (!first) return;
-    } else if (splits > 1) {
+    if (splits > 1) {
         const int tile = blockIdx.y * gridDim.x + blockIdx.x;
         constexpr int PER_THREAD = MT * 8;
         float4* mine = reinterpret_cast<float4*>(ws + ((size_t)(tile * splits + split) * THREADS + threadIdx.x) * PER_THREAD);

@@ -441,21 +441,6 @@ impl Function {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        self.launch_clustered(stream, grid, block, smem, 1, args)
-    }
-
-    /// As `launch_with_smem`, with each run of `cluster_z` CTAs along the grid's z
-    /// made one thread-block cluster (co-scheduled, sharing shared memory; sm_90+).
-    /// `cluster_z` must divide grid.z; 1 is a plain launch.
-    pub(crate) fn launch_clustered(
-        &self,
-        stream: &Stream,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
-        cluster_z: u32,
-        args: &[Arg],
-    ) -> Result<()> {
         let mut storage: Vec<[u8; 8]> = args
             .iter()
             .map(|a| {
@@ -472,46 +457,12 @@ impl Function {
             .iter_mut()
             .map(|b| b.as_mut_ptr() as *mut c_void)
             .collect();
-        if cluster_z <= 1 {
-            // SAFETY: the argument list matches the kernel's signature (each kernels.rs
-            // launcher mirrors its .cu contract); buffers outlive the stream's work.
-            return unsafe {
-                result::launch_kernel(self.raw, grid, (block, 1, 1), smem, stream.raw, &mut params)
-            }
-            .map_err(|e| device_err("cuLaunchKernel", e));
-        }
-        if grid.2 % cluster_z != 0 {
-            return Err(RocketError::Internal(format!(
-                "cluster depth {cluster_z} does not divide grid z {}",
-                grid.2
-            )));
-        }
-        // SAFETY: plain-old-data attribute; zero is a valid bit pattern for every field.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-            x: 1,
-            y: 1,
-            z: cluster_z,
-        };
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: smem,
-            hStream: stream.raw,
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: as for launch_kernel; `config` and `attr` outlive the call.
+        // SAFETY: the argument list matches the kernel's signature (each kernels.rs
+        // launcher mirrors its .cu contract); buffers outlive the stream's work.
         unsafe {
-            sys::cuLaunchKernelEx(&config, self.raw, params.as_mut_ptr(), std::ptr::null_mut())
+            result::launch_kernel(self.raw, grid, (block, 1, 1), smem, stream.raw, &mut params)
         }
-        .result()
-        .map_err(|e| device_err("cuLaunchKernelEx (cluster)", e))
+        .map_err(|e| device_err("cuLaunchKernel", e))
     }
 }
 

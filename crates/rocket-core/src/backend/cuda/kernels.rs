@@ -161,9 +161,6 @@ pub(crate) struct Kernels {
     module: Module,
     gemm_tc: [Function; 3],
     sms: usize,
-    /// Split-K partials meet in a thread-block cluster's shared memory (default), or
-    /// through global memory and an arrival counter (ROCKET_GEMM_SPLIT=global).
-    split_in_cluster: bool,
     embed: Function,
     rms_norm: Function,
     gemv: [Function; 5],
@@ -211,7 +208,6 @@ impl Kernels {
         Ok(Kernels {
             gemm_tc,
             sms: ctx.sm_count.max(1) as usize,
-            split_in_cluster: std::env::var("ROCKET_GEMM_SPLIT").as_deref() != Ok("global"),
             embed: f("embed_gather")?,
             rms_norm: f("rms_norm")?,
             gemv,
@@ -354,28 +350,6 @@ impl Kernels {
         let grid = (plan.tiles_n as u32, plan.tiles_m as u32, plan.splits as u32);
         let [a0, a1, a2, a3, a4, a5, a6] = matmul_args(w, x, y, n, k, rows, accumulate);
         let smem = gemm_tc_smem_bytes(plan.mt) as u32;
-        if self.split_in_cluster && plan.splits > 1 {
-            // A null counter array selects the kernel's cluster reduction.
-            let args = [
-                a0,
-                a1,
-                a2,
-                a3,
-                a4,
-                a5,
-                a6,
-                Arg::Ptr(scratch.workspace),
-                Arg::Ptr(0),
-            ];
-            return self.gemm_tc[i].launch_clustered(
-                s,
-                grid,
-                GEMM_THREADS,
-                smem,
-                plan.splits as u32,
-                &args,
-            );
-        }
         let args = [
             a0,
             a1,
