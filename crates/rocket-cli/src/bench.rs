@@ -51,11 +51,7 @@ fn as_typed(v: f32) -> f64 {
 fn stats(xs: &[f64]) -> (f64, f64) {
     let n = xs.len() as f64;
     let mean = xs.iter().sum::<f64>() / n;
-    let var = if xs.len() > 1 {
-        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
-    } else {
-        0.0
-    };
+    let var = if xs.len() > 1 { xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
     (mean, var.sqrt())
 }
 
@@ -77,10 +73,7 @@ fn random_prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
 
 /// CPU time of the calling thread in seconds (the engine drives the device from it).
 fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: writes one timespec.
     if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
         return f64::NAN;
@@ -98,31 +91,9 @@ struct Run {
     host_cpu_per_token: f64,
 }
 
-fn run_batch(
-    engine: &Engine,
-    prompts: &[Vec<u32>],
-    gen_len: usize,
-    sampling: &SamplingParams,
-) -> anyhow::Result<Run> {
-    let params = SamplingParams {
-        max_tokens: gen_len,
-        ..sampling.clone()
-    };
-    let requests = |max_tokens| {
-        prompts
-            .iter()
-            .map(|p| {
-                (
-                    String::new(),
-                    p.clone(),
-                    SamplingParams {
-                        max_tokens,
-                        ..params.clone()
-                    },
-                )
-            })
-            .collect()
-    };
+fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize, sampling: &SamplingParams) -> anyhow::Result<Run> {
+    let params = SamplingParams { max_tokens: gen_len, ..sampling.clone() };
+    let requests = |max_tokens| prompts.iter().map(|p| (String::new(), p.clone(), SamplingParams { max_tokens, ..params.clone() })).collect();
     // The prefill (and first token) alone, so the decode's host CPU time can be told apart.
     let cpu = thread_cpu_seconds();
     engine.generate_many(requests(1))?;
@@ -136,11 +107,7 @@ fn run_batch(
         bail!("a sequence stopped before gen_len");
     }
     let steps = gen_len.saturating_sub(1).max(1) as f64;
-    Ok(Run {
-        ttft: m.time_to_first_token,
-        step: (m.total_seconds - m.time_to_first_token) / steps,
-        host_cpu_per_token,
-    })
+    Ok(Run { ttft: m.time_to_first_token, step: (m.total_seconds - m.time_to_first_token) / steps, host_cpu_per_token })
 }
 
 struct Row {
@@ -178,17 +145,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let info = engine.info().clone();
     let copy_gbs = engine.copy_bandwidth_gbs()?;
     let device = engine.device_description();
-    eprintln!(
-        "bench: {} on {device}, load {load_s:.3} s",
-        info.path.display()
-    );
+    eprintln!("bench: {} on {device}, load {load_s:.3} s", info.path.display());
     let vocab = info.spec.vocab_size.min(info.tokenizer_size.max(1));
 
     let mut rows = Vec::new();
     for &b in &args.batch {
-        let prompts: Vec<Vec<u32>> = (0..b)
-            .map(|i| random_prompt(1000 + i as u64, args.prompt_len, vocab))
-            .collect();
+        let prompts: Vec<Vec<u32>> = (0..b).map(|i| random_prompt(1000 + i as u64, args.prompt_len, vocab)).collect();
         run_batch(&engine, &prompts, args.gen_len.min(8), &sampling)?; // warm-up: graphs, caches
         let (mut ttfts, mut steps, mut host) = (Vec::new(), Vec::new(), Vec::new());
         for rep in 0..args.reps {
@@ -249,15 +211,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 "pct_of_copy_bandwidth": r.pct_copy,
             })).collect::<Vec<_>>(),
         });
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
     }
 
-    println!(
-        "model: {}  device: {device}  commit: {}",
-        info.path.display(),
-        env!("ROCKET_GIT_COMMIT")
-    );
+    println!("model: {}  device: {device}  commit: {}", info.path.display(), env!("ROCKET_GIT_COMMIT"));
     println!(
         "load {load_s:.3} s  weights/step {:.3} GB  copy bandwidth {}",
         info.bytes_per_decode_step as f64 / 1e9,
@@ -290,13 +247,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 /// SM/memory clocks now and at most, from nvidia-smi where it exists.
 fn nvidia_smi_clocks() -> Option<String> {
     let out = std::process::Command::new("nvidia-smi")
-        .args([
-            "--query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem",
-            "--format=csv,noheader",
-        ])
+        .args(["--query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem", "--format=csv,noheader"])
         .output()
         .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }

@@ -32,23 +32,14 @@ pub struct ChatArgs {
 pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     let engine = args.model.load()?;
     // Fail now, not after the first question, if the model cannot chat.
-    engine.apply_chat_template(
-        &[ChatMessage {
-            role: "user".into(),
-            content: "hi".into(),
-        }],
-        true,
-    )?;
+    engine.apply_chat_template(&[ChatMessage { role: "user".into(), content: "hi".into() }], true)?;
     let mut params = SamplingParams {
         max_tokens: args.max_tokens,
         temperature: args.temperature.unwrap_or_default(),
         seed: args.seed,
         ..SamplingParams::default()
     };
-    let unset = UnsetFields {
-        temperature: args.temperature.is_none(),
-        ..UnsetFields::ALL
-    };
+    let unset = UnsetFields { temperature: args.temperature.is_none(), ..UnsetFields::ALL };
     engine.generation_config().fill_defaults(&mut params, unset);
 
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -58,17 +49,11 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
 
     let interactive = std::io::stdin().is_terminal();
     if interactive {
-        eprintln!(
-            "rocket chat — {} (Ctrl-D to quit, Ctrl-C stops an answer)",
-            engine.info().path.display()
-        );
+        eprintln!("rocket chat — {} (Ctrl-D to quit, Ctrl-C stops an answer)", engine.info().path.display());
     }
     let mut messages: Vec<ChatMessage> = Vec::new();
     if let Some(system) = &args.system {
-        messages.push(ChatMessage {
-            role: "system".into(),
-            content: system.clone(),
-        });
+        messages.push(ChatMessage { role: "system".into(), content: system.clone() });
     }
     let stdin = std::io::stdin();
     let mut stdout = std::io::stdout().lock();
@@ -89,26 +74,18 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         if question.trim().is_empty() {
             continue;
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: question.to_string(),
+        messages.push(ChatMessage { role: "user".into(), content: question.to_string() });
+        let result = engine.apply_chat_template(&messages, true).and_then(|prompt| {
+            let ids = engine.encode_prompt(&prompt)?;
+            engine.generate_ids(prompt, ids, &params, &mut |delta| {
+                let _ = stdout.write_all(delta.text.as_bytes());
+                let _ = stdout.flush();
+                !interrupted.load(Ordering::SeqCst)
+            })
         });
-        let result = engine
-            .apply_chat_template(&messages, true)
-            .and_then(|prompt| {
-                let ids = engine.encode_prompt(&prompt)?;
-                engine.generate_ids(prompt, ids, &params, &mut |delta| {
-                    let _ = stdout.write_all(delta.text.as_bytes());
-                    let _ = stdout.flush();
-                    !interrupted.load(Ordering::SeqCst)
-                })
-            });
         writeln!(stdout)?;
         match result {
-            Ok(out) => messages.push(ChatMessage {
-                role: "assistant".into(),
-                content: out.text,
-            }),
+            Ok(out) => messages.push(ChatMessage { role: "assistant".into(), content: out.text }),
             Err(e) => {
                 // Keep the conversation usable: drop the turn that failed (e.g. context full).
                 messages.pop();

@@ -42,15 +42,10 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let mut prompt = args.prompt.clone();
     if prompt == "-" {
         prompt.clear();
-        std::io::stdin()
-            .read_to_string(&mut prompt)
-            .context("reading the prompt from stdin")?;
+        std::io::stdin().read_to_string(&mut prompt).context("reading the prompt from stdin")?;
     }
     if args.chat {
-        let messages = [ChatMessage {
-            role: "user".into(),
-            content: prompt,
-        }];
+        let messages = [ChatMessage { role: "user".into(), content: prompt }];
         prompt = engine.apply_chat_template(&messages, true)?;
     }
     let mut params = SamplingParams {

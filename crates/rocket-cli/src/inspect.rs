@@ -34,15 +34,8 @@ fn export_tokenizer(model: &Path, dir: &Path) -> anyhow::Result<()> {
     if let Some(t) = &src.chat_template {
         config["chat_template"] = json!(t);
     }
-    write(
-        "tokenizer_config.json",
-        serde_json::to_string_pretty(&config)? + "\n",
-    )?;
-    eprintln!(
-        "tokenizer of {} written to {}",
-        model.display(),
-        dir.display()
-    );
+    write("tokenizer_config.json", serde_json::to_string_pretty(&config)? + "\n")?;
+    eprintln!("tokenizer of {} written to {}", model.display(), dir.display());
     Ok(())
 }
 
@@ -63,13 +56,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.export_tokenizer {
         export_tokenizer(&args.model, dir)?;
     }
-    let engine = Engine::load(
-        &args.model,
-        EngineOptions {
-            device: Device::Cpu,
-            ..EngineOptions::default()
-        },
-    )?;
+    let engine = Engine::load(&args.model, EngineOptions { device: Device::Cpu, ..EngineOptions::default() })?;
     let info = engine.info();
     let s = &info.spec;
     let mut rows: Vec<(String, String)> = vec![
@@ -79,63 +66,29 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
         ("layers".into(), s.num_layers.to_string()),
         ("hidden_size".into(), s.hidden_size.to_string()),
         ("intermediate_size".into(), s.intermediate_size.to_string()),
-        (
-            "heads (q / kv) x head_dim".into(),
-            format!("{} / {} x {}", s.num_heads, s.num_kv_heads, s.head_dim),
-        ),
+        ("heads (q / kv) x head_dim".into(), format!("{} / {} x {}", s.num_heads, s.num_kv_heads, s.head_dim)),
         ("vocab_size".into(), s.vocab_size.to_string()),
-        (
-            "max_position_embeddings".into(),
-            s.max_position_embeddings.to_string(),
-        ),
+        ("max_position_embeddings".into(), s.max_position_embeddings.to_string()),
         ("rms_norm_eps".into(), format!("{:.3e}", s.rms_norm_eps)),
-        (
-            "rope".into(),
-            match &s.rope_scaling {
-                None => format!("theta {}", s.rope_theta),
-                Some(r) => format!(
-                    "theta {}, llama3 scaling x{} (low {}, high {}, original context {})",
-                    s.rope_theta,
-                    r.factor,
-                    r.low_freq_factor,
-                    r.high_freq_factor,
-                    r.original_max_position_embeddings
-                ),
-            },
-        ),
+        ("rope".into(), match &s.rope_scaling {
+            None => format!("theta {}", s.rope_theta),
+            Some(r) => format!(
+                "theta {}, llama3 scaling x{} (low {}, high {}, original context {})",
+                s.rope_theta, r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings
+            ),
+        }),
         ("tied embeddings".into(), s.tie_word_embeddings.to_string()),
         ("q/k norm".into(), s.qk_norm.to_string()),
-        (
-            "parameters".into(),
-            format!(
-                "{} ({})",
-                s.parameter_count(),
-                human(s.parameter_count() as f64, "")
-            ),
-        ),
-        (
-            "bytes read per decode step".into(),
-            human(info.bytes_per_decode_step as f64, "B"),
-        ),
-        (
-            "KV cache per token (bf16)".into(),
-            human((s.num_layers * 2 * s.kv_dim() * 2) as f64, "B"),
-        ),
+        ("parameters".into(), format!("{} ({})", s.parameter_count(), human(s.parameter_count() as f64, ""))),
+        ("bytes read per decode step".into(), human(info.bytes_per_decode_step as f64, "B")),
+        ("KV cache per token (bf16)".into(), human((s.num_layers * 2 * s.kv_dim() * 2) as f64, "B")),
     ];
     for (group, dtype) in &info.dtype_groups {
         rows.push((format!("dtype: {group}"), dtype.clone()));
     }
     rows.push(("tokenizer size".into(), info.tokenizer_size.to_string()));
     rows.push(("eos token ids".into(), format!("{:?}", info.eos_token_ids)));
-    rows.push((
-        "chat template".into(),
-        if info.has_chat_template {
-            "present"
-        } else {
-            "absent"
-        }
-        .into(),
-    ));
+    rows.push(("chat template".into(), if info.has_chat_template { "present" } else { "absent" }.into()));
     rows.push(("load time".into(), format!("{:.2} s", info.load_seconds)));
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, v) in rows {

@@ -13,11 +13,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "rocket",
-    version,
-    about = "rocket: fast single-model LLM inference"
-)]
+#[command(name = "rocket", version, about = "rocket: fast single-model LLM inference")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -57,11 +53,7 @@ impl ModelArgs {
             Some(p) => p.clone(),
             None => rocket_core::default_model::locate()?,
         };
-        let options = rocket_core::EngineOptions {
-            device: self.device.parse()?,
-            max_seq_len: self.max_seq_len,
-            progress: true,
-        };
+        let options = rocket_core::EngineOptions { device: self.device.parse()?, max_seq_len: self.max_seq_len, progress: true };
         rocket_core::Engine::load(path, options)
     }
 }

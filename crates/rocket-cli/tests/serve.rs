@@ -9,11 +9,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/parity/fixtures")
-        .join(name)
-        .display()
-        .to_string()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/parity/fixtures").join(name).display().to_string()
 }
 
 struct Server {
@@ -25,15 +21,7 @@ struct Server {
 impl Server {
     fn start(extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_rocket"))
-            .args([
-                "serve",
-                "--model",
-                &fixture("tiny-llama"),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-            ])
+            .args(["serve", "--model", &fixture("tiny-llama"), "--host", "127.0.0.1", "--port", "0"])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -47,9 +35,7 @@ impl Server {
                 let _ = tx.send(line);
             }
         });
-        let first = log
-            .recv_timeout(Duration::from_secs(60))
-            .expect("server printed nothing");
+        let first = log.recv_timeout(Duration::from_secs(60)).expect("server printed nothing");
         let addr = first
             .split("http://")
             .nth(1)
@@ -78,24 +64,13 @@ impl Server {
         .unwrap();
         let mut raw = String::new();
         s.read_to_string(&mut raw).unwrap();
-        let status = raw
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = raw
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
+        let status = raw.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
         (status, body)
     }
 
     fn terminate(&mut self) -> Option<i32> {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
+        let ok = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap().success();
         assert!(ok);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -122,23 +97,14 @@ fn serves_completions_and_errors_then_exits_on_sigterm() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"status\":\"ok\""), "{body}");
 
-    let (status, body) = server.request(
-        "POST",
-        "/v1/completions",
-        r#"{"prompt": "hello world", "max_tokens": 5, "temperature": 0}"#,
-    );
+    let (status, body) =
+        server.request("POST", "/v1/completions", r#"{"prompt": "hello world", "max_tokens": 5, "temperature": 0}"#);
     assert_eq!(status, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["object"], "text_completion");
-    assert_eq!(
-        v["usage"]["completion_tokens"].as_u64().unwrap()
-            + v["usage"]["prompt_tokens"].as_u64().unwrap(),
-        v["usage"]["total_tokens"].as_u64().unwrap()
-    );
-    assert!(matches!(
-        v["choices"][0]["finish_reason"].as_str(),
-        Some("length" | "stop")
-    ));
+    assert_eq!(v["usage"]["completion_tokens"].as_u64().unwrap() + v["usage"]["prompt_tokens"].as_u64().unwrap(),
+               v["usage"]["total_tokens"].as_u64().unwrap());
+    assert!(matches!(v["choices"][0]["finish_reason"].as_str(), Some("length" | "stop")));
 
     let (status, body) = server.request(
         "POST",
@@ -146,33 +112,14 @@ fn serves_completions_and_errors_then_exits_on_sigterm() {
         r#"{"prompt": "hello world", "max_tokens": 5, "temperature": 0, "stream": true}"#,
     );
     assert_eq!(status, 200);
-    assert!(
-        body.contains("data: {") && body.contains("data: [DONE]"),
-        "{body}"
-    );
+    assert!(body.contains("data: {") && body.contains("data: [DONE]"), "{body}");
 
-    let (status, body) = server.request(
-        "POST",
-        "/v1/completions",
-        r#"{"prompt": "hi", "top_p": "high"}"#,
-    );
+    let (status, body) = server.request("POST", "/v1/completions", r#"{"prompt": "hi", "top_p": "high"}"#);
     assert_eq!(status, 400);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(
-        (v["error"]["param"].as_str(), v["error"]["code"].as_str()),
-        (Some("top_p"), Some("invalid_type"))
-    );
+    assert_eq!((v["error"]["param"].as_str(), v["error"]["code"].as_str()), (Some("top_p"), Some("invalid_type")));
     assert_eq!(server.request("POST", "/v1/completions", "{oops").0, 400);
-    assert_eq!(
-        server
-            .request(
-                "POST",
-                "/v1/completions",
-                r#"{"prompt": "hi", "model": "other"}"#
-            )
-            .0,
-        404
-    );
+    assert_eq!(server.request("POST", "/v1/completions", r#"{"prompt": "hi", "model": "other"}"#).0, 404);
 
     assert_eq!(server.terminate(), Some(0));
     let log: Vec<String> = server.log.try_iter().collect();
@@ -187,18 +134,12 @@ fn a_model_that_fails_to_load_ends_the_server_with_its_error() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("/no/such/model.gguf") && err.lines().last().unwrap().starts_with("error:"),
-        "{err}"
-    );
+    assert!(err.contains("/no/such/model.gguf") && err.lines().last().unwrap().starts_with("error:"), "{err}");
 }
 
 #[test]
 fn bad_limits_are_usage_errors() {
-    let out = Command::new(env!("CARGO_BIN_EXE_rocket"))
-        .args(["serve", "--max-batch", "0"])
-        .output()
-        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rocket")).args(["serve", "--max-batch", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--max-batch"));
 }

@@ -12,50 +12,16 @@ fn main() {
     let mut state = 1u64;
     let flat: Vec<f32> = (0..151_936)
         .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((state >> 40) as f32 / 16_777_216.0) * 12.0 - 6.0
         })
         .collect();
-    let peaked: Vec<f32> = flat
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| if i % 997 == 0 { l + 14.0 } else { l })
-        .collect();
+    let peaked: Vec<f32> = flat.iter().enumerate().map(|(i, &l)| if i % 997 == 0 { l + 14.0 } else { l }).collect();
     let settings = [
-        (
-            "temperature 0.7",
-            SamplingParams {
-                temperature: 0.7,
-                ..SamplingParams::default()
-            },
-        ),
-        (
-            "top-p 0.95",
-            SamplingParams {
-                temperature: 0.7,
-                top_p: 0.95,
-                ..SamplingParams::default()
-            },
-        ),
-        (
-            "top-k 20 + top-p 0.95 (Qwen3)",
-            SamplingParams {
-                temperature: 0.6,
-                top_k: 20,
-                top_p: 0.95,
-                ..SamplingParams::default()
-            },
-        ),
-        (
-            "min-p 0.05",
-            SamplingParams {
-                temperature: 0.7,
-                min_p: 0.05,
-                ..SamplingParams::default()
-            },
-        ),
+        ("temperature 0.7", SamplingParams { temperature: 0.7, ..SamplingParams::default() }),
+        ("top-p 0.95", SamplingParams { temperature: 0.7, top_p: 0.95, ..SamplingParams::default() }),
+        ("top-k 20 + top-p 0.95 (Qwen3)", SamplingParams { temperature: 0.6, top_k: 20, top_p: 0.95, ..SamplingParams::default() }),
+        ("min-p 0.05", SamplingParams { temperature: 0.7, min_p: 0.05, ..SamplingParams::default() }),
     ];
     println!("| logits | setting | ms/token |");
     println!("|---|---|---:|");

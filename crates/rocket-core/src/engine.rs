@@ -30,11 +30,7 @@ pub struct EngineOptions {
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions {
-            device: Device::Auto,
-            max_seq_len: None,
-            progress: true,
-        }
+        EngineOptions { device: Device::Auto, max_seq_len: None, progress: true }
     }
 }
 
@@ -135,12 +131,7 @@ pub struct Engine {
 
 /// The backend `device` asks for. `Auto` takes CUDA when this build has it and a
 /// usable GPU is present, else the CPU; `Cuda` fails with the reason instead.
-fn select_backend(
-    device: Device,
-    spec: &ModelSpec,
-    weights: Arc<ModelWeights>,
-    progress: &LoadProgress,
-) -> Result<Box<dyn Backend>> {
+fn select_backend(device: Device, spec: &ModelSpec, weights: Arc<ModelWeights>, progress: &LoadProgress) -> Result<Box<dyn Backend>> {
     #[cfg(feature = "cuda")]
     if device != Device::Cpu {
         match crate::backend::cuda::CudaBackend::new(spec.clone(), &weights, progress) {
@@ -152,9 +143,7 @@ fn select_backend(
     #[cfg(not(feature = "cuda"))]
     if device == Device::Cuda {
         let _ = progress;
-        return Err(RocketError::Device(
-            "this build of rocket has no CUDA backend; use device=\"cpu\" or \"auto\"".into(),
-        ));
+        return Err(RocketError::Device("this build of rocket has no CUDA backend; use device=\"cpu\" or \"auto\"".into()));
     }
     Ok(Box::new(CpuBackend::new(spec.clone(), weights)))
 }
@@ -167,21 +156,12 @@ impl Engine {
         let spec = source.spec.clone();
         let max_seq_len = match options.max_seq_len {
             None => spec.max_position_embeddings,
-            Some(0) => {
-                return Err(RocketError::invalid_arg(
-                    "max_seq_len",
-                    0,
-                    "must be at least 1",
-                ))
-            }
+            Some(0) => return Err(RocketError::invalid_arg("max_seq_len", 0, "must be at least 1")),
             Some(n) if n > spec.max_position_embeddings => {
                 return Err(RocketError::invalid_arg(
                     "max_seq_len",
                     n,
-                    format!(
-                        "must be at most the model's max_position_embeddings ({})",
-                        spec.max_position_embeddings
-                    ),
+                    format!("must be at most the model's max_position_embeddings ({})", spec.max_position_embeddings),
                 ))
             }
             Some(n) => n,
@@ -208,13 +188,7 @@ impl Engine {
             max_seq_len,
             backend: backend.name(),
         };
-        Ok(Engine {
-            backend,
-            tokenizer: Arc::new(source.tokenizer),
-            chat,
-            generation: source.generation,
-            info,
-        })
+        Ok(Engine { backend, tokenizer: Arc::new(source.tokenizer), chat, generation: source.generation, info })
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -233,11 +207,7 @@ impl Engine {
         &self.generation
     }
 
-    pub fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String> {
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let chat = self
             .chat
             .as_ref()
@@ -263,11 +233,7 @@ impl Engine {
     }
 
     /// Several prompts with one set of params, run together (see [`Batcher`]).
-    pub fn generate_batch(
-        &self,
-        prompts: &[String],
-        params: &SamplingParams,
-    ) -> Result<Vec<RequestOutput>> {
+    pub fn generate_batch(&self, prompts: &[String], params: &SamplingParams) -> Result<Vec<RequestOutput>> {
         let requests = prompts
             .iter()
             .map(|p| Ok((p.clone(), self.encode_prompt(p)?, params.clone())))
@@ -278,40 +244,25 @@ impl Engine {
     /// (prompt, prompt ids, params) requests run as one continuous batch; outputs
     /// in input order, each identical to what the request gives alone. Every
     /// request is validated before any runs.
-    pub fn generate_many(
-        &self,
-        requests: Vec<(String, Vec<u32>, SamplingParams)>,
-    ) -> Result<Vec<RequestOutput>> {
+    pub fn generate_many(&self, requests: Vec<(String, Vec<u32>, SamplingParams)>) -> Result<Vec<RequestOutput>> {
         let n = requests.len();
-        let results: Vec<std::cell::RefCell<Option<Result<RequestOutput>>>> =
-            (0..n).map(|_| Default::default()).collect();
+        let results: Vec<std::cell::RefCell<Option<Result<RequestOutput>>>> = (0..n).map(|_| Default::default()).collect();
         let mut batcher = Batcher::new(self, MAX_BATCH);
         for ((prompt, ids, params), slot) in requests.into_iter().zip(&results) {
-            batcher.add(
-                prompt,
-                ids,
-                params,
-                Box::new(move |event| {
-                    match event {
-                        BatchEvent::Delta(_) => {}
-                        BatchEvent::Finished(out) => *slot.borrow_mut() = Some(Ok(out)),
-                        BatchEvent::Failed(e) => *slot.borrow_mut() = Some(Err(e)),
-                    }
-                    true
-                }),
-            )?;
+            batcher.add(prompt, ids, params, Box::new(move |event| {
+                match event {
+                    BatchEvent::Delta(_) => {}
+                    BatchEvent::Finished(out) => *slot.borrow_mut() = Some(Ok(out)),
+                    BatchEvent::Failed(e) => *slot.borrow_mut() = Some(Err(e)),
+                }
+                true
+            }))?;
         }
         batcher.run_to_completion()?;
         drop(batcher);
         results
             .into_iter()
-            .map(|r| {
-                r.into_inner().unwrap_or_else(|| {
-                    Err(RocketError::Internal(
-                        "a batched request never finished".into(),
-                    ))
-                })
-            })
+            .map(|r| r.into_inner().unwrap_or_else(|| Err(RocketError::Internal("a batched request never finished".into()))))
             .collect()
     }
 
@@ -329,22 +280,17 @@ impl Engine {
     ) -> Result<RequestOutput> {
         let mut result = None;
         let mut batcher = Batcher::new(self, 1);
-        batcher.add(
-            prompt,
-            prompt_ids,
-            params.clone(),
-            Box::new(|event| match event {
-                BatchEvent::Delta(d) => on_delta(&d),
-                BatchEvent::Finished(out) => {
-                    result = Some(Ok(out));
-                    true
-                }
-                BatchEvent::Failed(e) => {
-                    result = Some(Err(e));
-                    true
-                }
-            }),
-        )?;
+        batcher.add(prompt, prompt_ids, params.clone(), Box::new(|event| match event {
+            BatchEvent::Delta(d) => on_delta(&d),
+            BatchEvent::Finished(out) => {
+                result = Some(Ok(out));
+                true
+            }
+            BatchEvent::Failed(e) => {
+                result = Some(Err(e));
+                true
+            }
+        }))?;
         batcher.run_to_completion()?;
         drop(batcher);
         result.unwrap_or_else(|| Err(RocketError::Internal("the request never finished".into())))
@@ -357,13 +303,7 @@ impl Engine {
         }
         self.check_fits(ids.len(), 0)?;
         let mut session = self.backend.new_session(ids.len())?;
-        self.backend.forward(
-            &mut [Chunk {
-                session: session.as_mut(),
-                tokens: ids,
-            }],
-            Logits::All,
-        )
+        self.backend.forward(&mut [Chunk { session: session.as_mut(), tokens: ids }], Logits::All)
     }
 
     /// What the engine runs on, in words.
@@ -388,10 +328,7 @@ impl Engine {
 
     /// Wraps the backend (tests put a backend with a device loop around the CPU one).
     #[cfg(test)]
-    pub(crate) fn wrap_backend(
-        mut self,
-        wrap: impl FnOnce(Box<dyn Backend>) -> Box<dyn Backend>,
-    ) -> Self {
+    pub(crate) fn wrap_backend(mut self, wrap: impl FnOnce(Box<dyn Backend>) -> Box<dyn Backend>) -> Self {
         self.backend = wrap(self.backend);
         self
     }
@@ -402,11 +339,7 @@ impl Engine {
         }
         let limit = self.info.max_seq_len;
         if prompt_tokens + max_tokens > limit {
-            return Err(RocketError::ContextOverflow {
-                prompt_tokens,
-                max_tokens,
-                limit,
-            });
+            return Err(RocketError::ContextOverflow { prompt_tokens, max_tokens, limit });
         }
         Ok(())
     }

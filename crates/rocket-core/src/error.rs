@@ -21,27 +21,16 @@ pub enum RocketError {
     InvalidConfig { path: PathBuf, message: String },
 
     #[error("unsupported model_type {found:?}; supported: {}", supported.join(", "))]
-    UnsupportedModelType {
-        found: String,
-        supported: Vec<&'static str>,
-    },
+    UnsupportedModelType { found: String, supported: Vec<&'static str> },
 
     #[error("missing tensor {name:?} in {source_file}")]
     MissingTensor { name: String, source_file: String },
 
     #[error("tensor {name:?} has shape {found:?}, expected {expected:?}")]
-    TensorShape {
-        name: String,
-        expected: Vec<usize>,
-        found: Vec<usize>,
-    },
+    TensorShape { name: String, expected: Vec<usize>, found: Vec<usize> },
 
     #[error("tensor {name:?} has dtype {found}; supported: {allowed}")]
-    TensorDtype {
-        name: String,
-        found: String,
-        allowed: String,
-    },
+    TensorDtype { name: String, found: String, allowed: String },
 
     #[error("corrupt or truncated file {path}: {message}")]
     CorruptFile { path: PathBuf, message: String },
@@ -56,21 +45,13 @@ pub enum RocketError {
     ChatTemplate(String),
 
     #[error("invalid value for {parameter}: {value} ({message})")]
-    InvalidArgument {
-        parameter: String,
-        value: String,
-        message: String,
-    },
+    InvalidArgument { parameter: String, value: String, message: String },
 
     #[error("prompt is empty")]
     EmptyPrompt,
 
     #[error("prompt of {prompt_tokens} tokens + max_tokens {max_tokens} exceeds the context limit of {limit} tokens")]
-    ContextOverflow {
-        prompt_tokens: usize,
-        max_tokens: usize,
-        limit: usize,
-    },
+    ContextOverflow { prompt_tokens: usize, max_tokens: usize, limit: usize },
 
     #[error("device error: {0}")]
     Device(String),
@@ -84,24 +65,15 @@ pub enum RocketError {
 
 impl RocketError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        RocketError::Io {
-            path: path.into(),
-            source,
-        }
+        RocketError::Io { path: path.into(), source }
     }
 
     pub fn corrupt(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        RocketError::CorruptFile {
-            path: path.into(),
-            message: message.into(),
-        }
+        RocketError::CorruptFile { path: path.into(), message: message.into() }
     }
 
     pub fn config(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        RocketError::InvalidConfig {
-            path: path.into(),
-            message: message.into(),
-        }
+        RocketError::InvalidConfig { path: path.into(), message: message.into() }
     }
 
     pub fn invalid_arg(parameter: &str, value: impl ToString, message: impl Into<String>) -> Self {
@@ -116,16 +88,9 @@ impl RocketError {
     pub fn kind(&self) -> ErrorKind {
         use RocketError::*;
         match self {
-            ModelNotFound { .. }
-            | Io { .. }
-            | InvalidConfig { .. }
-            | UnsupportedModelType { .. }
-            | MissingTensor { .. }
-            | TensorShape { .. }
-            | TensorDtype { .. }
-            | CorruptFile { .. }
-            | UnsupportedQuant { .. }
-            | NoDefaultModel(_) => ErrorKind::ModelLoad,
+            ModelNotFound { .. } | Io { .. } | InvalidConfig { .. } | UnsupportedModelType { .. }
+            | MissingTensor { .. } | TensorShape { .. } | TensorDtype { .. } | CorruptFile { .. }
+            | UnsupportedQuant { .. } | NoDefaultModel(_) => ErrorKind::ModelLoad,
             Tokenizer(_) | ChatTemplate(_) => ErrorKind::Tokenizer,
             InvalidArgument { .. } | EmptyPrompt => ErrorKind::InvalidArgument,
             ContextOverflow { .. } => ErrorKind::ContextLength,

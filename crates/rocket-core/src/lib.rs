@@ -19,19 +19,16 @@ pub mod engine;
 pub mod error;
 pub mod megakernel;
 pub mod model;
-pub mod portable_exp;
 pub mod progress;
 mod request;
+pub mod portable_exp;
 pub mod sampling;
 pub mod text;
 pub mod weights;
 
 pub use backend::Device;
 pub use batch::{BatchEvent, Batcher, RequestId};
-pub use engine::{
-    Engine, EngineOptions, FinishReason, Metrics, ModelInfo, RequestOutput, StopReason,
-    StreamDelta, TokenLogprob,
-};
+pub use engine::{Engine, EngineOptions, FinishReason, Metrics, ModelInfo, RequestOutput, StopReason, StreamDelta, TokenLogprob};
 pub use error::{ErrorKind, Result, RocketError};
 pub use model::ModelSpec;
 pub use sampling::SamplingParams;

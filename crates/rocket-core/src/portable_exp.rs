@@ -62,14 +62,8 @@ mod tests {
         let mut s = 0x1234_5678_9abc_def0_u64;
         for i in 0..200_000 {
             // A grid plus pseudo-random points in [-44, 0].
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let x = if i % 2 == 0 {
-                -44.0 * i as f64 / 200_000.0
-            } else {
-                -44.0 * (s >> 11) as f64 / (1u64 << 53) as f64
-            };
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let x = if i % 2 == 0 { -44.0 * i as f64 / 200_000.0 } else { -44.0 * (s >> 11) as f64 / (1u64 << 53) as f64 };
             worst = worst.max(ulps(portable_exp(x), x.exp()));
         }
         assert!(worst <= 2, "worst error {worst} ulp");

@@ -24,11 +24,7 @@ impl LoadProgress {
     pub fn new(enabled: bool) -> Self {
         // ROCKET_PROGRESS=0 turns the bar off; =always shows it at once (still only on a terminal).
         let setting = std::env::var("ROCKET_PROGRESS").unwrap_or_default();
-        let show_after = if setting == "always" {
-            Duration::ZERO
-        } else {
-            SHOW_AFTER
-        };
+        let show_after = if setting == "always" { Duration::ZERO } else { SHOW_AFTER };
         LoadProgress {
             enabled: enabled && setting != "0",
             show_after,
@@ -63,11 +59,9 @@ impl LoadProgress {
         }
         self.shown.get_or_init(|| {
             // indicatif itself draws nothing when stderr is not a terminal.
-            let style = ProgressStyle::with_template(
-                "{msg:>12} [{bar:30}] {binary_bytes}/{binary_total_bytes} {eta}",
-            )
-            .expect("valid template")
-            .progress_chars("=> ");
+            let style = ProgressStyle::with_template("{msg:>12} [{bar:30}] {binary_bytes}/{binary_total_bytes} {eta}")
+                .expect("valid template")
+                .progress_chars("=> ");
             self.bar.set_style(style);
             self.bar.set_draw_target(ProgressDrawTarget::stderr());
         });

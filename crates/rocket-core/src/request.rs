@@ -5,9 +5,9 @@
 
 use std::time::Instant;
 
-use crate::backend::SampleRequest;
 use crate::engine::{FinishReason, Metrics, RequestOutput, StopReason, StreamDelta, TokenLogprob};
 use crate::error::Result;
+use crate::backend::SampleRequest;
 use crate::sampling::{fresh_seed, logprobs, SamplingParams, TokenHistory};
 use crate::text::Tokenizer;
 
@@ -22,13 +22,7 @@ pub(crate) struct LoopSampling {
 
 impl LoopSampling {
     pub(crate) fn request(&self) -> SampleRequest<'_> {
-        SampleRequest {
-            params: &self.params,
-            seed: self.seed,
-            step: self.step,
-            history: &self.history,
-            end_ids: &self.end_ids,
-        }
+        SampleRequest { params: &self.params, seed: self.seed, step: self.step, history: &self.history, end_ids: &self.end_ids }
     }
 }
 
@@ -52,12 +46,7 @@ pub(crate) struct RequestState {
 
 impl RequestState {
     /// `params` must already be validated; `eos_ids` are the model's end ids.
-    pub(crate) fn new(
-        prompt: String,
-        prompt_ids: Vec<u32>,
-        params: SamplingParams,
-        eos_ids: &[u32],
-    ) -> Self {
+    pub(crate) fn new(prompt: String, prompt_ids: Vec<u32>, params: SamplingParams, eos_ids: &[u32]) -> Self {
         let seed = params.seed.unwrap_or_else(fresh_seed);
         let mut end_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
@@ -67,9 +56,7 @@ impl RequestState {
         RequestState {
             history: TokenHistory::new(&prompt_ids),
             token_ids: Vec::with_capacity(params.max_tokens),
-            token_logprobs: params
-                .logprobs
-                .map(|_| Vec::with_capacity(params.max_tokens)),
+            token_logprobs: params.logprobs.map(|_| Vec::with_capacity(params.max_tokens)),
             detok: Detokenizer::default(),
             text: String::new(),
             emitted: 0,
@@ -96,19 +83,11 @@ impl RequestState {
 
     /// Takes the logits for the next position: samples a token, updates the text
     /// and returns the delta to stream and whether the request is now finished.
-    pub(crate) fn accept(
-        &mut self,
-        tokenizer: &Tokenizer,
-        logits: &[f32],
-    ) -> Result<(StreamDelta, bool)> {
+    pub(crate) fn accept(&mut self, tokenizer: &Tokenizer, logits: &[f32]) -> Result<(StreamDelta, bool)> {
         let token = self.sample_request().sample_on_host(logits);
         let logprob = self.params.logprobs.map(|n| {
             let (lp, top) = logprobs(logits, token, n);
-            TokenLogprob {
-                token_id: token,
-                logprob: lp,
-                top,
-            }
+            TokenLogprob { token_id: token, logprob: lp, top }
         });
         self.push_token(tokenizer, token, logprob)
     }
@@ -181,72 +160,39 @@ impl RequestState {
 
     /// Takes a token already chosen on the backend, by its argmax (see
     /// `wants_plain_argmax`) or its sampler (see `sample_request`).
-    pub(crate) fn accept_picked(
-        &mut self,
-        tokenizer: &Tokenizer,
-        token: u32,
-    ) -> Result<(StreamDelta, bool)> {
+    pub(crate) fn accept_picked(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<(StreamDelta, bool)> {
         self.push_token(tokenizer, token, None)
     }
 
-    fn push_token(
-        &mut self,
-        tokenizer: &Tokenizer,
-        token: u32,
-        logprob: Option<TokenLogprob>,
-    ) -> Result<(StreamDelta, bool)> {
+    fn push_token(&mut self, tokenizer: &Tokenizer, token: u32, logprob: Option<TokenLogprob>) -> Result<(StreamDelta, bool)> {
         let step = self.token_ids.len();
         self.history.push(token);
         self.token_ids.push(token);
-        self.first_token_at
-            .get_or_insert_with(|| self.started.elapsed().as_secs_f64());
+        self.first_token_at.get_or_insert_with(|| self.started.elapsed().as_secs_f64());
 
         let last_step = step + 1 == self.params.max_tokens;
         let searched_upto = self.text.len();
         let skip = self.params.skip_special_tokens;
-        let new_text = self
-            .detok
-            .push(tokenizer, &self.token_ids, skip, &self.text, last_step)?;
+        let new_text = self.detok.push(tokenizer, &self.token_ids, skip, &self.text, last_step)?;
         self.text.push_str(&new_text);
         let stops = &self.params.stop;
-        if let Some((at, stop)) = find_stop(
-            &self.text,
-            searched_upto.saturating_sub(self.max_stop_len),
-            stops,
-        ) {
+        if let Some((at, stop)) = find_stop(&self.text, searched_upto.saturating_sub(self.max_stop_len), stops) {
             self.text.truncate(at);
             self.finish = (FinishReason::Stop, Some(StopReason::String(stop)));
         } else if self.end_ids.contains(&token) {
             self.finish = (FinishReason::Stop, Some(StopReason::Token(token)));
             // Bytes still pending in the detokenizer belong to the final text.
-            let rest = self
-                .detok
-                .push(tokenizer, &self.token_ids, skip, &self.text, true)?;
+            let rest = self.detok.push(tokenizer, &self.token_ids, skip, &self.text, true)?;
             self.text.push_str(&rest);
         }
         let done = self.finish.1.is_some() || last_step;
-        let settled = if done {
-            self.text.len()
-        } else {
-            settled_len(&self.text, self.max_stop_len)
-        };
-        let delta_text = if settled > self.emitted {
-            self.text[self.emitted..settled].to_string()
-        } else {
-            String::new()
-        };
+        let settled = if done { self.text.len() } else { settled_len(&self.text, self.max_stop_len) };
+        let delta_text = if settled > self.emitted { self.text[self.emitted..settled].to_string() } else { String::new() };
         self.emitted = self.emitted.max(settled);
         if let (Some(all), Some(lp)) = (self.token_logprobs.as_mut(), logprob.as_ref()) {
             all.push(lp.clone());
         }
-        Ok((
-            StreamDelta {
-                text: delta_text,
-                token_id: token,
-                logprob: logprob.map(|l| l.logprob),
-            },
-            done,
-        ))
+        Ok((StreamDelta { text: delta_text, token_id: token, logprob: logprob.map(|l| l.logprob) }, done))
     }
 
     /// The last sampled token: the next step's input.
@@ -266,11 +212,7 @@ impl RequestState {
         let decode_tokens = self.token_ids.len().saturating_sub(1);
         let metrics = Metrics {
             time_to_first_token: ttft,
-            decode_tokens_per_second: if total > ttft {
-                decode_tokens as f64 / (total - ttft)
-            } else {
-                0.0
-            },
+            decode_tokens_per_second: if total > ttft { decode_tokens as f64 / (total - ttft) } else { 0.0 },
             prompt_tokens: self.prompt_ids.len(),
             output_tokens: self.token_ids.len(),
             total_seconds: total,
@@ -300,14 +242,7 @@ struct Detokenizer {
 impl Detokenizer {
     /// New text completed by the tokens after `read_offset`. `flush` releases an
     /// incomplete trailing sequence too (as U+FFFD, as a full decode would).
-    fn push(
-        &mut self,
-        tok: &Tokenizer,
-        ids: &[u32],
-        skip: bool,
-        so_far: &str,
-        flush: bool,
-    ) -> Result<String> {
+    fn push(&mut self, tok: &Tokenizer, ids: &[u32], skip: bool, so_far: &str, flush: bool) -> Result<String> {
         if self.read_offset == ids.len() {
             return Ok(String::new());
         }

@@ -73,39 +73,24 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     pub fn greedy(max_tokens: usize) -> Self {
-        SamplingParams {
-            max_tokens,
-            temperature: 0.0,
-            ..Self::default()
-        }
+        SamplingParams { max_tokens, temperature: 0.0, ..Self::default() }
     }
 
     /// Whether any penalty changes logits at all.
     pub fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0
-            || self.presence_penalty != 0.0
-            || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 
     pub fn validate(&self) -> Result<()> {
-        let bad =
-            |p: &str, v: &dyn ToString, m: &str| Err(RocketError::invalid_arg(p, v.to_string(), m));
+        let bad = |p: &str, v: &dyn ToString, m: &str| Err(RocketError::invalid_arg(p, v.to_string(), m));
         if self.max_tokens == 0 {
             return bad("max_tokens", &self.max_tokens, "must be at least 1");
         }
         if self.min_tokens > self.max_tokens {
-            return bad(
-                "min_tokens",
-                &self.min_tokens,
-                &format!("must be <= max_tokens ({})", self.max_tokens),
-            );
+            return bad("min_tokens", &self.min_tokens, &format!("must be <= max_tokens ({})", self.max_tokens));
         }
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return bad(
-                "temperature",
-                &self.temperature,
-                "must be a finite number >= 0 (0 = greedy)",
-            );
+            return bad("temperature", &self.temperature, "must be a finite number >= 0 (0 = greedy)");
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad("top_p", &self.top_p, "must be in (0, 1]");
@@ -114,25 +99,13 @@ impl SamplingParams {
             return bad("min_p", &self.min_p, "must be in [0, 1]");
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return bad(
-                "repetition_penalty",
-                &self.repetition_penalty,
-                "must be a finite number > 0 (1 = off)",
-            );
+            return bad("repetition_penalty", &self.repetition_penalty, "must be a finite number > 0 (1 = off)");
         }
         if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return bad(
-                "presence_penalty",
-                &self.presence_penalty,
-                "must be in [-2, 2]",
-            );
+            return bad("presence_penalty", &self.presence_penalty, "must be in [-2, 2]");
         }
         if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return bad(
-                "frequency_penalty",
-                &self.frequency_penalty,
-                "must be in [-2, 2]",
-            );
+            return bad("frequency_penalty", &self.frequency_penalty, "must be in [-2, 2]");
         }
         if let Some(s) = self.stop.iter().find(|s| s.is_empty()) {
             return bad("stop", &format!("{s:?}"), "stop strings must be non-empty");
@@ -162,12 +135,7 @@ pub fn uniform(seed: u64, step: u64) -> f64 {
 pub fn fresh_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
     h.finish()
 }
 
@@ -197,10 +165,7 @@ pub struct TokenHistory {
 
 impl TokenHistory {
     pub fn new(prompt: &[u32]) -> Self {
-        TokenHistory {
-            seen: prompt.iter().map(|&t| (t, ())).collect(),
-            ..Self::default()
-        }
+        TokenHistory { seen: prompt.iter().map(|&t| (t, ())).collect(), ..Self::default() }
     }
 
     pub fn push(&mut self, token: u32) {
@@ -216,20 +181,14 @@ impl TokenHistory {
     /// Every token the repetition penalty applies to (prompt and output), with
     /// how often it was generated: all a device needs to apply the penalties.
     pub fn penalty_entries(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.seen
-            .keys()
-            .map(|&t| (t, self.generated.get(&t).copied().unwrap_or(0)))
+        self.seen.keys().map(|&t| (t, self.generated.get(&t).copied().unwrap_or(0)))
     }
+
 }
 
 /// Apply penalties and the min_tokens mask to `logits` in place. `end_ids` are the
 /// tokens that would end generation (EOS unless ignored, and stop_token_ids).
-pub fn process_logits(
-    logits: &mut [f32],
-    params: &SamplingParams,
-    history: &TokenHistory,
-    end_ids: &[u32],
-) {
+pub fn process_logits(logits: &mut [f32], params: &SamplingParams, history: &TokenHistory, end_ids: &[u32]) {
     if params.repetition_penalty != 1.0 {
         let p = params.repetition_penalty;
         for &t in history.seen.keys() {
@@ -291,11 +250,7 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> 
         return argmax(logits);
     }
     // NaN and -inf are never candidates.
-    let max = logits
-        .iter()
-        .copied()
-        .filter(|&l| l > f32::NEG_INFINITY)
-        .fold(f32::NEG_INFINITY, f32::max);
+    let max = logits.iter().copied().filter(|&l| l > f32::NEG_INFINITY).fold(f32::NEG_INFINITY, f32::max);
     // No candidate, or +inf ones that take all the mass: the first of the best.
     if max.is_infinite() {
         return argmax(logits);
@@ -315,11 +270,7 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> 
         .iter()
         .enumerate()
         .filter(|(_, &l)| l > f32::NEG_INFINITY)
-        .map(|(i, &logit)| Candidate {
-            logit,
-            id: i as u32,
-            p: prob(logit),
-        })
+        .map(|(i, &logit)| Candidate { logit, id: i as u32, p: prob(logit) })
         .collect();
 
     let top_k = params.top_k > 0 && params.top_k < pool.len();
@@ -381,26 +332,16 @@ fn nucleus(pool: &mut Vec<Candidate>, top_p: f64) {
             return; // rounding kept the whole pool below top_p: keep all of it
         }
         // The top m held cum/total of the mass; the next candidates are lighter.
-        let guess = (m as f64 * 2.0 * top_p * total / (cum as f64).max(1.0)).min(pool.len() as f64)
-            as usize;
+        let guess = (m as f64 * 2.0 * top_p * total / (cum as f64).max(1.0)).min(pool.len() as f64) as usize;
         let next = guess.max(4 * m);
-        m = if next > pool.len() / 4 {
-            pool.len()
-        } else {
-            next
-        };
+        m = if next > pool.len() / 4 { pool.len() } else { next };
     }
 }
 
 /// log-softmax of the model's logits at `token`, and the `n` most likely tokens.
 pub fn logprobs(logits: &[f32], token: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let log_z = max
-        + logits
-            .iter()
-            .map(|&l| (l as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
+    let log_z = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
     let lp = |i: u32| (logits[i as usize] as f64 - log_z) as f32;
     let mut top: Vec<u32> = Vec::with_capacity(n + 1);
     if n > 0 {
@@ -429,24 +370,16 @@ mod tests {
     #[test]
     fn greedy_picks_first_maximum() {
         assert_eq!(argmax(&[0.0, 3.0, 3.0, -1.0]), 1);
-        assert_eq!(
-            sample(&[0.0, 3.0, 1.0], &SamplingParams::greedy(1), 1, 0),
-            1
-        );
+        assert_eq!(sample(&[0.0, 3.0, 1.0], &SamplingParams::greedy(1), 1, 0), 1);
         // NaN never wins, wherever it is; nothing but -inf/NaN gives 0.
         assert_eq!(argmax(&[f32::NAN, 1.0, 2.0]), 2);
         assert_eq!(argmax(&[1.0, f32::NAN, 0.5]), 0);
         assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY]), 0);
         assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0]), 1);
         assert_eq!(argmax(&[-0.0, 0.0, -1.0]), 0); // -0.0 == +0.0: the first wins
-                                                   // +inf takes all the mass under any filter; the first one is chosen.
+        // +inf takes all the mass under any filter; the first one is chosen.
         let inf = [0.5, f32::INFINITY, 2.0, f32::INFINITY];
-        for p in [
-            params(|_| {}),
-            params(|p| p.min_p = 0.1),
-            params(|p| p.top_p = 0.5),
-            params(|p| p.top_k = 2),
-        ] {
+        for p in [params(|_| {}), params(|p| p.min_p = 0.1), params(|p| p.top_p = 0.5), params(|p| p.top_k = 2)] {
             assert_eq!(sample(&inf, &p, 4, 0), 1);
         }
     }
@@ -488,10 +421,7 @@ mod tests {
         ];
         for (p, name) in cases {
             let e = p.validate().unwrap_err();
-            assert!(
-                matches!(&e, RocketError::InvalidArgument { parameter, .. } if parameter == name),
-                "{e}"
-            );
+            assert!(matches!(&e, RocketError::InvalidArgument { parameter, .. } if parameter == name), "{e}");
         }
     }
 
@@ -522,26 +452,16 @@ mod tests {
     /// The sampler's definition written with full sorts, as a specification for
     /// the partial selections `sample` uses instead.
     fn sample_by_full_sort(logits: &[f32], p: &SamplingParams, seed: u64, step: u64) -> u32 {
-        let mut order: Vec<u32> = (0..logits.len() as u32)
-            .filter(|&i| logits[i as usize] > f32::NEG_INFINITY)
-            .collect();
+        let mut order: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize] > f32::NEG_INFINITY).collect();
         if p.temperature == 0.0 || order.is_empty() {
             return argmax(logits);
         }
-        let max = order
-            .iter()
-            .map(|&i| logits[i as usize])
-            .fold(f32::NEG_INFINITY, f32::max) as f64;
-        let prob =
-            |i: u32| ((logits[i as usize] as f64 - max) * (1.0 / p.temperature as f64)).exp();
+        let max = order.iter().map(|&i| logits[i as usize]).fold(f32::NEG_INFINITY, f32::max) as f64;
+        let prob = |i: u32| ((logits[i as usize] as f64 - max) * (1.0 / p.temperature as f64)).exp();
         let weight = |i: u32| (prob(i) * FIXED_ONE) as u64 as u128;
         let truncate = p.top_k > 0 && p.top_k < order.len();
         if truncate || p.top_p < 1.0 || p.min_p > 0.0 {
-            order.sort_by(|&a, &b| {
-                logits[b as usize]
-                    .total_cmp(&logits[a as usize])
-                    .then(a.cmp(&b))
-            });
+            order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
             if truncate {
                 order.truncate(p.top_k);
             }
@@ -555,24 +475,17 @@ mod tests {
                 order.truncate(keep.map_or(order.len(), |k| k + 1));
             }
             if p.min_p > 0.0 {
-                let keep = order
-                    .iter()
-                    .take_while(|&&i| prob(i) >= p.min_p as f64)
-                    .count()
-                    .max(1);
+                let keep = order.iter().take_while(|&&i| prob(i) >= p.min_p as f64).count().max(1);
                 order.truncate(keep);
             }
         }
         let total: u128 = order.iter().map(|&i| weight(i)).sum();
         let target = (uniform(seed, step) * total as f64) as u128;
         let mut cum = 0u128;
-        *order
-            .iter()
-            .find(|&&i| {
-                cum += weight(i);
-                cum > target
-            })
-            .unwrap_or(order.last().unwrap())
+        *order.iter().find(|&&i| {
+            cum += weight(i);
+            cum > target
+        }).unwrap_or(order.last().unwrap())
     }
 
     #[test]
@@ -587,9 +500,7 @@ mod tests {
             // Logits with ties (a coarse grid), masked tokens and a spread that
             // makes the nucleus span from a few to thousands of tokens.
             let spread = [0.5f32, 4.0, 20.0][case % 3];
-            let mut logits: Vec<f32> = (0..n)
-                .map(|_| ((next() % 64) as f32 / 64.0 - 0.5) * spread)
-                .collect();
+            let mut logits: Vec<f32> = (0..n).map(|_| ((next() % 64) as f32 / 64.0 - 0.5) * spread).collect();
             logits[(next() % n as u64) as usize] = f32::NEG_INFINITY;
             let p = SamplingParams {
                 temperature: [0.3f32, 0.7, 1.0, 1.6][case % 4],
@@ -600,11 +511,7 @@ mod tests {
             };
             for step in 0..40 {
                 let seed = next();
-                assert_eq!(
-                    sample(&logits, &p, seed, step),
-                    sample_by_full_sort(&logits, &p, seed, step),
-                    "case {case}: {p:?}"
-                );
+                assert_eq!(sample(&logits, &p, seed, step), sample_by_full_sort(&logits, &p, seed, step), "case {case}: {p:?}");
             }
         }
     }

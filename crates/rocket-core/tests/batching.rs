@@ -9,9 +9,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use common::*;
-use rocket_core::{
-    BatchEvent, Batcher, Engine, EngineOptions, FinishReason, RequestOutput, SamplingParams,
-};
+use rocket_core::{BatchEvent, Batcher, Engine, EngineOptions, FinishReason, RequestOutput, SamplingParams};
 
 fn engine(name: &str) -> Engine {
     Engine::load(fixture(name), EngineOptions::default()).unwrap()
@@ -34,17 +32,10 @@ fn batch_outputs_equal_solo_runs_with_mixed_params_and_lengths() {
         let e = engine(name);
         let prompts = ["hello world", "a", "the quick brown fox jumps", "zz top"];
         let params = [
-            SamplingParams {
-                ignore_eos: true,
-                ..SamplingParams::greedy(9)
-            },
+            SamplingParams { ignore_eos: true, ..SamplingParams::greedy(9) },
             sampled(4, 1),
             sampled(13, 2),
-            SamplingParams {
-                repetition_penalty: 1.3,
-                ignore_eos: true,
-                ..SamplingParams::greedy(6)
-            },
+            SamplingParams { repetition_penalty: 1.3, ignore_eos: true, ..SamplingParams::greedy(6) },
         ];
         let requests = prompts
             .iter()
@@ -55,10 +46,7 @@ fn batch_outputs_equal_solo_runs_with_mixed_params_and_lengths() {
         for ((p, sp), b) in prompts.iter().zip(&params).zip(&batched) {
             let solo = e.generate(p, sp).unwrap();
             assert_eq!(b.prompt, *p, "{name}: outputs out of order");
-            assert_eq!(
-                b.token_ids, solo.token_ids,
-                "{name}: {p:?} differs in a batch"
-            );
+            assert_eq!(b.token_ids, solo.token_ids, "{name}: {p:?} differs in a batch");
             assert_eq!(b.text, solo.text);
             assert_eq!(b.token_ids.len(), sp.max_tokens);
         }
@@ -67,11 +55,7 @@ fn batch_outputs_equal_solo_runs_with_mixed_params_and_lengths() {
 
 type Events = Rc<RefCell<Vec<(usize, BatchEvent)>>>;
 
-fn recording_sink<'a>(
-    events: &Events,
-    tag: usize,
-    cancel_after: Option<usize>,
-) -> rocket_core::batch::Sink<'a> {
+fn recording_sink<'a>(events: &Events, tag: usize, cancel_after: Option<usize>) -> rocket_core::batch::Sink<'a> {
     let events = events.clone();
     let mut deltas = 0;
     Box::new(move |ev| {
@@ -100,46 +84,18 @@ fn finished(events: &Events, tag: usize) -> RequestOutput {
 #[test]
 fn requests_join_between_steps_and_cancelled_ones_leave() {
     let e = engine("tiny-llama");
-    let p = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy(10)
-    };
+    let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10) };
     let events: Events = Default::default();
     let mut b = Batcher::new(&e, 2);
     let ids = |s: &str| e.encode_prompt(s).unwrap();
-    b.add(
-        "hello world".into(),
-        ids("hello world"),
-        p.clone(),
-        recording_sink(&events, 0, None),
-    )
-    .unwrap();
-    b.add(
-        "stop me".into(),
-        ids("stop me"),
-        p.clone(),
-        recording_sink(&events, 1, Some(3)),
-    )
-    .unwrap();
+    b.add("hello world".into(), ids("hello world"), p.clone(), recording_sink(&events, 0, None)).unwrap();
+    b.add("stop me".into(), ids("stop me"), p.clone(), recording_sink(&events, 1, Some(3))).unwrap();
     // Over max_batch: waits until a slot frees.
-    b.add(
-        "third one".into(),
-        ids("third one"),
-        p.clone(),
-        recording_sink(&events, 2, None),
-    )
-    .unwrap();
+    b.add("third one".into(), ids("third one"), p.clone(), recording_sink(&events, 2, None)).unwrap();
     assert_eq!(b.step().unwrap(), 3);
     b.step().unwrap();
     // Joins while the others are mid-decode.
-    let late = b
-        .add(
-            "late".into(),
-            ids("late"),
-            p.clone(),
-            recording_sink(&events, 3, None),
-        )
-        .unwrap();
+    let late = b.add("late".into(), ids("late"), p.clone(), recording_sink(&events, 3, None)).unwrap();
     b.step().unwrap();
     b.cancel(late);
     b.run_to_completion().unwrap();
@@ -147,11 +103,7 @@ fn requests_join_between_steps_and_cancelled_ones_leave() {
 
     for (tag, prompt) in [(0, "hello world"), (2, "third one")] {
         let out = finished(&events, tag);
-        assert_eq!(
-            out.token_ids,
-            e.generate(prompt, &p).unwrap().token_ids,
-            "{prompt:?}"
-        );
+        assert_eq!(out.token_ids, e.generate(prompt, &p).unwrap().token_ids, "{prompt:?}");
         assert_eq!(out.finish_reason, FinishReason::Length);
     }
     let stopped = finished(&events, 1);
@@ -177,48 +129,15 @@ fn requests_join_between_steps_and_cancelled_ones_leave() {
 
 #[test]
 fn invalid_requests_are_refused_without_running() {
-    let e = Engine::load(
-        fixture("tiny-llama"),
-        EngineOptions {
-            max_seq_len: Some(32),
-            ..EngineOptions::default()
-        },
-    )
-    .unwrap();
+    let e = Engine::load(fixture("tiny-llama"), EngineOptions { max_seq_len: Some(32), ..EngineOptions::default() }).unwrap();
     let mut b = Batcher::new(&e, 4);
     let never = |_: BatchEvent| -> bool { panic!("a refused request's sink must not be called") };
-    let bad_temp = SamplingParams {
-        temperature: -1.0,
-        ..SamplingParams::greedy(4)
-    };
-    assert!(b
-        .add("x".into(), vec![5, 6], bad_temp, Box::new(never))
-        .is_err());
-    assert!(b
-        .add(
-            "x".into(),
-            vec![5; 30],
-            SamplingParams::greedy(4),
-            Box::new(never)
-        )
-        .is_err());
-    assert!(b
-        .add(
-            "x".into(),
-            vec![],
-            SamplingParams::greedy(4),
-            Box::new(never)
-        )
-        .is_err());
+    let bad_temp = SamplingParams { temperature: -1.0, ..SamplingParams::greedy(4) };
+    assert!(b.add("x".into(), vec![5, 6], bad_temp, Box::new(never)).is_err());
+    assert!(b.add("x".into(), vec![5; 30], SamplingParams::greedy(4), Box::new(never)).is_err());
+    assert!(b.add("x".into(), vec![], SamplingParams::greedy(4), Box::new(never)).is_err());
     let vocab = e.spec().vocab_size as u32;
-    assert!(b
-        .add(
-            "x".into(),
-            vec![vocab],
-            SamplingParams::greedy(4),
-            Box::new(never)
-        )
-        .is_err());
+    assert!(b.add("x".into(), vec![vocab], SamplingParams::greedy(4), Box::new(never)).is_err());
     assert_eq!(b.pending(), 0);
     assert_eq!(b.step().unwrap(), 0);
 }
@@ -227,19 +146,8 @@ fn invalid_requests_are_refused_without_running() {
 fn long_prompts_prefill_in_pieces_without_changing_any_output() {
     for name in ["tiny-llama", "tiny-qwen3"] {
         let e = engine(name);
-        let prompts = [
-            "the quick brown fox jumps over the lazy dog again and again",
-            "hi",
-            "zz top plays the blues tonight",
-        ];
-        let params = [
-            SamplingParams {
-                ignore_eos: true,
-                ..SamplingParams::greedy(8)
-            },
-            sampled(6, 9),
-            sampled(7, 4),
-        ];
+        let prompts = ["the quick brown fox jumps over the lazy dog again and again", "hi", "zz top plays the blues tonight"];
+        let params = [SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) }, sampled(6, 9), sampled(7, 4)];
         let run = |chunk: Option<usize>| -> (Vec<RequestOutput>, usize) {
             let events: Events = Default::default();
             let mut b = Batcher::new(&e, 8);
@@ -247,38 +155,19 @@ fn long_prompts_prefill_in_pieces_without_changing_any_output() {
                 b.set_prefill_chunk(c);
             }
             for (tag, (p, sp)) in prompts.iter().zip(&params).enumerate() {
-                b.add(
-                    p.to_string(),
-                    e.encode_prompt(p).unwrap(),
-                    sp.clone(),
-                    recording_sink(&events, tag, None),
-                )
-                .unwrap();
+                b.add(p.to_string(), e.encode_prompt(p).unwrap(), sp.clone(), recording_sink(&events, tag, None)).unwrap();
             }
             let mut passes = 0;
             while b.step().unwrap() > 0 {
                 passes += 1;
             }
-            (
-                (0..prompts.len()).map(|t| finished(&events, t)).collect(),
-                passes,
-            )
+            ((0..prompts.len()).map(|t| finished(&events, t)).collect(), passes)
         };
         let (whole, whole_passes) = run(None);
         let (pieces, piece_passes) = run(Some(3));
-        let longest = prompts
-            .iter()
-            .map(|p| e.encode_prompt(p).unwrap().len())
-            .max()
-            .unwrap();
-        assert!(
-            longest > 6,
-            "{name}: the first prompt must need several pieces"
-        );
-        assert!(
-            piece_passes > whole_passes,
-            "{name}: prompts were not split ({piece_passes} vs {whole_passes} passes)"
-        );
+        let longest = prompts.iter().map(|p| e.encode_prompt(p).unwrap().len()).max().unwrap();
+        assert!(longest > 6, "{name}: the first prompt must need several pieces");
+        assert!(piece_passes > whole_passes, "{name}: prompts were not split ({piece_passes} vs {whole_passes} passes)");
         for (a, b) in whole.iter().zip(&pieces) {
             assert_eq!(a.token_ids, b.token_ids, "{name}: {:?}", a.prompt);
             assert_eq!(a.text, b.text);

@@ -9,9 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use rocket_core::backend::cuda::{
-    unavailable_reason, CudaBackend, CudaOptions, DecodeMode, MatmulKernel, MatmulMode,
-};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, DecodeMode, MatmulKernel, MatmulMode};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::model::{ModelSource, ModelWeights};
 use rocket_core::progress::LoadProgress;
@@ -43,16 +41,9 @@ fn cuda_backend(path: &std::path::Path) -> CudaBackend {
 }
 
 fn load(path: &PathBuf, device: Device) -> Engine {
-    Engine::load(
-        path,
-        EngineOptions {
-            device,
-            progress: false,
-            ..EngineOptions::default()
-        },
-    )
-    .unwrap()
+    Engine::load(path, EngineOptions { device, progress: false, ..EngineOptions::default() }).unwrap()
 }
+
 
 #[test]
 fn teacher_forced_logits_match_the_cpu_reference() {
@@ -67,22 +58,10 @@ fn teacher_forced_logits_match_the_cpu_reference() {
         let ids = random_ids(7, len, vocab);
         let a = cpu.teacher_forced_logits(&ids).unwrap();
         let b = gpu.teacher_forced_logits(&ids).unwrap();
-        assert!(
-            b.iter().all(|v| v.is_finite()),
-            "{}: non-finite GPU logits",
-            path.display()
-        );
+        assert!(b.iter().all(|v| v.is_finite()), "{}: non-finite GPU logits", path.display());
         let rel = rel_l2(&b, &a);
-        let argmax = |r: &[f32]| {
-            r.iter()
-                .enumerate()
-                .fold(0, |best, (i, &v)| if v > r[best] { i } else { best })
-        };
-        let agree = a
-            .chunks_exact(vocab)
-            .zip(b.chunks_exact(vocab))
-            .filter(|(x, y)| argmax(x) == argmax(y))
-            .count();
+        let argmax = |r: &[f32]| r.iter().enumerate().fold(0, |best, (i, &v)| if v > r[best] { i } else { best });
+        let agree = a.chunks_exact(vocab).zip(b.chunks_exact(vocab)).filter(|(x, y)| argmax(x) == argmax(y)).count();
         println!(
             "PARITY {}: rel L2 {rel:.3e}, top-1 {agree}/{len} ({:.1}%) on {}",
             path.display(),
@@ -90,11 +69,7 @@ fn teacher_forced_logits_match_the_cpu_reference() {
             gpu.device_description()
         );
         assert!(rel <= 1e-2, "{}: rel L2 {rel}", path.display());
-        assert!(
-            agree as f64 >= 0.9 * len as f64,
-            "{}: top-1 {agree}/{len}",
-            path.display()
-        );
+        assert!(agree as f64 >= 0.9 * len as f64, "{}: top-1 {agree}/{len}", path.display());
     }
 }
 
@@ -107,81 +82,30 @@ fn greedy_decode_is_repeatable_batch_independent_and_follows_the_reference() {
         let gpu = load(&path, Device::Cuda);
         let cpu = load(&path, Device::Cpu);
         let vocab = gpu.spec().vocab_size;
-        let p = SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(32)
-        };
-        let prompts: Vec<Vec<u32>> = (0..4)
-            .map(|i| random_ids(100 + i, 16 + 5 * i as usize, vocab))
-            .collect();
-        let solo: Vec<Vec<u32>> = prompts
-            .iter()
-            .map(|ids| {
-                gpu.generate_ids(String::new(), ids.clone(), &p, &mut |_| true)
-                    .unwrap()
-                    .token_ids
-            })
-            .collect();
+        let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(32) };
+        let prompts: Vec<Vec<u32>> = (0..4).map(|i| random_ids(100 + i, 16 + 5 * i as usize, vocab)).collect();
+        let solo: Vec<Vec<u32>> =
+            prompts.iter().map(|ids| gpu.generate_ids(String::new(), ids.clone(), &p, &mut |_| true).unwrap().token_ids).collect();
         for _ in 0..2 {
-            let again = gpu
-                .generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true)
-                .unwrap();
-            assert_eq!(
-                again.token_ids,
-                solo[0],
-                "{}: greedy output changed between runs",
-                path.display()
-            );
+            let again = gpu.generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true).unwrap();
+            assert_eq!(again.token_ids, solo[0], "{}: greedy output changed between runs", path.display());
         }
-        let batch = gpu
-            .generate_many(
-                prompts
-                    .iter()
-                    .map(|ids| (String::new(), ids.clone(), p.clone()))
-                    .collect(),
-            )
-            .unwrap();
+        let batch = gpu.generate_many(prompts.iter().map(|ids| (String::new(), ids.clone(), p.clone())).collect()).unwrap();
         // Batched equals solo bit for bit only where one kernel serves every pass:
         // the graph path with a fixed matmul (the megakernel and ROCKET_MATMUL=auto
         // change the summation order with the batch).
         let invariant = std::env::var("ROCKET_DECODE").as_deref() == Ok("graph")
-            && matches!(
-                std::env::var("ROCKET_MATMUL").as_deref(),
-                Ok("gemv") | Ok("tensor")
-            );
-        let equal = batch
-            .iter()
-            .zip(&solo)
-            .filter(|(b, s)| &b.token_ids == *s)
-            .count();
-        println!(
-            "GREEDY {}: batched equal to solo for {equal}/{} prompts",
-            path.display(),
-            solo.len()
-        );
+            && matches!(std::env::var("ROCKET_MATMUL").as_deref(), Ok("gemv") | Ok("tensor"));
+        let equal = batch.iter().zip(&solo).filter(|(b, s)| &b.token_ids == *s).count();
+        println!("GREEDY {}: batched equal to solo for {equal}/{} prompts", path.display(), solo.len());
         if invariant {
             for (b, s) in batch.iter().zip(&solo) {
-                assert_eq!(
-                    &b.token_ids,
-                    s,
-                    "{}: batched greedy differs from solo",
-                    path.display()
-                );
+                assert_eq!(&b.token_ids, s, "{}: batched greedy differs from solo", path.display());
             }
         }
-        let reference = cpu
-            .generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true)
-            .unwrap()
-            .token_ids;
-        let same = reference
-            .iter()
-            .zip(&solo[0])
-            .take_while(|(a, b)| a == b)
-            .count();
-        println!(
-            "GREEDY {}: first {same}/32 tokens equal to the CPU reference",
-            path.display()
-        );
+        let reference = cpu.generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true).unwrap().token_ids;
+        let same = reference.iter().zip(&solo[0]).take_while(|(a, b)| a == b).count();
+        println!("GREEDY {}: first {same}/32 tokens equal to the CPU reference", path.display());
     }
 }
 
@@ -191,14 +115,7 @@ fn sampled_decode_runs_on_device_logits_and_is_seeded() {
         return;
     }
     let gpu = load(&fixture("tiny-qwen3"), Device::Cuda);
-    let p = SamplingParams {
-        temperature: 0.8,
-        top_p: 0.9,
-        seed: Some(5),
-        ignore_eos: true,
-        logprobs: Some(2),
-        ..SamplingParams::greedy(20)
-    };
+    let p = SamplingParams { temperature: 0.8, top_p: 0.9, seed: Some(5), ignore_eos: true, logprobs: Some(2), ..SamplingParams::greedy(20) };
     let a = gpu.generate("hello there", &p).unwrap();
     let b = gpu.generate("hello there", &p).unwrap();
     assert_eq!(a.token_ids, b.token_ids);
@@ -214,24 +131,14 @@ fn out_of_memory_and_unsupported_shapes_are_errors() {
     let spec = src.spec.clone();
     let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
     let backend = CudaBackend::new(spec.clone(), &weights, &LoadProgress::new(false)).unwrap();
-    let err = backend
-        .new_session(2_000_000_000)
-        .err()
-        .expect("a 2G-token KV cache cannot fit")
-        .to_string();
-    assert!(
-        err.contains("not enough device memory") && err.contains("GiB free"),
-        "{err}"
-    );
+    let err = backend.new_session(2_000_000_000).err().expect("a 2G-token KV cache cannot fit").to_string();
+    assert!(err.contains("not enough device memory") && err.contains("GiB free"), "{err}");
     // The backend still works after the failed allocation.
     assert!(backend.new_session(64).is_ok());
 
     let mut odd = spec.clone();
     odd.head_dim = 96;
-    let err = CudaBackend::new(odd, &weights, &LoadProgress::new(false))
-        .err()
-        .expect("head_dim 96 has no kernel")
-        .to_string();
+    let err = CudaBackend::new(odd, &weights, &LoadProgress::new(false)).err().expect("head_dim 96 has no kernel").to_string();
     assert!(err.contains("head_dim 96"), "{err}");
 }
 
@@ -244,17 +151,8 @@ fn module_load_does_not_jit_on_hopper() {
     let weights = ModelWeights::from_weights(&src.spec, src.weights).unwrap();
     let backend = CudaBackend::new(src.spec.clone(), &weights, &LoadProgress::new(false)).unwrap();
     let info = backend.info();
-    println!(
-        "MODULE {} loaded in {:.1} ms on {}",
-        info.kernel_image,
-        info.module_load_seconds * 1e3,
-        info.device_name
-    );
-    assert!(
-        info.module_load_seconds < 0.5,
-        "module load took {:.2} s",
-        info.module_load_seconds
-    );
+    println!("MODULE {} loaded in {:.1} ms on {}", info.kernel_image, info.module_load_seconds * 1e3, info.device_name);
+    assert!(info.module_load_seconds < 0.5, "module load took {:.2} s", info.module_load_seconds);
 }
 
 #[test]
@@ -267,20 +165,9 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
         let spec = src.spec.clone();
         let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
         let backend = |tensor| {
-            let matmul = if tensor {
-                MatmulMode::Tensor
-            } else {
-                MatmulMode::Gemv
-            };
-            let opts = CudaOptions {
-                decode: DecodeMode::Graph,
-                matmul,
-                graphs: true,
-                device_sampling: true,
-                loop_sampling: false,
-            };
-            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), opts)
-                .unwrap()
+            let matmul = if tensor { MatmulMode::Tensor } else { MatmulMode::Gemv };
+            let opts = CudaOptions { decode: DecodeMode::Graph, matmul, graphs: true, device_sampling: true, loop_sampling: false };
+            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), opts).unwrap()
         };
         let (tc, gemv) = (backend(true), backend(false));
         let cpu = load(&path, Device::Cpu);
@@ -289,51 +176,22 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
         let ids = random_ids(31, 128, vocab);
         let all = |b: &CudaBackend| {
             let mut s = b.new_session(ids.len()).unwrap();
-            b.forward(
-                &mut [Chunk {
-                    session: s.as_mut(),
-                    tokens: &ids,
-                }],
-                Logits::All,
-            )
-            .unwrap()
+            b.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids }], Logits::All).unwrap()
         };
         let (got, via_gemv) = (all(&tc), all(&gemv));
-        assert!(
-            got.iter().all(|v| v.is_finite()),
-            "{}: non-finite tensor-core logits",
-            path.display()
-        );
+        assert!(got.iter().all(|v| v.is_finite()), "{}: non-finite tensor-core logits", path.display());
         let want = cpu.teacher_forced_logits(&ids).unwrap();
         let (rel, rel_gemv) = (rel_l2(&got, &want), rel_l2(&got, &via_gemv));
         // Batched decode: 16 sequences of different lengths, one step together.
-        let prompts: Vec<Vec<u32>> = (0..16)
-            .map(|i| random_ids(200 + i, 5 + 3 * i as usize, vocab))
-            .collect();
+        let prompts: Vec<Vec<u32>> = (0..16).map(|i| random_ids(200 + i, 5 + 3 * i as usize, vocab)).collect();
         let step = |b: &CudaBackend| {
-            let mut sessions: Vec<_> = prompts
-                .iter()
-                .map(|p| b.new_session(p.len() + 1).unwrap())
-                .collect();
+            let mut sessions: Vec<_> = prompts.iter().map(|p| b.new_session(p.len() + 1).unwrap()).collect();
             for (s, p) in sessions.iter_mut().zip(&prompts) {
-                b.forward(
-                    &mut [Chunk {
-                        session: s.as_mut(),
-                        tokens: p,
-                    }],
-                    Logits::Last,
-                )
-                .unwrap();
+                b.forward(&mut [Chunk { session: s.as_mut(), tokens: p }], Logits::Last).unwrap();
             }
             let next: Vec<u32> = prompts.iter().map(|p| p[0]).collect();
-            let mut chunks: Vec<Chunk<'_>> = sessions
-                .iter_mut()
-                .zip(&next)
-                .map(|(s, t)| Chunk {
-                    session: s.as_mut(),
-                    tokens: std::slice::from_ref(t),
-                })
-                .collect();
+            let mut chunks: Vec<Chunk<'_>> =
+                sessions.iter_mut().zip(&next).map(|(s, t)| Chunk { session: s.as_mut(), tokens: std::slice::from_ref(t) }).collect();
             b.forward(&mut chunks, Logits::Last).unwrap()
         };
         let batch_rel = rel_l2(&step(&tc), &step(&gemv));
@@ -341,16 +199,8 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
             "TC {}: prefill 128 rel L2 {rel:.3e} vs CPU, {rel_gemv:.3e} vs GEMV; batch-16 step {batch_rel:.3e} vs GEMV",
             path.display()
         );
-        assert!(
-            rel <= 1e-2,
-            "{}: tensor-core prefill rel L2 {rel}",
-            path.display()
-        );
-        assert!(
-            rel_gemv <= 5e-3 && batch_rel <= 5e-3,
-            "{}: tensor core vs GEMV {rel_gemv} / {batch_rel}",
-            path.display()
-        );
+        assert!(rel <= 1e-2, "{}: tensor-core prefill rel L2 {rel}", path.display());
+        assert!(rel_gemv <= 5e-3 && batch_rel <= 5e-3, "{}: tensor core vs GEMV {rel_gemv} / {batch_rel}", path.display());
     }
 }
 
@@ -388,25 +238,19 @@ fn sampler_logits(kind: usize, seed: u64, vocab: usize) -> Vec<f32> {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut normal = move || {
         // Sum of uniforms: cheap and good enough for shapes.
-        (0..4)
-            .map(|_| {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                (rng >> 11) as f32 / (1u64 << 53) as f32
-            })
-            .sum::<f32>()
-            * 1.7
-            - 3.4
+        (0..4).map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 11) as f32 / (1u64 << 53) as f32
+        }).sum::<f32>() * 1.7 - 3.4
     };
     let mut row: Vec<f32> = (0..vocab).map(|_| normal()).collect();
     match kind % 7 {
-        0 => row.iter_mut().for_each(|v| *v *= 4.0),  // peaked
-        1 => row.iter_mut().for_each(|v| *v *= 0.05), // nearly flat: huge nucleus
-        2 => row.iter_mut().for_each(|v| *v = (*v * 2.0).round()), // many exact ties
-        3 => (0..vocab)
-            .step_by(3)
-            .for_each(|i| row[i] = f32::NEG_INFINITY),
+        0 => row.iter_mut().for_each(|v| *v *= 4.0),                   // peaked
+        1 => row.iter_mut().for_each(|v| *v *= 0.05),                  // nearly flat: huge nucleus
+        2 => row.iter_mut().for_each(|v| *v = (*v * 2.0).round()),     // many exact ties
+        3 => (0..vocab).step_by(3).for_each(|i| row[i] = f32::NEG_INFINITY),
         4 => (0..vocab).step_by(11).for_each(|i| row[i] = f32::NAN),
         5 => row[vocab / 2] = f32::INFINITY,
         _ => {
@@ -414,9 +258,7 @@ fn sampler_logits(kind: usize, seed: u64, vocab: usize) -> Vec<f32> {
                 row.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
             } else {
                 // All equal, as -0.0 and +0.0: argmax takes the first; total_cmp orders them.
-                row.iter_mut()
-                    .enumerate()
-                    .for_each(|(i, v)| *v = if i % 2 == 0 { -0.0 } else { 0.0 });
+                row.iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { -0.0 } else { 0.0 });
             }
         }
     }
@@ -438,18 +280,14 @@ fn device_sampler_picks_the_host_samplers_token() {
         let histories: Vec<TokenHistory> = (0..8u64)
             .map(|h| {
                 let mut t = TokenHistory::new(&random_ids(h, 40, vocab));
-                random_ids(h + 100, 10 * h as usize, vocab)
-                    .into_iter()
-                    .for_each(|x| t.push(x));
+                random_ids(h + 100, 10 * h as usize, vocab).into_iter().for_each(|x| t.push(x));
                 t
             })
             .collect();
         let end_ids: Vec<u32> = random_ids(77, 3, vocab);
         let (mut rows, mut mismatches, mut device_s) = (0usize, Vec::new(), 0.0f64);
         for (batch, chunk) in settings.chunks(48).enumerate() {
-            let logits: Vec<f32> = (0..chunk.len())
-                .flat_map(|i| sampler_logits(i + batch, (batch * 100 + i) as u64, vocab))
-                .collect();
+            let logits: Vec<f32> = (0..chunk.len()).flat_map(|i| sampler_logits(i + batch, (batch * 100 + i) as u64, vocab)).collect();
             let requests: Vec<SampleRequest<'_>> = chunk
                 .iter()
                 .enumerate()
@@ -467,12 +305,7 @@ fn device_sampler_picks_the_host_samplers_token() {
             for (i, r) in requests.iter().enumerate() {
                 let want = r.sample_on_host(&logits[i * vocab..(i + 1) * vocab]);
                 if got[i] != want {
-                    mismatches.push(format!(
-                        "row {i} of batch {batch} ({:?}, kind {}): device {} host {want}",
-                        r.params,
-                        (i + batch) % 7,
-                        got[i]
-                    ));
+                    mismatches.push(format!("row {i} of batch {batch} ({:?}, kind {}): device {} host {want}", r.params, (i + batch) % 7, got[i]));
                 }
                 rows += 1;
             }
@@ -483,11 +316,7 @@ fn device_sampler_picks_the_host_samplers_token() {
             mismatches.len(),
             device_s * 1e6 / rows as f64
         );
-        assert!(
-            mismatches.is_empty(),
-            "{}",
-            mismatches[..mismatches.len().min(5)].join("\n")
-        );
+        assert!(mismatches.is_empty(), "{}", mismatches[..mismatches.len().min(5)].join("\n"));
     }
 }
 
@@ -501,24 +330,14 @@ fn sampled_batches_pick_on_the_device_what_the_host_would() {
     for path in checkpoints() {
         let gpu = cuda_backend(&path);
         let vocab = gpu.spec().vocab_size;
-        let settings: Vec<SamplingParams> =
-            sampler_settings().into_iter().step_by(23).take(8).collect();
-        let prompts: Vec<Vec<u32>> = (0..settings.len())
-            .map(|i| random_ids(300 + i as u64, 6 + 5 * i, vocab))
-            .collect();
+        let settings: Vec<SamplingParams> = sampler_settings().into_iter().step_by(23).take(8).collect();
+        let prompts: Vec<Vec<u32>> = (0..settings.len()).map(|i| random_ids(300 + i as u64, 6 + 5 * i, vocab)).collect();
         let steps = 24;
         // Two sets of sessions fed the same tokens: one returns logits (sampled on
         // the host), the other samples on the device. Both see identical logits.
-        let mut host_sessions: Vec<_> = prompts
-            .iter()
-            .map(|p| gpu.new_session(p.len() + steps).unwrap())
-            .collect();
-        let mut dev_sessions: Vec<_> = prompts
-            .iter()
-            .map(|p| gpu.new_session(p.len() + steps).unwrap())
-            .collect();
-        let mut histories: Vec<TokenHistory> =
-            prompts.iter().map(|p| TokenHistory::new(p)).collect();
+        let mut host_sessions: Vec<_> = prompts.iter().map(|p| gpu.new_session(p.len() + steps).unwrap()).collect();
+        let mut dev_sessions: Vec<_> = prompts.iter().map(|p| gpu.new_session(p.len() + steps).unwrap()).collect();
+        let mut histories: Vec<TokenHistory> = prompts.iter().map(|p| TokenHistory::new(p)).collect();
         let end_ids = [2u32, 5];
         let mut inputs: Vec<Vec<u32>> = prompts.clone();
         let mut same = 0;
@@ -526,40 +345,13 @@ fn sampled_batches_pick_on_the_device_what_the_host_would() {
             let requests: Vec<SampleRequest<'_>> = settings
                 .iter()
                 .zip(&histories)
-                .map(|(p, h)| SampleRequest {
-                    params: p,
-                    seed: p.seed.unwrap(),
-                    step: step as u64,
-                    history: h,
-                    end_ids: &end_ids,
-                })
+                .map(|(p, h)| SampleRequest { params: p, seed: p.seed.unwrap(), step: step as u64, history: h, end_ids: &end_ids })
                 .collect();
-            let mut chunks: Vec<Chunk<'_>> = host_sessions
-                .iter_mut()
-                .zip(&inputs)
-                .map(|(s, t)| Chunk {
-                    session: s.as_mut(),
-                    tokens: t,
-                })
-                .collect();
+            let mut chunks: Vec<Chunk<'_>> = host_sessions.iter_mut().zip(&inputs).map(|(s, t)| Chunk { session: s.as_mut(), tokens: t }).collect();
             let logits = gpu.forward(&mut chunks, Logits::Last).unwrap();
-            let want: Vec<u32> = requests
-                .iter()
-                .enumerate()
-                .map(|(i, r)| r.sample_on_host(&logits[i * vocab..(i + 1) * vocab]))
-                .collect();
-            let mut chunks: Vec<Chunk<'_>> = dev_sessions
-                .iter_mut()
-                .zip(&inputs)
-                .map(|(s, t)| Chunk {
-                    session: s.as_mut(),
-                    tokens: t,
-                })
-                .collect();
-            let got = gpu
-                .forward_sample(&mut chunks, &requests)
-                .unwrap()
-                .expect("the CUDA backend samples on the device");
+            let want: Vec<u32> = requests.iter().enumerate().map(|(i, r)| r.sample_on_host(&logits[i * vocab..(i + 1) * vocab])).collect();
+            let mut chunks: Vec<Chunk<'_>> = dev_sessions.iter_mut().zip(&inputs).map(|(s, t)| Chunk { session: s.as_mut(), tokens: t }).collect();
+            let got = gpu.forward_sample(&mut chunks, &requests).unwrap().expect("the CUDA backend samples on the device");
             assert_eq!(got, want, "{}: step {step}", path.display());
             same += got.len();
             drop(requests);
@@ -568,10 +360,7 @@ fn sampled_batches_pick_on_the_device_what_the_host_would() {
             }
             inputs = want.iter().map(|&t| vec![t]).collect();
         }
-        println!(
-            "SAMPLED-BATCH {}: {same} device-sampled tokens over {steps} steps equal the host's",
-            path.display()
-        );
+        println!("SAMPLED-BATCH {}: {same} device-sampled tokens over {steps} steps equal the host's", path.display());
     }
 }
 
@@ -586,17 +375,8 @@ fn streaming_probe_reads_every_byte_and_reports_its_rate() {
     let copy = gpu.copy_bandwidth_gbs().unwrap();
     let rates = gpu.stream_probe(2 << 30, 5, 0x5eed).unwrap();
     for r in &rates {
-        println!(
-            "STREAM {}: {:.0} GB/s read ({:.1}% of the copy bandwidth {copy:.0} GB/s)",
-            r.kernel,
-            r.read_gbs,
-            100.0 * r.read_gbs / copy
-        );
-        assert!(
-            r.checksum_ok,
-            "{}: the kernel's xor of the buffer differs from the host's",
-            r.kernel
-        );
+        println!("STREAM {}: {:.0} GB/s read ({:.1}% of the copy bandwidth {copy:.0} GB/s)", r.kernel, r.read_gbs, 100.0 * r.read_gbs / copy);
+        assert!(r.checksum_ok, "{}: the kernel's xor of the buffer differs from the host's", r.kernel);
         assert!(r.read_gbs > 0.0 && r.read_gbs.is_finite());
     }
     assert_eq!(rates.len(), 5);
@@ -622,13 +402,7 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
     ];
     let mut seed = 0xa11ce;
     for (fuel, d, qd, kvd, ff, vocab) in fuels {
-        let shapes = [
-            ("qkv", qd + 2 * kvd, d, false),
-            ("o", d, qd, true),
-            ("gate_up", 2 * ff, d, false),
-            ("down", d, ff, true),
-            ("lm_head", vocab, d, false),
-        ];
+        let shapes = [("qkv", qd + 2 * kvd, d, false), ("o", d, qd, true), ("gate_up", 2 * ff, d, false), ("down", d, ff, true), ("lm_head", vocab, d, false)];
         for (name, n, k, accumulate) in shapes {
             for rows in [1usize, 5, 16, 17, 40, 128, 300] {
                 if name == "lm_head" && rows > 16 {
@@ -640,30 +414,15 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
                     }
                     seed += 1;
                     let reps = if rows > 16 { 5 } else { 20 };
-                    let c = gpu
-                        .matmul_check(kernel, n, k, rows, accumulate, reps, seed)
-                        .unwrap();
+                    let c = gpu.matmul_check(kernel, n, k, rows, accumulate, reps, seed).unwrap();
                     println!(
                         "MATMUL {fuel} {name} {n}x{k} rows {rows} {:?} ({}): rel L2 {:.2e} over {} outputs, {:.1} us, {:.0} GB/s ({:.1}% of copy)",
-                        c.kernel,
-                        c.plan,
-                        c.rel_l2,
-                        c.checked,
-                        c.micros,
-                        c.gbs,
-                        100.0 * c.gbs / copy
+                        c.kernel, c.plan, c.rel_l2, c.checked, c.micros, c.gbs, 100.0 * c.gbs / copy
                     );
-                    assert!(
-                        c.all_written,
-                        "{fuel} {name} rows {rows} {kernel:?}: an output was never written"
-                    );
+                    assert!(c.all_written, "{fuel} {name} rows {rows} {kernel:?}: an output was never written");
                     // hi+lo inputs keep ~16 bits (2^-17 ≈ 7.6e-6 each) and f32 sums run 8192 terms
                     // deep: ~2e-5 at worst; a wrong or missing term shows as 1e-3 or more.
-                    assert!(
-                        c.rel_l2 <= 1e-4,
-                        "{fuel} {name} rows {rows} {kernel:?}: rel L2 {}",
-                        c.rel_l2
-                    );
+                    assert!(c.rel_l2 <= 1e-4, "{fuel} {name} rows {rows} {kernel:?}: rel L2 {}", c.rel_l2);
                 }
             }
         }

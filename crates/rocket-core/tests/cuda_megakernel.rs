@@ -38,12 +38,7 @@ fn gpu_or_skip() -> bool {
 
 fn checkpoints() -> Vec<PathBuf> {
     std::env::var("ROCKET_GPU_CHECKPOINTS")
-        .map(|l| {
-            l.split(',')
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from)
-                .collect()
-        })
+        .map(|l| l.split(',').filter(|s| !s.is_empty()).map(PathBuf::from).collect())
         .unwrap_or_default()
 }
 
@@ -64,37 +59,16 @@ fn fuels() -> Vec<Loaded> {
         // The graph path's side of every comparison is what it computes when it
         // decodes one token at a time: the GEMV. (Its prefill of a whole prompt
         // would use the tensor cores, a different rounding the decode never sees.)
-        let options = CudaOptions {
-            matmul: MatmulMode::Gemv,
-            ..CudaOptions::from_env().unwrap()
-        };
-        let gpu =
-            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), options)
-                .unwrap();
+        let options = CudaOptions { matmul: MatmulMode::Gemv, ..CudaOptions::from_env().unwrap() };
+        let gpu = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), options).unwrap();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         if gpu.megakernel_fuel().unwrap().is_none() {
             panic!("{name}: ROCKET_DECODE=megakernel loaded no megakernel");
         }
-        let cpu = Engine::load(
-            &path,
-            EngineOptions {
-                device: Device::Cpu,
-                progress: false,
-                ..EngineOptions::default()
-            },
-        )
-        .unwrap();
-        out.push(Loaded {
-            name,
-            cpu,
-            gpu,
-            vocab: spec.vocab_size,
-        });
+        let cpu = Engine::load(&path, EngineOptions { device: Device::Cpu, progress: false, ..EngineOptions::default() }).unwrap();
+        out.push(Loaded { name, cpu, gpu, vocab: spec.vocab_size });
     }
-    assert!(
-        !out.is_empty(),
-        "ROCKET_GPU_CHECKPOINTS names no checkpoint"
-    );
+    assert!(!out.is_empty(), "ROCKET_GPU_CHECKPOINTS names no checkpoint");
     out
 }
 
@@ -110,33 +84,17 @@ fn logits_match_the_cpu_reference_up_to_position_1024() {
         let (tokens, logits) = f.gpu.megakernel_teacher_forced(&ids).unwrap().unwrap();
         let gpu_s = t.elapsed().as_secs_f64();
         assert_eq!(tokens.len(), len);
-        assert!(
-            logits.iter().all(|v| v.is_finite()),
-            "{}: non-finite megakernel logits",
-            f.name
-        );
+        assert!(logits.iter().all(|v| v.is_finite()), "{}: non-finite megakernel logits", f.name);
         let want = f.cpu.teacher_forced_logits(&ids).unwrap();
         let rel = rel_l2(&logits, &want);
-        let worst = logits
-            .chunks(f.vocab)
-            .zip(want.chunks(f.vocab))
-            .map(|(a, b)| rel_l2(a, b))
-            .fold(0.0, f64::max);
-        let agree = tokens
-            .iter()
-            .zip(want.chunks(f.vocab))
-            .filter(|(t, w)| **t == argmax(w))
-            .count();
+        let worst = logits.chunks(f.vocab).zip(want.chunks(f.vocab)).map(|(a, b)| rel_l2(a, b)).fold(0.0, f64::max);
+        let agree = tokens.iter().zip(want.chunks(f.vocab)).filter(|(t, w)| **t == argmax(w)).count();
         println!(
             "MK-PARITY {}: {len} positions, rel L2 {rel:.3e} (worst position {worst:.3e}), top-1 {agree}/{len}, {:.1} ms",
             f.name,
             gpu_s * 1e3
         );
-        assert!(
-            rel <= 1e-2 && worst <= 2e-2,
-            "{}: rel L2 {rel} (worst {worst})",
-            f.name
-        );
+        assert!(rel <= 1e-2 && worst <= 2e-2, "{}: rel L2 {rel} (worst {worst})", f.name);
     }
 }
 
@@ -148,52 +106,22 @@ fn teacher_forced_top1_agrees_with_the_graph_path_and_is_bitwise_repeatable() {
     for f in fuels() {
         let (mut agree, mut total) = (0, 0);
         // ROCKET_MK_PROMPTS shortens the run under compute-sanitizer.
-        let prompts = std::env::var("ROCKET_MK_PROMPTS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(16u64);
+        let prompts = std::env::var("ROCKET_MK_PROMPTS").ok().and_then(|v| v.parse().ok()).unwrap_or(16u64);
         for prompt in 0..prompts {
             let ids = random_ids(1000 + prompt, 128, f.vocab);
             let (tokens, logits) = f.gpu.megakernel_teacher_forced(&ids).unwrap().unwrap();
             let mut session = f.gpu.new_session(ids.len()).unwrap();
-            let graph = f
-                .gpu
-                .forward(
-                    &mut [Chunk {
-                        session: session.as_mut(),
-                        tokens: &ids,
-                    }],
-                    Logits::All,
-                )
-                .unwrap();
-            agree += tokens
-                .iter()
-                .zip(graph.chunks(f.vocab))
-                .filter(|(t, g)| **t == argmax(g))
-                .count();
+            let graph = f.gpu.forward(&mut [Chunk { session: session.as_mut(), tokens: &ids }], Logits::All).unwrap();
+            agree += tokens.iter().zip(graph.chunks(f.vocab)).filter(|(t, g)| **t == argmax(g)).count();
             total += ids.len();
             if prompt == 0 {
                 let (again_tokens, again) = f.gpu.megakernel_teacher_forced(&ids).unwrap().unwrap();
-                assert_eq!(
-                    again_tokens, tokens,
-                    "{}: argmax changed between runs",
-                    f.name
-                );
-                assert!(
-                    again
-                        .iter()
-                        .zip(&logits)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{}: logits not bitwise repeatable",
-                    f.name
-                );
+                assert_eq!(again_tokens, tokens, "{}: argmax changed between runs", f.name);
+                assert!(again.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: logits not bitwise repeatable", f.name);
             }
         }
         let pct = 100.0 * agree as f64 / total as f64;
-        println!(
-            "MK-AGREE {}: top-1 {agree}/{total} ({pct:.2}%) with the CUDA-graph path",
-            f.name
-        );
+        println!("MK-AGREE {}: top-1 {agree}/{total} ({pct:.2}%) with the CUDA-graph path", f.name);
         assert!(pct >= 99.5, "{}: top-1 agreement {pct:.2}%", f.name);
     }
 }
@@ -205,69 +133,26 @@ fn greedy_generation_runs_on_the_device_loop_and_stops_where_asked() {
     }
     for path in checkpoints() {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let e = Engine::load(
-            &path,
-            EngineOptions {
-                device: Device::Cuda,
-                progress: false,
-                ..EngineOptions::default()
-            },
-        )
-        .unwrap();
+        let e = Engine::load(&path, EngineOptions { device: Device::Cuda, progress: false, ..EngineOptions::default() }).unwrap();
         assert_eq!(e.decode_path(1, true), "megakernel", "{name}");
         let vocab = e.spec().vocab_size;
         let prompt = random_ids(5, 40, vocab);
-        let p = SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(300)
-        }; // spans several launches
-        let runs: Vec<Vec<u32>> = (0..3)
-            .map(|_| {
-                e.generate_ids(String::new(), prompt.clone(), &p, &mut |_| true)
-                    .unwrap()
-                    .token_ids
-            })
-            .collect();
-        assert!(
-            runs.iter().all(|r| r == &runs[0] && r.len() == 300),
-            "{name}: greedy output differs between runs"
-        );
+        let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(300) }; // spans several launches
+        let runs: Vec<Vec<u32>> = (0..3).map(|_| e.generate_ids(String::new(), prompt.clone(), &p, &mut |_| true).unwrap().token_ids).collect();
+        assert!(runs.iter().all(|r| r == &runs[0] && r.len() == 300), "{name}: greedy output differs between runs");
         // The batched (CUDA-graph) path on the same prompt: report how long they agree.
-        let pair = e
-            .generate_many(vec![
-                (String::new(), prompt.clone(), p.clone()),
-                (String::new(), prompt.clone(), p.clone()),
-            ])
-            .unwrap();
-        let same = pair[0]
-            .token_ids
-            .iter()
-            .zip(&runs[0])
-            .take_while(|(a, b)| a == b)
-            .count();
+        let pair = e.generate_many(vec![(String::new(), prompt.clone(), p.clone()), (String::new(), prompt.clone(), p.clone())]).unwrap();
+        let same = pair[0].token_ids.iter().zip(&runs[0]).take_while(|(a, b)| a == b).count();
         println!("MK-GREEDY {name}: 3 runs identical; first {same}/300 tokens equal to the CUDA-graph path");
         // A stop id ends the loop on the device at its first occurrence; min_tokens masks it.
         let end = runs[0][7];
         let first = runs[0].iter().position(|&t| t == end).unwrap();
-        let stop = SamplingParams {
-            stop_token_ids: vec![end],
-            ..p.clone()
-        };
-        let out = e
-            .generate_ids(String::new(), prompt.clone(), &stop, &mut |_| true)
-            .unwrap();
+        let stop = SamplingParams { stop_token_ids: vec![end], ..p.clone() };
+        let out = e.generate_ids(String::new(), prompt.clone(), &stop, &mut |_| true).unwrap();
         assert_eq!(out.token_ids, runs[0][..=first], "{name}: stop id");
-        let masked = SamplingParams {
-            min_tokens: first + 3,
-            ..stop
-        };
-        let out = e
-            .generate_ids(String::new(), prompt.clone(), &masked, &mut |_| true)
-            .unwrap();
-        assert!(
-            !out.token_ids[..first + 3].contains(&end),
-            "{name}: min_tokens did not mask the stop id"
-        );
+        let masked = SamplingParams { min_tokens: first + 3, ..stop };
+        let out = e.generate_ids(String::new(), prompt.clone(), &masked, &mut |_| true).unwrap();
+        assert!(!out.token_ids[..first + 3].contains(&end), "{name}: min_tokens did not mask the stop id");
         // The host's stop flag: a sink that stops after 5 tokens.
         let mut n = 0;
         let out = e.generate_ids(String::new(), prompt.clone(), &p, &mut |_| {
@@ -276,13 +161,8 @@ fn greedy_generation_runs_on_the_device_loop_and_stops_where_asked() {
         });
         assert_eq!(out.unwrap().token_ids, runs[0][..5], "{name}: cancellation");
         // And the session continues correctly after a cancelled loop.
-        let again = e
-            .generate_ids(String::new(), prompt, &p, &mut |_| true)
-            .unwrap();
-        assert_eq!(
-            again.token_ids, runs[0],
-            "{name}: output after a cancelled loop"
-        );
+        let again = e.generate_ids(String::new(), prompt, &p, &mut |_| true).unwrap();
+        assert_eq!(again.token_ids, runs[0], "{name}: output after a cancelled loop");
     }
 }
 
@@ -296,10 +176,7 @@ fn the_watchdog_turns_a_stall_into_an_error() {
     let msg = f.gpu.megakernel_watchdog_probe().unwrap().unwrap();
     let secs = t.elapsed().as_secs_f64();
     println!("MK-WATCHDOG {}: {msg} ({secs:.2} s)", f.name);
-    assert!(
-        msg.contains("megakernel watchdog") && msg.contains("Down of layer"),
-        "{msg}"
-    );
+    assert!(msg.contains("megakernel watchdog") && msg.contains("Down of layer"), "{msg}");
     assert!(secs < 10.0);
     // The device and the megakernel still work afterwards.
     let ids = random_ids(3, 16, f.vocab);
@@ -322,16 +199,8 @@ fn a_traced_step_shows_where_the_time_goes() {
         for line in profile.to_string().lines() {
             println!("MK-PROFILE {}: {line}", f.name);
         }
-        println!(
-            "MK-PROFILE {}: untraced launch {wall_us:.1} µs per step (wall, with logits copies)",
-            f.name
-        );
-        assert!(
-            profile.step_us > 0.0 && profile.step_us < 20.0 * wall_us,
-            "{}: traced step {} µs",
-            f.name,
-            profile.step_us
-        );
+        println!("MK-PROFILE {}: untraced launch {wall_us:.1} µs per step (wall, with logits copies)", f.name);
+        assert!(profile.step_us > 0.0 && profile.step_us < 20.0 * wall_us, "{}: traced step {} µs", f.name, profile.step_us);
     }
 }
 
@@ -343,37 +212,13 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
     use rocket_core::backend::SampleRequest;
     use rocket_core::sampling::TokenHistory;
     let settings = [
-        SamplingParams {
-            temperature: 0.7,
-            top_k: 20,
-            top_p: 0.95,
-            ..SamplingParams::default()
-        }, // Qwen3's defaults
-        SamplingParams {
-            temperature: 1.0,
-            ..SamplingParams::default()
-        },
-        SamplingParams {
-            temperature: 1.3,
-            min_p: 0.05,
-            repetition_penalty: 1.3,
-            presence_penalty: 0.5,
-            frequency_penalty: 0.3,
-            ..SamplingParams::default()
-        },
-        SamplingParams {
-            temperature: 0.0,
-            repetition_penalty: 1.5,
-            ..SamplingParams::default()
-        }, // greedy with a penalty
+        SamplingParams { temperature: 0.7, top_k: 20, top_p: 0.95, ..SamplingParams::default() }, // Qwen3's defaults
+        SamplingParams { temperature: 1.0, ..SamplingParams::default() },
+        SamplingParams { temperature: 1.3, min_p: 0.05, repetition_penalty: 1.3, presence_penalty: 0.5, frequency_penalty: 0.3, ..SamplingParams::default() },
+        SamplingParams { temperature: 0.0, repetition_penalty: 1.5, ..SamplingParams::default() }, // greedy with a penalty
         // Mid-request: earlier generations count for the penalties, min_tokens masks the
         // end ids (the greedy choices of an unmasked run), which end the loop afterwards.
-        SamplingParams {
-            temperature: 0.0,
-            min_tokens: 12,
-            frequency_penalty: 0.2,
-            ..SamplingParams::default()
-        },
+        SamplingParams { temperature: 0.0, min_tokens: 12, frequency_penalty: 0.2, ..SamplingParams::default() },
     ];
     for f in fuels() {
         let (mut sampled, steps) = (0, 48);
@@ -386,70 +231,27 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
                 let earlier = random_ids(900, 5, f.vocab);
                 earlier.iter().for_each(|&t| start.push(t));
                 step = earlier.len() as u64;
-                let probe = SampleRequest {
-                    params,
-                    seed,
-                    step,
-                    history: &start,
-                    end_ids: &[],
-                };
-                let (free, _) = f
-                    .gpu
-                    .megakernel_sampled(&prompt, &probe, 16)
-                    .unwrap()
-                    .unwrap();
+                let probe = SampleRequest { params, seed, step, history: &start, end_ids: &[] };
+                let (free, _) = f.gpu.megakernel_sampled(&prompt, &probe, 16).unwrap().unwrap();
                 end_ids = vec![free[2], free[9], f.vocab as u32 + 7]; // one id past the vocabulary, ignored
             }
-            let req = SampleRequest {
-                params,
-                seed,
-                step,
-                history: &start,
-                end_ids: &end_ids,
-            };
-            let (tokens, logits) = f
-                .gpu
-                .megakernel_sampled(&prompt, &req, steps)
-                .unwrap()
-                .unwrap();
+            let req = SampleRequest { params, seed, step, history: &start, end_ids: &end_ids };
+            let (tokens, logits) = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
             // The host sampler on the kernel's own logits, with the history the kernel kept.
             let mut history = start.clone();
             for (j, (&got, row)) in tokens.iter().zip(logits.chunks(f.vocab)).enumerate() {
-                let want = SampleRequest {
-                    params,
-                    seed,
-                    step: step + j as u64,
-                    history: &history,
-                    end_ids: &end_ids,
-                }
-                .sample_on_host(row);
-                assert_eq!(
-                    got, want,
-                    "{} setting {n} step {j}: device {got}, host {want}",
-                    f.name
-                );
+                let want = SampleRequest { params, seed, step: step + j as u64, history: &history, end_ids: &end_ids }.sample_on_host(row);
+                assert_eq!(got, want, "{} setting {n} step {j}: device {got}, host {want}", f.name);
                 history.push(got);
             }
             // It ran to the end, or stopped at the first end id it could pick.
             let stop = tokens.iter().position(|t| end_ids.contains(t));
-            assert_eq!(
-                tokens.len(),
-                stop.map_or(steps, |i| i + 1),
-                "{} setting {n}: stopped at the wrong step",
-                f.name
-            );
+            assert_eq!(tokens.len(), stop.map_or(steps, |i| i + 1), "{} setting {n}: stopped at the wrong step", f.name);
             if let Some(i) = stop {
-                assert!(
-                    start.generated_len() + i >= params.min_tokens,
-                    "{} setting {n}: an end id inside min_tokens",
-                    f.name
-                );
+                assert!(start.generated_len() + i >= params.min_tokens, "{} setting {n}: an end id inside min_tokens", f.name);
             }
             sampled += tokens.len();
         }
-        println!(
-            "MK-SAMPLED {}: {sampled} tokens sampled in the kernel, each the host sampler's choice",
-            f.name
-        );
+        println!("MK-SAMPLED {}: {sampled} tokens sampled in the kernel, each the host sampler's choice", f.name);
     }
 }

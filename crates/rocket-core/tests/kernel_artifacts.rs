@@ -12,56 +12,29 @@ fn kernels_dir() -> &'static Path {
 }
 
 fn sha256_hex(path: &Path) -> String {
-    let bytes =
-        std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[test]
 fn kernel_artifacts_are_built_from_the_current_sources() {
     let dir = kernels_dir();
-    let manifest = std::fs::read_to_string(dir.join("build/MANIFEST"))
-        .expect("kernels/build/MANIFEST missing: run kernels/build.sh");
+    let manifest = std::fs::read_to_string(dir.join("build/MANIFEST")).expect("kernels/build/MANIFEST missing: run kernels/build.sh");
     let mut listed = Vec::new();
-    for line in manifest
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let (hash, name) = line
-            .split_once("  ")
-            .expect("MANIFEST lines are `sha256  path`");
-        let path = if name.starts_with("build/") {
-            dir.join(name)
-        } else {
-            dir.join("src").join(name)
-        };
-        assert_eq!(
-            sha256_hex(&path),
-            hash,
-            "{name} changed since kernels/build.sh last ran: rebuild the kernels"
-        );
+    for line in manifest.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let (hash, name) = line.split_once("  ").expect("MANIFEST lines are `sha256  path`");
+        let path = if name.starts_with("build/") { dir.join(name) } else { dir.join("src").join(name) };
+        assert_eq!(sha256_hex(&path), hash, "{name} changed since kernels/build.sh last ran: rebuild the kernels");
         listed.push(name.to_string());
     }
     for entry in std::fs::read_dir(dir.join("src")).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
         if name.ends_with(".cu") || name.ends_with(".cuh") {
-            assert!(
-                listed.contains(&name),
-                "kernels/src/{name} is not in the MANIFEST: rebuild the kernels"
-            );
+            assert!(listed.contains(&name), "kernels/src/{name} is not in the MANIFEST: rebuild the kernels");
         }
     }
     for artifact in ["build/rocket.ptx", "build/rocket.sm_90a.cubin"] {
-        assert!(
-            listed.iter().any(|l| l == artifact),
-            "{artifact} missing from the MANIFEST"
-        );
+        assert!(listed.iter().any(|l| l == artifact), "{artifact} missing from the MANIFEST");
     }
-    assert!(
-        manifest.starts_with("# nvcc V13.0."),
-        "kernels must be built with the pinned nvcc 13.0"
-    );
+    assert!(manifest.starts_with("# nvcc V13.0."), "kernels must be built with the pinned nvcc 13.0");
 }

@@ -17,17 +17,11 @@ fn load(path: &std::path::Path) -> Result<Engine, RocketError> {
 fn tiny_fixtures_load_with_expected_specs() {
     let llama = load(&fixture("tiny-llama")).unwrap();
     let s = llama.spec();
-    assert_eq!(
-        (s.head_dim, s.tie_word_embeddings, s.qk_norm),
-        (16, false, false)
-    );
+    assert_eq!((s.head_dim, s.tie_word_embeddings, s.qk_norm), (16, false, false));
     assert_eq!(s.rope_scaling.unwrap().original_max_position_embeddings, 32);
     let qwen = load(&fixture("tiny-qwen3")).unwrap(); // sharded, f16, rope_parameters
     let s = qwen.spec();
-    assert_eq!(
-        (s.head_dim, s.tie_word_embeddings, s.qk_norm, s.rope_theta),
-        (32, true, true, 1e6)
-    );
+    assert_eq!((s.head_dim, s.tie_word_embeddings, s.qk_norm, s.rope_theta), (32, true, true, 1e6));
     assert!(qwen.info().has_chat_template); // from chat_template.jinja
 }
 
@@ -46,10 +40,7 @@ fn a_position_s_logits_do_not_depend_on_later_tokens() {
 #[test]
 fn greedy_is_deterministic() {
     let engine = load(&fixture("tiny-llama")).unwrap();
-    let p = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy(12)
-    };
+    let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) };
     let a = engine.generate("hello world", &p).unwrap();
     let b = engine.generate("hello world", &p).unwrap();
     assert_eq!(a.token_ids, b.token_ids);
@@ -58,9 +49,7 @@ fn greedy_is_deterministic() {
 
 #[test]
 fn missing_path_is_named() {
-    let e = load(std::path::Path::new("/definitely/not/here"))
-        .err()
-        .unwrap();
+    let e = load(std::path::Path::new("/definitely/not/here")).err().unwrap();
     assert!(matches!(e, RocketError::ModelNotFound { .. }), "{e}");
     assert!(e.to_string().contains("/definitely/not/here"));
 }
@@ -68,16 +57,12 @@ fn missing_path_is_named() {
 #[test]
 fn unknown_model_type_lists_supported() {
     let dir = copy_fixture("tiny-llama");
-    edit_json(&dir.path().join("config.json"), |c| {
-        c["model_type"] = "mamba".into()
-    });
+    edit_json(&dir.path().join("config.json"), |c| c["model_type"] = "mamba".into());
     let e = load(dir.path()).err().unwrap().to_string();
     assert!(e.contains("mamba") && e.contains("llama, qwen3"), "{e}");
 }
 
-fn mutate_weights(
-    f: impl FnOnce(&mut HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>),
-) -> (tempfile::TempDir, RocketError) {
+fn mutate_weights(f: impl FnOnce(&mut HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>)) -> (tempfile::TempDir, RocketError) {
     let dir = copy_fixture("tiny-llama");
     let path = dir.path().join("model.safetensors");
     let mut tensors = read_tensors(&path);
@@ -92,10 +77,7 @@ fn missing_tensor_is_named() {
     let (_d, e) = mutate_weights(|t| {
         t.remove("model.layers.1.mlp.up_proj.weight");
     });
-    assert!(
-        e.to_string().contains("model.layers.1.mlp.up_proj.weight"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("model.layers.1.mlp.up_proj.weight"), "{e}");
     assert!(matches!(e, RocketError::MissingTensor { .. }));
 }
 
@@ -106,10 +88,7 @@ fn wrong_shape_is_named() {
         v.1 = vec![v.1[1], v.1[0]];
     });
     let msg = e.to_string();
-    assert!(
-        msg.contains("k_proj") && msg.contains("[64, 32]") && msg.contains("[32, 64]"),
-        "{msg}"
-    );
+    assert!(msg.contains("k_proj") && msg.contains("[64, 32]") && msg.contains("[32, 64]"), "{msg}");
 }
 
 #[test]
@@ -119,10 +98,7 @@ fn wrong_dtype_is_named() {
         v.0 = Dtype::I16;
     });
     let msg = e.to_string();
-    assert!(
-        msg.contains("model.norm.weight") && msg.contains("I16"),
-        "{msg}"
-    );
+    assert!(msg.contains("model.norm.weight") && msg.contains("I16"), "{msg}");
 }
 
 #[test]
@@ -133,10 +109,7 @@ fn truncated_safetensors_is_an_error() {
     for cut in [4, 100, bytes.len() / 2, bytes.len() - 1] {
         std::fs::write(&path, &bytes[..cut]).unwrap();
         let e = load(dir.path()).err().unwrap();
-        assert!(
-            matches!(e, RocketError::CorruptFile { .. }),
-            "cut {cut}: {e}"
-        );
+        assert!(matches!(e, RocketError::CorruptFile { .. }), "cut {cut}: {e}");
     }
 }
 
@@ -144,48 +117,29 @@ fn truncated_safetensors_is_an_error() {
 
 /// A GGUF file holding the tiny-llama weights (q/k permuted as llama.cpp does)
 /// with `quant` applied to the matrices, plus the tokenizer as metadata.
-fn tiny_llama_gguf(
-    dir: &std::path::Path,
-    quant: u32,
-    extra: Option<GgufTensor>,
-) -> std::path::PathBuf {
+fn tiny_llama_gguf(dir: &std::path::Path, quant: u32, extra: Option<GgufTensor>) -> std::path::PathBuf {
     let src = fixture("tiny-llama");
     let tensors = read_tensors(&src.join("model.safetensors"));
-    let tok: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap())
-            .unwrap();
+    let tok: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap()).unwrap();
     let vocab = tok["model"]["vocab"].as_object().unwrap();
     let mut tokens = vec![String::new(); vocab.len()];
     for (t, id) in vocab {
         tokens[id.as_u64().unwrap() as usize] = t.clone();
     }
-    let special: Vec<u64> = tok["added_tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_u64().unwrap())
-        .collect();
-    let types: Vec<i32> = (0..tokens.len() as u64)
-        .map(|i| if special.contains(&i) { 3 } else { 1 })
-        .collect();
+    let special: Vec<u64> = tok["added_tokens"].as_array().unwrap().iter().map(|t| t["id"].as_u64().unwrap()).collect();
+    let types: Vec<i32> = (0..tokens.len() as u64).map(|i| if special.contains(&i) { 3 } else { 1 }).collect();
     let merges: Vec<String> = tok["model"]["merges"]
         .as_array()
         .unwrap()
         .iter()
         .map(|m| match m {
-            serde_json::Value::Array(p) => {
-                format!("{} {}", p[0].as_str().unwrap(), p[1].as_str().unwrap())
-            }
+            serde_json::Value::Array(p) => format!("{} {}", p[0].as_str().unwrap(), p[1].as_str().unwrap()),
             other => other.as_str().unwrap().to_string(),
         })
         .collect();
 
     let gguf_name = |hf: &str| -> String {
-        let fixed = [
-            ("model.embed_tokens.weight", "token_embd.weight"),
-            ("model.norm.weight", "output_norm.weight"),
-            ("lm_head.weight", "output.weight"),
-        ];
+        let fixed = [("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"), ("lm_head.weight", "output.weight")];
         if let Some((_, g)) = fixed.iter().find(|(h, _)| *h == hf) {
             return g.to_string();
         }
@@ -212,13 +166,7 @@ fn tiny_llama_gguf(
         let (dtype, shape, data) = &tensors[name];
         assert_eq!(*dtype, Dtype::BF16);
         let mut values = bf16_bytes_to_f32(data);
-        let heads = if name.ends_with("q_proj.weight") {
-            Some(4)
-        } else if name.ends_with("k_proj.weight") {
-            Some(2)
-        } else {
-            None
-        };
+        let heads = if name.ends_with("q_proj.weight") { Some(4) } else if name.ends_with("k_proj.weight") { Some(2) } else { None };
         if let Some(h) = heads {
             values = permute_rows_like_llama_cpp(&values, shape[0], shape[1], h);
         }
@@ -227,20 +175,9 @@ fn tiny_llama_gguf(
         } else if quant == 8 {
             (8, quantize_q8_0(&values))
         } else {
-            (
-                30,
-                values
-                    .iter()
-                    .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
-                    .collect(),
-            )
+            (30, values.iter().flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes()).collect())
         };
-        out.push(GgufTensor {
-            name: gguf_name(name),
-            dims: shape.iter().rev().map(|&d| d as u64).collect(),
-            type_id,
-            data: bytes,
-        });
+        out.push(GgufTensor { name: gguf_name(name), dims: shape.iter().rev().map(|&d| d as u64).collect(), type_id, data: bytes });
     }
     out.extend(extra);
     let meta = vec![
@@ -288,23 +225,12 @@ fn gguf_bf16_matches_safetensors_exactly() {
     spec_b.rms_norm_eps = a.spec().rms_norm_eps;
     assert_eq!(a.spec(), &spec_b);
     let ids = [3u32, 50, 200, 7, 399, 11, 42, 100, 8];
-    let (la, lb) = (
-        a.teacher_forced_logits(&ids).unwrap(),
-        b.teacher_forced_logits(&ids).unwrap(),
-    );
+    let (la, lb) = (a.teacher_forced_logits(&ids).unwrap(), b.teacher_forced_logits(&ids).unwrap());
     assert_eq!(la, lb, "un-permuted GGUF weights must equal the HF ones");
     // The GGUF tokenizer is byte-level BPE without the fixture's digit splitting:
     // text without digits tokenises identically.
-    for text in [
-        "hello world",
-        "  the quick\n\nbrown fox ",
-        "<|im_start|>user\nhi<|im_end|>",
-    ] {
-        assert_eq!(
-            a.tokenizer().encode(text, false).unwrap(),
-            b.tokenizer().encode(text, false).unwrap(),
-            "{text:?}"
-        );
+    for text in ["hello world", "  the quick\n\nbrown fox ", "<|im_start|>user\nhi<|im_end|>"] {
+        assert_eq!(a.tokenizer().encode(text, false).unwrap(), b.tokenizer().encode(text, false).unwrap(), "{text:?}");
     }
 }
 
@@ -314,10 +240,7 @@ fn gguf_q8_0_is_close_to_bf16() {
     let tmp = tempfile::tempdir().unwrap();
     let gguf = tiny_llama_gguf(tmp.path(), 8, None);
     let ids = [3u32, 50, 200, 7, 399, 11];
-    let la = load(hf.path())
-        .unwrap()
-        .teacher_forced_logits(&ids)
-        .unwrap();
+    let la = load(hf.path()).unwrap().teacher_forced_logits(&ids).unwrap();
     let lb = load(&gguf).unwrap().teacher_forced_logits(&ids).unwrap();
     let err = rel_l2(&lb, &la);
     // Q8_0 is lossy (≈0.5% per weight, compounded over the layers); a wrong
@@ -329,21 +252,11 @@ fn gguf_q8_0_is_close_to_bf16() {
 fn gguf_unsupported_quant_is_named() {
     let tmp = tempfile::tempdir().unwrap();
     // Replace nothing; add a used tensor name in Q4_K (type 12) by shadowing attn_v of layer 0.
-    let q4k = GgufTensor {
-        name: "blk.0.attn_v.weight".into(),
-        dims: vec![256, 32],
-        type_id: 12,
-        data: vec![0; 4608],
-    };
+    let q4k = GgufTensor { name: "blk.0.attn_v.weight".into(), dims: vec![256, 32], type_id: 12, data: vec![0; 4608] };
     let path = tiny_llama_gguf(tmp.path(), 30, Some(q4k));
     let e = load(&path).err().unwrap();
     let msg = e.to_string();
-    assert!(
-        matches!(e, RocketError::UnsupportedQuant { .. })
-            && msg.contains("Q4_K")
-            && msg.contains("blk.0.attn_v.weight"),
-        "{msg}"
-    );
+    assert!(matches!(e, RocketError::UnsupportedQuant { .. }) && msg.contains("Q4_K") && msg.contains("blk.0.attn_v.weight"), "{msg}");
 }
 
 #[test]
@@ -354,10 +267,7 @@ fn gguf_truncated_or_corrupt_is_an_error() {
     for cut in [3, 10, 30, 2000, bytes.len() / 2, bytes.len() - 1] {
         std::fs::write(&path, &bytes[..cut]).unwrap();
         let e = load(&path).err().unwrap();
-        assert!(
-            matches!(e, RocketError::CorruptFile { .. }),
-            "cut {cut}: {e}"
-        );
+        assert!(matches!(e, RocketError::CorruptFile { .. }), "cut {cut}: {e}");
     }
     let mut bad = bytes.clone();
     bad[0] = b'X';
@@ -367,56 +277,17 @@ fn gguf_truncated_or_corrupt_is_an_error() {
     let mut bad = bytes;
     bad[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
     std::fs::write(&path, &bad).unwrap();
-    assert!(matches!(
-        load(&path).err().unwrap(),
-        RocketError::CorruptFile { .. }
-    ));
+    assert!(matches!(load(&path).err().unwrap(), RocketError::CorruptFile { .. }));
 }
 
 #[test]
 fn empty_prompt_and_context_overflow() {
-    let engine = Engine::load(
-        fixture("tiny-llama"),
-        EngineOptions {
-            max_seq_len: Some(20),
-            ..EngineOptions::default()
-        },
-    )
-    .unwrap();
-    assert!(matches!(
-        engine
-            .generate("", &SamplingParams::greedy(4))
-            .err()
-            .unwrap(),
-        RocketError::EmptyPrompt
-    ));
-    let e = engine
-        .generate("hello world", &SamplingParams::greedy(19))
-        .err()
-        .unwrap();
+    let engine = Engine::load(fixture("tiny-llama"), EngineOptions { max_seq_len: Some(20), ..EngineOptions::default() }).unwrap();
+    assert!(matches!(engine.generate("", &SamplingParams::greedy(4)).err().unwrap(), RocketError::EmptyPrompt));
+    let e = engine.generate("hello world", &SamplingParams::greedy(19)).err().unwrap();
     let msg = e.to_string();
-    assert!(
-        matches!(
-            e,
-            RocketError::ContextOverflow {
-                max_tokens: 19,
-                limit: 20,
-                ..
-            }
-        ),
-        "{msg}"
-    );
+    assert!(matches!(e, RocketError::ContextOverflow { max_tokens: 19, limit: 20, .. }), "{msg}");
     assert!(msg.contains("19") && msg.contains("20"), "{msg}");
-    let e = Engine::load(
-        fixture("tiny-llama"),
-        EngineOptions {
-            max_seq_len: Some(100_000),
-            ..EngineOptions::default()
-        },
-    );
-    assert!(e
-        .err()
-        .unwrap()
-        .to_string()
-        .contains("max_position_embeddings (256)"));
+    let e = Engine::load(fixture("tiny-llama"), EngineOptions { max_seq_len: Some(100_000), ..EngineOptions::default() });
+    assert!(e.err().unwrap().to_string().contains("max_position_embeddings (256)"));
 }

@@ -24,10 +24,7 @@ struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         self.0 >> 33
     }
     /// Uniform in [-a, a).
@@ -37,16 +34,7 @@ impl Rng {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn spec(
-    family: Family,
-    d: usize,
-    ff: usize,
-    layers: usize,
-    heads: usize,
-    kv: usize,
-    hd: usize,
-    vocab: usize,
-) -> ModelSpec {
+fn spec(family: Family, d: usize, ff: usize, layers: usize, heads: usize, kv: usize, hd: usize, vocab: usize) -> ModelSpec {
     let llama = family == Family::Llama;
     ModelSpec {
         family,
@@ -76,19 +64,11 @@ fn random_weights(s: &ModelSpec, seed: u64) -> ModelWeights {
     let mut rng = Rng(seed);
     let mut w = Weights::new("random".into());
     let mut matrix = |w: &mut Weights, name: String, rows: usize, cols: usize, scale: f32| {
-        let data = (0..rows * cols)
-            .map(|_| bf16::from_f32(rng.uniform(scale)).to_bits())
-            .collect();
+        let data = (0..rows * cols).map(|_| bf16::from_f32(rng.uniform(scale)).to_bits()).collect();
         w.insert(name, Tensor::owned_bf16(vec![rows, cols], data));
     };
     let (d, ff, qd, kvd) = (s.hidden_size, s.intermediate_size, s.q_dim(), s.kv_dim());
-    matrix(
-        &mut w,
-        "model.embed_tokens.weight".into(),
-        s.vocab_size,
-        d,
-        1.0,
-    );
+    matrix(&mut w, "model.embed_tokens.weight".into(), s.vocab_size, d, 1.0);
     if !s.tie_word_embeddings {
         matrix(&mut w, "lm_head.weight".into(), s.vocab_size, d, 0.1);
     }
@@ -96,27 +76,9 @@ fn random_weights(s: &ModelSpec, seed: u64) -> ModelWeights {
         let p = format!("model.layers.{l}");
         let sc = |k: usize| 1.5 / (k as f32).sqrt();
         matrix(&mut w, format!("{p}.self_attn.q_proj.weight"), qd, d, sc(d));
-        matrix(
-            &mut w,
-            format!("{p}.self_attn.k_proj.weight"),
-            kvd,
-            d,
-            sc(d),
-        );
-        matrix(
-            &mut w,
-            format!("{p}.self_attn.v_proj.weight"),
-            kvd,
-            d,
-            sc(d),
-        );
-        matrix(
-            &mut w,
-            format!("{p}.self_attn.o_proj.weight"),
-            d,
-            qd,
-            sc(qd),
-        );
+        matrix(&mut w, format!("{p}.self_attn.k_proj.weight"), kvd, d, sc(d));
+        matrix(&mut w, format!("{p}.self_attn.v_proj.weight"), kvd, d, sc(d));
+        matrix(&mut w, format!("{p}.self_attn.o_proj.weight"), d, qd, sc(qd));
         matrix(&mut w, format!("{p}.mlp.gate_proj.weight"), ff, d, sc(d));
         matrix(&mut w, format!("{p}.mlp.up_proj.weight"), ff, d, sc(d));
         matrix(&mut w, format!("{p}.mlp.down_proj.weight"), d, ff, sc(ff));
@@ -144,18 +106,9 @@ fn random_weights(s: &ModelSpec, seed: u64) -> ModelWeights {
 /// per KV head (3 and 4), q/k-norm, llama3 RoPE, untied and tied heads.
 fn models() -> Vec<(&'static str, ModelSpec)> {
     vec![
-        (
-            "llama-like",
-            spec(Family::Llama, 256, 2048, 3, 8, 2, 32, 700),
-        ),
-        (
-            "qwen3-like",
-            spec(Family::Qwen3, 192, 1536, 2, 6, 2, 64, 500),
-        ),
-        (
-            "smollm2-like",
-            spec(Family::Llama, 576, 1536, 2, 9, 3, 64, 400),
-        ),
+        ("llama-like", spec(Family::Llama, 256, 2048, 3, 8, 2, 32, 700)),
+        ("qwen3-like", spec(Family::Qwen3, 192, 1536, 2, 6, 2, 64, 500)),
+        ("smollm2-like", spec(Family::Llama, 576, 1536, 2, 9, 3, 64, 400)),
     ]
 }
 
@@ -165,8 +118,7 @@ fn ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
 }
 
 fn run(twin: &Twin<'_>, capacity: usize, req: &TwinRequest<'_>) -> TwinOutput {
-    twin.run(&TwinKv::new(twin.spec(), capacity), req, &|_, _| true)
-        .unwrap()
+    twin.run(&TwinKv::new(twin.spec(), capacity), req, &|_, _| true).unwrap()
 }
 
 #[test]
@@ -176,43 +128,17 @@ fn teacher_forced_logits_match_the_reference_on_every_sm_count() {
         let cpu = CpuBackend::new(spec.clone(), weights.clone());
         let seq = ids(5, 24, spec.vocab_size);
         let mut session = cpu.new_session(seq.len()).unwrap();
-        let want = cpu
-            .forward(
-                &mut [Chunk {
-                    session: session.as_mut(),
-                    tokens: &seq,
-                }],
-                Logits::All,
-            )
-            .unwrap();
+        let want = cpu.forward(&mut [Chunk { session: session.as_mut(), tokens: &seq }], Logits::All).unwrap();
         for sms in [1, 3, 8, 13] {
             let twin = Twin::new(&spec, &weights, sms).unwrap();
-            let req = TwinRequest {
-                pos0: 0,
-                first_token: seq[0],
-                max_steps: seq.len(),
-                forced: &seq[1..],
-                end_ids: &[],
-                mask_end_steps: 0,
-            };
+            let req = TwinRequest { pos0: 0, first_token: seq[0], max_steps: seq.len(), forced: &seq[1..], end_ids: &[], mask_end_steps: 0 };
             let got = run(&twin, seq.len(), &req);
-            assert_eq!(
-                got.tokens.len(),
-                seq.len(),
-                "{name}: every forced step runs"
-            );
+            assert_eq!(got.tokens.len(), seq.len(), "{name}: every forced step runs");
             let v = spec.vocab_size;
             for (t, (g, w)) in got.logits.chunks(v).zip(want.chunks(v)).enumerate() {
                 let err = rel_l2(g, w);
-                assert!(
-                    err < 1e-5,
-                    "{name} on {sms} SMs, position {t}: rel. L2 {err:.2e}"
-                );
-                assert_eq!(
-                    got.tokens[t],
-                    argmax(w),
-                    "{name} on {sms} SMs, position {t}: top-1"
-                );
+                assert!(err < 1e-5, "{name} on {sms} SMs, position {t}: rel. L2 {err:.2e}");
+                assert_eq!(got.tokens[t], argmax(w), "{name} on {sms} SMs, position {t}: top-1");
             }
         }
     }
@@ -224,15 +150,7 @@ fn reference_greedy(cpu: &CpuBackend, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut out = Vec::new();
     let mut tokens = prompt.to_vec();
     while out.len() < n {
-        let logits = cpu
-            .forward(
-                &mut [Chunk {
-                    session: session.as_mut(),
-                    tokens: &tokens,
-                }],
-                Logits::Last,
-            )
-            .unwrap();
+        let logits = cpu.forward(&mut [Chunk { session: session.as_mut(), tokens: &tokens }], Logits::Last).unwrap();
         let t = argmax(&logits);
         out.push(t);
         tokens = vec![t];
@@ -251,36 +169,18 @@ fn free_running_greedy_equals_the_reference_and_stops_where_asked() {
     let twin = Twin::new(&spec, &weights, 7).unwrap();
     // The prompt is teacher-forced through the loop; after it, argmaxes are fed back.
     let steps = prompt.len() - 1 + gen;
-    let req = TwinRequest {
-        pos0: 0,
-        first_token: prompt[0],
-        max_steps: steps,
-        forced: &prompt[1..],
-        end_ids: &[],
-        mask_end_steps: 0,
-    };
+    let req = TwinRequest { pos0: 0, first_token: prompt[0], max_steps: steps, forced: &prompt[1..], end_ids: &[], mask_end_steps: 0 };
     let got = run(&twin, steps, &req);
-    assert_eq!(
-        got.tokens[prompt.len() - 1..],
-        want[..],
-        "{name}: greedy continuation"
-    );
+    assert_eq!(got.tokens[prompt.len() - 1..], want[..], "{name}: greedy continuation");
 
     // An end id stops the free-running loop at its first occurrence...
     let end = want[4];
     let first = want.iter().position(|&t| t == end).unwrap();
-    let stop_req = TwinRequest {
-        end_ids: &[end],
-        ..req
-    };
+    let stop_req = TwinRequest { end_ids: &[end], ..req };
     let stopped = run(&twin, steps, &stop_req);
     assert_eq!(stopped.tokens[prompt.len() - 1..], want[..=first]);
     // ...unless min_tokens masks it for those steps: then a different token is picked there.
-    let masked_req = TwinRequest {
-        end_ids: &[end],
-        mask_end_steps: prompt.len() - 1 + first + 1,
-        ..req
-    };
+    let masked_req = TwinRequest { end_ids: &[end], mask_end_steps: prompt.len() - 1 + first + 1, ..req };
     let masked = run(&twin, steps, &masked_req);
     let at = prompt.len() - 1 + first;
     assert_ne!(masked.tokens[at], end);
@@ -304,53 +204,13 @@ fn a_later_launch_continues_from_the_cache_of_an_earlier_one() {
     let weights = random_weights(&spec, 21);
     let twin = Twin::new(&spec, &weights, 5).unwrap();
     let seq = ids(2, 16, spec.vocab_size);
-    let whole = run(
-        &twin,
-        16,
-        &TwinRequest {
-            pos0: 0,
-            first_token: seq[0],
-            max_steps: 16,
-            forced: &seq[1..],
-            end_ids: &[],
-            mask_end_steps: 0,
-        },
-    );
+    let whole = run(&twin, 16, &TwinRequest { pos0: 0, first_token: seq[0], max_steps: 16, forced: &seq[1..], end_ids: &[], mask_end_steps: 0 });
     let kv = TwinKv::new(&spec, 16);
     let none = |_: usize, _: u32| true;
-    let a = twin
-        .run(
-            &kv,
-            &TwinRequest {
-                pos0: 0,
-                first_token: seq[0],
-                max_steps: 9,
-                forced: &seq[1..9],
-                end_ids: &[],
-                mask_end_steps: 0,
-            },
-            &none,
-        )
-        .unwrap();
-    let b = twin
-        .run(
-            &kv,
-            &TwinRequest {
-                pos0: 9,
-                first_token: seq[9],
-                max_steps: 7,
-                forced: &seq[10..],
-                end_ids: &[],
-                mask_end_steps: 0,
-            },
-            &none,
-        )
-        .unwrap();
+    let a = twin.run(&kv, &TwinRequest { pos0: 0, first_token: seq[0], max_steps: 9, forced: &seq[1..9], end_ids: &[], mask_end_steps: 0 }, &none).unwrap();
+    let b = twin.run(&kv, &TwinRequest { pos0: 9, first_token: seq[9], max_steps: 7, forced: &seq[10..], end_ids: &[], mask_end_steps: 0 }, &none).unwrap();
     let v = spec.vocab_size;
-    assert_eq!(
-        [a.logits, b.logits].concat(),
-        whole.logits[..16 * v].to_vec()
-    );
+    assert_eq!([a.logits, b.logits].concat(), whole.logits[..16 * v].to_vec());
 }
 
 #[test]
@@ -358,29 +218,14 @@ fn a_schedule_that_waits_for_too_much_is_stopped_by_the_watchdog() {
     let (_, spec) = models().remove(0);
     let weights = random_weights(&spec, 1);
     let mut schedule = Schedule::compile(&spec, 4).unwrap();
-    for i in schedule
-        .per_sm
-        .iter_mut()
-        .flatten()
-        .filter(|i| i.op == Op::Down && i.layer == 1)
-    {
+    for i in schedule.per_sm.iter_mut().flatten().filter(|i| i.op == Op::Down && i.layer == 1) {
         i.wait.per_step += 1;
     }
     let mut twin = Twin::with_schedule(&spec, &weights, schedule);
     twin.watchdog = Duration::from_millis(300);
-    let req = TwinRequest {
-        pos0: 0,
-        first_token: 1,
-        max_steps: 2,
-        forced: &[],
-        end_ids: &[],
-        mask_end_steps: 0,
-    };
+    let req = TwinRequest { pos0: 0, first_token: 1, max_steps: 2, forced: &[], end_ids: &[], mask_end_steps: 0 };
     let start = std::time::Instant::now();
-    let err = twin
-        .run(&TwinKv::new(&spec, 2), &req, &|_, _| true)
-        .unwrap_err()
-        .to_string();
+    let err = twin.run(&TwinKv::new(&spec, 2), &req, &|_, _| true).unwrap_err().to_string();
     assert!(err.contains("stuck at Down of layer 1 of step 0"), "{err}");
     assert!(start.elapsed() < Duration::from_secs(10));
 }
@@ -392,42 +237,8 @@ fn bad_requests_are_refused() {
     let twin = Twin::new(&spec, &weights, 2).unwrap();
     let kv = TwinKv::new(&spec, 4);
     let ok = |_: usize, _: u32| true;
-    let base = TwinRequest {
-        pos0: 0,
-        first_token: 1,
-        max_steps: 4,
-        forced: &[],
-        end_ids: &[],
-        mask_end_steps: 0,
-    };
-    assert!(twin
-        .run(
-            &kv,
-            &TwinRequest {
-                max_steps: 5,
-                ..base
-            },
-            &ok
-        )
-        .is_err());
-    assert!(twin
-        .run(
-            &kv,
-            &TwinRequest {
-                max_steps: 0,
-                ..base
-            },
-            &ok
-        )
-        .is_err());
-    assert!(twin
-        .run(
-            &kv,
-            &TwinRequest {
-                first_token: 700,
-                ..base
-            },
-            &ok
-        )
-        .is_err());
+    let base = TwinRequest { pos0: 0, first_token: 1, max_steps: 4, forced: &[], end_ids: &[], mask_end_steps: 0 };
+    assert!(twin.run(&kv, &TwinRequest { max_steps: 5, ..base }, &ok).is_err());
+    assert!(twin.run(&kv, &TwinRequest { max_steps: 0, ..base }, &ok).is_err());
+    assert!(twin.run(&kv, &TwinRequest { first_token: 700, ..base }, &ok).is_err());
 }

@@ -21,9 +21,7 @@ fn build(py: Python<'_>, err: &RocketError) -> PyResult<PyErr> {
     let class = module.getattr(class_name(err.kind()))?;
     let exc = class.call1((err.to_string(),))?;
     match err {
-        RocketError::InvalidArgument {
-            parameter, value, ..
-        } => {
+        RocketError::InvalidArgument { parameter, value, .. } => {
             exc.setattr("parameter", parameter)?;
             exc.setattr("value", value)?;
         }
@@ -31,11 +29,7 @@ fn build(py: Python<'_>, err: &RocketError) -> PyResult<PyErr> {
             exc.setattr("parameter", "prompt")?;
             exc.setattr("value", "")?;
         }
-        RocketError::ContextOverflow {
-            prompt_tokens,
-            max_tokens,
-            limit,
-        } => {
+        RocketError::ContextOverflow { prompt_tokens, max_tokens, limit } => {
             exc.setattr("parameter", "prompt")?;
             exc.setattr("value", prompt_tokens)?;
             exc.setattr("prompt_tokens", prompt_tokens)?;

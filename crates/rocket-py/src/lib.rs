@@ -16,10 +16,7 @@ use rocket_core::{ChatMessage, Engine, EngineOptions, RocketError};
 use errors::to_py_err;
 
 /// Run `f` without the GIL, turning a Rust panic into `rocket.InternalError`.
-fn run_detached<T: Send>(
-    py: Python<'_>,
-    f: impl FnOnce() -> Result<T, RocketError> + Send,
-) -> PyResult<T> {
+fn run_detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, RocketError> + Send) -> PyResult<T> {
     let result = py.detach(|| {
         std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
             let msg = panic
@@ -91,13 +88,7 @@ impl SamplingParams {
         skip_special_tokens: bool,
     ) -> PyResult<Self> {
         let bad = |p: &str, v: i64, m: &str| to_py_err(py, RocketError::invalid_arg(p, v, m));
-        let non_negative = |p: &str, v: i64| {
-            if v < 0 {
-                Err(bad(p, v, "must be >= 0"))
-            } else {
-                Ok(v as usize)
-            }
-        };
+        let non_negative = |p: &str, v: i64| if v < 0 { Err(bad(p, v, "must be >= 0")) } else { Ok(v as usize) };
         if max_tokens < 1 {
             return Err(bad("max_tokens", max_tokens, "must be at least 1"));
         }
@@ -133,66 +124,36 @@ impl SamplingParams {
     }
 
     #[getter]
-    fn max_tokens(&self) -> usize {
-        self.inner.max_tokens
-    }
+    fn max_tokens(&self) -> usize { self.inner.max_tokens }
     #[getter]
-    fn min_tokens(&self) -> usize {
-        self.inner.min_tokens
-    }
+    fn min_tokens(&self) -> usize { self.inner.min_tokens }
     /// None when unset (the model's generation_config decides).
     #[getter]
-    fn temperature(&self) -> Option<f32> {
-        (!self.unset.temperature).then_some(self.inner.temperature)
-    }
+    fn temperature(&self) -> Option<f32> { (!self.unset.temperature).then_some(self.inner.temperature) }
     #[getter]
-    fn top_k(&self) -> Option<usize> {
-        (!self.unset.top_k).then_some(self.inner.top_k)
-    }
+    fn top_k(&self) -> Option<usize> { (!self.unset.top_k).then_some(self.inner.top_k) }
     #[getter]
-    fn top_p(&self) -> Option<f32> {
-        (!self.unset.top_p).then_some(self.inner.top_p)
-    }
+    fn top_p(&self) -> Option<f32> { (!self.unset.top_p).then_some(self.inner.top_p) }
     #[getter]
-    fn min_p(&self) -> f32 {
-        self.inner.min_p
-    }
+    fn min_p(&self) -> f32 { self.inner.min_p }
     #[getter]
-    fn repetition_penalty(&self) -> Option<f32> {
-        (!self.unset.repetition_penalty).then_some(self.inner.repetition_penalty)
-    }
+    fn repetition_penalty(&self) -> Option<f32> { (!self.unset.repetition_penalty).then_some(self.inner.repetition_penalty) }
     #[getter]
-    fn presence_penalty(&self) -> f32 {
-        self.inner.presence_penalty
-    }
+    fn presence_penalty(&self) -> f32 { self.inner.presence_penalty }
     #[getter]
-    fn frequency_penalty(&self) -> f32 {
-        self.inner.frequency_penalty
-    }
+    fn frequency_penalty(&self) -> f32 { self.inner.frequency_penalty }
     #[getter]
-    fn seed(&self) -> Option<u64> {
-        self.inner.seed
-    }
+    fn seed(&self) -> Option<u64> { self.inner.seed }
     #[getter]
-    fn stop(&self) -> Vec<String> {
-        self.inner.stop.clone()
-    }
+    fn stop(&self) -> Vec<String> { self.inner.stop.clone() }
     #[getter]
-    fn stop_token_ids(&self) -> Vec<u32> {
-        self.inner.stop_token_ids.clone()
-    }
+    fn stop_token_ids(&self) -> Vec<u32> { self.inner.stop_token_ids.clone() }
     #[getter]
-    fn ignore_eos(&self) -> bool {
-        self.inner.ignore_eos
-    }
+    fn ignore_eos(&self) -> bool { self.inner.ignore_eos }
     #[getter]
-    fn logprobs(&self) -> Option<usize> {
-        self.inner.logprobs
-    }
+    fn logprobs(&self) -> Option<usize> { self.inner.logprobs }
     #[getter]
-    fn skip_special_tokens(&self) -> bool {
-        self.inner.skip_special_tokens
-    }
+    fn skip_special_tokens(&self) -> bool { self.inner.skip_special_tokens }
 
     fn __repr__(&self) -> String {
         format!("SamplingParams({:?}, unset={:?})", self.inner, self.unset)
@@ -229,10 +190,7 @@ impl RequestOutput {
 fn output_to_py(py: Python<'_>, out: rocket_core::RequestOutput) -> PyResult<RequestOutput> {
     let m = PyDict::new(py);
     m.set_item("time_to_first_token", out.metrics.time_to_first_token)?;
-    m.set_item(
-        "decode_tokens_per_second",
-        out.metrics.decode_tokens_per_second,
-    )?;
+    m.set_item("decode_tokens_per_second", out.metrics.decode_tokens_per_second)?;
     m.set_item("prompt_tokens", out.metrics.prompt_tokens)?;
     m.set_item("output_tokens", out.metrics.output_tokens)?;
     m.set_item("total_seconds", out.metrics.total_seconds)?;
@@ -278,9 +236,7 @@ impl Tokenizer {
     #[staticmethod]
     fn from_file(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         let inner = run_detached(py, move || rocket_core::text::Tokenizer::from_file(&path))?;
-        Ok(Tokenizer {
-            inner: Arc::new(inner),
-        })
+        Ok(Tokenizer { inner: Arc::new(inner) })
     }
 
     #[pyo3(signature = (text, add_special_tokens=false))]
@@ -314,13 +270,9 @@ fn render_chat_template(
     eos_token: &str,
 ) -> PyResult<String> {
     let (bos, eos) = (bos_token.to_string(), eos_token.to_string());
-    let messages: Vec<ChatMessage> = messages
-        .into_iter()
-        .map(|(role, content)| ChatMessage { role, content })
-        .collect();
+    let messages: Vec<ChatMessage> = messages.into_iter().map(|(role, content)| ChatMessage { role, content }).collect();
     run_detached(py, move || {
-        rocket_core::text::ChatTemplate::new(&template, &bos, &eos)?
-            .render(&messages, add_generation_prompt)
+        rocket_core::text::ChatTemplate::new(&template, &bos, &eos)?.render(&messages, add_generation_prompt)
     })
 }
 
@@ -333,71 +285,28 @@ pub struct Engine_ {
 impl Engine_ {
     #[new]
     #[pyo3(signature = (model, device="auto", max_seq_len=None))]
-    fn new(
-        py: Python<'_>,
-        model: PathBuf,
-        device: &str,
-        max_seq_len: Option<i64>,
-    ) -> PyResult<Self> {
+    fn new(py: Python<'_>, model: PathBuf, device: &str, max_seq_len: Option<i64>) -> PyResult<Self> {
         let device = device.parse().map_err(|e| to_py_err(py, e))?;
         let max_seq_len = match max_seq_len {
-            Some(n) if n < 1 => {
-                return Err(to_py_err(
-                    py,
-                    RocketError::invalid_arg("max_seq_len", n, "must be at least 1"),
-                ))
-            }
+            Some(n) if n < 1 => return Err(to_py_err(py, RocketError::invalid_arg("max_seq_len", n, "must be at least 1"))),
             other => other.map(|n| n as usize),
         };
-        let engine = run_detached(py, move || {
-            Engine::load(
-                &model,
-                EngineOptions {
-                    device,
-                    max_seq_len,
-                    progress: true,
-                },
-            )
-        })?;
-        Ok(Engine_ {
-            engine: Arc::new(engine),
-        })
+        let engine = run_detached(py, move || Engine::load(&model, EngineOptions { device, max_seq_len, progress: true }))?;
+        Ok(Engine_ { engine: Arc::new(engine) })
     }
 
     /// Generate for each prompt, all in one continuous batch; `params` holds one
     /// SamplingParams for every prompt or one per prompt. Outputs in input order.
-    fn generate(
-        &self,
-        py: Python<'_>,
-        prompts: Vec<String>,
-        params: Vec<PyRef<'_, SamplingParams>>,
-    ) -> PyResult<Vec<RequestOutput>> {
+    fn generate(&self, py: Python<'_>, prompts: Vec<String>, params: Vec<PyRef<'_, SamplingParams>>) -> PyResult<Vec<RequestOutput>> {
         if params.len() != 1 && params.len() != prompts.len() {
-            let msg = format!(
-                "got {} SamplingParams for {} prompts",
-                params.len(),
-                prompts.len()
-            );
-            return Err(to_py_err(
-                py,
-                RocketError::invalid_arg("params", params.len(), msg),
-            ));
+            let msg = format!("got {} SamplingParams for {} prompts", params.len(), prompts.len());
+            return Err(to_py_err(py, RocketError::invalid_arg("params", params.len(), msg)));
         }
-        let resolved = params
-            .iter()
-            .map(|p| p.resolve(py, &self.engine))
-            .collect::<PyResult<Vec<_>>>()?;
+        let resolved = params.iter().map(|p| p.resolve(py, &self.engine)).collect::<PyResult<Vec<_>>>()?;
         let mut requests = Vec::with_capacity(prompts.len());
         for (i, prompt) in prompts.into_iter().enumerate() {
-            let ids = self
-                .engine
-                .encode_prompt(&prompt)
-                .map_err(|e| to_py_err(py, e))?;
-            requests.push((
-                prompt,
-                ids,
-                resolved[if resolved.len() == 1 { 0 } else { i }].clone(),
-            ));
+            let ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
+            requests.push((prompt, ids, resolved[if resolved.len() == 1 { 0 } else { i }].clone()));
         }
         let e = self.engine.clone();
         let outs = run_detached(py, move || e.generate_many(requests))?;
@@ -405,12 +314,7 @@ impl Engine_ {
     }
 
     /// Generate from token ids (no tokenisation of the prompt).
-    fn generate_from_ids(
-        &self,
-        py: Python<'_>,
-        prompt_token_ids: Vec<u32>,
-        params: &SamplingParams,
-    ) -> PyResult<RequestOutput> {
+    fn generate_from_ids(&self, py: Python<'_>, prompt_token_ids: Vec<u32>, params: &SamplingParams) -> PyResult<RequestOutput> {
         let e = self.engine.clone();
         let p = params.resolve(py, &e)?;
         let out = run_detached(py, move || {
@@ -422,25 +326,16 @@ impl Engine_ {
 
     /// Start generating in a background thread; iterate the result for deltas.
     fn stream(&self, py: Python<'_>, prompt: String, params: &SamplingParams) -> PyResult<Stream> {
-        let ids = self
-            .engine
-            .encode_prompt(&prompt)
-            .map_err(|e| to_py_err(py, e))?;
+        let ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
         let p = params.resolve(py, &self.engine)?;
         let (tx, rx) = std::sync::mpsc::sync_channel::<StreamItem>(64);
         let engine = self.engine.clone();
         std::thread::spawn(move || {
             let sender = tx.clone();
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                engine.generate_ids(prompt, ids, &p, &mut |d| {
-                    sender.send(StreamItem::Delta(d.clone())).is_ok()
-                })
+                engine.generate_ids(prompt, ids, &p, &mut |d| sender.send(StreamItem::Delta(d.clone())).is_ok())
             }))
-            .unwrap_or_else(|_| {
-                Err(RocketError::Internal(
-                    "rocket panicked while streaming".into(),
-                ))
-            });
+            .unwrap_or_else(|_| Err(RocketError::Internal("rocket panicked while streaming".into())));
             let _ = tx.send(match result {
                 Ok(out) => StreamItem::Done(out.finish_reason.as_str()),
                 Err(e) => StreamItem::Failed(e),
@@ -454,28 +349,14 @@ impl Engine_ {
     }
 
     #[pyo3(signature = (messages, add_generation_prompt=true))]
-    fn apply_chat_template(
-        &self,
-        py: Python<'_>,
-        messages: Vec<(String, String)>,
-        add_generation_prompt: bool,
-    ) -> PyResult<String> {
+    fn apply_chat_template(&self, py: Python<'_>, messages: Vec<(String, String)>, add_generation_prompt: bool) -> PyResult<String> {
         let e = self.engine.clone();
-        let messages: Vec<ChatMessage> = messages
-            .into_iter()
-            .map(|(role, content)| ChatMessage { role, content })
-            .collect();
-        run_detached(py, move || {
-            e.apply_chat_template(&messages, add_generation_prompt)
-        })
+        let messages: Vec<ChatMessage> = messages.into_iter().map(|(role, content)| ChatMessage { role, content }).collect();
+        run_detached(py, move || e.apply_chat_template(&messages, add_generation_prompt))
     }
 
     /// Logits at every position, shape (len(ids), vocab_size), float32.
-    fn teacher_forced_logits<'py>(
-        &self,
-        py: Python<'py>,
-        ids: Vec<u32>,
-    ) -> PyResult<Bound<'py, numpy::PyArray2<f32>>> {
+    fn teacher_forced_logits<'py>(&self, py: Python<'py>, ids: Vec<u32>) -> PyResult<Bound<'py, numpy::PyArray2<f32>>> {
         let e = self.engine.clone();
         let n = ids.len();
         let logits = run_detached(py, move || e.teacher_forced_logits(&ids))?;
@@ -485,9 +366,7 @@ impl Engine_ {
 
     #[getter]
     fn tokenizer(&self) -> Tokenizer {
-        Tokenizer {
-            inner: self.engine.tokenizer().clone(),
-        }
+        Tokenizer { inner: self.engine.tokenizer().clone() }
     }
 
     /// Model facts as a dict (path, format, family, shapes, backend, limits).
@@ -537,10 +416,7 @@ pub struct StreamDelta {
 #[pymethods]
 impl StreamDelta {
     fn __repr__(&self) -> String {
-        format!(
-            "StreamDelta(text={:?}, token_id={}, logprob={:?})",
-            self.text, self.token_id, self.logprob
-        )
+        format!("StreamDelta(text={:?}, token_id={}, logprob={:?})", self.text, self.token_id, self.logprob)
     }
 }
 
@@ -552,9 +428,7 @@ impl Stream {
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<StreamDelta>> {
         // Take the receiver out so no lock is held while waiting without the GIL.
-        let Some(rx) = self.rx.lock().ok().and_then(|mut g| g.take()) else {
-            return Ok(None);
-        };
+        let Some(rx) = self.rx.lock().ok().and_then(|mut g| g.take()) else { return Ok(None) };
         let (rx, item) = py.detach(move || {
             let item = rx.recv();
             (rx, item)
@@ -569,11 +443,7 @@ impl Stream {
         match item {
             Ok(StreamItem::Delta(d)) => {
                 put_back();
-                Ok(Some(StreamDelta {
-                    text: d.text,
-                    token_id: d.token_id,
-                    logprob: d.logprob,
-                }))
+                Ok(Some(StreamDelta { text: d.text, token_id: d.token_id, logprob: d.logprob }))
             }
             Ok(StreamItem::Done(reason)) => {
                 if let Ok(mut f) = self.finish_reason.lock() {
@@ -604,18 +474,9 @@ impl Stream {
 /// The sampler on its own: the token chosen from `logits` at generation `step`
 /// of a request seeded with `seed` (what every backend must reproduce).
 #[pyfunction]
-fn sample_token(
-    py: Python<'_>,
-    logits: Vec<f32>,
-    params: &SamplingParams,
-    seed: u64,
-    step: u64,
-) -> PyResult<u32> {
+fn sample_token(py: Python<'_>, logits: Vec<f32>, params: &SamplingParams, seed: u64, step: u64) -> PyResult<u32> {
     if logits.is_empty() {
-        return Err(to_py_err(
-            py,
-            RocketError::invalid_arg("logits", "[]", "must not be empty"),
-        ));
+        return Err(to_py_err(py, RocketError::invalid_arg("logits", "[]", "must not be empty")));
     }
     let p = params.to_core();
     Ok(py.detach(move || rocket_core::sampling::sample(&logits, &p, seed, step)))

@@ -16,19 +16,8 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(
-        status: StatusCode,
-        kind: &'static str,
-        code: &'static str,
-        message: impl Into<String>,
-    ) -> Self {
-        ApiError {
-            status,
-            message: message.into(),
-            kind,
-            param: None,
-            code: Some(code),
-        }
+    fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), kind, param: None, code: Some(code) }
     }
 
     fn with_param(mut self, param: &str) -> Self {
@@ -38,24 +27,12 @@ impl ApiError {
 
     /// 400: a field has the wrong type.
     pub fn invalid_type(param: &str, message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "invalid_type",
-            message,
-        )
-        .with_param(param)
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_type", message).with_param(param)
     }
 
     /// 400: a field has a value outside its range.
     pub fn invalid_value(param: &str, message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "invalid_value",
-            message,
-        )
-        .with_param(param)
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_value", message).with_param(param)
     }
 
     /// 400: a required field is absent.
@@ -71,32 +48,16 @@ impl ApiError {
 
     /// 400: a valid OpenAI feature that rocket does not implement.
     pub fn unsupported(param: &str, message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "unsupported_value",
-            message,
-        )
-        .with_param(param)
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "unsupported_value", message).with_param(param)
     }
 
     /// 400: the body is not a JSON object.
     pub fn invalid_json(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "invalid_json",
-            message,
-        )
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_json", message)
     }
 
     /// 400: prompt + max_tokens do not fit the context.
-    pub fn context_length(
-        param: &str,
-        prompt_tokens: usize,
-        max_tokens: usize,
-        limit: usize,
-    ) -> Self {
+    pub fn context_length(param: &str, prompt_tokens: usize, max_tokens: usize, limit: usize) -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
@@ -122,21 +83,11 @@ impl ApiError {
     }
 
     pub fn not_found(path: &str) -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "not_found",
-            format!("no route for {path}"),
-        )
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", format!("no route for {path}"))
     }
 
     pub fn method_not_allowed() -> Self {
-        Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "invalid_request_error",
-            "method_not_allowed",
-            "method not allowed",
-        )
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", "method not allowed")
     }
 
     /// 429: the request queue is full.
@@ -150,55 +101,29 @@ impl ApiError {
     }
 
     pub fn loading() -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "model_loading",
-            "the model is still loading; retry later",
-        )
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_loading", "the model is still loading; retry later")
     }
 
     pub fn shutting_down() -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "shutting_down",
-            "the server is shutting down",
-        )
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "shutting_down", "the server is shutting down")
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            "internal_error",
-            message,
-        )
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", message)
     }
 
     /// An engine error for a request whose prompt came in the field `prompt_param`.
     pub fn from_engine(e: &RocketError, prompt_param: &str) -> Self {
         match e {
-            RocketError::InvalidArgument {
-                parameter,
-                message,
-                value,
-            } => Self::invalid_value(
-                parameter,
-                format!("invalid value for '{parameter}': {value} ({message})"),
-            ),
-            RocketError::EmptyPrompt => {
-                Self::invalid_value(prompt_param, format!("'{prompt_param}' must not be empty"))
+            RocketError::InvalidArgument { parameter, message, value } => {
+                Self::invalid_value(parameter, format!("invalid value for '{parameter}': {value} ({message})"))
             }
-            RocketError::ContextOverflow {
-                prompt_tokens,
-                max_tokens,
-                limit,
-            } => Self::context_length(prompt_param, *prompt_tokens, *max_tokens, *limit),
+            RocketError::EmptyPrompt => Self::invalid_value(prompt_param, format!("'{prompt_param}' must not be empty")),
+            RocketError::ContextOverflow { prompt_tokens, max_tokens, limit } => {
+                Self::context_length(prompt_param, *prompt_tokens, *max_tokens, *limit)
+            }
             // Chat templates reject some conversations (raise_exception), tokenizers odd input.
-            RocketError::ChatTemplate(m) | RocketError::Tokenizer(m) => {
-                Self::invalid_value(prompt_param, m.clone())
-            }
+            RocketError::ChatTemplate(m) | RocketError::Tokenizer(m) => Self::invalid_value(prompt_param, m.clone()),
             other => Self::internal(other.to_string()),
         }
     }
@@ -232,47 +157,17 @@ mod tests {
             json!({"error": {"message": "must be >= 0", "type": "invalid_request_error",
                              "param": "temperature", "code": "invalid_value"}})
         );
-        assert_eq!(
-            ApiError::overloaded(4).status,
-            StatusCode::TOO_MANY_REQUESTS
-        );
-        assert_eq!(
-            ApiError::overloaded(4).body()["error"]["param"],
-            serde_json::Value::Null
-        );
+        assert_eq!(ApiError::overloaded(4).status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(ApiError::overloaded(4).body()["error"]["param"], serde_json::Value::Null);
     }
 
     #[test]
     fn engine_errors_map_to_client_errors() {
-        let e = ApiError::from_engine(
-            &RocketError::ContextOverflow {
-                prompt_tokens: 10,
-                max_tokens: 5,
-                limit: 12,
-            },
-            "messages",
-        );
-        assert_eq!(
-            (e.status, e.code, e.param.as_deref()),
-            (
-                StatusCode::BAD_REQUEST,
-                Some("context_length_exceeded"),
-                Some("messages")
-            )
-        );
-        assert!(
-            e.message.contains("12 tokens") && e.message.contains("15 tokens"),
-            "{}",
-            e.message
-        );
-        let e = ApiError::from_engine(
-            &RocketError::invalid_arg("top_p", 2.0, "must be in (0, 1]"),
-            "prompt",
-        );
-        assert_eq!(
-            (e.status, e.param.as_deref()),
-            (StatusCode::BAD_REQUEST, Some("top_p"))
-        );
+        let e = ApiError::from_engine(&RocketError::ContextOverflow { prompt_tokens: 10, max_tokens: 5, limit: 12 }, "messages");
+        assert_eq!((e.status, e.code, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some("context_length_exceeded"), Some("messages")));
+        assert!(e.message.contains("12 tokens") && e.message.contains("15 tokens"), "{}", e.message);
+        let e = ApiError::from_engine(&RocketError::invalid_arg("top_p", 2.0, "must be in (0, 1]"), "prompt");
+        assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some("top_p")));
         let e = ApiError::from_engine(&RocketError::Internal("boom".into()), "prompt");
         assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
     }

@@ -86,10 +86,7 @@ impl AppState {
     fn new(model_name: String) -> Self {
         AppState {
             model_name,
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             ready: OnceLock::new(),
             shutting_down: AtomicBool::new(false),
             id_salt: rocket_core::sampling::fresh_seed(),
@@ -110,19 +107,14 @@ impl AppState {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         Meta {
             id: format!("{prefix}-{:016x}{n:08x}", self.id_salt),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             model: self.model_name.clone(),
         }
     }
 }
 
 fn default_name(path: &std::path::Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| path.display().to_string())
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
@@ -174,15 +166,9 @@ async fn serve(args: &ServeArgs, path: PathBuf) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let addr: SocketAddr = listener.local_addr()?;
-    let name = args
-        .served_model_name
-        .clone()
-        .unwrap_or_else(|| default_name(&path));
+    let name = args.served_model_name.clone().unwrap_or_else(|| default_name(&path));
     let app = Arc::new(AppState::new(name));
-    eprintln!(
-        "rocket serve: listening on http://{addr} (loading {})",
-        path.display()
-    );
+    eprintln!("rocket serve: listening on http://{addr} (loading {})", path.display());
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stop_tx = Arc::new(stop_tx);
@@ -197,11 +183,7 @@ async fn serve(args: &ServeArgs, path: PathBuf) -> anyhow::Result<()> {
             let started = Instant::now();
             let loaded = tokio::task::spawn_blocking(move || {
                 let (path, device, max_seq_len) = options;
-                let options = rocket_core::EngineOptions {
-                    device: device.parse()?,
-                    max_seq_len,
-                    ..Default::default()
-                };
+                let options = rocket_core::EngineOptions { device: device.parse()?, max_seq_len, ..Default::default() };
                 Engine::load(path, options)
             })
             .await;
@@ -221,9 +203,7 @@ async fn serve(args: &ServeArgs, path: PathBuf) -> anyhow::Result<()> {
                             let _ = app.ready.set(Ready { engine, scheduler });
                             None
                         }
-                        Err(e) => {
-                            Some(anyhow::Error::new(e).context("starting the scheduler thread"))
-                        }
+                        Err(e) => Some(anyhow::Error::new(e).context("starting the scheduler thread")),
                     }
                 }
                 Ok(Ok(_)) => None,
@@ -260,18 +240,14 @@ async fn serve(args: &ServeArgs, path: PathBuf) -> anyhow::Result<()> {
             }
             if let Some(r) = app.ready() {
                 if r.scheduler.in_flight() > 0 {
-                    eprintln!(
-                        "rocket serve: cancelling {} request(s)",
-                        r.scheduler.in_flight()
-                    );
+                    eprintln!("rocket serve: cancelling {} request(s)", r.scheduler.in_flight());
                 }
                 r.scheduler.cancel_all();
             }
         });
     }
 
-    let server = axum::serve(listener, routes::router(app.clone()))
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let server = axum::serve(listener, routes::router(app.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
     let deadline = async {
         stopped(stop_rx.clone()).await;
         // Cancelled requests end their streams at once; this only guards against a stuck client.

@@ -48,8 +48,7 @@ fn byte_level_decoder() -> &'static std::collections::HashMap<char, u8> {
         let mut table = std::collections::HashMap::with_capacity(256);
         let mut extra = 0u32;
         for b in 0u32..256 {
-            let printable =
-                (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
             let c = if printable {
                 b
             } else {
@@ -82,10 +81,7 @@ impl<'a> TokenText<'a> {
             }
         }
         // Not byte-level (or an added token with spaces): its decoded text.
-        self.tokenizer
-            .decode(&[id], false)
-            .unwrap_or_default()
-            .into_bytes()
+        self.tokenizer.decode(&[id], false).unwrap_or_default().into_bytes()
     }
 
     pub fn text(&self, id: u32) -> String {
@@ -95,11 +91,7 @@ impl<'a> TokenText<'a> {
 
 /// The legacy completions `logprobs` object for `items`; text offsets start at `offset`,
 /// which is returned advanced past these tokens.
-pub fn completion_logprobs(
-    tt: &TokenText<'_>,
-    items: &[TokenLogprob],
-    offset: &mut usize,
-) -> Value {
+pub fn completion_logprobs(tt: &TokenText<'_>, items: &[TokenLogprob], offset: &mut usize) -> Value {
     let mut tokens = Vec::with_capacity(items.len());
     let mut token_logprobs = Vec::with_capacity(items.len());
     let mut top_logprobs = Vec::with_capacity(items.len());
@@ -137,12 +129,7 @@ pub fn chat_logprobs(tt: &TokenText<'_>, items: &[TokenLogprob]) -> Value {
 }
 
 /// A whole (non-streamed) completion.
-pub fn completion_body(
-    meta: &Meta,
-    text: String,
-    logprobs: Option<Value>,
-    out: &RequestOutput,
-) -> Value {
+pub fn completion_body(meta: &Meta, text: String, logprobs: Option<Value>, out: &RequestOutput) -> Value {
     json!({
         "id": meta.id,
         "object": "text_completion",
@@ -201,14 +188,7 @@ pub struct ChunkWriter {
 
 impl ChunkWriter {
     pub fn new(meta: Meta, endpoint: Endpoint, logprobs: bool, include_usage: bool) -> Self {
-        ChunkWriter {
-            meta,
-            endpoint,
-            logprobs,
-            include_usage,
-            offset: 0,
-            pending: Vec::new(),
-        }
+        ChunkWriter { meta, endpoint, logprobs, include_usage, offset: 0, pending: Vec::new() }
     }
 
     fn chunk(&self, choice: Value) -> Value {
@@ -238,17 +218,11 @@ impl ChunkWriter {
         };
         match self.endpoint {
             Endpoint::Completions => {
-                let logprobs = self
-                    .logprobs
-                    .then(|| completion_logprobs(tt, &items, &mut self.offset));
+                let logprobs = self.logprobs.then(|| completion_logprobs(tt, &items, &mut self.offset));
                 json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason})
             }
             Endpoint::Chat => {
-                let delta = if finish.is_some() && text.is_empty() {
-                    json!({})
-                } else {
-                    json!({"content": text})
-                };
+                let delta = if finish.is_some() && text.is_empty() { json!({}) } else { json!({"content": text}) };
                 let logprobs = self.logprobs.then(|| chat_logprobs(tt, &items));
                 json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason})
             }
@@ -275,19 +249,9 @@ impl ChunkWriter {
     }
 
     /// One generated token; a chunk when it settles text.
-    pub fn token(
-        &mut self,
-        tt: &TokenText<'_>,
-        token_id: u32,
-        logprob: Option<f32>,
-        text: &str,
-    ) -> Option<Value> {
+    pub fn token(&mut self, tt: &TokenText<'_>, token_id: u32, logprob: Option<f32>, text: &str) -> Option<Value> {
         if self.logprobs {
-            self.pending.push(TokenLogprob {
-                token_id,
-                logprob: logprob.unwrap_or(f32::NAN),
-                top: Vec::new(),
-            });
+            self.pending.push(TokenLogprob { token_id, logprob: logprob.unwrap_or(f32::NAN), top: Vec::new() });
         }
         if text.is_empty() {
             return None;
@@ -315,12 +279,7 @@ mod tests {
     use super::*;
     use rocket_core::Metrics;
 
-    fn output(
-        text: &str,
-        ids: Vec<u32>,
-        finish: FinishReason,
-        stop: Option<StopReason>,
-    ) -> RequestOutput {
+    fn output(text: &str, ids: Vec<u32>, finish: FinishReason, stop: Option<StopReason>) -> RequestOutput {
         RequestOutput {
             prompt: "p".into(),
             prompt_token_ids: vec![1, 2, 3],
@@ -334,16 +293,11 @@ mod tests {
     }
 
     fn meta() -> Meta {
-        Meta {
-            id: "cmpl-1".into(),
-            created: 7,
-            model: "m".into(),
-        }
+        Meta { id: "cmpl-1".into(), created: 7, model: "m".into() }
     }
 
     fn tokenizer() -> Tokenizer {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/parity/fixtures/tiny-llama/tokenizer.json");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/parity/fixtures/tiny-llama/tokenizer.json");
         Tokenizer::from_file(&path).unwrap()
     }
 
@@ -356,10 +310,7 @@ mod tests {
         let mut w = ChunkWriter::new(meta(), Endpoint::Chat, true, true);
         let start = w.start(&tt, None);
         assert_eq!(start.len(), 1);
-        assert_eq!(
-            start[0]["choices"][0]["delta"],
-            json!({"role": "assistant", "content": ""})
-        );
+        assert_eq!(start[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
         assert_eq!(start[0]["object"], "chat.completion.chunk");
         // A token whose text is held back makes no chunk; the next chunk reports both tokens.
         assert!(w.token(&tt, ids[0], Some(-0.5), "").is_none());
@@ -367,17 +318,8 @@ mod tests {
         assert_eq!(c["choices"][0]["delta"]["content"], "hello world");
         let content = c["choices"][0]["logprobs"]["content"].as_array().unwrap();
         assert_eq!(content.len(), 2);
-        assert_eq!(
-            (
-                content[0]["logprob"].as_f64(),
-                content[1]["logprob"].as_f64()
-            ),
-            (Some(-0.5), Some(-0.25))
-        );
-        assert_eq!(
-            content[0]["token"].as_str().unwrap().as_bytes(),
-            tt.bytes(ids[0]).as_slice()
-        );
+        assert_eq!((content[0]["logprob"].as_f64(), content[1]["logprob"].as_f64()), (Some(-0.5), Some(-0.25)));
+        assert_eq!(content[0]["token"].as_str().unwrap().as_bytes(), tt.bytes(ids[0]).as_slice());
         assert_eq!(c["usage"], Value::Null);
         let out = output("hello world", ids[..2].to_vec(), FinishReason::Length, None);
         let end = w.finish(&tt, &out);
@@ -406,21 +348,10 @@ mod tests {
         assert_eq!(lp["top_logprobs"], json!([{}]));
         assert_eq!(c["object"], "text_completion");
         assert_eq!(c["choices"][0]["finish_reason"], Value::Null);
-        let out = output(
-            " world",
-            ids.clone(),
-            FinishReason::Stop,
-            Some(StopReason::Token(2)),
-        );
+        let out = output(" world", ids.clone(), FinishReason::Stop, Some(StopReason::Token(2)));
         let end = w.finish(&tt, &out);
         assert_eq!(end.len(), 1);
-        assert_eq!(
-            (
-                end[0]["choices"][0]["finish_reason"].as_str(),
-                end[0]["choices"][0]["stop_reason"].as_u64()
-            ),
-            (Some("stop"), Some(2))
-        );
+        assert_eq!((end[0]["choices"][0]["finish_reason"].as_str(), end[0]["choices"][0]["stop_reason"].as_u64()), (Some("stop"), Some(2)));
     }
 
     #[test]
@@ -432,29 +363,11 @@ mod tests {
             let bytes: Vec<u8> = ids.iter().flat_map(|&id| tt.bytes(id)).collect();
             assert_eq!(bytes, text.as_bytes(), "{text:?} -> {ids:?}");
         }
-        let lp = completion_logprobs(
-            &tt,
-            &[TokenLogprob {
-                token_id: 5,
-                logprob: -0.1,
-                top: vec![(5, -0.1), (6, -2.0)],
-            }],
-            &mut 3,
-        );
+        let lp = completion_logprobs(&tt, &[TokenLogprob { token_id: 5, logprob: -0.1, top: vec![(5, -0.1), (6, -2.0)] }], &mut 3);
         assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
         assert_eq!(lp["text_offset"], json!([3]));
-        let chat = chat_logprobs(
-            &tt,
-            &[TokenLogprob {
-                token_id: 5,
-                logprob: -0.1,
-                top: vec![(6, -2.0)],
-            }],
-        );
-        assert_eq!(
-            chat["content"][0]["top_logprobs"][0]["logprob"].as_f64(),
-            Some(-2.0f32 as f64)
-        );
+        let chat = chat_logprobs(&tt, &[TokenLogprob { token_id: 5, logprob: -0.1, top: vec![(6, -2.0)] }]);
+        assert_eq!(chat["content"][0]["top_logprobs"][0]["logprob"].as_f64(), Some(-2.0f32 as f64));
     }
 
     #[test]
@@ -472,28 +385,17 @@ mod tests {
 
     #[test]
     fn bodies_have_usage_and_finish_reason() {
-        let out = output(
-            "Paris.",
-            vec![5, 6],
-            FinishReason::Stop,
-            Some(StopReason::String("\n".into())),
-        );
+        let out = output("Paris.", vec![5, 6], FinishReason::Stop, Some(StopReason::String("\n".into())));
         let b = completion_body(&meta(), out.text.clone(), None, &out);
         assert_eq!(b["object"], "text_completion");
         assert_eq!(b["choices"][0]["text"], "Paris.");
         assert_eq!(b["choices"][0]["finish_reason"], "stop");
         assert_eq!(b["choices"][0]["stop_reason"], "\n");
-        assert_eq!(
-            b["usage"],
-            json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5})
-        );
+        assert_eq!(b["usage"], json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}));
         let out = output("Hi", vec![5], FinishReason::Length, None);
         let b = chat_body(&meta(), None, &out);
         assert_eq!(b["object"], "chat.completion");
-        assert_eq!(
-            b["choices"][0]["message"],
-            json!({"role": "assistant", "content": "Hi", "refusal": null})
-        );
+        assert_eq!(b["choices"][0]["message"], json!({"role": "assistant", "content": "Hi", "refusal": null}));
         assert_eq!(b["choices"][0]["finish_reason"], "length");
         assert_eq!(b["choices"][0]["stop_reason"], Value::Null);
     }

@@ -20,9 +20,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::errors::ApiError;
 use super::response::{self, ChunkWriter, Endpoint, TokenText};
-use super::schema::{
-    ChatRequest, CompletionRequest, Prompt, Sampling, DEFAULT_COMPLETION_MAX_TOKENS,
-};
+use super::schema::{ChatRequest, CompletionRequest, Prompt, Sampling, DEFAULT_COMPLETION_MAX_TOKENS};
 use super::{AppState, Ready};
 
 pub fn router(app: Arc<AppState>) -> Router {
@@ -105,10 +103,7 @@ fn check_model(app: &AppState, model: Option<&str>) -> Result<(), ApiError> {
 fn check_ids(engine: &Engine, param: &str, ids: &[u32]) -> Result<(), ApiError> {
     let vocab = engine.spec().vocab_size;
     match ids.iter().find(|&&id| id as usize >= vocab) {
-        Some(bad) => Err(ApiError::invalid_value(
-            param,
-            format!("token id {bad} in '{param}' is not below the vocabulary size {vocab}"),
-        )),
+        Some(bad) => Err(ApiError::invalid_value(param, format!("token id {bad} in '{param}' is not below the vocabulary size {vocab}"))),
         None => Ok(()),
     }
 }
@@ -130,34 +125,21 @@ fn engine_params(
         // Chat's default is whatever room the context has left.
         .unwrap_or_else(|| limit.saturating_sub(prompt_tokens).max(1));
     if prompt_tokens + max_tokens > limit {
-        return Err(ApiError::context_length(
-            prompt_param,
-            prompt_tokens,
-            max_tokens,
-            limit,
-        ));
+        return Err(ApiError::context_length(prompt_param, prompt_tokens, max_tokens, limit));
     }
     if sampling.min_tokens > max_tokens {
         return Err(ApiError::invalid_value(
             "min_tokens",
-            format!(
-                "'min_tokens' ({}) must not exceed max_tokens ({max_tokens})",
-                sampling.min_tokens
-            ),
+            format!("'min_tokens' ({}) must not exceed max_tokens ({max_tokens})", sampling.min_tokens),
         ));
     }
     let params = sampling.to_params(max_tokens, logprobs, engine.generation_config());
-    params
-        .validate()
-        .map_err(|e| ApiError::from_engine(&e, prompt_param))?;
+    params.validate().map_err(|e| ApiError::from_engine(&e, prompt_param))?;
     Ok(params)
 }
 
 /// Wait for a request's result (non-streamed responses).
-async fn collect(
-    mut rx: UnboundedReceiver<BatchEvent>,
-    prompt_param: &str,
-) -> Result<RequestOutput, ApiError> {
+async fn collect(mut rx: UnboundedReceiver<BatchEvent>, prompt_param: &str) -> Result<RequestOutput, ApiError> {
     while let Some(event) = rx.recv().await {
         match event {
             BatchEvent::Delta(_) => {}
@@ -204,15 +186,9 @@ fn sse_stream(
                 Some(BatchEvent::Finished(out)) if out.finish_reason == FinishReason::Cancelled => {
                     events.push(data(&ApiError::shutting_down().body()));
                 }
-                Some(BatchEvent::Finished(out)) => {
-                    events.extend(writer.finish(&tt, &out).iter().map(data))
-                }
-                Some(BatchEvent::Failed(e)) => {
-                    events.push(data(&ApiError::from_engine(&e, prompt_param).body()))
-                }
-                None => events.push(data(
-                    &ApiError::internal("the request ended without a result").body(),
-                )),
+                Some(BatchEvent::Finished(out)) => events.extend(writer.finish(&tt, &out).iter().map(data)),
+                Some(BatchEvent::Failed(e)) => events.push(data(&ApiError::from_engine(&e, prompt_param).body())),
+                None => events.push(data(&ApiError::internal("the request ended without a result").body())),
             }
             if done {
                 events.push(Ok(Event::default().data("[DONE]")));
@@ -223,27 +199,15 @@ fn sse_stream(
     head.chain(body.flatten())
 }
 
-fn sse_response(
-    stream: impl Stream<Item = Result<Event, Infallible>> + Send + 'static,
-) -> Response {
-    Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
-        .into_response()
+fn sse_response(stream: impl Stream<Item = Result<Event, Infallible>> + Send + 'static) -> Response {
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10))).into_response()
 }
 
-async fn completions(
-    State(app): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    completions_inner(&app, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+async fn completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    completions_inner(&app, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn completions_inner(
-    app: &AppState,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+async fn completions_inner(app: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (ready, body) = admit(app, body)?;
     let req = CompletionRequest::parse(&body)?;
     check_model(app, req.model.as_deref())?;
@@ -251,119 +215,55 @@ async fn completions_inner(
     let (prompt, ids) = match req.prompt {
         Prompt::Text(text) => {
             if text.is_empty() {
-                return Err(ApiError::invalid_value(
-                    "prompt",
-                    "'prompt' must not be empty",
-                ));
+                return Err(ApiError::invalid_value("prompt", "'prompt' must not be empty"));
             }
-            let ids = engine
-                .encode_prompt(&text)
-                .map_err(|e| ApiError::from_engine(&e, "prompt"))?;
+            let ids = engine.encode_prompt(&text).map_err(|e| ApiError::from_engine(&e, "prompt"))?;
             (text, ids)
         }
         Prompt::Ids(ids) => {
             if ids.is_empty() {
-                return Err(ApiError::invalid_value(
-                    "prompt",
-                    "'prompt' must not be empty",
-                ));
+                return Err(ApiError::invalid_value("prompt", "'prompt' must not be empty"));
             }
             check_ids(engine, "prompt", &ids)?;
-            let text = engine
-                .tokenizer()
-                .decode(&ids, false)
-                .map_err(|e| ApiError::from_engine(&e, "prompt"))?;
+            let text = engine.tokenizer().decode(&ids, false).map_err(|e| ApiError::from_engine(&e, "prompt"))?;
             (text, ids)
         }
     };
-    let params = engine_params(
-        engine,
-        &req.sampling,
-        "prompt",
-        ids.len(),
-        Some(DEFAULT_COMPLETION_MAX_TOKENS),
-        req.logprobs,
-    )?;
+    let params = engine_params(engine, &req.sampling, "prompt", ids.len(), Some(DEFAULT_COMPLETION_MAX_TOKENS), req.logprobs)?;
     let rx = ready.scheduler.submit(prompt.clone(), ids, params)?;
     let meta = app.meta("cmpl");
     if req.stream {
-        let writer = ChunkWriter::new(
-            meta,
-            Endpoint::Completions,
-            req.logprobs.is_some(),
-            req.include_usage,
-        );
+        let writer = ChunkWriter::new(meta, Endpoint::Completions, req.logprobs.is_some(), req.include_usage);
         let echo = req.echo.then_some(prompt);
-        return Ok(sse_response(sse_stream(
-            engine.clone(),
-            rx,
-            writer,
-            echo,
-            "prompt",
-        )));
+        return Ok(sse_response(sse_stream(engine.clone(), rx, writer, echo, "prompt")));
     }
     let out = collect(rx, "prompt").await?;
     let tt = TokenText::new(engine.tokenizer());
-    let logprobs = out
-        .logprobs
-        .as_ref()
-        .map(|items| response::completion_logprobs(&tt, items, &mut 0));
-    let text = if req.echo {
-        format!("{prompt}{}", out.text)
-    } else {
-        out.text.clone()
-    };
+    let logprobs = out.logprobs.as_ref().map(|items| response::completion_logprobs(&tt, items, &mut 0));
+    let text = if req.echo { format!("{prompt}{}", out.text) } else { out.text.clone() };
     Ok(Json(response::completion_body(&meta, text, logprobs, &out)).into_response())
 }
 
-async fn chat_completions(
-    State(app): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    chat_inner(&app, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    chat_inner(&app, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn chat_inner(
-    app: &AppState,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+async fn chat_inner(app: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (ready, body) = admit(app, body)?;
     let req = ChatRequest::parse(&body)?;
     check_model(app, req.model.as_deref())?;
     let engine = &ready.engine;
-    let prompt = engine
-        .apply_chat_template(&req.messages, true)
-        .map_err(|e| ApiError::from_engine(&e, "messages"))?;
-    let ids = engine
-        .encode_prompt(&prompt)
-        .map_err(|e| ApiError::from_engine(&e, "messages"))?;
-    let params = engine_params(
-        engine,
-        &req.sampling,
-        "messages",
-        ids.len(),
-        None,
-        req.engine_logprobs(),
-    )?;
+    let prompt = engine.apply_chat_template(&req.messages, true).map_err(|e| ApiError::from_engine(&e, "messages"))?;
+    let ids = engine.encode_prompt(&prompt).map_err(|e| ApiError::from_engine(&e, "messages"))?;
+    let params = engine_params(engine, &req.sampling, "messages", ids.len(), None, req.engine_logprobs())?;
     let rx = ready.scheduler.submit(prompt, ids, params)?;
     let meta = app.meta("chatcmpl");
     if req.stream {
         let writer = ChunkWriter::new(meta, Endpoint::Chat, req.logprobs, req.include_usage);
-        return Ok(sse_response(sse_stream(
-            engine.clone(),
-            rx,
-            writer,
-            None,
-            "messages",
-        )));
+        return Ok(sse_response(sse_stream(engine.clone(), rx, writer, None, "messages")));
     }
     let out = collect(rx, "messages").await?;
     let tt = TokenText::new(engine.tokenizer());
-    let logprobs = out
-        .logprobs
-        .as_ref()
-        .map(|items| response::chat_logprobs(&tt, items));
+    let logprobs = out.logprobs.as_ref().map(|items| response::chat_logprobs(&tt, items));
     Ok(Json(response::chat_body(&meta, logprobs, &out)).into_response())
 }

@@ -64,21 +64,15 @@ impl Scheduler {
         let cancel_all = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(AtomicBool::new(false));
         let (cancel, fail) = (cancel_all.clone(), failed.clone());
-        let thread = std::thread::Builder::new()
-            .name("rocket-scheduler".into())
-            .spawn(move || {
-                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run(&engine, max_batch, &rx, &cancel)
-                }));
-                if run.is_err() {
-                    // Every sink (and its sender) is dropped by the unwind: waiting
-                    // handlers see their channel close and answer 500.
-                    fail.store(true, Ordering::SeqCst);
-                    tracing::error!(
-                        "the scheduler thread panicked; no further requests can be served"
-                    );
-                }
-            })?;
+        let thread = std::thread::Builder::new().name("rocket-scheduler".into()).spawn(move || {
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&engine, max_batch, &rx, &cancel)));
+            if run.is_err() {
+                // Every sink (and its sender) is dropped by the unwind: waiting
+                // handlers see their channel close and answer 500.
+                fail.store(true, Ordering::SeqCst);
+                tracing::error!("the scheduler thread panicked; no further requests can be served");
+            }
+        })?;
         Ok(Scheduler {
             jobs: Mutex::new(Some(tx)),
             counters: Arc::new(Counters::default()),
@@ -112,28 +106,17 @@ impl Scheduler {
         params: SamplingParams,
     ) -> Result<UnboundedReceiver<BatchEvent>, ApiError> {
         if !self.healthy() {
-            return Err(ApiError::internal(
-                "the scheduler has failed; restart the server",
-            ));
+            return Err(ApiError::internal("the scheduler has failed; restart the server"));
         }
-        let reserved =
-            self.counters
-                .in_flight
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                    (n < self.max_queue).then_some(n + 1)
-                });
+        let reserved = self.counters.in_flight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+            (n < self.max_queue).then_some(n + 1)
+        });
         if reserved.is_err() {
             return Err(ApiError::overloaded(self.max_queue));
         }
         let slot = Slot(self.counters.clone());
         let (events, rx) = unbounded_channel();
-        let job = Job {
-            prompt,
-            prompt_ids,
-            params,
-            events,
-            slot,
-        };
+        let job = Job { prompt, prompt_ids, params, events, slot };
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
         // On failure the job (and its slot) comes back with the error and is dropped.
         if jobs.as_ref().is_some_and(|tx| tx.send(job).is_ok()) {
@@ -158,13 +141,7 @@ impl Scheduler {
 }
 
 fn admit<'e>(batcher: &mut Batcher<'e>, live: &mut Vec<Live>, job: Job) {
-    let Job {
-        prompt,
-        prompt_ids,
-        params,
-        events,
-        slot,
-    } = job;
+    let Job { prompt, prompt_ids, params, events, slot } = job;
     if events.is_closed() {
         return; // The client left while the request was in the channel.
     }
@@ -181,11 +158,7 @@ fn admit<'e>(batcher: &mut Batcher<'e>, live: &mut Vec<Live>, job: Job) {
         delivered
     });
     match batcher.add(prompt, prompt_ids, params, sink) {
-        Ok(id) => live.push(Live {
-            id,
-            events: tx,
-            done,
-        }),
+        Ok(id) => live.push(Live { id, events: tx, done }),
         // The handler validated already; this is the engine's last word.
         Err(e) => {
             let _ = tx.send(BatchEvent::Failed(e));

@@ -29,19 +29,12 @@ fn type_name(v: &Value) -> &'static str {
 /// Parse a request body into a JSON object.
 pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::invalid_json(
-            "the request body is empty; expected a JSON object",
-        ));
+        return Err(ApiError::invalid_json("the request body is empty; expected a JSON object"));
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(map)) => Ok(map),
-        Ok(other) => Err(ApiError::invalid_json(format!(
-            "the request body must be a JSON object, not {}",
-            type_name(&other)
-        ))),
-        Err(e) => Err(ApiError::invalid_json(format!(
-            "the request body is not valid JSON: {e}"
-        ))),
+        Ok(other) => Err(ApiError::invalid_json(format!("the request body must be a JSON object, not {}", type_name(&other)))),
+        Err(e) => Err(ApiError::invalid_json(format!("the request body is not valid JSON: {e}"))),
     }
 }
 
@@ -60,10 +53,7 @@ impl<'a> Fields<'a> {
     }
 
     fn wrong(name: &str, expected: &str, v: &Value) -> ApiError {
-        ApiError::invalid_type(
-            name,
-            format!("'{name}' must be {expected}, not {}", type_name(v)),
-        )
+        ApiError::invalid_type(name, format!("'{name}' must be {expected}, not {}", type_name(v)))
     }
 
     pub fn bool(&self, name: &str) -> Result<Option<bool>> {
@@ -94,10 +84,9 @@ impl<'a> Fields<'a> {
     pub fn number_in(&self, name: &str, lo: f64, hi: f64) -> Result<Option<f64>> {
         let v = self.number(name)?;
         match v {
-            Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::invalid_value(
-                name,
-                format!("'{name}' must be between {lo} and {hi}, got {x}"),
-            )),
+            Some(x) if !(lo..=hi).contains(&x) => {
+                Err(ApiError::invalid_value(name, format!("'{name}' must be between {lo} and {hi}, got {x}")))
+            }
             _ => Ok(v),
         }
     }
@@ -109,14 +98,10 @@ impl<'a> Fields<'a> {
                 (Some(i), _) => Ok(Some(i)),
                 // Integral floats (`5.0`) are accepted, as Python's pydantic does.
                 (None, Some(f)) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(Some(f as i64)),
-                (None, _) if n.as_u64().is_some() => Err(ApiError::invalid_value(
-                    name,
-                    format!("'{name}' is out of range: {n}"),
-                )),
-                _ => Err(ApiError::invalid_type(
-                    name,
-                    format!("'{name}' must be an integer, not {n}"),
-                )),
+                (None, _) if n.as_u64().is_some() => {
+                    Err(ApiError::invalid_value(name, format!("'{name}' is out of range: {n}")))
+                }
+                _ => Err(ApiError::invalid_type(name, format!("'{name}' must be an integer, not {n}"))),
             },
             Some(v) => Err(Self::wrong(name, "an integer", v)),
         }
@@ -126,10 +111,7 @@ impl<'a> Fields<'a> {
     pub fn integer_min(&self, name: &str, min: i64) -> Result<Option<i64>> {
         let v = self.integer(name)?;
         match v {
-            Some(x) if x < min => Err(ApiError::invalid_value(
-                name,
-                format!("'{name}' must be at least {min}, got {x}"),
-            )),
+            Some(x) if x < min => Err(ApiError::invalid_value(name, format!("'{name}' must be at least {min}, got {x}"))),
             _ => Ok(v),
         }
     }
@@ -170,10 +152,7 @@ fn token_id_list(name: &str, items: &[Value]) -> Result<Vec<u32>> {
         .enumerate()
         .map(|(i, v)| match v.as_u64() {
             Some(id) if id <= u32::MAX as u64 => Ok(id as u32),
-            _ => Err(ApiError::invalid_type(
-                name,
-                format!("'{name}[{i}]' must be a token id (an integer >= 0), not {v}"),
-            )),
+            _ => Err(ApiError::invalid_type(name, format!("'{name}[{i}]' must be a token id (an integer >= 0), not {v}"))),
         })
         .collect()
 }
@@ -215,17 +194,11 @@ impl Sampling {
         }
         let temperature = f.number("temperature")?;
         if let Some(t) = temperature.filter(|t| *t < 0.0) {
-            return Err(ApiError::invalid_value(
-                "temperature",
-                format!("'temperature' must be >= 0 (0 = greedy), got {t}"),
-            ));
+            return Err(ApiError::invalid_value("temperature", format!("'temperature' must be >= 0 (0 = greedy), got {t}")));
         }
         let top_p = f.number("top_p")?;
         if let Some(p) = top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
-            return Err(ApiError::invalid_value(
-                "top_p",
-                format!("'top_p' must be in (0, 1], got {p}"),
-            ));
+            return Err(ApiError::invalid_value("top_p", format!("'top_p' must be in (0, 1], got {p}")));
         }
         // vLLM spells "off" as -1; rocket as 0.
         let top_k = f.integer_min("top_k", -1)?.map(|k| k.max(0) as usize);
@@ -239,10 +212,7 @@ impl Sampling {
         let seed = f.integer("seed")?.map(|s| s as u64);
         let stop = f.strings("stop")?;
         if stop.iter().any(String::is_empty) {
-            return Err(ApiError::invalid_value(
-                "stop",
-                "stop strings must not be empty",
-            ));
+            return Err(ApiError::invalid_value("stop", "stop strings must not be empty"));
         }
         Ok(Sampling {
             max_tokens,
@@ -264,12 +234,7 @@ impl Sampling {
 
     /// Engine parameters: unset fields from the model's generation_config, as
     /// `rocket generate` and the Python API do.
-    pub fn to_params(
-        &self,
-        max_tokens: usize,
-        logprobs: Option<usize>,
-        generation: &GenerationConfig,
-    ) -> SamplingParams {
+    pub fn to_params(&self, max_tokens: usize, logprobs: Option<usize>, generation: &GenerationConfig) -> SamplingParams {
         let mut params = SamplingParams {
             max_tokens,
             min_tokens: self.min_tokens,
@@ -305,10 +270,7 @@ fn parse_stream(f: &Fields<'_>, obj: &Map<String, Value>) -> Result<(bool, bool)
         None => false,
         Some(Value::Object(o)) => {
             if !stream {
-                return Err(ApiError::invalid_value(
-                    "stream_options",
-                    "'stream_options' is only allowed when 'stream' is true",
-                ));
+                return Err(ApiError::invalid_value("stream_options", "'stream_options' is only allowed when 'stream' is true"));
             }
             match o.get("include_usage").filter(|v| !v.is_null()) {
                 None => false,
@@ -316,10 +278,7 @@ fn parse_stream(f: &Fields<'_>, obj: &Map<String, Value>) -> Result<(bool, bool)
                 Some(v) => {
                     return Err(ApiError::invalid_type(
                         "stream_options",
-                        format!(
-                            "'stream_options.include_usage' must be a boolean, not {}",
-                            type_name(v)
-                        ),
+                        format!("'stream_options.include_usage' must be a boolean, not {}", type_name(v)),
                     ))
                 }
             }
@@ -333,21 +292,13 @@ fn parse_stream(f: &Fields<'_>, obj: &Map<String, Value>) -> Result<(bool, bool)
 fn refuse_unsupported(f: &Fields<'_>, obj: &Map<String, Value>) -> Result<()> {
     if let Some(n) = f.integer("n")? {
         if n != 1 {
-            return Err(ApiError::unsupported(
-                "n",
-                format!("only n=1 is supported, got {n}"),
-            ));
+            return Err(ApiError::unsupported("n", format!("only n=1 is supported, got {n}")));
         }
     }
     match obj.get("logit_bias") {
         None | Some(Value::Null) => {}
         Some(Value::Object(m)) if m.is_empty() => {}
-        Some(Value::Object(_)) => {
-            return Err(ApiError::unsupported(
-                "logit_bias",
-                "'logit_bias' is not supported",
-            ))
-        }
+        Some(Value::Object(_)) => return Err(ApiError::unsupported("logit_bias", "'logit_bias' is not supported")),
         Some(v) => return Err(Fields::wrong("logit_bias", "an object", v)),
     }
     Ok(())
@@ -405,10 +356,7 @@ impl CompletionRequest {
         refuse_unsupported(&f, &obj)?;
         if let Some(b) = f.integer("best_of")? {
             if b != 1 {
-                return Err(ApiError::unsupported(
-                    "best_of",
-                    format!("only best_of=1 is supported, got {b}"),
-                ));
+                return Err(ApiError::unsupported("best_of", format!("only best_of=1 is supported, got {b}")));
             }
         }
         if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
@@ -416,17 +364,11 @@ impl CompletionRequest {
         }
         let logprobs = f.integer_min("logprobs", 0)?;
         if let Some(n) = logprobs.filter(|&n| n > MAX_LOGPROBS as i64) {
-            return Err(ApiError::invalid_value(
-                "logprobs",
-                format!("'logprobs' must be between 0 and {MAX_LOGPROBS}, got {n}"),
-            ));
+            return Err(ApiError::invalid_value("logprobs", format!("'logprobs' must be between 0 and {MAX_LOGPROBS}, got {n}")));
         }
         let echo = f.bool("echo")?.unwrap_or(false);
         if echo && logprobs.is_some() {
-            return Err(ApiError::unsupported(
-                "echo",
-                "'echo' together with 'logprobs' (prompt logprobs) is not supported",
-            ));
+            return Err(ApiError::unsupported("echo", "'echo' together with 'logprobs' (prompt logprobs) is not supported"));
         }
         let (stream, include_usage) = parse_stream(&f, &obj)?;
         if stream && logprobs.is_some_and(|n| n > 0) {
@@ -436,15 +378,7 @@ impl CompletionRequest {
             ));
         }
         let sampling = Sampling::parse(&f, &["max_tokens"])?;
-        Ok(CompletionRequest {
-            model,
-            prompt,
-            stream,
-            include_usage,
-            echo,
-            logprobs: logprobs.map(|n| n as usize),
-            sampling,
-        })
+        Ok(CompletionRequest { model, prompt, stream, include_usage, echo, logprobs: logprobs.map(|n| n as usize), sampling })
     }
 }
 
@@ -466,10 +400,7 @@ fn parse_content(i: usize, role: &str, v: Option<&Value>) -> Result<String> {
         Some(Value::String(s)) => Ok(s.clone()),
         // An assistant turn may carry no content (OpenAI allows null there).
         None | Some(Value::Null) if role == "assistant" => Ok(String::new()),
-        None | Some(Value::Null) => Err(ApiError::invalid_value(
-            param,
-            format!("'messages[{i}].content' is required"),
-        )),
+        None | Some(Value::Null) => Err(ApiError::invalid_value(param, format!("'messages[{i}].content' is required"))),
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for (j, part) in parts.iter().enumerate() {
@@ -494,10 +425,7 @@ fn parse_content(i: usize, role: &str, v: Option<&Value>) -> Result<String> {
         }
         Some(v) => Err(ApiError::invalid_type(
             param,
-            format!(
-                "'messages[{i}].content' must be a string or an array of text parts, not {}",
-                type_name(v)
-            ),
+            format!("'messages[{i}].content' must be a string or an array of text parts, not {}", type_name(v)),
         )),
     }
 }
@@ -509,10 +437,7 @@ fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>> {
         Some(v) => return Err(Fields::wrong("messages", "an array of messages", v)),
     };
     if items.is_empty() {
-        return Err(ApiError::invalid_value(
-            "messages",
-            "'messages' must contain at least one message",
-        ));
+        return Err(ApiError::invalid_value("messages", "'messages' must contain at least one message"));
     }
     items
         .iter()
@@ -559,33 +484,19 @@ impl ChatRequest {
         let model = parse_model(&f)?;
         let messages = parse_messages(obj.get("messages"))?;
         refuse_unsupported(&f, &obj)?;
-        if obj
-            .get("tools")
-            .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()) || t.is_object())
-        {
-            return Err(ApiError::unsupported(
-                "tools",
-                "tool calling is not supported",
-            ));
+        if obj.get("tools").is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()) || t.is_object()) {
+            return Err(ApiError::unsupported("tools", "tool calling is not supported"));
         }
         match obj.get("tool_choice") {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) if s == "none" || s == "auto" => {}
-            Some(_) => {
-                return Err(ApiError::unsupported(
-                    "tool_choice",
-                    "tool calling is not supported",
-                ))
-            }
+            Some(_) => return Err(ApiError::unsupported("tool_choice", "tool calling is not supported")),
         }
         match obj.get("response_format") {
             None | Some(Value::Null) => {}
             Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("text") => {}
             Some(_) => {
-                return Err(ApiError::unsupported(
-                    "response_format",
-                    "only response_format {\"type\": \"text\"} is supported",
-                ))
+                return Err(ApiError::unsupported("response_format", "only response_format {\"type\": \"text\"} is supported"))
             }
         }
         let logprobs = f.bool("logprobs")?.unwrap_or(false);
@@ -598,10 +509,7 @@ impl ChatRequest {
                 ));
             }
             if !logprobs {
-                return Err(ApiError::invalid_value(
-                    "top_logprobs",
-                    "'top_logprobs' requires 'logprobs' to be true",
-                ));
+                return Err(ApiError::invalid_value("top_logprobs", "'top_logprobs' requires 'logprobs' to be true"));
             }
         }
         let (stream, include_usage) = parse_stream(&f, &obj)?;
@@ -644,21 +552,14 @@ mod tests {
 
     fn param_of(r: Result<impl std::fmt::Debug>) -> (u16, String, String) {
         let e = r.expect_err("expected an error");
-        (
-            e.status.as_u16(),
-            e.param.unwrap_or_default(),
-            e.code.unwrap_or_default().to_string(),
-        )
+        (e.status.as_u16(), e.param.unwrap_or_default(), e.code.unwrap_or_default().to_string())
     }
 
     #[test]
     fn completion_defaults_and_fields() {
         let r = completion(json!({"model": "m", "prompt": "hi"})).unwrap();
         assert_eq!(r.prompt, Prompt::Text("hi".into()));
-        assert_eq!(
-            (r.stream, r.echo, r.logprobs, r.sampling.max_tokens),
-            (false, false, None, None)
-        );
+        assert_eq!((r.stream, r.echo, r.logprobs, r.sampling.max_tokens), (false, false, None, None));
         assert_eq!(r.sampling.temperature, None);
         let r = completion(json!({
             "prompt": ["one"], "max_tokens": 8, "temperature": 0, "top_p": 0.9, "top_k": -1, "seed": 7,
@@ -669,49 +570,19 @@ mod tests {
         .unwrap();
         let s = &r.sampling;
         assert_eq!(r.prompt, Prompt::Text("one".into()));
-        assert_eq!(
-            (s.max_tokens, s.temperature, s.top_p, s.top_k, s.seed),
-            (Some(8), Some(0.0), Some(0.9), Some(0), Some(7))
-        );
-        assert_eq!(
-            (
-                s.stop.clone(),
-                s.stop_token_ids.clone(),
-                s.ignore_eos,
-                s.min_tokens
-            ),
-            (vec!["\n".to_string()], vec![2, 3], true, 2)
-        );
-        assert_eq!(
-            (r.logprobs, r.stream, r.include_usage),
-            (Some(0), true, true)
-        );
-        assert_eq!(
-            completion(json!({"prompt": [1, 2, 3]})).unwrap().prompt,
-            Prompt::Ids(vec![1, 2, 3])
-        );
-        assert_eq!(
-            completion(json!({"prompt": [[4, 5]]})).unwrap().prompt,
-            Prompt::Ids(vec![4, 5])
-        );
-        assert_eq!(
-            completion(json!({"prompt": "x", "stop": ["a", "b"]}))
-                .unwrap()
-                .sampling
-                .stop,
-            vec!["a", "b"]
-        );
+        assert_eq!((s.max_tokens, s.temperature, s.top_p, s.top_k, s.seed), (Some(8), Some(0.0), Some(0.9), Some(0), Some(7)));
+        assert_eq!((s.stop.clone(), s.stop_token_ids.clone(), s.ignore_eos, s.min_tokens), (vec!["\n".to_string()], vec![2, 3], true, 2));
+        assert_eq!((r.logprobs, r.stream, r.include_usage), (Some(0), true, true));
+        assert_eq!(completion(json!({"prompt": [1, 2, 3]})).unwrap().prompt, Prompt::Ids(vec![1, 2, 3]));
+        assert_eq!(completion(json!({"prompt": [[4, 5]]})).unwrap().prompt, Prompt::Ids(vec![4, 5]));
+        assert_eq!(completion(json!({"prompt": "x", "stop": ["a", "b"]})).unwrap().sampling.stop, vec!["a", "b"]);
     }
 
     #[test]
     fn malformed_bodies_are_invalid_json() {
         for body in ["", "{", "[1, 2]", "\"text\"", "{\"prompt\": \"x\",}"] {
             let e = CompletionRequest::parse(body.as_bytes()).unwrap_err();
-            assert_eq!(
-                (e.status.as_u16(), e.code),
-                (400, Some("invalid_json")),
-                "{body}"
-            );
+            assert_eq!((e.status.as_u16(), e.code), (400, Some("invalid_json")), "{body}");
         }
     }
 
@@ -729,22 +600,12 @@ mod tests {
             (json!({"prompt": "x", "stop": ["a", 1]}), "stop"),
             (json!({"prompt": "x", "seed": "1"}), "seed"),
             (json!({"prompt": "x", "model": 3}), "model"),
-            (
-                json!({"prompt": "x", "stop_token_ids": [1.5]}),
-                "stop_token_ids",
-            ),
-            (
-                json!({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}}),
-                "stream_options",
-            ),
+            (json!({"prompt": "x", "stop_token_ids": [1.5]}), "stop_token_ids"),
+            (json!({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}}), "stream_options"),
         ];
         for (body, field) in cases {
             let (status, param, code) = param_of(completion(body.clone()));
-            assert_eq!(
-                (status, param.as_str(), code.as_str()),
-                (400, field, "invalid_type"),
-                "{body}"
-            );
+            assert_eq!((status, param.as_str(), code.as_str()), (400, field, "invalid_type"), "{body}");
         }
     }
 
@@ -757,38 +618,19 @@ mod tests {
             (json!({"prompt": "x", "top_p": 1.5}), "top_p"),
             (json!({"prompt": "x", "top_k": -2}), "top_k"),
             (json!({"prompt": "x", "min_p": 2}), "min_p"),
-            (
-                json!({"prompt": "x", "presence_penalty": 2.5}),
-                "presence_penalty",
-            ),
-            (
-                json!({"prompt": "x", "frequency_penalty": -3}),
-                "frequency_penalty",
-            ),
-            (
-                json!({"prompt": "x", "repetition_penalty": 0}),
-                "repetition_penalty",
-            ),
+            (json!({"prompt": "x", "presence_penalty": 2.5}), "presence_penalty"),
+            (json!({"prompt": "x", "frequency_penalty": -3}), "frequency_penalty"),
+            (json!({"prompt": "x", "repetition_penalty": 0}), "repetition_penalty"),
             (json!({"prompt": "x", "logprobs": 21}), "logprobs"),
             (json!({"prompt": "x", "logprobs": -1}), "logprobs"),
-            (
-                json!({"prompt": "x", "max_tokens": 4, "min_tokens": 5}),
-                "min_tokens",
-            ),
+            (json!({"prompt": "x", "max_tokens": 4, "min_tokens": 5}), "min_tokens"),
             (json!({"prompt": "x", "stop": [""]}), "stop"),
             (json!({"prompt": []}), "prompt"),
-            (
-                json!({"prompt": "x", "stream_options": {"include_usage": true}}),
-                "stream_options",
-            ),
+            (json!({"prompt": "x", "stream_options": {"include_usage": true}}), "stream_options"),
         ];
         for (body, field) in cases {
             let (status, param, code) = param_of(completion(body.clone()));
-            assert_eq!(
-                (status, param.as_str(), code.as_str()),
-                (400, field, "invalid_value"),
-                "{body}"
-            );
+            assert_eq!((status, param.as_str(), code.as_str()), (400, field, "invalid_value"), "{body}");
         }
     }
 
@@ -798,32 +640,18 @@ mod tests {
             (json!({"prompt": "x", "n": 2}), "n"),
             (json!({"prompt": "x", "best_of": 3}), "best_of"),
             (json!({"prompt": "x", "suffix": "end"}), "suffix"),
-            (
-                json!({"prompt": "x", "logit_bias": {"50": 10}}),
-                "logit_bias",
-            ),
+            (json!({"prompt": "x", "logit_bias": {"50": 10}}), "logit_bias"),
             (json!({"prompt": ["a", "b"]}), "prompt"),
             (json!({"prompt": "x", "echo": true, "logprobs": 1}), "echo"),
-            (
-                json!({"prompt": "x", "stream": true, "logprobs": 2}),
-                "logprobs",
-            ),
+            (json!({"prompt": "x", "stream": true, "logprobs": 2}), "logprobs"),
         ];
         for (body, field) in cases {
             let (status, param, code) = param_of(completion(body.clone()));
-            assert_eq!(
-                (status, param.as_str(), code.as_str()),
-                (400, field, "unsupported_value"),
-                "{body}"
-            );
+            assert_eq!((status, param.as_str(), code.as_str()), (400, field, "unsupported_value"), "{body}");
         }
-        assert_eq!(
-            param_of(completion(json!({"max_tokens": 3}))),
-            (400, "prompt".into(), "missing_required_parameter".into())
-        );
+        assert_eq!(param_of(completion(json!({"max_tokens": 3}))), (400, "prompt".into(), "missing_required_parameter".into()));
         // Neutral values of unsupported features are fine.
-        completion(json!({"prompt": "x", "n": 1, "best_of": 1, "logit_bias": {}, "suffix": null}))
-            .unwrap();
+        completion(json!({"prompt": "x", "n": 1, "best_of": 1, "logit_bias": {}, "suffix": null})).unwrap();
     }
 
     #[test]
@@ -839,38 +667,13 @@ mod tests {
             "max_completion_tokens": 5, "max_tokens": 9, "logprobs": true, "top_logprobs": 2
         }))
         .unwrap();
-        let roles: Vec<_> = r
-            .messages
-            .iter()
-            .map(|m| (m.role.as_str(), m.content.as_str()))
-            .collect();
-        assert_eq!(
-            roles,
-            vec![
-                ("system", "be brief"),
-                ("user", "ab"),
-                ("assistant", ""),
-                ("user", "c")
-            ]
-        );
-        assert_eq!(
-            r.sampling.max_tokens,
-            Some(5),
-            "max_completion_tokens wins over max_tokens"
-        );
+        let roles: Vec<_> = r.messages.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
+        assert_eq!(roles, vec![("system", "be brief"), ("user", "ab"), ("assistant", ""), ("user", "c")]);
+        assert_eq!(r.sampling.max_tokens, Some(5), "max_completion_tokens wins over max_tokens");
         assert_eq!(r.engine_logprobs(), Some(2));
-        let r =
-            chat(json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9})).unwrap();
-        assert_eq!(
-            (r.sampling.max_tokens, r.engine_logprobs()),
-            (Some(9), None)
-        );
-        assert_eq!(
-            chat(json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}))
-                .unwrap()
-                .engine_logprobs(),
-            Some(0)
-        );
+        let r = chat(json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9})).unwrap();
+        assert_eq!((r.sampling.max_tokens, r.engine_logprobs()), (Some(9), None));
+        assert_eq!(chat(json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true})).unwrap().engine_logprobs(), Some(0));
     }
 
     #[test]
@@ -881,104 +684,35 @@ mod tests {
             (json!({"messages": "hi"}), "messages", "invalid_type"),
             (json!({"messages": []}), "messages", "invalid_value"),
             (json!({"messages": [3]}), "messages", "invalid_type"),
-            (
-                json!({"messages": [{"content": "x"}]}),
-                "messages",
-                "invalid_value",
-            ),
-            (
-                json!({"messages": [{"role": "wizard", "content": "x"}]}),
-                "messages",
-                "invalid_value",
-            ),
-            (
-                json!({"messages": [{"role": "user"}]}),
-                "messages",
-                "invalid_value",
-            ),
-            (
-                json!({"messages": [{"role": "user", "content": 5}]}),
-                "messages",
-                "invalid_type",
-            ),
-            (
-                json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),
-                "messages",
-                "unsupported_value",
-            ),
-            (
-                json!({"messages": [{"role": "tool", "content": "x"}]}),
-                "messages",
-                "unsupported_value",
-            ),
-            (
-                json!({"messages": user, "top_logprobs": 2}),
-                "top_logprobs",
-                "invalid_value",
-            ),
-            (
-                json!({"messages": user, "logprobs": true, "top_logprobs": 99}),
-                "top_logprobs",
-                "invalid_value",
-            ),
-            (
-                json!({"messages": user, "logprobs": 1}),
-                "logprobs",
-                "invalid_type",
-            ),
-            (
-                json!({"messages": user, "max_completion_tokens": 0}),
-                "max_completion_tokens",
-                "invalid_value",
-            ),
+            (json!({"messages": [{"content": "x"}]}), "messages", "invalid_value"),
+            (json!({"messages": [{"role": "wizard", "content": "x"}]}), "messages", "invalid_value"),
+            (json!({"messages": [{"role": "user"}]}), "messages", "invalid_value"),
+            (json!({"messages": [{"role": "user", "content": 5}]}), "messages", "invalid_type"),
+            (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}), "messages", "unsupported_value"),
+            (json!({"messages": [{"role": "tool", "content": "x"}]}), "messages", "unsupported_value"),
+            (json!({"messages": user, "top_logprobs": 2}), "top_logprobs", "invalid_value"),
+            (json!({"messages": user, "logprobs": true, "top_logprobs": 99}), "top_logprobs", "invalid_value"),
+            (json!({"messages": user, "logprobs": 1}), "logprobs", "invalid_type"),
+            (json!({"messages": user, "max_completion_tokens": 0}), "max_completion_tokens", "invalid_value"),
             (json!({"messages": user, "n": 3}), "n", "unsupported_value"),
-            (
-                json!({"messages": user, "stream": true, "logprobs": true, "top_logprobs": 1}),
-                "top_logprobs",
-                "unsupported_value",
-            ),
-            (
-                json!({"messages": user, "tools": [{"type": "function"}]}),
-                "tools",
-                "unsupported_value",
-            ),
-            (
-                json!({"messages": user, "response_format": {"type": "json_object"}}),
-                "response_format",
-                "unsupported_value",
-            ),
+            (json!({"messages": user, "stream": true, "logprobs": true, "top_logprobs": 1}), "top_logprobs", "unsupported_value"),
+            (json!({"messages": user, "tools": [{"type": "function"}]}), "tools", "unsupported_value"),
+            (json!({"messages": user, "response_format": {"type": "json_object"}}), "response_format", "unsupported_value"),
         ];
         for (body, field, code) in cases {
             let got = param_of(chat(body.clone()));
-            assert_eq!(
-                (got.0, got.1.as_str(), got.2.as_str()),
-                (400, field, code),
-                "{body}"
-            );
+            assert_eq!((got.0, got.1.as_str(), got.2.as_str()), (400, field, code), "{body}");
         }
     }
 
     #[test]
     fn unset_fields_come_from_generation_config() {
-        let cfg = GenerationConfig::from_json(
-            &json!({"do_sample": true, "temperature": 0.6, "top_p": 0.9}),
-        );
-        let s = Sampling {
-            temperature: None,
-            top_p: Some(0.5),
-            ..Sampling::default()
-        };
+        let cfg = GenerationConfig::from_json(&json!({"do_sample": true, "temperature": 0.6, "top_p": 0.9}));
+        let s = Sampling { temperature: None, top_p: Some(0.5), ..Sampling::default() };
         let p = s.to_params(7, Some(1), &cfg);
-        assert_eq!(
-            (p.max_tokens, p.temperature, p.top_p, p.top_k, p.logprobs),
-            (7, 0.6, 0.5, 0, Some(1))
-        );
+        assert_eq!((p.max_tokens, p.temperature, p.top_p, p.top_k, p.logprobs), (7, 0.6, 0.5, 0, Some(1)));
         assert!(p.validate().is_ok());
-        let greedy = Sampling {
-            temperature: Some(0.0),
-            ..Sampling::default()
-        }
-        .to_params(3, None, &cfg);
+        let greedy = Sampling { temperature: Some(0.0), ..Sampling::default() }.to_params(3, None, &cfg);
         assert_eq!(greedy.temperature, 0.0);
     }
 }

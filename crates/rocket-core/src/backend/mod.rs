@@ -42,11 +42,7 @@ pub trait Backend: Send + Sync {
     /// top-p, min-p and the seeded draw), the same token `SampleRequest::sample_on_host`
     /// picks from the same logits. Only token ids reach the host. `None`: no
     /// such path (nothing was run).
-    fn forward_sample(
-        &self,
-        _chunks: &mut [Chunk<'_>],
-        _requests: &[SampleRequest<'_>],
-    ) -> Result<Option<Vec<u32>>> {
+    fn forward_sample(&self, _chunks: &mut [Chunk<'_>], _requests: &[SampleRequest<'_>]) -> Result<Option<Vec<u32>>> {
         Ok(None)
     }
     /// A token loop on the device: feeds `first` at the session's next position,
@@ -127,15 +123,11 @@ pub trait Session: Send + Any {
 
 /// The backend's own session type behind a `dyn Session`, or an error naming
 /// the backend when a session from another backend was passed in.
-pub(crate) fn own_session<'s, T: Session>(
-    session: &'s mut dyn Session,
-    backend: &str,
-) -> Result<&'s mut T> {
-    session.as_any_mut().downcast_mut::<T>().ok_or_else(|| {
-        RocketError::Internal(format!(
-            "the {backend} backend was given another backend's session"
-        ))
-    })
+pub(crate) fn own_session<'s, T: Session>(session: &'s mut dyn Session, backend: &str) -> Result<&'s mut T> {
+    session
+        .as_any_mut()
+        .downcast_mut::<T>()
+        .ok_or_else(|| RocketError::Internal(format!("the {backend} backend was given another backend's session")))
 }
 
 /// What a device token loop is asked to do (see `Backend::decode_loop`).
@@ -176,9 +168,7 @@ pub struct Chunk<'a> {
 /// backend touches anything, so a failed pass leaves all sessions unchanged.
 pub fn check_chunks(chunks: &[Chunk<'_>], vocab_size: usize) -> Result<()> {
     if chunks.is_empty() {
-        return Err(RocketError::Internal(
-            "forward pass with no sequences".into(),
-        ));
+        return Err(RocketError::Internal("forward pass with no sequences".into()));
     }
     for c in chunks {
         if c.tokens.is_empty() {
@@ -186,18 +176,10 @@ pub fn check_chunks(chunks: &[Chunk<'_>], vocab_size: usize) -> Result<()> {
         }
         let need = c.session.len() + c.tokens.len();
         if need > c.session.capacity() {
-            return Err(RocketError::ContextOverflow {
-                prompt_tokens: need,
-                max_tokens: 0,
-                limit: c.session.capacity(),
-            });
+            return Err(RocketError::ContextOverflow { prompt_tokens: need, max_tokens: 0, limit: c.session.capacity() });
         }
         if let Some(&bad) = c.tokens.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(RocketError::invalid_arg(
-                "token id",
-                bad,
-                format!("must be < vocab size {vocab_size}"),
-            ));
+            return Err(RocketError::invalid_arg("token id", bad, format!("must be < vocab size {vocab_size}")));
         }
     }
     Ok(())
@@ -218,11 +200,7 @@ impl std::str::FromStr for Device {
             "auto" => Ok(Device::Auto),
             "cpu" => Ok(Device::Cpu),
             "cuda" => Ok(Device::Cuda),
-            other => Err(crate::error::RocketError::invalid_arg(
-                "device",
-                other,
-                "expected \"auto\", \"cpu\" or \"cuda\"",
-            )),
+            other => Err(crate::error::RocketError::invalid_arg("device", other, "expected \"auto\", \"cpu\" or \"cuda\"")),
         }
     }
 }

@@ -69,15 +69,9 @@ impl MatvecShape {
 /// Why `spec` cannot be scheduled, or None when it can. (The CUDA kernel also
 /// needs an instantiation for the exact shapes: see `backend::cuda::megakernel`.)
 pub fn unsupported_reason(spec: &ModelSpec) -> Option<String> {
-    for (what, k) in [
-        ("hidden_size", spec.hidden_size),
-        ("q_dim", spec.q_dim()),
-        ("intermediate_size", spec.intermediate_size),
-    ] {
+    for (what, k) in [("hidden_size", spec.hidden_size), ("q_dim", spec.q_dim()), ("intermediate_size", spec.intermediate_size)] {
         if MatvecShape::of(k).is_none() {
-            return Some(format!(
-                "{what} {k} cannot stream through the {SLOT_BYTES}-byte weight ring"
-            ));
+            return Some(format!("{what} {k} cannot stream through the {SLOT_BYTES}-byte weight ring"));
         }
     }
     if spec.num_layers > 255 {
@@ -94,13 +88,13 @@ mod tests {
     fn every_fuel_width_streams_through_the_ring() {
         // (k, rows per slot, segments) for every matrix width of the four fuels.
         for (k, rows, segments) in [
-            (576, 14, 1), // SmolLM2 hidden
-            (1536, 4, 2), // SmolLM2 ff
-            (1024, 8, 1), // Qwen3-0.6B hidden
-            (2048, 4, 2), // Llama hidden, Qwen3 q_dim
-            (3072, 2, 4), // Qwen3-0.6B ff
-            (6144, 1, 8), // Qwen3-1.7B ff
-            (8192, 1, 8), // Llama ff
+            (576, 14, 1),  // SmolLM2 hidden
+            (1536, 4, 2),  // SmolLM2 ff
+            (1024, 8, 1),  // Qwen3-0.6B hidden
+            (2048, 4, 2),  // Llama hidden, Qwen3 q_dim
+            (3072, 2, 4),  // Qwen3-0.6B ff
+            (6144, 1, 8),  // Qwen3-1.7B ff
+            (8192, 1, 8),  // Llama ff
         ] {
             let s = MatvecShape::of(k).unwrap();
             assert_eq!((s.rows, s.segments), (rows, segments), "k = {k}");

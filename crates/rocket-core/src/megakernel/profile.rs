@@ -65,18 +65,12 @@ impl Profile {
     pub fn from_trace(schedule: &Schedule, stamps: &[u64]) -> Result<Profile> {
         let n = schedule.len();
         if stamps.len() != trace_words(schedule) {
-            return Err(RocketError::Internal(format!(
-                "a trace of {} words for a schedule of {n} instructions",
-                stamps.len()
-            )));
+            return Err(RocketError::Internal(format!("a trace of {} words for a schedule of {n} instructions", stamps.len())));
         }
         let instrs: Vec<_> = schedule.per_sm.iter().flatten().collect();
         for (i, w) in stamps[..3 * n].chunks(3).enumerate() {
             if w[0] == 0 || w[0] > w[1] || w[1] > w[2] {
-                return Err(RocketError::Internal(format!(
-                    "instruction {i} ({:?}) has stamps {w:?}",
-                    instrs[i].op
-                )));
+                return Err(RocketError::Internal(format!("instruction {i} ({:?}) has stamps {w:?}", instrs[i].op)));
             }
         }
         let step_ends = &stamps[3 * n..];
@@ -84,11 +78,7 @@ impl Profile {
             return Err(RocketError::Internal("a step wait was not stamped".into()));
         }
         let start = step_ends.chunks(2).map(|w| w[1]).min().unwrap_or(0);
-        let end = stamps[..3 * n]
-            .chunks(3)
-            .map(|w| w[2])
-            .max()
-            .unwrap_or(start);
+        let end = stamps[..3 * n].chunks(3).map(|w| w[2]).max().unwrap_or(start);
         let us = |ns: u64| ns as f64 / 1e3;
 
         // When each counter was last bumped: the latest `done` of its signallers.
@@ -103,16 +93,8 @@ impl Profile {
         }
 
         let mut ops = Vec::new();
-        for op in [
-            Op::Qkv,
-            Op::Attn,
-            Op::OProj,
-            Op::GateUp,
-            Op::Down,
-            Op::LmHead,
-        ] {
-            let (mut count, mut wait, mut busy, mut handoffs, mut handoff) =
-                (0, 0u64, 0u64, 0usize, 0u64);
+        for op in [Op::Qkv, Op::Attn, Op::OProj, Op::GateUp, Op::Down, Op::LmHead] {
+            let (mut count, mut wait, mut busy, mut handoffs, mut handoff) = (0, 0u64, 0u64, 0usize, 0u64);
             for (i, ins) in instrs.iter().enumerate().filter(|(_, ins)| ins.op == op) {
                 let w = &stamps[3 * i..3 * i + 3];
                 count += 1;
@@ -127,106 +109,54 @@ impl Profile {
             }
             if count > 0 {
                 let mean = |t: u64, k: usize| if k == 0 { 0.0 } else { us(t) / k as f64 };
-                ops.push(OpTimes {
-                    op,
-                    count,
-                    wait_us: mean(wait, count),
-                    busy_us: mean(busy, count),
-                    handoff_us: mean(handoff, handoffs),
-                });
+                ops.push(OpTimes { op, count, wait_us: mean(wait, count), busy_us: mean(busy, count), handoff_us: mean(handoff, handoffs) });
             }
         }
 
         // Layer l ends when its last down-projection tile is done.
         let layers = schedule.counters.layers;
         let mut layer_end = vec![0u64; layers];
-        for (i, ins) in instrs
-            .iter()
-            .enumerate()
-            .filter(|(_, ins)| ins.op == Op::Down)
-        {
+        for (i, ins) in instrs.iter().enumerate().filter(|(_, ins)| ins.op == Op::Down) {
             let l = ins.layer as usize;
             layer_end[l] = layer_end[l].max(stamps[3 * i + 2]);
         }
-        let layer_us = if layers > 0 {
-            us(layer_end[layers - 1].saturating_sub(start)) / layers as f64
-        } else {
-            0.0
-        };
+        let layer_us = if layers > 0 { us(layer_end[layers - 1].saturating_sub(start)) / layers as f64 } else { 0.0 };
 
         // One op of one layer (the LM head: layer `layers`) relative to `origin`.
         let phase = |op: Op, layer: usize, origin: u64| -> Option<Phase> {
             let rel = |ns: u64| (ns as f64 - origin as f64) / 1e3;
-            let these: Vec<_> = instrs
-                .iter()
-                .enumerate()
-                .filter(|(_, ins)| ins.op == op && ins.layer as usize == layer)
-                .collect();
+            let these: Vec<_> = instrs.iter().enumerate().filter(|(_, ins)| ins.op == op && ins.layer as usize == layer).collect();
             let (_, first) = these.first()?;
             let ready = ready.get(&first.wait.counter).copied().unwrap_or(origin);
             let ends: Vec<u64> = these.iter().map(|(i, _)| stamps[3 * i + 1]).collect();
             let dones: Vec<u64> = these.iter().map(|(i, _)| stamps[3 * i + 2]).collect();
             let mean = dones.iter().map(|&d| rel(d)).sum::<f64>() / dones.len() as f64;
             let span = |v: &[u64]| (rel(*v.iter().min().unwrap()), rel(*v.iter().max().unwrap()));
-            Some(Phase {
-                op,
-                layer,
-                ready_us: rel(ready),
-                start_us: span(&ends),
-                done_us: (span(&dones).0, mean, span(&dones).1),
-            })
+            Some(Phase { op, layer, ready_us: rel(ready), start_us: span(&ends), done_us: (span(&dones).0, mean, span(&dones).1) })
         };
         let mid = layers / 2;
         let origin = if mid == 0 { start } else { layer_end[mid - 1] };
-        let timeline = Op::LAYER_OPS
-            .iter()
-            .filter_map(|&op| phase(op, mid, origin))
-            .collect();
-        let lm_head = phase(
-            Op::LmHead,
-            layers,
-            layer_end.last().copied().unwrap_or(start),
-        );
-        Ok(Profile {
-            step_us: us(end.saturating_sub(start)),
-            layer_us,
-            ops,
-            timeline,
-            lm_head,
-        })
+        let timeline = Op::LAYER_OPS.iter().filter_map(|&op| phase(op, mid, origin)).collect();
+        let lm_head = phase(Op::LmHead, layers, layer_end.last().copied().unwrap_or(start));
+        Ok(Profile { step_us: us(end.saturating_sub(start)), layer_us, ops, timeline, lm_head })
     }
 }
 
 impl fmt::Display for Profile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "step {:.1} µs, {:.1} µs per layer",
-            self.step_us, self.layer_us
-        )?;
+        writeln!(f, "step {:.1} µs, {:.1} µs per layer", self.step_us, self.layer_us)?;
         writeln!(f, "| op | instructions | wait µs | busy µs | hand-off µs |")?;
         writeln!(f, "|:--|--:|--:|--:|--:|")?;
         for o in &self.ops {
-            writeln!(
-                f,
-                "| {:?} | {} | {:.2} | {:.2} | {:.2} |",
-                o.op, o.count, o.wait_us, o.busy_us, o.handoff_us
-            )?;
+            writeln!(f, "| {:?} | {} | {:.2} | {:.2} | {:.2} |", o.op, o.count, o.wait_us, o.busy_us, o.handoff_us)?;
         }
         if let Some(first) = self.timeline.first() {
             writeln!(f, "layer {} timeline, µs from its input being ready (LmHead: from the last layer's end):", first.layer)?;
-            writeln!(
-                f,
-                "| op | dependency ready | waits end (first..last) | done (first / mean / last) |"
-            )?;
+            writeln!(f, "| op | dependency ready | waits end (first..last) | done (first / mean / last) |")?;
             writeln!(f, "|:--|--:|--:|--:|")?;
             for p in self.timeline.iter().chain(&self.lm_head) {
                 let (s, d) = (p.start_us, p.done_us);
-                writeln!(
-                    f,
-                    "| {:?} | {:.2} | {:.2}..{:.2} | {:.2} / {:.2} / {:.2} |",
-                    p.op, p.ready_us, s.0, s.1, d.0, d.1, d.2
-                )?;
+                writeln!(f, "| {:?} | {:.2} | {:.2}..{:.2} | {:.2} / {:.2} / {:.2} |", p.op, p.ready_us, s.0, s.1, d.0, d.1, d.2)?;
             }
         }
         Ok(())
@@ -266,28 +196,13 @@ mod tests {
         let p = Profile::from_trace(&s, &serial_trace(&s)).unwrap();
         assert!((p.step_us - 3.0 * s.len() as f64).abs() < 1e-9, "{p}");
         assert_eq!(p.ops.iter().map(|o| o.count).sum::<usize>(), s.len());
-        assert!(p
-            .ops
-            .iter()
-            .all(|o| (o.wait_us - 1.0).abs() < 1e-9 && (o.busy_us - 2.0).abs() < 1e-9));
+        assert!(p.ops.iter().all(|o| (o.wait_us - 1.0).abs() < 1e-9 && (o.busy_us - 2.0).abs() < 1e-9));
         assert!(p.layer_us > 0.0 && p.layer_us <= p.step_us);
         assert!(p.to_string().contains("| Qkv |"));
         // Layer 1 of 2 on the timeline: its Qkv's dependency is layer 0's last Down.
         assert_eq!(p.timeline.len(), 5);
-        assert_eq!(
-            (
-                p.timeline[0].op,
-                p.timeline[0].layer,
-                p.timeline[0].ready_us
-            ),
-            (Op::Qkv, 1, 0.0)
-        );
-        assert!(
-            p.timeline
-                .windows(2)
-                .all(|w| w[0].done_us.2 <= w[1].ready_us + 1e-9),
-            "{p}"
-        );
+        assert_eq!((p.timeline[0].op, p.timeline[0].layer, p.timeline[0].ready_us), (Op::Qkv, 1, 0.0));
+        assert!(p.timeline.windows(2).all(|w| w[0].done_us.2 <= w[1].ready_us + 1e-9), "{p}");
         assert!(p.to_string().contains("layer 1 timeline"));
     }
 

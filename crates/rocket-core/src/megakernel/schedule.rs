@@ -47,11 +47,7 @@ pub enum Work {
     /// Split `split` of `splits` over the context, for the query heads of
     /// `kv_head`: its partial (max, sum, weighted values), which every `OProj`
     /// tile merges as it loads its input.
-    Attn {
-        kv_head: u32,
-        split: u32,
-        splits: u32,
-    },
+    Attn { kv_head: u32, split: u32, splits: u32 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,11 +71,7 @@ impl Instr {
     pub fn encode(&self) -> [u32; INSTR_WORDS] {
         let (a, b, c, d) = match self.work {
             Work::Rows { begin, end, tile } => (begin, end, tile, 0),
-            Work::Attn {
-                kv_head,
-                split,
-                splits,
-            } => (kv_head, split, splits, 0),
+            Work::Attn { kv_head, split, splits } => (kv_head, split, splits, 0),
         };
         [
             self.op as u32 | (self.layer as u32) << 8 | (self.signal as u32) << 16,
@@ -163,71 +155,32 @@ impl Schedule {
     /// The schedule for `spec` on `sm_count` SMs.
     pub fn compile(spec: &ModelSpec, sm_count: usize) -> Result<Self> {
         if sm_count == 0 {
-            return Err(RocketError::invalid_arg(
-                "sm_count",
-                0,
-                "must be at least 1",
-            ));
+            return Err(RocketError::invalid_arg("sm_count", 0, "must be at least 1"));
         }
         if let Some(why) = super::geometry::unsupported_reason(spec) {
-            return Err(RocketError::Device(format!(
-                "no megakernel schedule: {why}"
-            )));
+            return Err(RocketError::Device(format!("no megakernel schedule: {why}")));
         }
-        let (d, ff, hkv, nl) = (
-            spec.hidden_size,
-            spec.intermediate_size,
-            spec.num_kv_heads,
-            spec.num_layers,
-        );
+        let (d, ff, hkv, nl) = (spec.hidden_size, spec.intermediate_size, spec.num_kv_heads, spec.num_layers);
         let counters = Counters { layers: nl };
         if counters.count() > u16::MAX as usize {
-            return Err(RocketError::Device(format!(
-                "{nl} layers need more dependency counters than the encoding holds"
-            )));
+            return Err(RocketError::Device(format!("{nl} layers need more dependency counters than the encoding holds")));
         }
-        let segments = |k: usize| {
-            MatvecShape::of(k)
-                .expect("checked by unsupported_reason")
-                .segments
-        };
+        let segments = |k: usize| MatvecShape::of(k).expect("checked by unsupported_reason").segments;
         let qkv_rows = spec.q_dim() + 2 * spec.kv_dim();
         let matvec = |op: Op| -> MatvecOp {
             match op {
-                Op::Qkv => MatvecOp {
-                    op,
-                    rows: qkv_rows,
-                    parts_per_row: segments(d),
-                },
-                Op::OProj => MatvecOp {
-                    op,
-                    rows: d,
-                    parts_per_row: segments(spec.q_dim()),
-                },
-                Op::GateUp => MatvecOp {
-                    op,
-                    rows: ff,
-                    parts_per_row: 2 * segments(d),
-                },
-                Op::Down => MatvecOp {
-                    op,
-                    rows: d,
-                    parts_per_row: segments(ff),
-                },
-                Op::LmHead => MatvecOp {
-                    op,
-                    rows: spec.vocab_size,
-                    parts_per_row: segments(d),
-                },
+                Op::Qkv => MatvecOp { op, rows: qkv_rows, parts_per_row: segments(d) },
+                Op::OProj => MatvecOp { op, rows: d, parts_per_row: segments(spec.q_dim()) },
+                Op::GateUp => MatvecOp { op, rows: ff, parts_per_row: 2 * segments(d) },
+                Op::Down => MatvecOp { op, rows: d, parts_per_row: segments(ff) },
+                Op::LmHead => MatvecOp { op, rows: spec.vocab_size, parts_per_row: segments(d) },
                 Op::Attn => unreachable!("attention is not a matrix-vector op"),
             }
         };
         let tiles_of = |m: &MatvecOp| tile_count(m.rows, m.parts_per_row, sm_count);
         let splits = (sm_count / hkv).clamp(1, MAX_SPLITS);
         let per_step = |n: usize| -> Result<u16> {
-            u16::try_from(n).map_err(|_| {
-                RocketError::Device(format!("{n} tiles in one op exceed the schedule encoding"))
-            })
+            u16::try_from(n).map_err(|_| RocketError::Device(format!("{n} tiles in one op exceed the schedule encoding")))
         };
 
         let mut per_sm: Vec<Vec<Instr>> = vec![Vec::new(); sm_count];
@@ -238,11 +191,7 @@ impl Schedule {
             per_sm[next_sm].push(instr);
             next_sm = (next_sm + 1) % sm_count;
         };
-        let push_matvec = |m: &MatvecOp,
-                           layer: usize,
-                           wait: Wait,
-                           place: &mut dyn FnMut(Instr)|
-         -> Result<usize> {
+        let push_matvec = |m: &MatvecOp, layer: usize, wait: Wait, place: &mut dyn FnMut(Instr)| -> Result<usize> {
             let tiles = tiles_of(m);
             for tile in 0..tiles {
                 let (begin, end) = (m.rows * tile / tiles, m.rows * (tile + 1) / tiles);
@@ -252,26 +201,16 @@ impl Schedule {
                     layer: layer as u16,
                     signal: counters.op(m.op, layer),
                     wait,
-                    work: Work::Rows {
-                        begin: begin as u32,
-                        end: end as u32,
-                        tile: tile as u32,
-                    },
+                    work: Work::Rows { begin: begin as u32, end: end as u32, tile: tile as u32 },
                 });
             }
             Ok(tiles)
         };
 
-        let mut prev = Wait {
-            counter: Counters::STEP,
-            per_step: 1,
-        };
+        let mut prev = Wait { counter: Counters::STEP, per_step: 1 };
         for layer in 0..nl {
             let qkv_tiles = push_matvec(&matvec(Op::Qkv), layer, prev, &mut place)?;
-            let after_qkv = Wait {
-                counter: counters.op(Op::Qkv, layer),
-                per_step: per_step(qkv_tiles)?,
-            };
+            let after_qkv = Wait { counter: counters.op(Op::Qkv, layer), per_step: per_step(qkv_tiles)? };
             for kv_head in 0..hkv {
                 for split in 0..splits {
                     place(Instr {
@@ -279,42 +218,20 @@ impl Schedule {
                         layer: layer as u16,
                         signal: counters.op(Op::Attn, layer),
                         wait: after_qkv,
-                        work: Work::Attn {
-                            kv_head: kv_head as u32,
-                            split: split as u32,
-                            splits: splits as u32,
-                        },
+                        work: Work::Attn { kv_head: kv_head as u32, split: split as u32, splits: splits as u32 },
                     });
                 }
             }
-            let after_attn = Wait {
-                counter: counters.op(Op::Attn, layer),
-                per_step: per_step(hkv * splits)?,
-            };
+            let after_attn = Wait { counter: counters.op(Op::Attn, layer), per_step: per_step(hkv * splits)? };
             let o_tiles = push_matvec(&matvec(Op::OProj), layer, after_attn, &mut place)?;
-            let after_o = Wait {
-                counter: counters.op(Op::OProj, layer),
-                per_step: per_step(o_tiles)?,
-            };
+            let after_o = Wait { counter: counters.op(Op::OProj, layer), per_step: per_step(o_tiles)? };
             let gu_tiles = push_matvec(&matvec(Op::GateUp), layer, after_o, &mut place)?;
-            let after_gu = Wait {
-                counter: counters.op(Op::GateUp, layer),
-                per_step: per_step(gu_tiles)?,
-            };
+            let after_gu = Wait { counter: counters.op(Op::GateUp, layer), per_step: per_step(gu_tiles)? };
             let down_tiles = push_matvec(&matvec(Op::Down), layer, after_gu, &mut place)?;
-            prev = Wait {
-                counter: counters.op(Op::Down, layer),
-                per_step: per_step(down_tiles)?,
-            };
+            prev = Wait { counter: counters.op(Op::Down, layer), per_step: per_step(down_tiles)? };
         }
         let lm_tiles = push_matvec(&matvec(Op::LmHead), nl, prev, &mut place)?;
-        Ok(Schedule {
-            sm_count,
-            per_sm,
-            counters,
-            splits,
-            lm_tiles,
-        })
+        Ok(Schedule { sm_count, per_sm, counters, splits, lm_tiles })
     }
 
     /// The device form: every SM's encoded instructions back to back, and where
@@ -375,34 +292,11 @@ mod tests {
             op: Op::Attn,
             layer: 7,
             signal: 300,
-            wait: Wait {
-                counter: 12,
-                per_step: 132,
-            },
-            work: Work::Attn {
-                kv_head: 3,
-                split: 5,
-                splits: 16,
-            },
+            wait: Wait { counter: 12, per_step: 132 },
+            work: Work::Attn { kv_head: 3, split: 5, splits: 16 },
         };
-        assert_eq!(
-            i.encode(),
-            [2 | 7 << 8 | 300 << 16, 12 | 132 << 16, 3, 5, 16, 0, 0, 0]
-        );
-        let r = Instr {
-            op: Op::LmHead,
-            layer: 16,
-            signal: 9,
-            wait: Wait {
-                counter: 8,
-                per_step: 1,
-            },
-            work: Work::Rows {
-                begin: 10,
-                end: 20,
-                tile: 4,
-            },
-        };
+        assert_eq!(i.encode(), [2 | 7 << 8 | 300 << 16, 12 | 132 << 16, 3, 5, 16, 0, 0, 0]);
+        let r = Instr { op: Op::LmHead, layer: 16, signal: 9, wait: Wait { counter: 8, per_step: 1 }, work: Work::Rows { begin: 10, end: 20, tile: 4 } };
         assert_eq!(r.encode()[2..6], [10, 20, 4, 0]);
     }
 
@@ -416,10 +310,7 @@ mod tests {
         for (rows, parts, sms) in [(151_936, 2, 132), (49_152, 1, 100), (8192, 4, 7)] {
             let t = tile_count(rows, parts, sms);
             assert_eq!(t % sms, 0, "{rows} rows on {sms} SMs: {t} tiles");
-            assert!(
-                rows.div_ceil(t) * parts <= PART_CAP,
-                "{rows} rows in {t} tiles overflow the partial sums"
-            );
+            assert!(rows.div_ceil(t) * parts <= PART_CAP, "{rows} rows in {t} tiles overflow the partial sums");
         }
     }
 

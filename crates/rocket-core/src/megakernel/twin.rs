@@ -54,10 +54,7 @@ pub struct TwinKv {
 
 impl TwinKv {
     pub fn new(spec: &ModelSpec, capacity: usize) -> Self {
-        TwinKv {
-            data: F32s::poisoned(capacity * spec.num_layers * 2 * spec.kv_dim()),
-            capacity,
-        }
+        TwinKv { data: F32s::poisoned(capacity * spec.num_layers * 2 * spec.kv_dim()), capacity }
     }
 }
 
@@ -117,26 +114,12 @@ struct Run<'a> {
 
 impl<'w> Twin<'w> {
     pub fn new(spec: &'w ModelSpec, weights: &'w ModelWeights, sm_count: usize) -> Result<Self> {
-        Ok(Self::with_schedule(
-            spec,
-            weights,
-            Schedule::compile(spec, sm_count)?,
-        ))
+        Ok(Self::with_schedule(spec, weights, Schedule::compile(spec, sm_count)?))
     }
 
     /// A twin over a given schedule (tests hand it broken ones).
-    pub fn with_schedule(
-        spec: &'w ModelSpec,
-        weights: &'w ModelWeights,
-        schedule: Schedule,
-    ) -> Self {
-        Twin {
-            spec,
-            weights,
-            inv_freq: rope::inv_freq(spec),
-            schedule,
-            watchdog: Duration::from_secs(60),
-        }
+    pub fn with_schedule(spec: &'w ModelSpec, weights: &'w ModelWeights, schedule: Schedule) -> Self {
+        Twin { spec, weights, inv_freq: rope::inv_freq(spec), schedule, watchdog: Duration::from_secs(60) }
     }
 
     pub fn schedule(&self) -> &Schedule {
@@ -149,53 +132,33 @@ impl<'w> Twin<'w> {
 
     /// Runs the token loop. `on_token(step, argmax)` sees each step's token as it
     /// is picked; returning false stops the loop after that step (the host's stop flag).
-    pub fn run(
-        &self,
-        kv: &TwinKv,
-        req: &TwinRequest<'_>,
-        on_token: &(dyn Fn(usize, u32) -> bool + Sync),
-    ) -> Result<TwinOutput> {
+    pub fn run(&self, kv: &TwinKv, req: &TwinRequest<'_>, on_token: &(dyn Fn(usize, u32) -> bool + Sync)) -> Result<TwinOutput> {
         let s = self.spec;
         if req.max_steps == 0 || req.pos0 + req.max_steps > kv.capacity {
             return Err(RocketError::invalid_arg(
                 "max_steps",
                 req.max_steps,
-                format!(
-                    "must be >= 1 with pos0 {} + max_steps within the cache's {} positions",
-                    req.pos0, kv.capacity
-                ),
+                format!("must be >= 1 with pos0 {} + max_steps within the cache's {} positions", req.pos0, kv.capacity),
             ));
         }
-        if req.first_token as usize >= s.vocab_size
-            || req.forced.iter().any(|&t| t as usize >= s.vocab_size)
-        {
-            return Err(RocketError::invalid_arg(
-                "token id",
-                req.first_token,
-                format!("must be < vocab size {}", s.vocab_size),
-            ));
+        if req.first_token as usize >= s.vocab_size || req.forced.iter().any(|&t| t as usize >= s.vocab_size) {
+            return Err(RocketError::invalid_arg("token id", req.first_token, format!("must be < vocab size {}", s.vocab_size)));
         }
         let sched = &self.schedule;
         let run = Run {
             req,
             kv,
             on_token,
-            counters: (0..sched.counters.count())
-                .map(|_| AtomicU32::new(0))
-                .collect(),
+            counters: (0..sched.counters.count()).map(|_| AtomicU32::new(0)).collect(),
             x: F32s::poisoned(s.hidden_size),
             qkv: F32s::poisoned(s.q_dim() + 2 * s.kv_dim()),
             act: F32s::poisoned(s.intermediate_size),
             part_o: F32s::poisoned(s.num_heads * sched.splits * s.head_dim),
             part_ml: F32s::poisoned(s.num_heads * sched.splits * 2),
             lm_max: F32s::poisoned(sched.lm_tiles),
-            lm_idx: (0..sched.lm_tiles)
-                .map(|_| AtomicU32::new(u32::MAX))
-                .collect(),
+            lm_idx: (0..sched.lm_tiles).map(|_| AtomicU32::new(u32::MAX)).collect(),
             logits: F32s::poisoned(req.max_steps * s.vocab_size),
-            tokens: (0..req.max_steps)
-                .map(|_| AtomicU32::new(u32::MAX))
-                .collect(),
+            tokens: (0..req.max_steps).map(|_| AtomicU32::new(u32::MAX)).collect(),
             steps_run: AtomicU32::new(0),
             stop: AtomicBool::new(false),
             abort: AtomicBool::new(false),
@@ -205,40 +168,25 @@ impl<'w> Twin<'w> {
         run.counters[Counters::STEP as usize].store(1, Ordering::Release);
 
         let errors: Vec<String> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..sched.sm_count)
-                .map(|sm| {
-                    let run = &run;
-                    scope.spawn(move || {
-                        let r = self.sm_loop(sm, run);
-                        if r.is_err() {
-                            run.abort.store(true, Ordering::Release);
-                        }
-                        r
-                    })
+            let handles: Vec<_> = (0..sched.sm_count).map(|sm| {
+                let run = &run;
+                scope.spawn(move || {
+                    let r = self.sm_loop(sm, run);
+                    if r.is_err() {
+                        run.abort.store(true, Ordering::Release);
+                    }
+                    r
                 })
-                .collect();
-            handles
-                .into_iter()
-                .filter_map(|h| h.join().expect("a twin SM panicked").err())
-                .collect()
+            }).collect();
+            handles.into_iter().filter_map(|h| h.join().expect("a twin SM panicked").err()).collect()
         });
         // Report the SM that got stuck, not those that gave up because of it.
-        if let Some(first) = errors
-            .iter()
-            .find(|e| !e.contains("gave up"))
-            .or(errors.first())
-        {
+        if let Some(first) = errors.iter().find(|e| !e.contains("gave up")).or(errors.first()) {
             return Err(RocketError::Device(format!("megakernel twin: {first}")));
         }
         let steps = run.steps_run.load(Ordering::Acquire) as usize;
-        let tokens = run.tokens[..steps]
-            .iter()
-            .map(|t| t.load(Ordering::Relaxed))
-            .collect();
-        Ok(TwinOutput {
-            tokens,
-            logits: run.logits.read(0, steps * s.vocab_size),
-        })
+        let tokens = run.tokens[..steps].iter().map(|t| t.load(Ordering::Relaxed)).collect();
+        Ok(TwinOutput { tokens, logits: run.logits.read(0, steps * s.vocab_size) })
     }
 
     fn sm_loop(&self, sm: usize, run: &Run<'_>) -> std::result::Result<(), String> {
@@ -249,30 +197,12 @@ impl<'w> Twin<'w> {
             }
             for instr in &self.schedule.per_sm[sm] {
                 let target = (t + 1) * instr.wait.per_step as u32;
-                self.wait(
-                    run,
-                    instr.wait.counter,
-                    target,
-                    sm,
-                    t,
-                    &format!("{:?} of layer {}", instr.op, instr.layer),
-                )?;
+                self.wait(run, instr.wait.counter, target, sm, t, &format!("{:?} of layer {}", instr.op, instr.layer))?;
                 match instr.work {
-                    Work::Rows { begin, end, tile } => {
-                        self.matvec(run, instr, begin as usize..end as usize, tile as usize, t)?
+                    Work::Rows { begin, end, tile } => self.matvec(run, instr, begin as usize..end as usize, tile as usize, t)?,
+                    Work::Attn { kv_head, split, splits } => {
+                        self.attention(run, instr, kv_head as usize, split as usize, splits as usize, t)
                     }
-                    Work::Attn {
-                        kv_head,
-                        split,
-                        splits,
-                    } => self.attention(
-                        run,
-                        instr,
-                        kv_head as usize,
-                        split as usize,
-                        splits as usize,
-                        t,
-                    ),
                 }
             }
         }
@@ -280,26 +210,14 @@ impl<'w> Twin<'w> {
     }
 
     /// Spins until `counter >= target` (the kernel's watchdog turns a stall into an error).
-    fn wait(
-        &self,
-        run: &Run<'_>,
-        counter: u16,
-        target: u32,
-        sm: usize,
-        t: u32,
-        what: &str,
-    ) -> std::result::Result<(), String> {
+    fn wait(&self, run: &Run<'_>, counter: u16, target: u32, sm: usize, t: u32, what: &str) -> std::result::Result<(), String> {
         let start = Instant::now();
         while run.counters[counter as usize].load(Ordering::Acquire) < target {
             if run.abort.load(Ordering::Acquire) {
-                return Err(format!(
-                    "SM {sm} gave up at {what} of step {t} after another SM failed"
-                ));
+                return Err(format!("SM {sm} gave up at {what} of step {t} after another SM failed"));
             }
             if start.elapsed() > self.watchdog {
-                return Err(format!(
-                    "SM {sm} stuck at {what} of step {t}: counter {counter} < {target}"
-                ));
+                return Err(format!("SM {sm} stuck at {what} of step {t}: counter {counter} < {target}"));
             }
             std::thread::yield_now();
         }
@@ -313,10 +231,7 @@ impl<'w> Twin<'w> {
     fn embed(&self, run: &Run<'_>, token: u32) {
         let d = self.spec.hidden_size;
         let mut row = vec![0f32; d];
-        self.weights
-            .embed_tokens
-            .view()
-            .to_f32_into(token as usize * d, &mut row);
+        self.weights.embed_tokens.view().to_f32_into(token as usize * d, &mut row);
         run.x.write(0, &row);
     }
 
@@ -333,11 +248,7 @@ impl<'w> Twin<'w> {
         let l = &self.weights.layers[layer];
         let (qd, kvd, d) = (s.q_dim(), s.kv_dim(), s.hidden_size);
         let mut out = Vec::with_capacity(rows.len());
-        for (tensor, first, n) in [
-            (&l.q_proj, 0, qd),
-            (&l.k_proj, qd, kvd),
-            (&l.v_proj, qd + kvd, kvd),
-        ] {
+        for (tensor, first, n) in [(&l.q_proj, 0, qd), (&l.k_proj, qd, kvd), (&l.v_proj, qd + kvd, kvd)] {
             let (b, e) = (rows.start.max(first), rows.end.min(first + n));
             if b < e {
                 let mut part = vec![0f32; e - b];
@@ -348,14 +259,7 @@ impl<'w> Twin<'w> {
         out
     }
 
-    fn matvec(
-        &self,
-        run: &Run<'_>,
-        instr: &Instr,
-        rows: std::ops::Range<usize>,
-        tile: usize,
-        t: u32,
-    ) -> std::result::Result<(), String> {
+    fn matvec(&self, run: &Run<'_>, instr: &Instr, rows: std::ops::Range<usize>, tile: usize, t: u32) -> std::result::Result<(), String> {
         let s = self.spec;
         let w = self.weights;
         let layer = instr.layer as usize;
@@ -367,17 +271,9 @@ impl<'w> Twin<'w> {
             }
             Op::OProj | Op::Down => {
                 let (input, k, matrix) = if instr.op == Op::OProj {
-                    (
-                        self.merged_attention(run, t),
-                        s.q_dim(),
-                        &w.layers[layer].o_proj,
-                    )
+                    (self.merged_attention(run, t), s.q_dim(), &w.layers[layer].o_proj)
                 } else {
-                    (
-                        run.act.read(0, s.intermediate_size),
-                        s.intermediate_size,
-                        &w.layers[layer].down_proj,
-                    )
+                    (run.act.read(0, s.intermediate_size), s.intermediate_size, &w.layers[layer].down_proj)
                 };
                 let mut out = vec![0f32; n];
                 matvec_rows(matrix.view(), rows.clone(), k, &input, &mut out);
@@ -389,13 +285,7 @@ impl<'w> Twin<'w> {
                 let l = &w.layers[layer];
                 let h = self.normed_x(run, &l.mlp_norm);
                 let (mut gate, mut up) = (vec![0f32; n], vec![0f32; n]);
-                matvec_rows(
-                    l.gate_proj.view(),
-                    rows.clone(),
-                    s.hidden_size,
-                    &h,
-                    &mut gate,
-                );
+                matvec_rows(l.gate_proj.view(), rows.clone(), s.hidden_size, &h, &mut gate);
                 matvec_rows(l.up_proj.view(), rows.clone(), s.hidden_size, &h, &mut up);
                 for ((i, g), u) in rows.zip(gate).zip(up) {
                     run.act.set(i, silu(g) * u);
@@ -404,13 +294,7 @@ impl<'w> Twin<'w> {
             Op::LmHead => {
                 let h = self.normed_x(run, &w.final_norm);
                 let mut out = vec![0f32; n];
-                matvec_rows(
-                    w.lm_head().view(),
-                    rows.clone(),
-                    s.hidden_size,
-                    &h,
-                    &mut out,
-                );
+                matvec_rows(w.lm_head().view(), rows.clone(), s.hidden_size, &h, &mut out);
                 let base = t as usize * s.vocab_size;
                 run.logits.write(base + rows.start, &out);
                 let masked = (t as usize) < run.req.mask_end_steps;
@@ -441,10 +325,7 @@ impl<'w> Twin<'w> {
     fn pick_token(&self, run: &Run<'_>, t: u32) {
         let (mut best, mut token) = (f32::NEG_INFINITY, u32::MAX);
         for tile in 0..self.schedule.lm_tiles {
-            let (v, i) = (
-                run.lm_max.get(tile),
-                run.lm_idx[tile].load(Ordering::Relaxed),
-            );
+            let (v, i) = (run.lm_max.get(tile), run.lm_idx[tile].load(Ordering::Relaxed));
             if i != u32::MAX && (v > best || (v == best && i < token)) {
                 (best, token) = (v, i);
             }
@@ -457,20 +338,11 @@ impl<'w> Twin<'w> {
         let req = run.req;
         let free_running = step >= req.forced.len();
         let keep_going = (run.on_token)(step, token);
-        let stop = step + 1 >= req.max_steps
-            || !keep_going
-            || (free_running && req.end_ids.contains(&token));
+        let stop = step + 1 >= req.max_steps || !keep_going || (free_running && req.end_ids.contains(&token));
         if stop {
             run.stop.store(true, Ordering::Release);
         } else {
-            self.embed(
-                run,
-                if free_running {
-                    token
-                } else {
-                    req.forced[step]
-                },
-            );
+            self.embed(run, if free_running { token } else { req.forced[step] });
         }
         run.steps_run.store(t + 1, Ordering::Release);
         Self::signal(run, Counters::STEP);
@@ -484,15 +356,7 @@ impl<'w> Twin<'w> {
         rope::apply(head, pos, &self.inv_freq);
     }
 
-    fn attention(
-        &self,
-        run: &Run<'_>,
-        instr: &Instr,
-        g: usize,
-        split: usize,
-        splits: usize,
-        t: u32,
-    ) {
+    fn attention(&self, run: &Run<'_>, instr: &Instr, g: usize, split: usize, splits: usize, t: u32) {
         let s = self.spec;
         let (hd, qd, kvd, nl) = (s.head_dim, s.q_dim(), s.kv_dim(), s.num_layers);
         let layer = instr.layer as usize;
@@ -502,19 +366,14 @@ impl<'w> Twin<'w> {
         let context = pos + 1;
         let used = used_splits(context, splits);
         let chunk = context.div_ceil(used);
-        let (begin, end) = (
-            (split * chunk).min(context),
-            ((split + 1) * chunk).min(context),
-        );
+        let (begin, end) = ((split * chunk).min(context), ((split + 1) * chunk).min(context));
 
         let mut k = run.qkv.read(qd + g * hd, hd);
         self.rotate(&mut k, lw.k_norm.as_ref(), pos);
         let kv_at = |p: usize, which: usize| ((p * nl + layer) * 2 + which) * kvd + g * hd;
         if (begin..end).contains(&pos) {
             run.kv.data.write(kv_at(pos, 0), &k);
-            run.kv
-                .data
-                .write(kv_at(pos, 1), &run.qkv.read(qd + kvd + g * hd, hd));
+            run.kv.data.write(kv_at(pos, 1), &run.qkv.read(qd + kvd + g * hd, hd));
         }
         let scale = 1.0 / (hd as f32).sqrt();
         // Splits past `used` are empty: they only arrive (and write no partials).
@@ -551,14 +410,8 @@ impl<'w> Twin<'w> {
         let used = used_splits(run.req.pos0 + t as usize + 1, splits);
         let mut attn = Vec::with_capacity(s.q_dim());
         for head in 0..s.num_heads {
-            let parts: Vec<(f32, f32)> = (0..used)
-                .map(|sp| {
-                    (
-                        run.part_ml.get((head * splits + sp) * 2),
-                        run.part_ml.get((head * splits + sp) * 2 + 1),
-                    )
-                })
-                .collect();
+            let parts: Vec<(f32, f32)> =
+                (0..used).map(|sp| (run.part_ml.get((head * splits + sp) * 2), run.part_ml.get((head * splits + sp) * 2 + 1))).collect();
             let big_m = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
             let mut total = 0f32;
             let mut out = vec![0f32; hd];
@@ -568,10 +421,7 @@ impl<'w> Twin<'w> {
                 }
                 let f = (m - big_m).exp();
                 total += l * f;
-                for (acc, v) in out
-                    .iter_mut()
-                    .zip(run.part_o.read((head * splits + sp) * hd, hd))
-                {
+                for (acc, v) in out.iter_mut().zip(run.part_o.read((head * splits + sp) * hd, hd)) {
                     *acc += v * f;
                 }
             }

@@ -10,15 +10,9 @@ use crate::model::ModelSpec;
 
 /// What the op at (layer, op) must wait for, given the tile counts of the ops.
 fn expected_wait(c: &Counters, tiles: &HashMap<(usize, Op), usize>, layer: usize, op: Op) -> Wait {
-    let done = |l: usize, o: Op| Wait {
-        counter: c.op(o, l),
-        per_step: tiles[&(l, o)] as u16,
-    };
+    let done = |l: usize, o: Op| Wait { counter: c.op(o, l), per_step: tiles[&(l, o)] as u16 };
     match op {
-        Op::Qkv if layer == 0 => Wait {
-            counter: Counters::STEP,
-            per_step: 1,
-        },
+        Op::Qkv if layer == 0 => Wait { counter: Counters::STEP, per_step: 1 },
         Op::Qkv => done(layer - 1, Op::Down),
         Op::Attn => done(layer, Op::Qkv),
         Op::OProj => done(layer, Op::Attn), // every split of every KV head
@@ -46,11 +40,7 @@ fn rank(i: &Instr) -> (u16, Op) {
 
 pub fn verify(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
     if s.per_sm.len() != s.sm_count {
-        return Err(format!(
-            "{} instruction lists for {} SMs",
-            s.per_sm.len(),
-            s.sm_count
-        ));
+        return Err(format!("{} instruction lists for {} SMs", s.per_sm.len(), s.sm_count));
     }
     for (sm, list) in s.per_sm.iter().enumerate() {
         // The kernel's weight stream restarts an SM's list every step and decodes
@@ -59,20 +49,12 @@ pub fn verify(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
             return Err(format!("SM {sm} has no instructions"));
         }
         if let Some(w) = list.windows(2).find(|w| rank(&w[0]) > rank(&w[1])) {
-            return Err(format!(
-                "SM {sm} runs {:?} of layer {} before {:?} of layer {}",
-                w[0].op, w[0].layer, w[1].op, w[1].layer
-            ));
+            return Err(format!("SM {sm} runs {:?} of layer {} before {:?} of layer {}", w[0].op, w[0].layer, w[1].op, w[1].layer));
         }
     }
     check_coverage(s, spec)?;
     check_waits(s, spec)?;
-    for order in [
-        Order::Forward,
-        Order::Backward,
-        Order::Shuffled(0x5eed),
-        Order::Shuffled(7),
-    ] {
+    for order in [Order::Forward, Order::Backward, Order::Shuffled(0x5eed), Order::Shuffled(7)] {
         simulate(s, 3, order)?;
     }
     Ok(())
@@ -87,31 +69,14 @@ fn check_coverage(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
     let mut attn: BTreeMap<usize, Vec<(u32, u32)>> = BTreeMap::new();
     for i in s.per_sm.iter().flatten() {
         let layer = i.layer as usize;
-        let layer_ok = if i.op == Op::LmHead {
-            layer == nl
-        } else {
-            layer < nl
-        };
+        let layer_ok = if i.op == Op::LmHead { layer == nl } else { layer < nl };
         if !layer_ok {
             return Err(format!("{:?} in layer {layer} of a {nl}-layer model", i.op));
         }
         match (i.op, i.work) {
-            (
-                Op::Attn,
-                Work::Attn {
-                    kv_head,
-                    split,
-                    splits,
-                    ..
-                },
-            ) => {
-                if splits as usize != s.splits
-                    || split >= splits
-                    || kv_head as usize >= spec.num_kv_heads
-                {
-                    return Err(format!(
-                        "attention item (head {kv_head}, split {split}/{splits}) in layer {layer}"
-                    ));
+            (Op::Attn, Work::Attn { kv_head, split, splits, .. }) => {
+                if splits as usize != s.splits || split >= splits || kv_head as usize >= spec.num_kv_heads {
+                    return Err(format!("attention item (head {kv_head}, split {split}/{splits}) in layer {layer}"));
                 }
                 attn.entry(layer).or_default().push((kv_head, split));
             }
@@ -119,63 +84,40 @@ fn check_coverage(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
                 if begin >= end {
                     return Err(format!("empty tile of {op:?} in layer {layer}"));
                 }
-                rows.entry((layer, op))
-                    .or_default()
-                    .push((begin, end, tile));
+                rows.entry((layer, op)).or_default().push((begin, end, tile));
             }
             (op, work) => return Err(format!("{op:?} carries {work:?}")),
         }
     }
     for layer in 0..=nl {
-        let ops: &[Op] = if layer == nl {
-            &[Op::LmHead]
-        } else {
-            &[Op::Qkv, Op::OProj, Op::GateUp, Op::Down]
-        };
+        let ops: &[Op] = if layer == nl { &[Op::LmHead] } else { &[Op::Qkv, Op::OProj, Op::GateUp, Op::Down] };
         for &op in ops {
-            let mut tiles = rows
-                .remove(&(layer, op))
-                .ok_or_else(|| format!("{op:?} of layer {layer} is missing"))?;
+            let mut tiles = rows.remove(&(layer, op)).ok_or_else(|| format!("{op:?} of layer {layer} is missing"))?;
             tiles.sort();
             let mut next = 0u32;
             for (n, &(begin, end, tile)) in tiles.iter().enumerate() {
                 if begin != next {
-                    return Err(format!(
-                        "{op:?} of layer {layer}: rows {next}..{begin} uncovered or overlapping"
-                    ));
+                    return Err(format!("{op:?} of layer {layer}: rows {next}..{begin} uncovered or overlapping"));
                 }
                 if tile as usize != n {
-                    return Err(format!(
-                        "{op:?} of layer {layer}: tile numbers are not 0..{}",
-                        tiles.len()
-                    ));
+                    return Err(format!("{op:?} of layer {layer}: tile numbers are not 0..{}", tiles.len()));
                 }
                 next = end;
             }
             if next as usize != op_rows(spec, op) {
-                return Err(format!(
-                    "{op:?} of layer {layer} covers {next} of {} rows",
-                    op_rows(spec, op)
-                ));
+                return Err(format!("{op:?} of layer {layer} covers {next} of {} rows", op_rows(spec, op)));
             }
             if op == Op::LmHead && tiles.len() != s.lm_tiles {
-                return Err(format!(
-                    "{} LM head tiles, schedule says {}",
-                    tiles.len(),
-                    s.lm_tiles
-                ));
+                return Err(format!("{} LM head tiles, schedule says {}", tiles.len(), s.lm_tiles));
             }
         }
         if layer < nl {
             let mut items = attn.remove(&layer).unwrap_or_default();
             items.sort();
-            let want: Vec<(u32, u32)> = (0..spec.num_kv_heads as u32)
-                .flat_map(|g| (0..s.splits as u32).map(move |sp| (g, sp)))
-                .collect();
+            let want: Vec<(u32, u32)> =
+                (0..spec.num_kv_heads as u32).flat_map(|g| (0..s.splits as u32).map(move |sp| (g, sp))).collect();
             if items != want {
-                return Err(format!(
-                    "attention of layer {layer} does not cover every (KV head, split) once"
-                ));
+                return Err(format!("attention of layer {layer} does not cover every (KV head, split) once"));
             }
         }
     }
@@ -197,25 +139,16 @@ fn check_waits(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
         let layer = i.layer as usize;
         let want_signal = c.op(i.op, layer);
         if i.signal != want_signal {
-            return Err(format!(
-                "{:?} of layer {layer} signals counter {} instead of {want_signal}",
-                i.op, i.signal
-            ));
+            return Err(format!("{:?} of layer {layer} signals counter {} instead of {want_signal}", i.op, i.signal));
         }
         if let Work::Attn { splits, .. } = i.work {
             if signals[&i.signal] != splits as usize * spec.num_kv_heads {
-                return Err(format!(
-                    "attention of layer {layer}: {} signals for {splits} splits of {} KV heads",
-                    signals[&i.signal], spec.num_kv_heads
-                ));
+                return Err(format!("attention of layer {layer}: {} signals for {splits} splits of {} KV heads", signals[&i.signal], spec.num_kv_heads));
             }
         }
         let want = expected_wait(c, &tiles, layer, i.op);
         if i.wait != want {
-            return Err(format!(
-                "{:?} of layer {layer} waits {:?}, should wait {want:?}",
-                i.op, i.wait
-            ));
+            return Err(format!("{:?} of layer {layer} waits {:?}, should wait {want:?}", i.op, i.wait));
         }
     }
     Ok(())
@@ -286,21 +219,9 @@ fn simulate(s: &Schedule, steps: u32, order: Order) -> Result<(), String> {
             return Ok(());
         }
         if !moved {
-            let (sm, t) = step
-                .iter()
-                .enumerate()
-                .filter(|(_, &t)| t < steps)
-                .map(|(i, &t)| (i, t))
-                .next()
-                .expect("some SM is unfinished");
-            let what = s.per_sm[sm]
-                .get(pc[sm])
-                .map_or("the step start".to_string(), |i| {
-                    format!("{:?} of layer {}", i.op, i.layer)
-                });
-            return Err(format!(
-                "deadlock ({order:?} order): SM {sm} stuck at {what} of step {t}"
-            ));
+            let (sm, t) = step.iter().enumerate().filter(|(_, &t)| t < steps).map(|(i, &t)| (i, t)).next().expect("some SM is unfinished");
+            let what = s.per_sm[sm].get(pc[sm]).map_or("the step start".to_string(), |i| format!("{:?} of layer {}", i.op, i.layer));
+            return Err(format!("deadlock ({order:?} order): SM {sm} stuck at {what} of step {t}"));
         }
     }
 }
@@ -310,15 +231,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::model::Family;
 
-    pub(crate) fn spec(
-        d: usize,
-        ff: usize,
-        layers: usize,
-        heads: usize,
-        kv: usize,
-        hd: usize,
-        vocab: usize,
-    ) -> ModelSpec {
+    pub(crate) fn spec(d: usize, ff: usize, layers: usize, heads: usize, kv: usize, hd: usize, vocab: usize) -> ModelSpec {
         ModelSpec {
             family: Family::Llama,
             hidden_size: d,
@@ -359,14 +272,8 @@ pub(crate) mod tests {
         let s = Schedule::compile(&llama, 132).unwrap();
         let bytes = s.weight_bytes_per_sm(&llama);
         let (min, max) = (*bytes.iter().min().unwrap(), *bytes.iter().max().unwrap());
-        assert!(
-            max as f64 / (min as f64) < 1.02,
-            "SM weight bytes {min}..{max}"
-        );
-        assert_eq!(
-            bytes.iter().sum::<usize>(),
-            2 * (llama.weight_elements_per_step() - 2048 - llama_norms(&llama))
-        );
+        assert!(max as f64 / (min as f64) < 1.02, "SM weight bytes {min}..{max}");
+        assert_eq!(bytes.iter().sum::<usize>(), 2 * (llama.weight_elements_per_step() - 2048 - llama_norms(&llama)));
         assert_eq!(s.splits, 16);
         assert_eq!(s.lm_tiles, 132);
     }
@@ -384,37 +291,21 @@ pub(crate) mod tests {
 
         // A wait one split short lets OProj merge partials that are not all written yet.
         let mut s = good.clone();
-        let i = s
-            .per_sm
-            .iter_mut()
-            .flatten()
-            .find(|i| i.op == Op::OProj)
-            .unwrap();
+        let i = s.per_sm.iter_mut().flatten().find(|i| i.op == Op::OProj).unwrap();
         i.wait.per_step -= 1;
         assert!(verify(&s, &small).unwrap_err().contains("waits"));
 
         // A wait one tile too long never completes: the simulation finds the deadlock.
         let mut s = good.clone();
-        for i in s
-            .per_sm
-            .iter_mut()
-            .flatten()
-            .filter(|i| i.op == Op::GateUp && i.layer == 1)
-        {
+        for i in s.per_sm.iter_mut().flatten().filter(|i| i.op == Op::GateUp && i.layer == 1) {
             i.wait.per_step += 1;
         }
         assert!(check_waits(&s, &small).is_err());
-        assert!(simulate(&s, 2, Order::Forward)
-            .unwrap_err()
-            .contains("deadlock"));
+        assert!(simulate(&s, 2, Order::Forward).unwrap_err().contains("deadlock"));
 
         // A lost tile leaves rows uncovered.
         let mut s = good.clone();
-        let sm = s
-            .per_sm
-            .iter()
-            .position(|l| l.iter().any(|i| i.op == Op::Down))
-            .unwrap();
+        let sm = s.per_sm.iter().position(|l| l.iter().any(|i| i.op == Op::Down)).unwrap();
         let at = s.per_sm[sm].iter().position(|i| i.op == Op::Down).unwrap();
         s.per_sm[sm].remove(at);
         assert!(verify(&s, &small).is_err());

@@ -19,12 +19,7 @@ pub struct UnsetFields {
 }
 
 impl UnsetFields {
-    pub const ALL: UnsetFields = UnsetFields {
-        temperature: true,
-        top_k: true,
-        top_p: true,
-        repetition_penalty: true,
-    };
+    pub const ALL: UnsetFields = UnsetFields { temperature: true, top_k: true, top_p: true, repetition_penalty: true };
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -43,11 +38,7 @@ pub struct GenerationConfig {
 pub fn id_list(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_u64)
-            .map(|x| x as u32)
-            .collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
         _ => Vec::new(),
     }
 }
@@ -58,11 +49,8 @@ impl GenerationConfig {
     /// (top_k 0, top_p 1, repetition_penalty 1 — vLLM's reading, not HF's top_k=50).
     pub fn fill_defaults(&self, params: &mut SamplingParams, unset: UnsetFields) {
         if unset.temperature {
-            params.temperature = if self.do_sample == Some(true) {
-                self.temperature.unwrap_or(1.0) as f32
-            } else {
-                0.0
-            };
+            params.temperature =
+                if self.do_sample == Some(true) { self.temperature.unwrap_or(1.0) as f32 } else { 0.0 };
         }
         if unset.top_k {
             params.top_k = self.top_k.unwrap_or(0) as usize;
@@ -77,17 +65,13 @@ impl GenerationConfig {
 
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| RocketError::io(path, e))?;
-        let v: Value =
-            serde_json::from_str(&text).map_err(|e| RocketError::config(path, e.to_string()))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| RocketError::config(path, e.to_string()))?;
         Ok(Self::from_json(&v))
     }
 
     pub fn from_json(v: &Value) -> Self {
         GenerationConfig {
-            bos_token_id: v
-                .get("bos_token_id")
-                .and_then(Value::as_u64)
-                .map(|x| x as u32),
+            bos_token_id: v.get("bos_token_id").and_then(Value::as_u64).map(|x| x as u32),
             eos_token_ids: id_list(v.get("eos_token_id")),
             temperature: v.get("temperature").and_then(Value::as_f64),
             top_k: v.get("top_k").and_then(Value::as_u64),
@@ -108,25 +92,10 @@ mod tests {
             "do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "eos_token_id": [1, 2]
         }));
         assert_eq!(cfg.eos_token_ids, vec![1, 2]);
-        let mut p = SamplingParams {
-            top_p: 0.5,
-            ..SamplingParams::default()
-        };
-        cfg.fill_defaults(
-            &mut p,
-            UnsetFields {
-                top_p: false,
-                ..UnsetFields::ALL
-            },
-        );
-        assert_eq!(
-            (p.temperature, p.top_k, p.top_p, p.repetition_penalty),
-            (0.6, 20, 0.5, 1.0)
-        );
-        for greedy in [
-            serde_json::json!({"do_sample": false, "temperature": 0.6}),
-            serde_json::json!({}),
-        ] {
+        let mut p = SamplingParams { top_p: 0.5, ..SamplingParams::default() };
+        cfg.fill_defaults(&mut p, UnsetFields { top_p: false, ..UnsetFields::ALL });
+        assert_eq!((p.temperature, p.top_k, p.top_p, p.repetition_penalty), (0.6, 20, 0.5, 1.0));
+        for greedy in [serde_json::json!({"do_sample": false, "temperature": 0.6}), serde_json::json!({})] {
             GenerationConfig::from_json(&greedy).fill_defaults(&mut p, UnsetFields::ALL);
             assert_eq!(p.temperature, 0.0);
         }

@@ -62,17 +62,9 @@ impl ModelWeights {
             });
         }
         let final_norm = w.take("model.norm.weight", &[d])?.to_f32_vec();
-        let untied_lm_head = if spec.tie_word_embeddings {
-            None
-        } else {
-            Some(w.take("lm_head.weight", &[spec.vocab_size, d])?)
-        };
-        Ok(ModelWeights {
-            embed_tokens,
-            layers,
-            final_norm,
-            untied_lm_head,
-        })
+        let untied_lm_head =
+            if spec.tie_word_embeddings { None } else { Some(w.take("lm_head.weight", &[spec.vocab_size, d])?) };
+        Ok(ModelWeights { embed_tokens, layers, final_norm, untied_lm_head })
     }
 
     pub fn lm_head(&self) -> &Tensor {
@@ -87,27 +79,14 @@ impl ModelWeights {
             .layers
             .iter()
             .map(|l| {
-                l.attn_norm.len()
-                    + l.mlp_norm.len()
-                    + l.q_norm.as_ref().map_or(0, Vec::len)
-                    + l.k_norm.as_ref().map_or(0, Vec::len)
+                l.attn_norm.len() + l.mlp_norm.len() + l.q_norm.as_ref().map_or(0, Vec::len) + l.k_norm.as_ref().map_or(0, Vec::len)
             })
             .sum::<usize>()
             + self.final_norm.len();
         let matrices: usize = self
             .layers
             .iter()
-            .flat_map(|l| {
-                [
-                    &l.q_proj,
-                    &l.k_proj,
-                    &l.v_proj,
-                    &l.o_proj,
-                    &l.gate_proj,
-                    &l.up_proj,
-                    &l.down_proj,
-                ]
-            })
+            .flat_map(|l| [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj])
             .map(bytes)
             .sum();
         let embed_row = self.embed_tokens.shape()[1] * self.embed_tokens.dtype().size();
@@ -125,30 +104,9 @@ impl ModelWeights {
         let l = &self.layers;
         vec![
             ("embed_tokens", join(vec![&self.embed_tokens])),
-            (
-                "attention q/k/v/o",
-                join(
-                    l.iter()
-                        .flat_map(|x| [&x.q_proj, &x.k_proj, &x.v_proj, &x.o_proj])
-                        .collect(),
-                ),
-            ),
-            (
-                "mlp gate/up/down",
-                join(
-                    l.iter()
-                        .flat_map(|x| [&x.gate_proj, &x.up_proj, &x.down_proj])
-                        .collect(),
-                ),
-            ),
-            (
-                "lm_head",
-                if self.untied_lm_head.is_some() {
-                    join(vec![self.lm_head()])
-                } else {
-                    "tied to embed_tokens".into()
-                },
-            ),
+            ("attention q/k/v/o", join(l.iter().flat_map(|x| [&x.q_proj, &x.k_proj, &x.v_proj, &x.o_proj]).collect())),
+            ("mlp gate/up/down", join(l.iter().flat_map(|x| [&x.gate_proj, &x.up_proj, &x.down_proj]).collect())),
+            ("lm_head", if self.untied_lm_head.is_some() { join(vec![self.lm_head()]) } else { "tied to embed_tokens".into() }),
             ("norms", "f32 (widened at load)".into()),
         ]
     }

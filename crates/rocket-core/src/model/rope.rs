@@ -6,9 +6,7 @@ use super::spec::ModelSpec;
 pub fn inv_freq(spec: &ModelSpec) -> Vec<f32> {
     let dim = spec.head_dim;
     let base = spec.rope_theta as f32;
-    let mut freqs: Vec<f32> = (0..dim / 2)
-        .map(|i| 1.0 / base.powf((2 * i) as f32 / dim as f32))
-        .collect();
+    let mut freqs: Vec<f32> = (0..dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / dim as f32)).collect();
     if let Some(s) = &spec.rope_scaling {
         let factor = s.factor as f32;
         let (low, high) = (s.low_freq_factor as f32, s.high_freq_factor as f32);
@@ -17,11 +15,7 @@ pub fn inv_freq(spec: &ModelSpec) -> Vec<f32> {
         let high_freq_wavelen = old_ctx / high;
         for f in &mut freqs {
             let wavelen = 2.0 * std::f32::consts::PI / *f;
-            let scaled = if wavelen > low_freq_wavelen {
-                *f / factor
-            } else {
-                *f
-            };
+            let scaled = if wavelen > low_freq_wavelen { *f / factor } else { *f };
             // Written as transformers' `~(wavelen < high) & ~(wavelen > low)`.
             #[allow(clippy::neg_cmp_op_on_partial_ord)]
             let is_medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);

@@ -49,16 +49,11 @@ impl ModelSource {
     pub fn open_with_progress(path: &Path, progress: &LoadProgress) -> Result<Self> {
         let start = Instant::now();
         if !path.exists() {
-            return Err(RocketError::ModelNotFound {
-                path: path.to_path_buf(),
-            });
+            return Err(RocketError::ModelNotFound { path: path.to_path_buf() });
         }
         let mut source = if path.is_dir() {
             open_hf_dir(path)?
-        } else if path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-        {
+        } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
             open_gguf(path, progress)?
         } else {
             return Err(RocketError::config(
@@ -74,8 +69,7 @@ impl ModelSource {
 
 fn read_json(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| RocketError::io(path, e))?;
-    serde_json::from_str(&text)
-        .map_err(|e| RocketError::config(path, format!("not valid JSON: {e}")))
+    serde_json::from_str(&text).map_err(|e| RocketError::config(path, format!("not valid JSON: {e}")))
 }
 
 /// A token written as a string or as `{"content": ...}` (both occur in tokenizer_config.json).
@@ -113,11 +107,7 @@ fn open_hf_dir(dir: &Path) -> Result<ModelSource> {
     let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
 
     let tok_config_path = dir.join("tokenizer_config.json");
-    let tok_config = if tok_config_path.is_file() {
-        read_json(&tok_config_path)?
-    } else {
-        Value::Null
-    };
+    let tok_config = if tok_config_path.is_file() { read_json(&tok_config_path)? } else { Value::Null };
     let jinja_path = dir.join("chat_template.jinja");
     let chat_template = if jinja_path.is_file() {
         Some(std::fs::read_to_string(&jinja_path).map_err(|e| RocketError::io(&jinja_path, e))?)
@@ -126,27 +116,16 @@ fn open_hf_dir(dir: &Path) -> Result<ModelSource> {
     };
 
     let gen_path = dir.join("generation_config.json");
-    let mut generation = if gen_path.is_file() {
-        GenerationConfig::from_file(&gen_path)?
-    } else {
-        GenerationConfig::default()
-    };
+    let mut generation = if gen_path.is_file() { GenerationConfig::from_file(&gen_path)? } else { GenerationConfig::default() };
     if generation.eos_token_ids.is_empty() {
         generation.eos_token_ids = id_list(config.get("eos_token_id"));
     }
     if generation.bos_token_id.is_none() {
-        generation.bos_token_id = config
-            .get("bos_token_id")
-            .and_then(Value::as_u64)
-            .map(|x| x as u32);
+        generation.bos_token_id = config.get("bos_token_id").and_then(Value::as_u64).map(|x| x as u32);
     }
-    let id_string = |id: Option<u32>| {
-        id.and_then(|i| tokenizer.id_to_token(i))
-            .unwrap_or_default()
-    };
+    let id_string = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
     let special = SpecialTokens {
-        bos_token: token_string(tok_config.get("bos_token"))
-            .unwrap_or_else(|| id_string(generation.bos_token_id)),
+        bos_token: token_string(tok_config.get("bos_token")).unwrap_or_else(|| id_string(generation.bos_token_id)),
         eos_token: token_string(tok_config.get("eos_token"))
             .unwrap_or_else(|| id_string(generation.eos_token_ids.first().copied())),
     };
@@ -179,10 +158,7 @@ fn open_gguf(path: &Path, progress: &LoadProgress) -> Result<ModelSource> {
         eos_token_ids: id("tokenizer.ggml.eos_token_id").into_iter().collect(),
         ..GenerationConfig::default()
     };
-    let id_string = |id: Option<u32>| {
-        id.and_then(|i| tokenizer.id_to_token(i))
-            .unwrap_or_default()
-    };
+    let id_string = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
     let special = SpecialTokens {
         bos_token: id_string(generation.bos_token_id),
         eos_token: id_string(generation.eos_token_ids.first().copied()),

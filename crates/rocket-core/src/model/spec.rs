@@ -121,30 +121,18 @@ impl ModelSpec {
             ));
         }
         if self.head_dim % 2 != 0 {
-            return fail(format!(
-                "head_dim ({}) must be even for RoPE",
-                self.head_dim
-            ));
+            return fail(format!("head_dim ({}) must be even for RoPE", self.head_dim));
         }
         if !(self.rms_norm_eps > 0.0 && self.rms_norm_eps.is_finite()) {
-            return fail(format!(
-                "rms_norm_eps must be positive, got {}",
-                self.rms_norm_eps
-            ));
+            return fail(format!("rms_norm_eps must be positive, got {}", self.rms_norm_eps));
         }
         if !(self.rope_theta > 0.0 && self.rope_theta.is_finite()) {
-            return fail(format!(
-                "rope_theta must be positive, got {}",
-                self.rope_theta
-            ));
+            return fail(format!("rope_theta must be positive, got {}", self.rope_theta));
         }
         if let Some(s) = &self.rope_scaling {
             // Negated so that NaN fails too.
             #[allow(clippy::neg_cmp_op_on_partial_ord)]
-            if !(s.factor > 0.0)
-                || !(s.high_freq_factor > s.low_freq_factor)
-                || s.original_max_position_embeddings == 0
-            {
+            if !(s.factor > 0.0) || !(s.high_freq_factor > s.low_freq_factor) || s.original_max_position_embeddings == 0 {
                 return fail(format!("invalid llama3 rope_scaling {s:?}"));
             }
         }
@@ -159,18 +147,12 @@ impl ModelSpec {
 
         if let Some(act) = config.get("hidden_act").and_then(Value::as_str) {
             if act != "silu" {
-                return Err(RocketError::config(
-                    origin,
-                    format!("hidden_act {act:?} is not supported (only \"silu\")"),
-                ));
+                return Err(RocketError::config(origin, format!("hidden_act {act:?} is not supported (only \"silu\")")));
             }
         }
         for flag in ["attention_bias", "mlp_bias", "use_sliding_window"] {
             if config.get(flag).and_then(Value::as_bool).unwrap_or(false) {
-                return Err(RocketError::config(
-                    origin,
-                    format!("{flag}=true is not supported"),
-                ));
+                return Err(RocketError::config(origin, format!("{flag}=true is not supported")));
             }
         }
 
@@ -181,10 +163,7 @@ impl ModelSpec {
             Some(h) => h,
             None => {
                 if num_heads == 0 || hidden_size % num_heads != 0 {
-                    return Err(RocketError::config(
-                        origin,
-                        "head_dim missing and hidden_size is not divisible by num_attention_heads",
-                    ));
+                    return Err(RocketError::config(origin, "head_dim missing and hidden_size is not divisible by num_attention_heads"));
                 }
                 hidden_size / num_heads
             }
@@ -203,10 +182,7 @@ impl ModelSpec {
             rms_norm_eps: cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
-            tie_word_embeddings: config
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
+            tie_word_embeddings: config.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
             qk_norm: family == Family::Qwen3,
         };
         spec.validate(origin)?;
@@ -224,15 +200,10 @@ fn parse_rope(config: &Value, origin: &Path) -> Result<(f64, Option<Llama3RopeSc
     let theta = params
         .and_then(|p| p.get("rope_theta"))
         .or_else(|| config.get("rope_theta"))
-        .map(|v| {
-            v.as_f64()
-                .ok_or_else(|| RocketError::config(origin, "rope_theta must be a number"))
-        })
+        .map(|v| v.as_f64().ok_or_else(|| RocketError::config(origin, "rope_theta must be a number")))
         .transpose()?
         .unwrap_or(10000.0);
-    let Some(p) = params else {
-        return Ok((theta, None));
-    };
+    let Some(p) = params else { return Ok((theta, None)) };
     let rope_type = p
         .get("rope_type")
         .or_else(|| p.get("type"))
@@ -242,12 +213,9 @@ fn parse_rope(config: &Value, origin: &Path) -> Result<(f64, Option<Llama3RopeSc
         "default" => Ok((theta, None)),
         "llama3" => {
             let num = |k: &str| {
-                p.get(k).and_then(Value::as_f64).ok_or_else(|| {
-                    RocketError::config(
-                        origin,
-                        format!("llama3 rope scaling needs a numeric {k:?}"),
-                    )
-                })
+                p.get(k)
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| RocketError::config(origin, format!("llama3 rope scaling needs a numeric {k:?}")))
             };
             Ok((
                 theta,
@@ -255,8 +223,7 @@ fn parse_rope(config: &Value, origin: &Path) -> Result<(f64, Option<Llama3RopeSc
                     factor: num("factor")?,
                     low_freq_factor: num("low_freq_factor")?,
                     high_freq_factor: num("high_freq_factor")?,
-                    original_max_position_embeddings: num("original_max_position_embeddings")?
-                        as usize,
+                    original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
                 }),
             ))
         }
@@ -276,10 +243,7 @@ impl HfConfig<'_> {
     fn str(&self, key: &str) -> Result<String> {
         match self.v.get(key) {
             Some(Value::String(s)) => Ok(s.clone()),
-            Some(_) => Err(RocketError::config(
-                self.origin,
-                format!("{key} must be a string"),
-            )),
+            Some(_) => Err(RocketError::config(self.origin, format!("{key} must be a string"))),
             None => Err(RocketError::config(self.origin, format!("missing {key}"))),
         }
     }
@@ -287,12 +251,10 @@ impl HfConfig<'_> {
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.v.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-                RocketError::config(
-                    self.origin,
-                    format!("{key} must be a non-negative integer, got {v}"),
-                )
-            }),
+            Some(v) => v
+                .as_u64()
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| RocketError::config(self.origin, format!("{key} must be a non-negative integer, got {v}"))),
         }
     }
 
@@ -304,9 +266,10 @@ impl HfConfig<'_> {
     fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.v.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-                RocketError::config(self.origin, format!("{key} must be a number, got {v}"))
-            }),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| RocketError::config(self.origin, format!("{key} must be a number, got {v}"))),
         }
     }
 }
@@ -339,32 +302,22 @@ mod tests {
         let new = ModelSpec::from_hf_config(&v5, Path::new("c")).unwrap();
         assert_eq!(legacy, new);
         assert_eq!(new.head_dim, 16);
-        assert_eq!(
-            new.rope_scaling.unwrap().original_max_position_embeddings,
-            64
-        );
+        assert_eq!(new.rope_scaling.unwrap().original_max_position_embeddings, 64);
     }
 
     #[test]
     fn unknown_model_type_lists_supported() {
         let mut c = base();
         c["model_type"] = json!("gpt_neox");
-        let e = ModelSpec::from_hf_config(&c, Path::new("c"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("gpt_neox") && e.contains("llama") && e.contains("qwen3"),
-            "{e}"
-        );
+        let e = ModelSpec::from_hf_config(&c, Path::new("c")).unwrap_err().to_string();
+        assert!(e.contains("gpt_neox") && e.contains("llama") && e.contains("qwen3"), "{e}");
     }
 
     #[test]
     fn bad_head_ratio_is_rejected() {
         let mut c = base();
         c["num_key_value_heads"] = json!(3);
-        let e = ModelSpec::from_hf_config(&c, Path::new("c"))
-            .unwrap_err()
-            .to_string();
+        let e = ModelSpec::from_hf_config(&c, Path::new("c")).unwrap_err().to_string();
         assert!(e.contains("multiple of num_key_value_heads"), "{e}");
     }
 
@@ -372,9 +325,7 @@ mod tests {
     fn missing_field_is_named() {
         let mut c = base();
         c.as_object_mut().unwrap().remove("hidden_size");
-        let e = ModelSpec::from_hf_config(&c, Path::new("c"))
-            .unwrap_err()
-            .to_string();
+        let e = ModelSpec::from_hf_config(&c, Path::new("c")).unwrap_err().to_string();
         assert!(e.contains("missing hidden_size"), "{e}");
     }
 
@@ -382,9 +333,7 @@ mod tests {
     fn unknown_rope_type_is_rejected() {
         let mut c = base();
         c["rope_scaling"]["rope_type"] = json!("yarn");
-        let e = ModelSpec::from_hf_config(&c, Path::new("c"))
-            .unwrap_err()
-            .to_string();
+        let e = ModelSpec::from_hf_config(&c, Path::new("c")).unwrap_err().to_string();
         assert!(e.contains("yarn"), "{e}");
     }
 }

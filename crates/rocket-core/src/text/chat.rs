@@ -38,18 +38,11 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| RocketError::ChatTemplate(format!("template does not parse: {e}")))?;
-        Ok(ChatTemplate {
-            env,
-            bos_token: bos_token.to_string(),
-            eos_token: eos_token.to_string(),
-        })
+        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
     }
 
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let tmpl = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| RocketError::ChatTemplate(e.to_string()))?;
+        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| RocketError::ChatTemplate(e.to_string()))?;
         tmpl.render(minijinja::context! {
             messages => minijinja::Value::from(minijinja::value::Serde(messages)),
             add_generation_prompt => add_generation_prompt,
@@ -62,10 +55,7 @@ impl ChatTemplate {
 
 fn render_error(e: &Error) -> String {
     match e.kind() {
-        ErrorKind::InvalidOperation => e
-            .detail()
-            .unwrap_or("template raised an exception")
-            .to_string(),
+        ErrorKind::InvalidOperation => e.detail().unwrap_or("template raised an exception").to_string(),
         _ => e.to_string(),
     }
 }
@@ -83,29 +73,9 @@ fn strftime_now(format: String) -> String {
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     let (year, month, day) = civil_from_days(days);
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    const WEEKDAYS: [&str; 7] = [
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-    ];
+    const MONTHS: [&str; 12] =
+        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const WEEKDAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
     let mut out = String::new();
     let mut chars = format.chars();
     while let Some(c) = chars.next() {
@@ -155,8 +125,7 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, Error> {
     let _: Option<bool> = kwargs.get("sort_keys")?;
     let _: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let json = serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let mut out = String::new();
     write_python_json(&json, indent, 0, &mut out);
     Ok(Value::from_safe_string(out))
@@ -207,10 +176,7 @@ mod tests {
     use super::*;
 
     fn msg(role: &str, content: &str) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage { role: role.into(), content: content.into() }
     }
 
     #[test]
@@ -221,10 +187,7 @@ mod tests {
         )
         .unwrap();
         let out = t.render(&[msg("user", " hi ")], true).unwrap();
-        assert_eq!(
-            out,
-            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-        );
+        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     }
 
     #[test]
@@ -236,16 +199,8 @@ mod tests {
 
     #[test]
     fn python_methods_and_tojson() {
-        let t = ChatTemplate::new(
-            "{{ messages[0].content.startswith('Hi') }} {{ {'a': [1, 'é']} | tojson }}",
-            "",
-            "",
-        )
-        .unwrap();
-        assert_eq!(
-            t.render(&[msg("user", "Hi")], false).unwrap(),
-            "True {\"a\": [1, \"é\"]}"
-        );
+        let t = ChatTemplate::new("{{ messages[0].content.startswith('Hi') }} {{ {'a': [1, 'é']} | tojson }}", "", "").unwrap();
+        assert_eq!(t.render(&[msg("user", "Hi")], false).unwrap(), "True {\"a\": [1, \"é\"]}");
     }
 
     #[test]

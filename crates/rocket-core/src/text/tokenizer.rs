@@ -19,9 +19,7 @@ fn tok_err(e: impl std::fmt::Display) -> RocketError {
 impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Self> {
         if !path.is_file() {
-            return Err(RocketError::ModelNotFound {
-                path: path.to_path_buf(),
-            });
+            return Err(RocketError::ModelNotFound { path: path.to_path_buf() });
         }
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| RocketError::Tokenizer(format!("{}: {e}", path.display())))?;
@@ -44,10 +42,7 @@ impl Tokenizer {
     }
 
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, add_special_tokens)
-            .map_err(tok_err)?;
+        let enc = self.inner.encode_fast(text, add_special_tokens).map_err(tok_err)?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -103,19 +98,12 @@ fn gguf_tokenizer_json(file: &GgufFile) -> Result<String> {
             .and_then(MetaValue::as_array)
             .ok_or_else(|| RocketError::Tokenizer(format!("GGUF metadata has no {key}")))?;
         arr.iter()
-            .map(|v| {
-                v.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| RocketError::Tokenizer(format!("{key} must hold strings")))
-            })
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| RocketError::Tokenizer(format!("{key} must hold strings"))))
             .collect()
     };
     let tokens = strings("tokenizer.ggml.tokens")?;
     let merges = strings("tokenizer.ggml.merges")?;
-    let types: Vec<i64> = match file
-        .get("tokenizer.ggml.token_type")
-        .and_then(MetaValue::as_array)
-    {
+    let types: Vec<i64> = match file.get("tokenizer.ggml.token_type").and_then(MetaValue::as_array) {
         Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(1.0) as i64).collect(),
         None => vec![1; tokens.len()],
     };
@@ -132,7 +120,9 @@ fn gguf_tokenizer_json(file: &GgufFile) -> Result<String> {
             }));
         }
     }
-    let byte_level = |add_prefix_space: bool, trim_offsets: bool| json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": trim_offsets, "use_regex": true});
+    let byte_level = |add_prefix_space: bool, trim_offsets: bool| {
+        json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": trim_offsets, "use_regex": true})
+    };
     let tokenizer = json!({
         "version": "1.0",
         "truncation": null,

@@ -39,9 +39,7 @@ impl GgmlType {
             GgmlType::Q4_1 => (QK, 20),
             GgmlType::Q8_0 => (QK, 34),
         };
-        (n % block == 0)
-            .then(|| (n / block).checked_mul(bytes))
-            .flatten()
+        (n % block == 0).then(|| (n / block).checked_mul(bytes)).flatten()
     }
 }
 

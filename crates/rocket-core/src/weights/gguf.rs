@@ -103,22 +103,11 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn err(&self, what: &str) -> RocketError {
-        RocketError::corrupt(
-            self.path,
-            format!(
-                "{what} at byte {} (file is {} bytes)",
-                self.pos,
-                self.buf.len()
-            ),
-        )
+        RocketError::corrupt(self.path, format!("{what} at byte {} (file is {} bytes)", self.pos, self.buf.len()))
     }
 
     fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.buf.len())
-            .ok_or_else(|| self.err("unexpected end of file"))?;
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| self.err("unexpected end of file"))?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -192,23 +181,13 @@ impl<'a> Reader<'a> {
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
         let map = map_file(path)?;
-        let mut r = Reader {
-            buf: &map,
-            pos: 0,
-            path,
-        };
-        if r.bytes(4)
-            .map_err(|_| RocketError::corrupt(path, "too short for a GGUF header"))?
-            != MAGIC
-        {
+        let mut r = Reader { buf: &map, pos: 0, path };
+        if r.bytes(4).map_err(|_| RocketError::corrupt(path, "too short for a GGUF header"))? != MAGIC {
             return Err(RocketError::corrupt(path, "not a GGUF file (bad magic)"));
         }
         let version = r.u32()?;
         if !(2..=3).contains(&version) {
-            return Err(RocketError::corrupt(
-                path,
-                format!("GGUF version {version} is not supported (2 or 3)"),
-            ));
+            return Err(RocketError::corrupt(path, format!("GGUF version {version} is not supported (2 or 3)")));
         }
         let n_tensors = r.count(24)?;
         let n_kv = r.count(12)?;
@@ -234,15 +213,9 @@ impl GgufFile {
             let offset = r.u64()?;
             raw.push((name, dims, type_id, offset));
         }
-        let alignment = metadata
-            .get("general.alignment")
-            .and_then(MetaValue::as_u64)
-            .unwrap_or(DEFAULT_ALIGNMENT);
+        let alignment = metadata.get("general.alignment").and_then(MetaValue::as_u64).unwrap_or(DEFAULT_ALIGNMENT);
         if alignment == 0 || !alignment.is_power_of_two() {
-            return Err(RocketError::corrupt(
-                path,
-                format!("general.alignment {alignment} is not a power of two"),
-            ));
+            return Err(RocketError::corrupt(path, format!("general.alignment {alignment} is not a power of two")));
         }
         let data_start = (r.pos as u64).div_ceil(alignment) * alignment;
         let file_len = map.len() as u64;
@@ -252,45 +225,21 @@ impl GgufFile {
             // Unsupported types get their size checked at conversion; give them no range.
             let len = match (GgmlType::from_id(type_id), numel) {
                 (Ok(kind), Some(n)) => kind.byte_len(n).ok_or_else(|| {
-                    RocketError::corrupt(
-                        path,
-                        format!("tensor {name:?} has {n} elements, not whole {kind:?} blocks"),
-                    )
+                    RocketError::corrupt(path, format!("tensor {name:?} has {n} elements, not whole {kind:?} blocks"))
                 })?,
                 (Err(_), Some(_)) => 0,
-                (_, None) => {
-                    return Err(RocketError::corrupt(
-                        path,
-                        format!("tensor {name:?} dims overflow"),
-                    ))
-                }
+                (_, None) => return Err(RocketError::corrupt(path, format!("tensor {name:?} dims overflow"))),
             };
-            let start = data_start
-                .checked_add(offset)
-                .filter(|s| s % alignment == 0 || len == 0);
-            let Some(start) =
-                start.filter(|&s| s.checked_add(len as u64).is_some_and(|e| e <= file_len))
-            else {
+            let start = data_start.checked_add(offset).filter(|s| s % alignment == 0 || len == 0);
+            let Some(start) = start.filter(|&s| s.checked_add(len as u64).is_some_and(|e| e <= file_len)) else {
                 return Err(RocketError::corrupt(
                     path,
                     format!("tensor {name:?} data (offset {offset}, {len} bytes) lies outside the {file_len}-byte file"),
                 ));
             };
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                type_id,
-                start: start as usize,
-                len,
-            });
+            tensors.push(TensorInfo { name, dims, type_id, start: start as usize, len });
         }
-        Ok(GgufFile {
-            path: path.to_path_buf(),
-            version,
-            metadata,
-            tensors,
-            map,
-        })
+        Ok(GgufFile { path: path.to_path_buf(), version, metadata, tensors, map })
     }
 
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
@@ -306,9 +255,8 @@ impl GgufFile {
     }
 
     pub fn architecture(&self) -> Result<&str> {
-        self.get_str("general.architecture").ok_or_else(|| {
-            RocketError::config(&self.path, "GGUF metadata has no general.architecture")
-        })
+        self.get_str("general.architecture")
+            .ok_or_else(|| RocketError::config(&self.path, "GGUF metadata has no general.architecture"))
     }
 
     fn tensor(&self, name: &str) -> Option<&TensorInfo> {
@@ -319,29 +267,19 @@ impl GgufFile {
     pub fn spec(&self) -> Result<ModelSpec> {
         let arch = self.architecture()?;
         if arch != "llama" {
-            return Err(RocketError::UnsupportedModelType {
-                found: format!("gguf:{arch}"),
-                supported: vec!["gguf:llama"],
-            });
+            return Err(RocketError::UnsupportedModelType { found: format!("gguf:{arch}"), supported: vec!["gguf:llama"] });
         }
         let need = |k: &str| {
             self.get_u64(&format!("{arch}.{k}"))
                 .map(|v| v as usize)
-                .ok_or_else(|| {
-                    RocketError::config(&self.path, format!("GGUF metadata is missing {arch}.{k}"))
-                })
+                .ok_or_else(|| RocketError::config(&self.path, format!("GGUF metadata is missing {arch}.{k}")))
         };
         let hidden_size = need("embedding_length")?;
         let num_heads = need("attention.head_count")?;
-        let num_kv_heads = self
-            .get_u64(&format!("{arch}.attention.head_count_kv"))
-            .map_or(num_heads, |v| v as usize);
+        let num_kv_heads = self.get_u64(&format!("{arch}.attention.head_count_kv")).map_or(num_heads, |v| v as usize);
         if let Some(kind) = self.get_str(&format!("{arch}.rope.scaling.type")) {
             if kind != "none" {
-                return Err(RocketError::config(
-                    &self.path,
-                    format!("GGUF rope scaling {kind:?} is not supported"),
-                ));
+                return Err(RocketError::config(&self.path, format!("GGUF rope scaling {kind:?} is not supported")));
             }
         }
         if self.tensor("rope_freqs.weight").is_some() {
@@ -361,9 +299,7 @@ impl GgufFile {
                 .get("tokenizer.ggml.tokens")
                 .and_then(MetaValue::as_array)
                 .map(<[MetaValue]>::len)
-                .ok_or_else(|| {
-                    RocketError::config(&self.path, "GGUF metadata has no vocab size or token list")
-                })?,
+                .ok_or_else(|| RocketError::config(&self.path, "GGUF metadata has no vocab size or token list"))?,
         };
         let spec = ModelSpec {
             family: Family::Llama,
@@ -379,10 +315,7 @@ impl GgufFile {
                 .get(&format!("{arch}.attention.layer_norm_rms_epsilon"))
                 .and_then(MetaValue::as_f64)
                 .unwrap_or(1e-5),
-            rope_theta: self
-                .get(&format!("{arch}.rope.freq_base"))
-                .and_then(MetaValue::as_f64)
-                .unwrap_or(10000.0),
+            rope_theta: self.get(&format!("{arch}.rope.freq_base")).and_then(MetaValue::as_f64).unwrap_or(10000.0),
             rope_scaling: None,
             tie_word_embeddings: self.tensor("output.weight").is_none(),
             qk_norm: false,
@@ -398,28 +331,15 @@ impl GgufFile {
     }
 
     /// `weights`, advancing `progress` by each tensor's stored bytes.
-    pub fn weights_with_progress(
-        &self,
-        spec: &ModelSpec,
-        progress: &LoadProgress,
-    ) -> Result<Weights> {
-        progress.phase(
-            "converting",
-            self.tensors.iter().map(|t| t.len as u64).sum(),
-        );
+    pub fn weights_with_progress(&self, spec: &ModelSpec, progress: &LoadProgress) -> Result<Weights> {
+        progress.phase("converting", self.tensors.iter().map(|t| t.len as u64).sum());
         let converted: Vec<Result<Option<(String, Tensor)>>> = self
             .tensors
             .par_iter()
             .map(|info| {
-                let Some(name) = canonical_name(&info.name) else {
-                    return Ok(None);
-                };
-                let kind = GgmlType::from_id(info.type_id).map_err(|kind| {
-                    RocketError::UnsupportedQuant {
-                        tensor: info.name.clone(),
-                        kind,
-                    }
-                })?;
+                let Some(name) = canonical_name(&info.name) else { return Ok(None) };
+                let kind = GgmlType::from_id(info.type_id)
+                    .map_err(|kind| RocketError::UnsupportedQuant { tensor: info.name.clone(), kind })?;
                 let permute_heads = if name.ends_with("self_attn.q_proj.weight") {
                     Some(spec.num_heads)
                 } else if name.ends_with("self_attn.k_proj.weight") {
@@ -430,25 +350,15 @@ impl GgufFile {
                 let shape = info.shape();
                 let bytes = &self.map[info.start..info.start + info.len];
                 let tensor = match (kind, permute_heads) {
-                    (GgmlType::F32, None) => {
-                        Tensor::mapped(DType::F32, shape, self.map.clone(), info.start, info.len)
-                    }
-                    (GgmlType::F16, None) => {
-                        Tensor::mapped(DType::F16, shape, self.map.clone(), info.start, info.len)
-                    }
-                    (GgmlType::BF16, None) => {
-                        Tensor::mapped(DType::BF16, shape, self.map.clone(), info.start, info.len)
-                    }
+                    (GgmlType::F32, None) => Tensor::mapped(DType::F32, shape, self.map.clone(), info.start, info.len),
+                    (GgmlType::F16, None) => Tensor::mapped(DType::F16, shape, self.map.clone(), info.start, info.len),
+                    (GgmlType::BF16, None) => Tensor::mapped(DType::BF16, shape, self.map.clone(), info.start, info.len),
                     _ => {
                         let mut out = vec![0u16; info.dims.iter().product()];
                         dequantize_to_bf16(kind, bytes, &mut out);
                         if let Some(heads) = permute_heads {
-                            out = unpermute_rows(&out, &shape, heads).map_err(|m| {
-                                RocketError::corrupt(
-                                    &self.path,
-                                    format!("tensor {:?}: {m}", info.name),
-                                )
-                            })?;
+                            out = unpermute_rows(&out, &shape, heads)
+                                .map_err(|m| RocketError::corrupt(&self.path, format!("tensor {:?}: {m}", info.name)))?;
                         }
                         Tensor::owned_bf16(shape, out)
                     }
@@ -499,13 +409,9 @@ pub fn canonical_name(gguf: &str) -> Option<String> {
 /// rotary halves of each head (row `i*2 + j` of a head holds HF row
 /// `j*half + i`); HF transformers reverses this when it loads GGUF.
 pub fn unpermute_rows(rows: &[u16], shape: &[usize], heads: usize) -> Result<Vec<u16>, String> {
-    let [n_rows, cols] = shape else {
-        return Err(format!("expected a matrix, got shape {shape:?}"));
-    };
+    let [n_rows, cols] = shape else { return Err(format!("expected a matrix, got shape {shape:?}")) };
     if heads == 0 || n_rows % heads != 0 || (n_rows / heads) % 2 != 0 {
-        return Err(format!(
-            "{n_rows} rows cannot be split into {heads} heads of even size"
-        ));
+        return Err(format!("{n_rows} rows cannot be split into {heads} heads of even size"));
     }
     let head_dim = n_rows / heads;
     let half = head_dim / 2;
@@ -515,8 +421,7 @@ pub fn unpermute_rows(rows: &[u16], shape: &[usize], heads: usize) -> Result<Vec
             for j in 0..2 {
                 let src = h * head_dim + i * 2 + j;
                 let dst = h * head_dim + j * half + i;
-                out[dst * cols..(dst + 1) * cols]
-                    .copy_from_slice(&rows[src * cols..(src + 1) * cols]);
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&rows[src * cols..(src + 1) * cols]);
             }
         }
     }
@@ -538,27 +443,17 @@ mod tests {
                 for i in 0..hd / 2 {
                     let src = h * hd + j * hd / 2 + i;
                     let dst = h * hd + i * 2 + j;
-                    gguf[dst * cols..(dst + 1) * cols]
-                        .copy_from_slice(&hf[src * cols..(src + 1) * cols]);
+                    gguf[dst * cols..(dst + 1) * cols].copy_from_slice(&hf[src * cols..(src + 1) * cols]);
                 }
             }
         }
-        assert_eq!(
-            unpermute_rows(&gguf, &[heads * hd, cols], heads).unwrap(),
-            hf
-        );
+        assert_eq!(unpermute_rows(&gguf, &[heads * hd, cols], heads).unwrap(), hf);
     }
 
     #[test]
     fn names_map_to_hf() {
-        assert_eq!(
-            canonical_name("blk.12.ffn_down.weight").unwrap(),
-            "model.layers.12.mlp.down_proj.weight"
-        );
-        assert_eq!(
-            canonical_name("token_embd.weight").unwrap(),
-            "model.embed_tokens.weight"
-        );
+        assert_eq!(canonical_name("blk.12.ffn_down.weight").unwrap(), "model.layers.12.mlp.down_proj.weight");
+        assert_eq!(canonical_name("token_embd.weight").unwrap(), "model.embed_tokens.weight");
         assert!(canonical_name("blk.x.ffn_down.weight").is_none());
     }
 }

@@ -42,11 +42,7 @@ impl fmt::Display for DType {
 /// Where a tensor's elements live.
 enum Storage {
     /// Inside a memory-mapped file, at an offset aligned for the dtype.
-    Mapped {
-        map: Arc<Mmap>,
-        offset: usize,
-        len: usize,
-    },
+    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
     /// 16-bit elements (bf16/f16) owned by us, e.g. dequantized GGUF.
     Owned16(Vec<u16>),
     OwnedF32(Vec<f32>),
@@ -114,67 +110,35 @@ pub fn bf16_to_f32(bits: u16) -> f32 {
 impl Tensor {
     pub fn owned_bf16(shape: Vec<usize>, data: Vec<u16>) -> Self {
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
-        Tensor {
-            dtype: DType::BF16,
-            shape,
-            storage: Storage::Owned16(data),
-        }
+        Tensor { dtype: DType::BF16, shape, storage: Storage::Owned16(data) }
     }
 
     pub fn owned_16(dtype: DType, shape: Vec<usize>, data: Vec<u16>) -> Self {
         debug_assert!(dtype != DType::F32);
-        Tensor {
-            dtype,
-            shape,
-            storage: Storage::Owned16(data),
-        }
+        Tensor { dtype, shape, storage: Storage::Owned16(data) }
     }
 
     pub fn owned_f32(shape: Vec<usize>, data: Vec<f32>) -> Self {
-        Tensor {
-            dtype: DType::F32,
-            shape,
-            storage: Storage::OwnedF32(data),
-        }
+        Tensor { dtype: DType::F32, shape, storage: Storage::OwnedF32(data) }
     }
 
     /// A tensor inside a mapped file. Unaligned data (allowed by safetensors)
     /// is copied so typed views stay sound.
-    pub fn mapped(
-        dtype: DType,
-        shape: Vec<usize>,
-        map: Arc<Mmap>,
-        offset: usize,
-        len: usize,
-    ) -> Self {
+    pub fn mapped(dtype: DType, shape: Vec<usize>, map: Arc<Mmap>, offset: usize, len: usize) -> Self {
         let aligned = (map.as_ptr() as usize + offset) % dtype.size() == 0;
         if aligned {
-            return Tensor {
-                dtype,
-                shape,
-                storage: Storage::Mapped { map, offset, len },
-            };
+            return Tensor { dtype, shape, storage: Storage::Mapped { map, offset, len } };
         }
         let bytes = &map[offset..offset + len];
         let storage = match dtype {
             DType::F32 => Storage::OwnedF32(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
+                bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             ),
-            DType::F16 | DType::BF16 => Storage::Owned16(
-                bytes
-                    .chunks_exact(2)
-                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                    .collect(),
-            ),
+            DType::F16 | DType::BF16 => {
+                Storage::Owned16(bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect())
+            }
         };
-        Tensor {
-            dtype,
-            shape,
-            storage,
-        }
+        Tensor { dtype, shape, storage }
     }
 
     pub fn dtype(&self) -> DType {
@@ -208,15 +172,9 @@ impl Tensor {
                 // like every platform rocket targets.
                 unsafe {
                     match self.dtype {
-                        DType::F32 => {
-                            WeightView::F32(std::slice::from_raw_parts(ptr.cast(), len / 4))
-                        }
-                        DType::F16 => {
-                            WeightView::F16(std::slice::from_raw_parts(ptr.cast(), len / 2))
-                        }
-                        DType::BF16 => {
-                            WeightView::BF16(std::slice::from_raw_parts(ptr.cast(), len / 2))
-                        }
+                        DType::F32 => WeightView::F32(std::slice::from_raw_parts(ptr.cast(), len / 4)),
+                        DType::F16 => WeightView::F16(std::slice::from_raw_parts(ptr.cast(), len / 2)),
+                        DType::BF16 => WeightView::BF16(std::slice::from_raw_parts(ptr.cast(), len / 2)),
                     }
                 }
             }
@@ -242,11 +200,7 @@ pub struct Weights {
 
 impl Weights {
     pub fn new(source: String) -> Self {
-        Weights {
-            tensors: HashMap::new(),
-            unsupported: HashMap::new(),
-            source,
-        }
+        Weights { tensors: HashMap::new(), unsupported: HashMap::new(), source }
     }
 
     pub fn insert(&mut self, name: String, tensor: Tensor) {
@@ -286,13 +240,10 @@ impl Weights {
                 allowed: "f32, f16, bf16".into(),
             });
         }
-        let t = self
-            .tensors
-            .remove(name)
-            .ok_or_else(|| RocketError::MissingTensor {
-                name: name.to_string(),
-                source_file: self.source.clone(),
-            })?;
+        let t = self.tensors.remove(name).ok_or_else(|| RocketError::MissingTensor {
+            name: name.to_string(),
+            source_file: self.source.clone(),
+        })?;
         if t.shape != shape {
             return Err(RocketError::TensorShape {
                 name: name.to_string(),

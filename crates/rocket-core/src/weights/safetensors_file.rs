@@ -50,14 +50,9 @@ fn shard_files(index: &Path) -> Result<BTreeSet<String>> {
         .ok_or_else(|| RocketError::corrupt(index, "no weight_map object"))?;
     map.values()
         .map(|v| {
-            let name = v.as_str().ok_or_else(|| {
-                RocketError::corrupt(index, "weight_map values must be file names")
-            })?;
+            let name = v.as_str().ok_or_else(|| RocketError::corrupt(index, "weight_map values must be file names"))?;
             if name.contains('/') || name.contains("..") {
-                return Err(RocketError::corrupt(
-                    index,
-                    format!("shard name {name:?} must be a plain file name"),
-                ));
+                return Err(RocketError::corrupt(index, format!("shard name {name:?} must be a plain file name")));
             }
             Ok(name.to_string())
         })
@@ -66,8 +61,8 @@ fn shard_files(index: &Path) -> Result<BTreeSet<String>> {
 
 pub fn load_file_into(path: &Path, weights: &mut Weights) -> Result<()> {
     let map = map_file(path)?;
-    let (header_len, metadata) = SafeTensors::read_metadata(&map)
-        .map_err(|e| RocketError::corrupt(path, format!("{e:?}")))?;
+    let (header_len, metadata) =
+        SafeTensors::read_metadata(&map).map_err(|e| RocketError::corrupt(path, format!("{e:?}")))?;
     let data_start = 8 + header_len;
     for (name, info) in metadata.tensors() {
         let dtype = match info.dtype {
@@ -80,13 +75,7 @@ pub fn load_file_into(path: &Path, weights: &mut Weights) -> Result<()> {
             }
         };
         let (begin, end) = info.data_offsets;
-        let tensor = Tensor::mapped(
-            dtype,
-            info.shape.clone(),
-            map.clone(),
-            data_start + begin,
-            end - begin,
-        );
+        let tensor = Tensor::mapped(dtype, info.shape.clone(), map.clone(), data_start + begin, end - begin);
         weights.insert(name, tensor);
     }
     Ok(())

@@ -14,9 +14,7 @@ use safetensors::{Dtype, SafeTensors};
 pub fn fixture(name: &str) -> PathBuf {
     match std::env::var_os("ROCKET_FIXTURES") {
         Some(dir) => PathBuf::from(dir).join(name),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/parity/fixtures")
-            .join(name),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/parity/fixtures").join(name),
     }
 }
 
@@ -31,8 +29,7 @@ pub fn copy_fixture(name: &str) -> tempfile::TempDir {
 }
 
 pub fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     f(&mut v);
     std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
@@ -41,29 +38,19 @@ pub fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 pub fn read_tensors(path: &Path) -> HashMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
     let bytes = std::fs::read(path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
-        .into_iter()
-        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
-        .collect()
+    st.tensors().into_iter().map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec()))).collect()
 }
 
 pub fn write_tensors(path: &Path, tensors: &HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>) {
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .iter()
-        .map(|(n, (d, s, b))| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
-            )
-        })
+        .map(|(n, (d, s, b))| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
         .collect();
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
 pub fn bf16_bytes_to_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(2)
-        .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-        .collect()
+    b.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
 }
 
 // ---- GGUF writing -------------------------------------------------------
@@ -165,12 +152,7 @@ pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
 }
 
 /// llama.cpp's Q/K row permutation (the inverse of what the loader undoes).
-pub fn permute_rows_like_llama_cpp<T: Copy>(
-    rows: &[T],
-    n_rows: usize,
-    cols: usize,
-    heads: usize,
-) -> Vec<T> {
+pub fn permute_rows_like_llama_cpp<T: Copy>(rows: &[T], n_rows: usize, cols: usize, heads: usize) -> Vec<T> {
     let hd = n_rows / heads;
     let mut out = rows.to_vec();
     for h in 0..heads {
@@ -178,8 +160,7 @@ pub fn permute_rows_like_llama_cpp<T: Copy>(
             for i in 0..hd / 2 {
                 let src = h * hd + j * hd / 2 + i;
                 let dst = h * hd + i * 2 + j;
-                out[dst * cols..(dst + 1) * cols]
-                    .copy_from_slice(&rows[src * cols..(src + 1) * cols]);
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&rows[src * cols..(src + 1) * cols]);
             }
         }
     }
@@ -197,9 +178,7 @@ pub fn random_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
     let mut s = seed;
     (0..n)
         .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((s >> 33) % (vocab as u64 * 9 / 10)) as u32
         })
         .collect()

@@ -131,13 +131,7 @@ fn rows_dispatch(
 
 /// `out[i] = w[rows.start + i] · x` on the calling thread: the same arithmetic,
 /// row for row, as `matmul` with one vector (so results are bit-identical).
-pub fn matvec_rows(
-    w: WeightView<'_>,
-    rows: std::ops::Range<usize>,
-    k: usize,
-    x: &[f32],
-    out: &mut [f32],
-) {
+pub fn matvec_rows(w: WeightView<'_>, rows: std::ops::Range<usize>, k: usize, x: &[f32], out: &mut [f32]) {
     assert_eq!(x.len(), k, "input size");
     assert_eq!(out.len(), rows.len(), "output size");
     assert!(rows.end * k <= w.len(), "rows out of range");
@@ -153,13 +147,10 @@ pub fn matmul(w: WeightView<'_>, n: usize, k: usize, x: &[f32], t: usize, out: &
     let threads = rayon::current_num_threads().max(1);
     let rows_per_task = n.div_ceil(threads * 4).max(16);
     let compute = |out_t: &mut [f32]| {
-        out_t
-            .par_chunks_mut(rows_per_task * t)
-            .enumerate()
-            .for_each_init(Vec::new, |scratch, (ci, chunk)| {
-                let start = ci * rows_per_task;
-                rows_dispatch(w, start..start + chunk.len() / t, k, x, t, chunk, scratch);
-            });
+        out_t.par_chunks_mut(rows_per_task * t).enumerate().for_each_init(Vec::new, |scratch, (ci, chunk)| {
+            let start = ci * rows_per_task;
+            rows_dispatch(w, start..start + chunk.len() / t, k, x, t, chunk, scratch);
+        });
     };
     if t == 1 {
         compute(out);
@@ -220,9 +211,7 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
@@ -231,28 +220,16 @@ mod tests {
         let mut seed = 7;
         let (n, k) = (37, 53);
         let w32: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
-        let wb: Vec<u16> = w32
-            .iter()
-            .map(|&v| half::bf16::from_f32(v).to_bits())
-            .collect();
-        let wh: Vec<u16> = w32
-            .iter()
-            .map(|&v| half::f16::from_f32(v).to_bits())
-            .collect();
+        let wb: Vec<u16> = w32.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+        let wh: Vec<u16> = w32.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
         for t in [1, 3] {
             let x: Vec<f32> = (0..t * k).map(|_| lcg(&mut seed)).collect();
-            for view in [
-                WeightView::F32(&w32),
-                WeightView::BF16(&wb),
-                WeightView::F16(&wh),
-            ] {
+            for view in [WeightView::F32(&w32), WeightView::BF16(&wb), WeightView::F16(&wh)] {
                 let mut out = vec![f32::NAN; t * n];
                 matmul(view, n, k, &x, t, &mut out);
                 for ti in 0..t {
                     for r in 0..n {
-                        let want: f64 = (0..k)
-                            .map(|c| view.get(r * k + c) as f64 * x[ti * k + c] as f64)
-                            .sum();
+                        let want: f64 = (0..k).map(|c| view.get(r * k + c) as f64 * x[ti * k + c] as f64).sum();
                         let got = out[ti * n + r] as f64;
                         assert!((got - want).abs() < 1e-4, "t={t} r={r}: {got} vs {want}");
                     }

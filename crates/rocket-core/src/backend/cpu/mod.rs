@@ -21,11 +21,7 @@ pub struct CpuBackend {
 impl CpuBackend {
     pub fn new(spec: ModelSpec, weights: Arc<ModelWeights>) -> Self {
         let inv_freq = rope::inv_freq(&spec);
-        CpuBackend {
-            spec,
-            weights,
-            inv_freq,
-        }
+        CpuBackend { spec, weights, inv_freq }
     }
 }
 
@@ -39,12 +35,8 @@ impl Backend for CpuBackend {
         Ok(Box::new(CpuSession {
             capacity,
             len: 0,
-            keys: (0..self.spec.num_layers)
-                .map(|_| Vec::with_capacity(per_layer))
-                .collect(),
-            values: (0..self.spec.num_layers)
-                .map(|_| Vec::with_capacity(per_layer))
-                .collect(),
+            keys: (0..self.spec.num_layers).map(|_| Vec::with_capacity(per_layer)).collect(),
+            values: (0..self.spec.num_layers).map(|_| Vec::with_capacity(per_layer)).collect(),
         }))
     }
 
@@ -66,13 +58,7 @@ impl CpuBackend {
     fn forward_rows(&self, seqs: &mut [(&mut CpuSession, &[u32])], logits: Logits) -> Vec<f32> {
         let s = &self.spec;
         let w = &*self.weights;
-        let (d, qd, kvd, ff, hd) = (
-            s.hidden_size,
-            s.q_dim(),
-            s.kv_dim(),
-            s.intermediate_size,
-            s.head_dim,
-        );
+        let (d, qd, kvd, ff, hd) = (s.hidden_size, s.q_dim(), s.kv_dim(), s.intermediate_size, s.head_dim);
         let eps = s.rms_norm_eps as f32;
         let t: usize = seqs.iter().map(|(_, toks)| toks.len()).sum();
         // (first row, row count, first position) of each sequence.
@@ -87,10 +73,7 @@ impl CpuBackend {
 
         let embed = w.embed_tokens.view();
         let mut x = vec![0f32; t * d];
-        for (row, &id) in x
-            .chunks_exact_mut(d)
-            .zip(seqs.iter().flat_map(|(_, toks)| toks.iter()))
-        {
+        for (row, &id) in x.chunks_exact_mut(d).zip(seqs.iter().flat_map(|(_, toks)| toks.iter())) {
             embed.to_f32_into(id as usize * d, row);
         }
 
@@ -153,23 +136,13 @@ impl CpuBackend {
 
         let rows: Vec<f32> = match logits {
             Logits::All => x,
-            Logits::Last => spans
-                .iter()
-                .flat_map(|&(row0, rows, _)| x[(row0 + rows - 1) * d..][..d].to_vec())
-                .collect(),
+            Logits::Last => spans.iter().flat_map(|&(row0, rows, _)| x[(row0 + rows - 1) * d..][..d].to_vec()).collect(),
         };
         let n_rows = rows.len() / d;
         let mut normed = vec![0f32; rows.len()];
         rms_norm(&rows, &w.final_norm, eps, &mut normed);
         let mut out = vec![0f32; n_rows * s.vocab_size];
-        matmul(
-            w.lm_head().view(),
-            s.vocab_size,
-            d,
-            &normed,
-            n_rows,
-            &mut out,
-        );
+        matmul(w.lm_head().view(), s.vocab_size, d, &normed, n_rows, &mut out);
         out
     }
 }

@@ -11,10 +11,7 @@ use cudarc::driver::sys;
 use crate::error::{Result, RocketError};
 
 pub(crate) fn device_err(what: &str, e: DriverError) -> RocketError {
-    let name = e
-        .error_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| format!("{:?}", e.0));
+    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
     RocketError::Device(format!("{what}: {name}"))
 }
 
@@ -45,9 +42,7 @@ impl Context {
         result::init().map_err(|e| device_err("cuInit", e))?;
         let mut driver_version = 0;
         // SAFETY: writes one int.
-        unsafe { sys::cuDriverGetVersion(&mut driver_version) }
-            .result()
-            .map_err(|e| device_err("cuDriverGetVersion", e))?;
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(|e| device_err("cuDriverGetVersion", e))?;
         if driver_version < 13000 {
             return Err(RocketError::Device(format!(
                 "the NVIDIA driver supports CUDA {}.{}; rocket needs a CUDA 13.0 driver or newer",
@@ -62,8 +57,7 @@ impl Context {
         let dev = result::device::get(0).map_err(|e| device_err("cuDeviceGet", e))?;
         let attr = |a| {
             // SAFETY: dev is a valid device.
-            unsafe { result::device::get_attribute(dev, a) }
-                .map_err(|e| device_err("cuDeviceGetAttribute", e))
+            unsafe { result::device::get_attribute(dev, a) }.map_err(|e| device_err("cuDeviceGetAttribute", e))
         };
         let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
@@ -75,15 +69,8 @@ impl Context {
             )));
         }
         // SAFETY: dev is valid; the retained context is released in Drop.
-        let ctx = unsafe { result::primary_ctx::retain(dev) }
-            .map_err(|e| device_err("cuDevicePrimaryCtxRetain", e))?;
-        let c = Context {
-            ctx,
-            name,
-            compute_capability: (major, minor),
-            sm_count,
-            driver_version,
-        };
+        let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| device_err("cuDevicePrimaryCtxRetain", e))?;
+        let c = Context { ctx, name, compute_capability: (major, minor), sm_count, driver_version };
         c.bind()?;
         Ok(c)
     }
@@ -112,12 +99,7 @@ impl Drop for Context {
 /// Device memory, freed on drop.
 /// The buffer in `slot`, replaced by a new one of `bytes` when it is missing or
 /// smaller (the old one is freed first).
-pub(crate) fn grown<'a>(
-    slot: &'a mut Option<DeviceBuffer>,
-    ctx: &Context,
-    bytes: usize,
-    what: &str,
-) -> Result<&'a DeviceBuffer> {
+pub(crate) fn grown<'a>(slot: &'a mut Option<DeviceBuffer>, ctx: &Context, bytes: usize, what: &str) -> Result<&'a DeviceBuffer> {
     if slot.as_ref().is_none_or(|b| b.bytes < bytes) {
         *slot = None;
         *slot = Some(DeviceBuffer::alloc(ctx, bytes, what)?);
@@ -154,54 +136,35 @@ impl DeviceBuffer {
         }
         // SAFETY: plain allocation; freed in Drop.
         match unsafe { result::malloc_sync(bytes) } {
-            Ok(ptr) => Ok(DeviceBuffer {
-                ptr,
-                bytes,
-                ctx: ctx.ctx,
-            }),
+            Ok(ptr) => Ok(DeviceBuffer { ptr, bytes, ctx: ctx.ctx }),
             Err(DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => Err(too_big()),
             Err(e) => Err(device_err("cuMemAlloc", e)),
         }
     }
 
     pub(crate) fn upload<T: Copy>(&self, stream: &Stream, offset: usize, data: &[T]) -> Result<()> {
-        assert!(
-            offset + std::mem::size_of_val(data) <= self.bytes,
-            "upload out of bounds"
-        );
+        assert!(offset + std::mem::size_of_val(data) <= self.bytes, "upload out of bounds");
         // SAFETY: bounds checked; the caller keeps `data` alive until the stream syncs
         // (pinned staging) or uses it synchronously.
-        unsafe { result::memcpy_htod_async(self.ptr + offset as u64, data, stream.raw) }
-            .map_err(|e| device_err("cuMemcpyHtoDAsync", e))
+        unsafe { result::memcpy_htod_async(self.ptr + offset as u64, data, stream.raw) }.map_err(|e| device_err("cuMemcpyHtoDAsync", e))
     }
 
-    pub(crate) fn download<T: Copy>(
-        &self,
-        stream: &Stream,
-        offset: usize,
-        out: &mut [T],
-    ) -> Result<()> {
-        assert!(
-            offset + std::mem::size_of_val(out) <= self.bytes,
-            "download out of bounds"
-        );
+    pub(crate) fn download<T: Copy>(&self, stream: &Stream, offset: usize, out: &mut [T]) -> Result<()> {
+        assert!(offset + std::mem::size_of_val(out) <= self.bytes, "download out of bounds");
         // SAFETY: bounds checked; synchronised before returning.
-        unsafe { result::memcpy_dtoh_async(out, self.ptr + offset as u64, stream.raw) }
-            .map_err(|e| device_err("cuMemcpyDtoHAsync", e))?;
+        unsafe { result::memcpy_dtoh_async(out, self.ptr + offset as u64, stream.raw) }.map_err(|e| device_err("cuMemcpyDtoHAsync", e))?;
         stream.sync()
     }
 
     pub(crate) fn copy_from(&self, stream: &Stream, src: &DeviceBuffer) -> Result<()> {
         let n = self.bytes.min(src.bytes);
         // SAFETY: both buffers are at least n bytes.
-        unsafe { result::memcpy_dtod_async(self.ptr, src.ptr, n, stream.raw) }
-            .map_err(|e| device_err("cuMemcpyDtoDAsync", e))
+        unsafe { result::memcpy_dtod_async(self.ptr, src.ptr, n, stream.raw) }.map_err(|e| device_err("cuMemcpyDtoDAsync", e))
     }
 
     pub(crate) fn fill_u8(&self, stream: &Stream, value: u8) -> Result<()> {
         // SAFETY: the whole buffer.
-        unsafe { result::memset_d8_async(self.ptr, value, self.bytes, stream.raw) }
-            .map_err(|e| device_err("cuMemsetD8Async", e))
+        unsafe { result::memset_d8_async(self.ptr, value, self.bytes, stream.raw) }.map_err(|e| device_err("cuMemsetD8Async", e))
     }
 }
 
@@ -228,22 +191,13 @@ unsafe impl Sync for PinnedBuffer {}
 impl PinnedBuffer {
     pub(crate) fn alloc(bytes: usize) -> Result<Self> {
         // SAFETY: freed in Drop.
-        let ptr = unsafe { result::malloc_host(bytes, 0) }
-            .map_err(|e| device_err("cuMemHostAlloc", e))?;
-        Ok(PinnedBuffer {
-            ptr: ptr as *mut u8,
-            bytes,
-        })
+        let ptr = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| device_err("cuMemHostAlloc", e))?;
+        Ok(PinnedBuffer { ptr: ptr as *mut u8, bytes })
     }
 
     pub(crate) fn as_mut_slice<T: Copy>(&mut self) -> &mut [T] {
         // SAFETY: the allocation is `bytes` long and suitably aligned (page-aligned).
-        unsafe {
-            std::slice::from_raw_parts_mut(
-                self.ptr as *mut T,
-                self.bytes / std::mem::size_of::<T>(),
-            )
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, self.bytes / std::mem::size_of::<T>()) }
     }
 }
 
@@ -263,15 +217,13 @@ unsafe impl Sync for Stream {}
 
 impl Stream {
     pub(crate) fn new() -> Result<Self> {
-        let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
-            .map_err(|e| device_err("cuStreamCreate", e))?;
+        let raw = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(|e| device_err("cuStreamCreate", e))?;
         Ok(Stream { raw })
     }
 
     pub(crate) fn sync(&self) -> Result<()> {
         // SAFETY: live stream.
-        unsafe { result::stream::synchronize(self.raw) }
-            .map_err(|e| device_err("kernel execution", e))
+        unsafe { result::stream::synchronize(self.raw) }.map_err(|e| device_err("kernel execution", e))
     }
 
     /// Whether everything queued on the stream has finished (an error if it failed).
@@ -287,25 +239,17 @@ impl Stream {
     /// Records everything launched until `end_capture` into a graph.
     pub(crate) fn begin_capture(&self) -> Result<()> {
         // SAFETY: live stream.
-        unsafe {
-            result::stream::begin_capture(
-                self.raw,
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
-        }
-        .map_err(|e| device_err("cuStreamBeginCapture", e))
+        unsafe { result::stream::begin_capture(self.raw, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
+            .map_err(|e| device_err("cuStreamBeginCapture", e))
     }
 
     pub(crate) fn end_capture(&self) -> Result<Graph> {
         // SAFETY: live stream in capture mode.
-        let graph = unsafe { result::stream::end_capture(self.raw) }
-            .map_err(|e| device_err("cuStreamEndCapture", e))?;
+        let graph = unsafe { result::stream::end_capture(self.raw) }.map_err(|e| device_err("cuStreamEndCapture", e))?;
         // SAFETY: graph was just captured; destroyed after instantiation.
         let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
         unsafe { result::graph::destroy(graph) }.map_err(|e| device_err("cuGraphDestroy", e))?;
-        Ok(Graph {
-            exec: exec.map_err(|e| device_err("cuGraphInstantiate", e))?,
-        })
+        Ok(Graph { exec: exec.map_err(|e| device_err("cuGraphInstantiate", e))? })
     }
 }
 
@@ -326,8 +270,7 @@ unsafe impl Sync for Graph {}
 impl Graph {
     pub(crate) fn launch(&self, stream: &Stream) -> Result<()> {
         // SAFETY: live executable graph and stream.
-        unsafe { result::graph::launch(self.exec, stream.raw) }
-            .map_err(|e| device_err("cuGraphLaunch", e))
+        unsafe { result::graph::launch(self.exec, stream.raw) }.map_err(|e| device_err("cuGraphLaunch", e))
     }
 }
 
@@ -347,21 +290,18 @@ unsafe impl Sync for Event {}
 
 impl Event {
     pub(crate) fn new() -> Result<Self> {
-        let raw = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(|e| device_err("cuEventCreate", e))?;
+        let raw = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| device_err("cuEventCreate", e))?;
         Ok(Event { raw })
     }
 
     pub(crate) fn record(&self, stream: &Stream) -> Result<()> {
         // SAFETY: live event and stream.
-        unsafe { result::event::record(self.raw, stream.raw) }
-            .map_err(|e| device_err("cuEventRecord", e))
+        unsafe { result::event::record(self.raw, stream.raw) }.map_err(|e| device_err("cuEventRecord", e))
     }
 
     pub(crate) fn sync(&self) -> Result<()> {
         // SAFETY: live event.
-        unsafe { result::event::synchronize(self.raw) }
-            .map_err(|e| device_err("cuEventSynchronize", e))
+        unsafe { result::event::synchronize(self.raw) }.map_err(|e| device_err("cuEventSynchronize", e))
     }
 }
 
@@ -384,16 +324,14 @@ impl Module {
     /// `image` is a cubin or a NUL-terminated PTX string.
     pub(crate) fn load(image: &[u8]) -> Result<Self> {
         // SAFETY: the image outlives the call; the driver copies it.
-        let raw = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
-            .map_err(|e| device_err("cuModuleLoadData", e))?;
+        let raw = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }.map_err(|e| device_err("cuModuleLoadData", e))?;
         Ok(Module { raw })
     }
 
     pub(crate) fn function(&self, name: &str) -> Result<Function> {
         let cname = CString::new(name).expect("kernel names have no NUL");
         // SAFETY: live module.
-        let raw = unsafe { result::module::get_function(self.raw, cname) }
-            .map_err(|e| device_err(&format!("kernel {name}"), e))?;
+        let raw = unsafe { result::module::get_function(self.raw, cname) }.map_err(|e| device_err(&format!("kernel {name}"), e))?;
         Ok(Function { raw })
     }
 }
@@ -422,25 +360,12 @@ pub(crate) enum Arg {
 }
 
 impl Function {
-    pub(crate) fn launch(
-        &self,
-        stream: &Stream,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &[Arg],
-    ) -> Result<()> {
+    pub(crate) fn launch(&self, stream: &Stream, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
         self.launch_with_smem(stream, grid, block, 0, args)
     }
 
     /// As `launch`, with `smem` bytes of dynamic shared memory.
-    pub(crate) fn launch_with_smem(
-        &self,
-        stream: &Stream,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<()> {
+    pub(crate) fn launch_with_smem(&self, stream: &Stream, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
         let mut storage: Vec<[u8; 8]> = args
             .iter()
             .map(|a| {
@@ -453,16 +378,11 @@ impl Function {
                 b
             })
             .collect();
-        let mut params: Vec<*mut c_void> = storage
-            .iter_mut()
-            .map(|b| b.as_mut_ptr() as *mut c_void)
-            .collect();
+        let mut params: Vec<*mut c_void> = storage.iter_mut().map(|b| b.as_mut_ptr() as *mut c_void).collect();
         // SAFETY: the argument list matches the kernel's signature (each kernels.rs
         // launcher mirrors its .cu contract); buffers outlive the stream's work.
-        unsafe {
-            result::launch_kernel(self.raw, grid, (block, 1, 1), smem, stream.raw, &mut params)
-        }
-        .map_err(|e| device_err("cuLaunchKernel", e))
+        unsafe { result::launch_kernel(self.raw, grid, (block, 1, 1), smem, stream.raw, &mut params) }
+            .map_err(|e| device_err("cuLaunchKernel", e))
     }
 }
 
@@ -478,36 +398,18 @@ impl Function {
     /// CTAs of `block` threads and `smem` dynamic shared memory that fit on one SM.
     pub(crate) fn max_active_blocks(&self, block: u32, smem: usize) -> Result<i32> {
         // SAFETY: live function.
-        unsafe {
-            result::occupancy::max_active_block_per_multiprocessor(self.raw, block as i32, smem)
-        }
-        .map_err(|e| device_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))
+        unsafe { result::occupancy::max_active_block_per_multiprocessor(self.raw, block as i32, smem) }
+            .map_err(|e| device_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))
     }
 
     /// A cooperative launch (every CTA resident at once, or an error) of a kernel
     /// whose only parameter is the plain-data struct `params`, passed by value.
-    pub(crate) fn launch_cooperative<P: Copy>(
-        &self,
-        stream: &Stream,
-        grid: u32,
-        block: u32,
-        smem: usize,
-        params: &P,
-    ) -> Result<()> {
+    pub(crate) fn launch_cooperative<P: Copy>(&self, stream: &Stream, grid: u32, block: u32, smem: usize, params: &P) -> Result<()> {
         let mut args = [params as *const P as *mut c_void];
         // SAFETY: the kernel's single parameter has P's layout (checked by a size
         // assertion on both sides); buffers it points to outlive the launch.
-        unsafe {
-            result::launch_cooperative_kernel(
-                self.raw,
-                (grid, 1, 1),
-                (block, 1, 1),
-                smem as u32,
-                stream.raw,
-                &mut args,
-            )
-        }
-        .map_err(|e| device_err("cuLaunchCooperativeKernel", e))
+        unsafe { result::launch_cooperative_kernel(self.raw, (grid, 1, 1), (block, 1, 1), smem as u32, stream.raw, &mut args) }
+            .map_err(|e| device_err("cuLaunchCooperativeKernel", e))
     }
 }
 
@@ -526,19 +428,12 @@ impl MappedBuffer {
     pub(crate) fn alloc(words: usize) -> Result<Self> {
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: freed in Drop.
-        let host = unsafe { result::malloc_host(words * 4, flags) }
-            .map_err(|e| device_err("cuMemHostAlloc(mapped)", e))? as *mut u32;
+        let host = unsafe { result::malloc_host(words * 4, flags) }.map_err(|e| device_err("cuMemHostAlloc(mapped)", e))? as *mut u32;
         let mut device_ptr = 0;
         // SAFETY: host was allocated with DEVICEMAP just above.
-        let r =
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, host as *mut c_void, 0) };
-        let buffer = MappedBuffer {
-            host,
-            device_ptr,
-            words,
-        };
-        r.result()
-            .map_err(|e| device_err("cuMemHostGetDevicePointer", e))?;
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, host as *mut c_void, 0) };
+        let buffer = MappedBuffer { host, device_ptr, words };
+        r.result().map_err(|e| device_err("cuMemHostGetDevicePointer", e))?;
         Ok(buffer)
     }
 
@@ -569,22 +464,19 @@ pub(crate) struct TimedEvent {
 
 impl TimedEvent {
     pub(crate) fn new() -> Result<Self> {
-        let raw = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-            .map_err(|e| device_err("cuEventCreate", e))?;
+        let raw = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| device_err("cuEventCreate", e))?;
         Ok(TimedEvent { raw })
     }
 
     pub(crate) fn record(&self, stream: &Stream) -> Result<()> {
         // SAFETY: live event and stream.
-        unsafe { result::event::record(self.raw, stream.raw) }
-            .map_err(|e| device_err("cuEventRecord", e))
+        unsafe { result::event::record(self.raw, stream.raw) }.map_err(|e| device_err("cuEventRecord", e))
     }
 
     /// Milliseconds from `self` to `end` (both recorded and complete).
     pub(crate) fn elapsed_ms(&self, end: &TimedEvent) -> Result<f32> {
         // SAFETY: live events.
-        unsafe { result::event::elapsed(self.raw, end.raw) }
-            .map_err(|e| device_err("cuEventElapsedTime", e))
+        unsafe { result::event::elapsed(self.raw, end.raw) }.map_err(|e| device_err("cuEventElapsedTime", e))
     }
 }
 

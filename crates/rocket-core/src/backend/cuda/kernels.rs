@@ -56,26 +56,11 @@ pub(crate) struct GemmPlan {
 
 impl GemmPlan {
     pub(crate) fn new(n: usize, k: usize, rows: usize, sms: usize) -> Self {
-        let mt = if rows <= 16 {
-            1
-        } else if rows <= 32 {
-            2
-        } else {
-            4
-        };
+        let mt = if rows <= 16 { 1 } else if rows <= 32 { 2 } else { 4 };
         let tiles_n = n.div_ceil(GEMM_TILE_N);
         let tiles_m = rows.div_ceil(16 * mt);
-        let splits = if rows <= GEMM_SPLIT_MAX_ROWS {
-            Self::splits_for(tiles_n, k / GEMM_KB, sms)
-        } else {
-            1
-        };
-        GemmPlan {
-            mt,
-            tiles_n,
-            tiles_m,
-            splits,
-        }
+        let splits = if rows <= GEMM_SPLIT_MAX_ROWS { Self::splits_for(tiles_n, k / GEMM_KB, sms) } else { 1 };
+        GemmPlan { mt, tiles_n, tiles_m, splits }
     }
 
     /// The split that minimises the busiest SM's bytes, with at least two k blocks
@@ -93,29 +78,17 @@ impl GemmPlan {
 
     /// Floats of split-K partials the launch writes (0 without a split).
     pub(crate) fn workspace_floats(&self) -> usize {
-        if self.splits > 1 {
-            self.tiles_n * self.tiles_m * self.splits * 16 * self.mt * GEMM_TILE_N
-        } else {
-            0
-        }
+        if self.splits > 1 { self.tiles_n * self.tiles_m * self.splits * 16 * self.mt * GEMM_TILE_N } else { 0 }
     }
 
     /// Arrival counters the launch uses (0 without a split).
     pub(crate) fn counters(&self) -> usize {
-        if self.splits > 1 {
-            self.tiles_n * self.tiles_m
-        } else {
-            0
-        }
+        if self.splits > 1 { self.tiles_n * self.tiles_m } else { 0 }
     }
 
     /// The most workspace floats and counters any pass of up to `rows` rows needs
     /// for the products `shapes` ((n, k) pairs).
-    pub(crate) fn scratch_needs(
-        shapes: &[(usize, usize)],
-        rows: usize,
-        sms: usize,
-    ) -> (usize, usize) {
+    pub(crate) fn scratch_needs(shapes: &[(usize, usize)], rows: usize, sms: usize) -> (usize, usize) {
         // Padded rows, and so the need, only grow with rows; splits stop past GEMM_SPLIT_MAX_ROWS.
         let rows = rows.clamp(1, GEMM_SPLIT_MAX_ROWS);
         shapes.iter().fold((0, 0), |(ws, c), &(n, k)| {
@@ -137,24 +110,8 @@ pub(crate) struct GemmScratch {
 
 /// The arguments gemv.cu and gemm_tc.cu both take: (W, x, y, n, k, rows, accumulate).
 #[allow(clippy::too_many_arguments)]
-fn matmul_args(
-    w: u64,
-    x: u64,
-    y: u64,
-    n: usize,
-    k: usize,
-    rows: usize,
-    accumulate: bool,
-) -> [Arg; 7] {
-    [
-        Arg::Ptr(w),
-        Arg::Ptr(x),
-        Arg::Ptr(y),
-        Arg::I32(n as i32),
-        Arg::I32(k as i32),
-        Arg::I32(rows as i32),
-        Arg::I32(accumulate as i32),
-    ]
+fn matmul_args(w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> [Arg; 7] {
+    [Arg::Ptr(w), Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32), Arg::I32(k as i32), Arg::I32(rows as i32), Arg::I32(accumulate as i32)]
 }
 
 pub(crate) struct Kernels {
@@ -192,13 +149,7 @@ impl Kernels {
             (Module::load(&ptx)?, "sm_90 PTX (JIT)")
         };
         let f = |name: &str| module.function(name);
-        let gemv = [
-            f("gemv_bf16_t1")?,
-            f("gemv_bf16_t2")?,
-            f("gemv_bf16_t4")?,
-            f("gemv_bf16_t8")?,
-            f("gemv_bf16_t16")?,
-        ];
+        let gemv = [f("gemv_bf16_t1")?, f("gemv_bf16_t2")?, f("gemv_bf16_t4")?, f("gemv_bf16_t8")?, f("gemv_bf16_t16")?];
         let tc = |mt: usize| -> Result<Function> {
             let func = f(&format!("gemm_tc_m{mt}"))?;
             func.set_max_dynamic_smem(gemm_tc_smem_bytes(mt))?;
@@ -229,78 +180,25 @@ impl Kernels {
         &self.module
     }
 
-    pub(crate) fn embed(
-        &self,
-        s: &Stream,
-        table: u64,
-        tokens: u64,
-        x: u64,
-        hidden: usize,
-        rows: usize,
-    ) -> Result<()> {
-        self.embed.launch(
-            s,
-            (rows as u32, 1, 1),
-            256,
-            &[
-                Arg::Ptr(table),
-                Arg::Ptr(tokens),
-                Arg::Ptr(x),
-                Arg::I32(hidden as i32),
-            ],
-        )
+    pub(crate) fn embed(&self, s: &Stream, table: u64, tokens: u64, x: u64, hidden: usize, rows: usize) -> Result<()> {
+        self.embed.launch(s, (rows as u32, 1, 1), 256, &[Arg::Ptr(table), Arg::Ptr(tokens), Arg::Ptr(x), Arg::I32(hidden as i32)])
     }
 
     /// `row_map` 0 means output row i normalises input row i.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn rms_norm(
-        &self,
-        s: &Stream,
-        x: u64,
-        w: u64,
-        out: u64,
-        dim: usize,
-        eps: f32,
-        row_map: u64,
-        rows: usize,
-    ) -> Result<()> {
+    pub(crate) fn rms_norm(&self, s: &Stream, x: u64, w: u64, out: u64, dim: usize, eps: f32, row_map: u64, rows: usize) -> Result<()> {
         let block = dim.div_ceil(32).clamp(1, 32) as u32 * 32;
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(w),
-            Arg::Ptr(out),
-            Arg::I32(dim as i32),
-            Arg::F32(eps),
-            Arg::Ptr(row_map),
-        ];
-        self.rms_norm
-            .launch(s, (rows as u32, 1, 1), block.min(256), &args)
+        let args = [Arg::Ptr(x), Arg::Ptr(w), Arg::Ptr(out), Arg::I32(dim as i32), Arg::F32(eps), Arg::Ptr(row_map)];
+        self.rms_norm.launch(s, (rows as u32, 1, 1), block.min(256), &args)
     }
 
     /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemv(
-        &self,
-        s: &Stream,
-        w: u64,
-        x: u64,
-        y: u64,
-        n: usize,
-        k: usize,
-        rows: usize,
-        accumulate: bool,
-    ) -> Result<()> {
+    pub(crate) fn gemv(&self, s: &Stream, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
         debug_assert!(k % 8 == 0);
-        let tile = GEMV_TILES
-            .iter()
-            .position(|&t| t as usize >= rows)
-            .unwrap_or(GEMV_TILES.len() - 1);
+        let tile = GEMV_TILES.iter().position(|&t| t as usize >= rows).unwrap_or(GEMV_TILES.len() - 1);
         let rows_per_block = 8 * GEMV_ROWS_PER_WARP[tile] as usize;
-        let grid = (
-            n.div_ceil(rows_per_block) as u32,
-            rows.div_ceil(GEMV_TILES[tile] as usize) as u32,
-            1,
-        );
+        let grid = (n.div_ceil(rows_per_block) as u32, rows.div_ceil(GEMV_TILES[tile] as usize) as u32, 1);
         self.gemv[tile].launch(s, grid, 256, &matmul_args(w, x, y, n, k, rows, accumulate))
     }
 
@@ -331,37 +229,17 @@ impl Kernels {
         scratch: &GemmScratch,
     ) -> Result<()> {
         if !Self::gemm_tc_fits(k) {
-            return Err(RocketError::Internal(format!(
-                "gemm_tc needs k % 64 == 0, got {k}"
-            )));
+            return Err(RocketError::Internal(format!("gemm_tc needs k % 64 == 0, got {k}")));
         }
         let plan = self.gemm_plan(n, k, rows);
-        if plan.workspace_floats() > scratch.workspace_floats
-            || plan.counters() > scratch.counter_count
-        {
-            return Err(RocketError::Internal(format!(
-                "gemm_tc scratch too small for {plan:?} ({n} x {k}, {rows} rows)"
-            )));
+        if plan.workspace_floats() > scratch.workspace_floats || plan.counters() > scratch.counter_count {
+            return Err(RocketError::Internal(format!("gemm_tc scratch too small for {plan:?} ({n} x {k}, {rows} rows)")));
         }
-        let i = GEMM_TC_MT
-            .iter()
-            .position(|&mt| mt == plan.mt)
-            .expect("instantiated shape");
+        let i = GEMM_TC_MT.iter().position(|&mt| mt == plan.mt).expect("instantiated shape");
         let grid = (plan.tiles_n as u32, plan.tiles_m as u32, plan.splits as u32);
         let [a0, a1, a2, a3, a4, a5, a6] = matmul_args(w, x, y, n, k, rows, accumulate);
-        let smem = gemm_tc_smem_bytes(plan.mt) as u32;
-        let args = [
-            a0,
-            a1,
-            a2,
-            a3,
-            a4,
-            a5,
-            a6,
-            Arg::Ptr(scratch.workspace),
-            Arg::Ptr(scratch.counters),
-        ];
-        self.gemm_tc[i].launch_with_smem(s, grid, GEMM_THREADS, smem, &args)
+        let args = [a0, a1, a2, a3, a4, a5, a6, Arg::Ptr(scratch.workspace), Arg::Ptr(scratch.counters)];
+        self.gemm_tc[i].launch_with_smem(s, grid, GEMM_THREADS, gemm_tc_smem_bytes(plan.mt) as u32, &args)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -430,65 +308,24 @@ impl Kernels {
             Arg::I32(chunk as i32),
             Arg::F32(scale),
         ];
-        self.attn_partial
-            .launch(s, (n_heads as u32, rows as u32, splits as u32), 128, &args)?;
-        let args = [
-            Arg::Ptr(part_o),
-            Arg::Ptr(part_ml),
-            Arg::Ptr(out),
-            Arg::I32(n_heads as i32),
-            Arg::I32(splits as i32),
-        ];
-        self.attn_merge
-            .launch(s, (n_heads as u32, rows as u32, 1), self.head_dim, &args)
+        self.attn_partial.launch(s, (n_heads as u32, rows as u32, splits as u32), 128, &args)?;
+        let args = [Arg::Ptr(part_o), Arg::Ptr(part_ml), Arg::Ptr(out), Arg::I32(n_heads as i32), Arg::I32(splits as i32)];
+        self.attn_merge.launch(s, (n_heads as u32, rows as u32, 1), self.head_dim, &args)
     }
 
-    pub(crate) fn silu_mul(
-        &self,
-        s: &Stream,
-        gu: u64,
-        out: u64,
-        ff: usize,
-        rows: usize,
-    ) -> Result<()> {
-        self.silu_mul.launch(
-            s,
-            (ff.div_ceil(256) as u32, rows as u32, 1),
-            256,
-            &[Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32)],
-        )
+    pub(crate) fn silu_mul(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize) -> Result<()> {
+        self.silu_mul.launch(s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, &[Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32)])
     }
 
-    pub(crate) fn argmax(
-        &self,
-        s: &Stream,
-        logits: u64,
-        out: u64,
-        vocab: usize,
-        rows: usize,
-    ) -> Result<()> {
-        self.argmax.launch(
-            s,
-            (rows as u32, 1, 1),
-            1024,
-            &[Arg::Ptr(logits), Arg::Ptr(out), Arg::I32(vocab as i32)],
-        )
+    pub(crate) fn argmax(&self, s: &Stream, logits: u64, out: u64, vocab: usize, rows: usize) -> Result<()> {
+        self.argmax.launch(s, (rows as u32, 1, 1), 1024, &[Arg::Ptr(logits), Arg::Ptr(out), Arg::I32(vocab as i32)])
     }
 
     /// out[r] = the host sampler's token for logits row r (modified in place by
     /// the penalties) and request `rows[r]`; `items` holds SAMPLE_ITEM_BYTES ×
     /// vocab bytes per row.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn sample(
-        &self,
-        s: &Stream,
-        logits: u64,
-        inputs: &SampleInputs,
-        items: u64,
-        out: u64,
-        vocab: usize,
-        rows: usize,
-    ) -> Result<()> {
+    pub(crate) fn sample(&self, s: &Stream, logits: u64, inputs: &SampleInputs, items: u64, out: u64, vocab: usize, rows: usize) -> Result<()> {
         let args = [
             Arg::Ptr(logits),
             Arg::Ptr(inputs.rows),
@@ -499,8 +336,7 @@ impl Kernels {
             Arg::Ptr(out),
             Arg::I32(vocab as i32),
         ];
-        self.sample
-            .launch(s, (rows as u32, 1, 1), SAMPLE_THREADS, &args)
+        self.sample.launch(s, (rows as u32, 1, 1), SAMPLE_THREADS, &args)
     }
 }
 
@@ -529,10 +365,7 @@ pub(crate) struct SampleRow {
     pub mask_len: u32,
     pub reserved: u32,
 }
-const _: () = assert!(
-    std::mem::size_of::<SampleRow>() == 64,
-    "SampleRow must match sample.cu"
-);
+const _: () = assert!(std::mem::size_of::<SampleRow>() == 64, "SampleRow must match sample.cu");
 
 /// Device addresses of the per-row requests and their penalty and mask lists.
 pub(crate) struct SampleInputs {
@@ -547,37 +380,20 @@ mod tests {
     use super::*;
 
     const H200_SMS: usize = 132;
+    /// Llama-3.2-1B's products: qkv, O, gate|up, down, LM head.
+    const LLAMA: [(usize, usize); 5] = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128_256, 2048)];
 
     #[test]
     fn gemm_splits_fill_the_gpu_and_never_depend_on_rows() {
-        // Llama-3.2-1B: qkv, O, gate|up, down, LM head.
-        let llama = [
-            (3072, 2048),
-            (2048, 2048),
-            (16384, 2048),
-            (2048, 8192),
-            (128_256, 2048),
-        ];
-        let splits: Vec<usize> = llama
-            .iter()
-            .map(|&(n, k)| GemmPlan::new(n, k, 16, H200_SMS).splits)
-            .collect();
+        let splits: Vec<usize> = LLAMA.iter().map(|&(n, k)| GemmPlan::new(n, k, 16, H200_SMS).splits).collect();
         // 24 tiles x 5 = 120 CTAs; 16 x 8 = 128; 128 tiles and 1002 tiles need no split.
         assert_eq!(splits, [5, 8, 1, 8, 1]);
-        for &(n, k) in &llama {
+        for &(n, k) in &LLAMA {
             let solo = GemmPlan::new(n, k, 1, H200_SMS);
             for rows in [2, 16, 17, 33, 128, 256] {
-                assert_eq!(
-                    GemmPlan::new(n, k, rows, H200_SMS).splits,
-                    solo.splits,
-                    "{n}x{k} at {rows} rows"
-                );
+                assert_eq!(GemmPlan::new(n, k, rows, H200_SMS).splits, solo.splits, "{n}x{k} at {rows} rows");
             }
-            assert_eq!(
-                GemmPlan::new(n, k, 257, H200_SMS).splits,
-                1,
-                "long prefills do not split"
-            );
+            assert_eq!(GemmPlan::new(n, k, 257, H200_SMS).splits, 1, "long prefills do not split");
         }
         // Every split keeps at least two k blocks (SmolLM2's 576 = 9 blocks: at most 4 ways).
         assert!(GemmPlan::new(576, 576, 16, H200_SMS).splits <= 4);
@@ -586,23 +402,12 @@ mod tests {
 
     #[test]
     fn gemm_tiles_cover_every_row_and_the_scratch_fits_every_pass() {
-        let shapes = [
-            (3072, 2048),
-            (2048, 2048),
-            (16384, 2048),
-            (2048, 8192),
-            (128_256, 2048),
-        ];
         for rows in [1usize, 16, 17, 32, 33, 64, 100, 256, 300, 4096] {
-            let (ws, counters) =
-                GemmPlan::scratch_needs(&shapes, rows.next_power_of_two(), H200_SMS);
-            for &(n, k) in &shapes {
+            let (ws, counters) = GemmPlan::scratch_needs(&LLAMA, rows.next_power_of_two(), H200_SMS);
+            for &(n, k) in &LLAMA {
                 let p = GemmPlan::new(n, k, rows, H200_SMS);
                 assert!(p.tiles_n * GEMM_TILE_N >= n && p.tiles_m * 16 * p.mt >= rows);
-                assert!(
-                    p.workspace_floats() <= ws && p.counters() <= counters,
-                    "{n}x{k} at {rows} rows: {p:?}"
-                );
+                assert!(p.workspace_floats() <= ws && p.counters() <= counters, "{n}x{k} at {rows} rows: {p:?}");
             }
         }
     }
@@ -611,11 +416,7 @@ mod tests {
     fn gemm_shared_memory_fits_hopper() {
         // 227 KiB per CTA at most (the ring is as deep as one CTA per SM allows).
         for mt in GEMM_TC_MT {
-            assert!(
-                gemm_tc_smem_bytes(mt) <= 227 << 10,
-                "m{mt}: {} bytes",
-                gemm_tc_smem_bytes(mt)
-            );
+            assert!(gemm_tc_smem_bytes(mt) <= 227 << 10, "m{mt}: {} bytes", gemm_tc_smem_bytes(mt));
         }
     }
 }

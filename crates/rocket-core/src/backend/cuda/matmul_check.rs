@@ -47,10 +47,7 @@ const ROTATION_BYTES: usize = 192 << 20;
 
 /// splitmix64 draws mapped to [-1, 1).
 fn uniform(seed: u64, n: usize) -> Vec<f32> {
-    (0..n)
-        .into_par_iter()
-        .map(|i| (splitmix64(seed.wrapping_add(i as u64)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
-        .collect()
+    (0..n).into_par_iter().map(|i| (splitmix64(seed.wrapping_add(i as u64)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
 }
 
 impl CudaBackend {
@@ -58,46 +55,22 @@ impl CudaBackend {
     /// [rows][k] on `kernel`, checks it against the host, then times `reps`
     /// launches. A diagnostic and a test of the matmul kernels at any shape.
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul_check(
-        &self,
-        kernel: MatmulKernel,
-        n: usize,
-        k: usize,
-        rows: usize,
-        accumulate: bool,
-        reps: usize,
-        seed: u64,
-    ) -> Result<MatmulCheck> {
+    pub fn matmul_check(&self, kernel: MatmulKernel, n: usize, k: usize, rows: usize, accumulate: bool, reps: usize, seed: u64) -> Result<MatmulCheck> {
         if n == 0 || rows == 0 || reps == 0 {
-            return Err(RocketError::invalid_arg(
-                "n, rows, reps",
-                format!("{n}, {rows}, {reps}"),
-                "must all be at least 1",
-            ));
+            return Err(RocketError::invalid_arg("n, rows, reps", format!("{n}, {rows}, {reps}"), "must all be at least 1"));
         }
         let needs = match kernel {
             MatmulKernel::Tensor => (k % 64 == 0, "a multiple of 64"),
             MatmulKernel::Gemv => (k % 8 == 0, "a multiple of 8"),
         };
         if !needs.0 {
-            return Err(RocketError::invalid_arg(
-                "k",
-                k,
-                format!("must be {} for {kernel:?}", needs.1),
-            ));
+            return Err(RocketError::invalid_arg("k", k, format!("must be {} for {kernel:?}", needs.1)));
         }
         let inner = self.lock()?;
         let (ctx, st, kernels) = (&inner.ctx, &inner.stream, &inner.kernels);
-        let w_host: Vec<bf16> = uniform(seed, n * k)
-            .into_par_iter()
-            .map(|v| bf16::from_f32(v * 0.25))
-            .collect();
+        let w_host: Vec<bf16> = uniform(seed, n * k).into_par_iter().map(|v| bf16::from_f32(v * 0.25)).collect();
         let x_host = uniform(seed ^ 0x9e37_79b9, rows * k);
-        let y0_host: Vec<f32> = if accumulate {
-            uniform(seed ^ 0x5151, rows * n)
-        } else {
-            vec![f32::NAN; rows * n]
-        };
+        let y0_host: Vec<f32> = if accumulate { uniform(seed ^ 0x5151, rows * n) } else { vec![f32::NAN; rows * n] };
 
         let w_bytes = n * k * 2;
         let copies = ROTATION_BYTES.div_ceil(w_bytes).max(1);
@@ -110,13 +83,8 @@ impl CudaBackend {
         let y = DeviceBuffer::alloc(ctx, rows * n * 4, "the matmul check's outputs")?;
         y.upload(st, 0, &y0_host)?;
         let plan = kernels.gemm_plan(n, k, rows);
-        let workspace = DeviceBuffer::alloc(
-            ctx,
-            plan.workspace_floats() * 4,
-            "the matmul check's partials",
-        )?;
-        let counters =
-            DeviceBuffer::alloc(ctx, plan.counters() * 4, "the matmul check's counters")?;
+        let workspace = DeviceBuffer::alloc(ctx, plan.workspace_floats() * 4, "the matmul check's partials")?;
+        let counters = DeviceBuffer::alloc(ctx, plan.counters() * 4, "the matmul check's counters")?;
         counters.fill_u8(st, 0)?;
         let scratch = GemmScratch {
             workspace: workspace.ptr,
@@ -125,9 +93,7 @@ impl CudaBackend {
             counter_count: counters.bytes / 4,
         };
         let launch = |w: u64| match kernel {
-            MatmulKernel::Tensor => {
-                kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch)
-            }
+            MatmulKernel::Tensor => kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch),
             MatmulKernel::Gemv => kernels.gemv(st, w, x.ptr, y.ptr, n, k, rows, accumulate),
         };
 
@@ -164,26 +130,14 @@ impl CudaBackend {
 }
 
 fn describe(p: &GemmPlan) -> String {
-    format!(
-        "m{} {}x{} tiles, split {}",
-        p.mt, p.tiles_n, p.tiles_m, p.splits
-    )
+    format!("m{} {}x{} tiles, split {}", p.mt, p.tiles_n, p.tiles_m, p.splits)
 }
 
 /// Relative L2 error of `got` against the f64 product over every row and a stride
 /// of columns (always the last, which sits in a partial tile), and how many outputs
 /// that compared.
 #[allow(clippy::too_many_arguments)]
-fn compare(
-    w: &[bf16],
-    x: &[f32],
-    y0: &[f32],
-    got: &[f32],
-    n: usize,
-    k: usize,
-    rows: usize,
-    accumulate: bool,
-) -> (f64, usize) {
+fn compare(w: &[bf16], x: &[f32], y0: &[f32], got: &[f32], n: usize, k: usize, rows: usize, accumulate: bool) -> (f64, usize) {
     let stride = (n * k * rows).div_ceil(HOST_CHECK_MACS).max(1);
     let mut cols: Vec<usize> = (0..n).step_by(stride).collect();
     if cols.last() != Some(&(n - 1)) {
@@ -206,8 +160,5 @@ fn compare(
             (err, norm)
         })
         .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
-    (
-        (err / norm.max(f64::MIN_POSITIVE)).sqrt(),
-        cols.len() * rows,
-    )
+    ((err / norm.max(f64::MIN_POSITIVE)).sqrt(), cols.len() * rows)
 }

@@ -7,14 +7,14 @@
 use std::time::Duration;
 
 use super::driver::{grown, Context, DeviceBuffer, Function, MappedBuffer, Module, Stream};
+use super::weights::DeviceWeights;
 use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
 use super::sampler::sample_row;
-use super::weights::DeviceWeights;
 use crate::backend::{LoopOutcome, LoopRequest, SampleRequest};
 use crate::error::{Result, RocketError};
 use crate::megakernel::geometry::{CONSUMER_WARPS, SLOTS, SLOT_BYTES};
-use crate::megakernel::profile::trace_words;
 use crate::megakernel::schedule::INSTR_WORDS;
+use crate::megakernel::profile::trace_words;
 use crate::megakernel::{verify, Op, Schedule, Work};
 use crate::model::ModelSpec;
 
@@ -36,81 +36,24 @@ pub struct Fuel {
 }
 
 pub const FUELS: [Fuel; 4] = [
-    Fuel {
-        name: "Llama-3.2-1B",
-        kernel: "megakernel_llama_3_2_1b",
-        hidden: 2048,
-        ff: 8192,
-        layers: 16,
-        heads: 32,
-        kv_heads: 8,
-        head_dim: 64,
-        vocab: 128256,
-        auto: true,
-    },
-    Fuel {
-        name: "Qwen3-0.6B",
-        kernel: "megakernel_qwen3_0_6b",
-        hidden: 1024,
-        ff: 3072,
-        layers: 28,
-        heads: 16,
-        kv_heads: 8,
-        head_dim: 128,
-        vocab: 151936,
-        auto: true,
-    },
-    Fuel {
-        name: "Qwen3-1.7B",
-        kernel: "megakernel_qwen3_1_7b",
-        hidden: 2048,
-        ff: 6144,
-        layers: 28,
-        heads: 16,
-        kv_heads: 8,
-        head_dim: 128,
-        vocab: 151936,
-        auto: true,
-    },
-    Fuel {
-        name: "SmolLM2-135M",
-        kernel: "megakernel_smollm2_135m",
-        hidden: 576,
-        ff: 1536,
-        layers: 30,
-        heads: 9,
-        kv_heads: 3,
-        head_dim: 64,
-        vocab: 49152,
-        auto: true,
-    },
+    Fuel { name: "Llama-3.2-1B", kernel: "megakernel_llama_3_2_1b", hidden: 2048, ff: 8192, layers: 16, heads: 32, kv_heads: 8, head_dim: 64, vocab: 128256, auto: true },
+    Fuel { name: "Qwen3-0.6B", kernel: "megakernel_qwen3_0_6b", hidden: 1024, ff: 3072, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936, auto: true },
+    Fuel { name: "Qwen3-1.7B", kernel: "megakernel_qwen3_1_7b", hidden: 2048, ff: 6144, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936, auto: true },
+    Fuel { name: "SmolLM2-135M", kernel: "megakernel_smollm2_135m", hidden: 576, ff: 1536, layers: 30, heads: 9, kv_heads: 3, head_dim: 64, vocab: 49152, auto: true },
 ];
 
 /// The fuel whose shapes `spec` has exactly, if any.
 pub fn fuel_for(spec: &ModelSpec) -> Option<&'static Fuel> {
     FUELS.iter().find(|f| {
-        (
-            f.hidden, f.ff, f.layers, f.heads, f.kv_heads, f.head_dim, f.vocab,
-        ) == (
-            spec.hidden_size,
-            spec.intermediate_size,
-            spec.num_layers,
-            spec.num_heads,
-            spec.num_kv_heads,
-            spec.head_dim,
-            spec.vocab_size,
-        )
+        (f.hidden, f.ff, f.layers, f.heads, f.kv_heads, f.head_dim, f.vocab)
+            == (spec.hidden_size, spec.intermediate_size, spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.vocab_size)
     })
 }
 
 /// kernels/src/mk_geometry.cuh: threads per CTA, shared memory, ring and state layout.
 const THREADS: u32 = (CONSUMER_WARPS as u32 + 2) * 32;
 const VEC_CAP: usize = 2048;
-const SMEM_BYTES: usize = SLOTS * SLOT_BYTES
-    + 2 * SLOTS * 8
-    + VEC_CAP * 4
-    + crate::megakernel::geometry::PART_CAP * 4
-    + 64 * 4;
+const SMEM_BYTES: usize = SLOTS * SLOT_BYTES + 2 * SLOTS * 8 + VEC_CAP * 4 + crate::megakernel::geometry::PART_CAP * 4 + 64 * 4;
 const STATE_WORDS: usize = 16;
 const ST_ERROR: usize = 1;
 const ST_ERR_SM: usize = 2;
@@ -213,33 +156,20 @@ impl LoopSampler {
     fn alloc(ctx: &Context, vocab: usize) -> Result<Self> {
         Ok(LoopSampler {
             row: DeviceBuffer::alloc(ctx, std::mem::size_of::<SampleRow>(), "megakernel sampling")?,
-            seen_bits: DeviceBuffer::alloc(
-                ctx,
-                vocab.div_ceil(32) * 4,
-                "megakernel penalty state",
-            )?,
+            seen_bits: DeviceBuffer::alloc(ctx, vocab.div_ceil(32) * 4, "megakernel penalty state")?,
             gen_counts: DeviceBuffer::alloc(ctx, vocab * 4, "megakernel penalty state")?,
-            items: DeviceBuffer::alloc(
-                ctx,
-                vocab * SAMPLE_ITEM_BYTES,
-                "megakernel sampler candidates",
-            )?,
+            items: DeviceBuffer::alloc(ctx, vocab * SAMPLE_ITEM_BYTES, "megakernel sampler candidates")?,
             vocab,
         })
     }
 
     /// Uploads a launch's sampling request; returns the address of its row.
     fn upload(&self, stream: &Stream, s: &SampleRequest<'_>) -> Result<u64> {
-        self.row
-            .upload(stream, 0, std::slice::from_ref(&sample_row(s)))?;
+        self.row.upload(stream, 0, std::slice::from_ref(&sample_row(s)))?;
         if s.params.has_penalties() {
             let mut bits = vec![0u32; self.vocab.div_ceil(32)];
             let mut counts = vec![0u32; self.vocab];
-            for (t, c) in s
-                .history
-                .penalty_entries()
-                .filter(|&(t, _)| (t as usize) < self.vocab)
-            {
+            for (t, c) in s.history.penalty_entries().filter(|&(t, _)| (t as usize) < self.vocab) {
                 bits[t as usize / 32] |= 1 << (t % 32);
                 counts[t as usize] = c;
             }
@@ -291,51 +221,30 @@ fn poll_spin() -> Result<bool> {
     match std::env::var("ROCKET_MK_SPIN").as_deref() {
         Err(_) | Ok("") | Ok("0") => Ok(false),
         Ok("1") => Ok(true),
-        Ok(other) => Err(RocketError::invalid_arg(
-            "ROCKET_MK_SPIN",
-            other,
-            "expected \"0\" or \"1\"",
-        )),
+        Ok(other) => Err(RocketError::invalid_arg("ROCKET_MK_SPIN", other, "expected \"0\" or \"1\"")),
     }
 }
 
 fn watchdog() -> Duration {
-    let ms = std::env::var("ROCKET_WATCHDOG_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(2000);
+    let ms = std::env::var("ROCKET_WATCHDOG_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(2000);
     Duration::from_millis(ms.max(1))
 }
 
 impl Megakernel {
     /// The megakernel for `spec` on this GPU, or an error saying why it cannot run.
-    pub(crate) fn new(
-        ctx: &Context,
-        module: &Module,
-        stream: &Stream,
-        spec: &ModelSpec,
-        w: &DeviceWeights,
-    ) -> Result<Self> {
+    pub(crate) fn new(ctx: &Context, module: &Module, stream: &Stream, spec: &ModelSpec, w: &DeviceWeights) -> Result<Self> {
         let fuel = fuel_for(spec).ok_or_else(|| {
             let names: Vec<&str> = FUELS.iter().map(|f| f.name).collect();
-            RocketError::Device(format!(
-                "the megakernel has no instantiation for these shapes (fuels: {})",
-                names.join(", ")
-            ))
+            RocketError::Device(format!("the megakernel has no instantiation for these shapes (fuels: {})", names.join(", ")))
         })?;
         let function = module.function(fuel.kernel)?;
         function.set_max_dynamic_smem(SMEM_BYTES)?;
         if function.max_active_blocks(THREADS, SMEM_BYTES)? < 1 {
-            return Err(RocketError::Device(format!(
-                "{} cannot fit one megakernel CTA ({SMEM_BYTES} bytes of shared memory) per SM",
-                ctx.name
-            )));
+            return Err(RocketError::Device(format!("{} cannot fit one megakernel CTA ({SMEM_BYTES} bytes of shared memory) per SM", ctx.name)));
         }
         let sms = ctx.sm_count as usize;
         let schedule = Schedule::compile(spec, sms)?;
-        verify(&schedule, spec).map_err(|e| {
-            RocketError::Internal(format!("megakernel schedule for {sms} SMs: {e}"))
-        })?;
+        verify(&schedule, spec).map_err(|e| RocketError::Internal(format!("megakernel schedule for {sms} SMs: {e}")))?;
         let (words, starts) = schedule.encode();
         let upload_u32 = |v: &[u32], what: &str| -> Result<DeviceBuffer> {
             let b = DeviceBuffer::alloc(ctx, v.len() * 4, what)?;
@@ -347,18 +256,7 @@ impl Megakernel {
         let table: Vec<u64> = w
             .layers
             .iter()
-            .flat_map(|l| {
-                [
-                    l.attn_norm,
-                    l.qkv,
-                    l.q_norm,
-                    l.k_norm,
-                    l.o,
-                    l.mlp_norm,
-                    l.gate_up,
-                    l.down,
-                ]
-            })
+            .flat_map(|l| [l.attn_norm, l.qkv, l.q_norm, l.k_norm, l.o, l.mlp_norm, l.gate_up, l.down])
             .collect();
         let layers = DeviceBuffer::alloc(ctx, table.len() * 8, "the megakernel layer table")?;
         layers.upload(stream, 0, &table)?;
@@ -375,15 +273,11 @@ impl Megakernel {
             f(schedule.lm_tiles),
             f(schedule.lm_tiles),
         ];
-        let activations = sizes
-            .iter()
-            .map(|&n| DeviceBuffer::alloc(ctx, n, "megakernel activations"))
-            .collect::<Result<Vec<_>>>()?;
+        let activations = sizes.iter().map(|&n| DeviceBuffer::alloc(ctx, n, "megakernel activations")).collect::<Result<Vec<_>>>()?;
         for a in &activations {
             a.fill_u8(stream, 0xff)?; // NaN until written
         }
-        let counters =
-            DeviceBuffer::alloc(ctx, schedule.counters.count() * 4, "megakernel counters")?;
+        let counters = DeviceBuffer::alloc(ctx, schedule.counters.count() * 4, "megakernel counters")?;
         let state = DeviceBuffer::alloc(ctx, STATE_WORDS * 4, "megakernel state")?;
         let end_ids = DeviceBuffer::alloc(ctx, MAX_END_IDS * 4, "megakernel end ids")?;
         let forced = DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * 4, "megakernel forced tokens")?;
@@ -423,13 +317,7 @@ impl Megakernel {
             ..Params::default()
         };
         stream.sync()?;
-        tracing::info!(
-            fuel = fuel.name,
-            sms,
-            instructions = schedule.len(),
-            splits = schedule.splits,
-            "megakernel ready"
-        );
+        tracing::info!(fuel = fuel.name, sms, instructions = schedule.len(), splits = schedule.splits, "megakernel ready");
         Ok(Megakernel {
             fuel,
             function,
@@ -481,9 +369,7 @@ impl Megakernel {
         on_token: &mut dyn FnMut(usize, u32) -> bool,
     ) -> Result<(LoopOutcome, Option<Vec<f32>>)> {
         if let Some(why) = &self.broken {
-            return Err(RocketError::Device(format!(
-                "the megakernel is out of service: {why}"
-            )));
+            return Err(RocketError::Device(format!("the megakernel is out of service: {why}")));
         }
         // Work queued before this launch (a new session's KV poison fill, uploads)
         // must land before the host resets the mapped ring the kernel reads.
@@ -492,41 +378,19 @@ impl Megakernel {
         let req = &launch.req;
         let steps = req.max_steps;
         if steps == 0 || steps > MAX_LOOP_STEPS {
-            return Err(RocketError::invalid_arg(
-                "max_steps",
-                steps,
-                format!("must be in 1..={MAX_LOOP_STEPS} per launch"),
-            ));
+            return Err(RocketError::invalid_arg("max_steps", steps, format!("must be in 1..={MAX_LOOP_STEPS} per launch")));
         }
         if req.end_ids.len() > MAX_END_IDS {
-            return Err(RocketError::invalid_arg(
-                "stop_token_ids",
-                req.end_ids.len(),
-                format!("at most {MAX_END_IDS} end ids on the device"),
-            ));
+            return Err(RocketError::invalid_arg("stop_token_ids", req.end_ids.len(), format!("at most {MAX_END_IDS} end ids on the device")));
         }
         if launch.forced.len() > steps {
-            return Err(RocketError::Internal(format!(
-                "{} forced tokens for {steps} steps",
-                launch.forced.len()
-            )));
+            return Err(RocketError::Internal(format!("{} forced tokens for {steps} steps", launch.forced.len())));
         }
         if launch.pos0 + steps > launch.capacity {
-            return Err(RocketError::ContextOverflow {
-                prompt_tokens: launch.pos0,
-                max_tokens: steps,
-                limit: launch.capacity,
-            });
+            return Err(RocketError::ContextOverflow { prompt_tokens: launch.pos0, max_tokens: steps, limit: launch.capacity });
         }
-        if let Some(&bad) = std::iter::once(&launch.first)
-            .chain(launch.forced)
-            .find(|&&t| t as usize >= self.vocab)
-        {
-            return Err(RocketError::invalid_arg(
-                "token id",
-                bad,
-                format!("must be < vocab size {}", self.vocab),
-            ));
+        if let Some(&bad) = std::iter::once(&launch.first).chain(launch.forced).find(|&&t| t as usize >= self.vocab) {
+            return Err(RocketError::invalid_arg("token id", bad, format!("must be < vocab size {}", self.vocab)));
         }
         if !req.end_ids.is_empty() {
             self.end_ids.upload(stream, 0, req.end_ids)?;
@@ -535,12 +399,7 @@ impl Megakernel {
             self.forced.upload(stream, 0, launch.forced)?;
         }
         let logits_out = if launch.keep_logits {
-            let b = grown(
-                &mut self.logits_out,
-                ctx,
-                steps * self.vocab * 4,
-                "megakernel logits",
-            )?;
+            let b = grown(&mut self.logits_out, ctx, steps * self.vocab * 4, "megakernel logits")?;
             b.fill_u8(stream, 0xff)?;
             b.ptr
         } else {
@@ -574,32 +433,16 @@ impl Megakernel {
         };
         let params = match launch.trace_step {
             Some(step) if step < steps => {
-                let b = grown(
-                    &mut self.trace,
-                    ctx,
-                    trace_words(&self.schedule) * 8,
-                    "megakernel trace",
-                )?;
+                let b = grown(&mut self.trace, ctx, trace_words(&self.schedule) * 8, "megakernel trace")?;
                 b.fill_u8(stream, 0)?;
-                Params {
-                    trace: b.ptr,
-                    trace_step: step as i32,
-                    ..params
-                }
+                Params { trace: b.ptr, trace_step: step as i32, ..params }
             }
-            Some(step) => {
-                return Err(RocketError::invalid_arg(
-                    "trace step",
-                    step,
-                    format!("must be < the launch's {steps} steps"),
-                ))
-            }
+            Some(step) => return Err(RocketError::invalid_arg("trace step", step, format!("must be < the launch's {steps} steps"))),
             None => params,
         };
         self.last_trace = None;
         let cpu_start = thread_cpu_seconds();
-        self.function
-            .launch_cooperative(stream, self.grid, THREADS, SMEM_BYTES, &params)?;
+        self.function.launch_cooperative(stream, self.grid, THREADS, SMEM_BYTES, &params)?;
 
         // Poll: hand tokens on as they land; sleep between looks so the host stays idle.
         // A launch that publishes nothing for longer than the device's own watchdog
@@ -660,8 +503,7 @@ impl Megakernel {
         }
         let device_steps = state[ST_STEPS] as usize;
         if seen != device_steps {
-            let why =
-                format!("the megakernel ran {device_steps} steps but published {seen} tokens");
+            let why = format!("the megakernel ran {device_steps} steps but published {seen} tokens");
             self.broken = Some(why.clone());
             return Err(RocketError::Internal(why));
         }
@@ -675,21 +517,11 @@ impl Megakernel {
         };
         if launch.trace_step.is_some() {
             let mut stamps = vec![0u64; trace_words(&self.schedule)];
-            self.trace
-                .as_ref()
-                .expect("allocated for the launch")
-                .download(stream, 0, &mut stamps)?;
+            self.trace.as_ref().expect("allocated for the launch").download(stream, 0, &mut stamps)?;
             self.last_trace = Some(stamps);
         }
         let host_cpu_seconds = thread_cpu_seconds() - cpu_start;
-        Ok((
-            LoopOutcome {
-                accepted,
-                device_steps,
-                host_cpu_seconds,
-            },
-            logits,
-        ))
+        Ok((LoopOutcome { accepted, device_steps, host_cpu_seconds }, logits))
     }
 
     /// A failed launch, with the device's note when it trapped on a weight copy
@@ -711,12 +543,7 @@ impl Megakernel {
     /// A watchdog report in words: which SM waited where, for what.
     fn watchdog_error(&self, state: &[u32; STATE_WORDS]) -> RocketError {
         let sm = state[ST_ERR_SM] as usize;
-        let at = match self
-            .schedule
-            .per_sm
-            .get(sm)
-            .and_then(|l| l.get(state[ST_ERR_INSTR] as usize))
-        {
+        let at = match self.schedule.per_sm.get(sm).and_then(|l| l.get(state[ST_ERR_INSTR] as usize)) {
             Some(i) => describe(i),
             None => "the start of the step".to_string(),
         };
@@ -732,30 +559,16 @@ impl Megakernel {
     /// Launches a copy of the schedule in which one wait can never be met, with a
     /// short watchdog (`kv` must hold 2 positions), and returns the error it must end with (a hang would be a
     /// failure of the watchdog). The real schedule is restored afterwards.
-    pub(crate) fn watchdog_probe(
-        &mut self,
-        ctx: &Context,
-        stream: &Stream,
-        kv: u64,
-    ) -> Result<String> {
+    pub(crate) fn watchdog_probe(&mut self, ctx: &Context, stream: &Stream, kv: u64) -> Result<String> {
         let mut broken = self.schedule.clone();
         let last = self.schedule.counters.layers - 1;
-        for i in broken
-            .per_sm
-            .iter_mut()
-            .flatten()
-            .filter(|i| i.op == Op::Down && i.layer as usize == last)
-        {
+        for i in broken.per_sm.iter_mut().flatten().filter(|i| i.op == Op::Down && i.layer as usize == last) {
             i.wait.per_step += 1;
         }
         let (words, _) = broken.encode();
         let probe = DeviceBuffer::alloc(ctx, words.len() * 4, "the watchdog probe")?;
         probe.upload(stream, 0, &words)?;
-        let (real, real_schedule, real_watchdog) = (
-            self.base.instrs,
-            std::mem::replace(&mut self.schedule, broken),
-            self.watchdog,
-        );
+        let (real, real_schedule, real_watchdog) = (self.base.instrs, std::mem::replace(&mut self.schedule, broken), self.watchdog);
         self.base.instrs = probe.ptr;
         self.watchdog = Duration::from_millis(200);
         let launch = Launch {
@@ -763,12 +576,7 @@ impl Megakernel {
             capacity: 2,
             pos0: 0,
             first: 1,
-            req: LoopRequest {
-                max_steps: 2,
-                end_ids: &[],
-                mask_end_steps: 0,
-                sampling: None,
-            },
+            req: LoopRequest { max_steps: 2, end_ids: &[], mask_end_steps: 0, sampling: None },
             forced: &[],
             keep_logits: false,
             trace_step: None,
@@ -778,42 +586,28 @@ impl Megakernel {
         self.schedule = real_schedule;
         self.watchdog = real_watchdog;
         match outcome {
-            Err(RocketError::Device(msg))
-                if msg.starts_with("megakernel watchdog") && msg.contains("its counter stayed") =>
-            {
+            Err(RocketError::Device(msg)) if msg.starts_with("megakernel watchdog") && msg.contains("its counter stayed") => {
                 self.broken = None; // the stall was the probe's own
                 Ok(msg)
             }
             Err(RocketError::Device(msg)) => Ok(msg),
             Err(e) => Err(e),
-            Ok(_) => Err(RocketError::Internal(
-                "a schedule with an impossible wait ran to the end".into(),
-            )),
+            Ok(_) => Err(RocketError::Internal("a schedule with an impossible wait ran to the end".into())),
         }
     }
 }
 
 fn describe(i: &crate::megakernel::Instr) -> String {
     match i.work {
-        Work::Attn { kv_head, split, .. } => format!(
-            "attention of layer {} (KV head {kv_head}, split {split})",
-            i.layer
-        ),
-        Work::Rows { begin, end, .. } if i.op == Op::LmHead => {
-            format!("LM head rows {begin}..{end}")
-        }
-        Work::Rows { begin, end, .. } => {
-            format!("{:?} of layer {} (rows {begin}..{end})", i.op, i.layer)
-        }
+        Work::Attn { kv_head, split, .. } => format!("attention of layer {} (KV head {kv_head}, split {split})", i.layer),
+        Work::Rows { begin, end, .. } if i.op == Op::LmHead => format!("LM head rows {begin}..{end}"),
+        Work::Rows { begin, end, .. } => format!("{:?} of layer {} (rows {begin}..{end})", i.op, i.layer),
     }
 }
 
 /// CPU time of the calling thread, in seconds.
 fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: writes one timespec.
     if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
         return 0.0;
@@ -837,17 +631,8 @@ mod tests {
                 .lines()
                 .find(|l| l.contains(&format!(" {name} = ")))
                 .unwrap_or_else(|| panic!("{name} not in mk_geometry.cuh"));
-            let v = line
-                .split('=')
-                .nth(1)
-                .unwrap()
-                .split(';')
-                .next()
-                .unwrap()
-                .trim();
-            v.trim_end_matches('u')
-                .parse()
-                .unwrap_or_else(|_| panic!("{name} = {v} is not a plain number"))
+            let v = line.split('=').nth(1).unwrap().split(';').next().unwrap().trim();
+            v.trim_end_matches('u').parse().unwrap_or_else(|_| panic!("{name} = {v} is not a plain number"))
         };
         use crate::megakernel::geometry as g;
         assert_eq!(value("CONSUMER_WARPS"), g::CONSUMER_WARPS as i64);
@@ -861,24 +646,12 @@ mod tests {
         assert_eq!(value("INSTR_WORDS"), INSTR_WORDS as i64);
         assert_eq!(value("STATE_WORDS"), STATE_WORDS as i64);
         assert_eq!(value("SMEM_SCALAR_WORDS"), 64);
-        for (name, v) in [
-            ("ST_ERROR", ST_ERROR),
-            ("ST_ERR_SM", ST_ERR_SM),
-            ("ST_ERR_INSTR", ST_ERR_INSTR),
-            ("ST_ERR_STEP", ST_ERR_STEP),
-            ("ST_ERR_VALUE", ST_ERR_VALUE),
-            ("ST_ERR_TARGET", ST_ERR_TARGET),
-            ("ST_STEPS", ST_STEPS),
-            ("ST_HOST_STOP", ST_HOST_STOP),
-        ] {
+        for (name, v) in [("ST_ERROR", ST_ERROR), ("ST_ERR_SM", ST_ERR_SM), ("ST_ERR_INSTR", ST_ERR_INSTR), ("ST_ERR_STEP", ST_ERR_STEP), ("ST_ERR_VALUE", ST_ERR_VALUE), ("ST_ERR_TARGET", ST_ERR_TARGET), ("ST_STEPS", ST_STEPS), ("ST_HOST_STOP", ST_HOST_STOP)] {
             assert_eq!(value(name), v as i64, "{name}");
         }
         let ring = format!("constexpr int RING_STOP = {RING_STOP}, RING_FAULT = {RING_FAULT}, RING_TOKENS = {RING_TOKENS};");
         assert!(header.contains(&ring), "mk_geometry.cuh lacks `{ring}`");
-        for (name, v) in [
-            ("RING_EMPTY", RING_EMPTY),
-            ("RING_FAULT_COPY", RING_FAULT_COPY),
-        ] {
+        for (name, v) in [("RING_EMPTY", RING_EMPTY), ("RING_FAULT_COPY", RING_FAULT_COPY)] {
             let line = format!("constexpr uint32_t {name} = {v:#010x}u;");
             assert!(header.contains(&line), "mk_geometry.cuh lacks `{line}`");
         }
@@ -889,23 +662,15 @@ mod tests {
     #[test]
     fn params_layout_matches_the_kernels() {
         let header = include_str!("../../../../../kernels/src/mk_params.cuh");
-        let body = &header[header
-            .find("struct Params {")
-            .expect("Params in mk_params.cuh")..];
+        let body = &header[header.find("struct Params {").expect("Params in mk_params.cuh")..];
         let body = &body[..body.find("};").expect("end of Params")];
         let mut offset = 0usize;
         let mut kernel_fields = Vec::new();
         for line in body.lines().skip(1) {
             let decl = line.split("//").next().unwrap_or("").trim();
-            let Some(decl) = decl.strip_suffix(';') else {
-                continue;
-            };
+            let Some(decl) = decl.strip_suffix(';') else { continue };
             let (ty, name) = decl.rsplit_once([' ', '*']).expect("a field declaration");
-            let size = if ty.contains('*') || decl.contains('*') || ty.contains("long long") {
-                8
-            } else {
-                4
-            };
+            let size = if ty.contains('*') || decl.contains('*') || ty.contains("long long") { 8 } else { 4 };
             offset = offset.next_multiple_of(size);
             kernel_fields.push((name.trim().to_string(), offset));
             offset += size;
@@ -914,46 +679,10 @@ mod tests {
             ($($f:ident),* $(,)?) => { vec![$((stringify!($f).to_string(), std::mem::offset_of!(Params, $f))),*] };
         }
         let rust = rust_fields![
-            instrs,
-            sm_start,
-            counters,
-            state,
-            layers,
-            embed,
-            lm_head,
-            final_norm,
-            inv_freq,
-            x,
-            qkv,
-            act,
-            logits,
-            part_o,
-            part_ml,
-            lm_max,
-            lm_idx,
-            kv,
-            forced,
-            logits_out,
-            ring,
-            end_ids,
-            trace,
-            sample,
-            seen_bits,
-            gen_counts,
-            sample_items,
-            tokens,
-            watchdog_ns,
-            pos0,
-            first_token,
-            max_steps,
-            n_forced,
-            n_end,
-            mask_end_steps,
-            lm_tiles,
-            splits,
-            eps,
-            trace_step,
-            poll_spin,
+            instrs, sm_start, counters, state, layers, embed, lm_head, final_norm, inv_freq, x, qkv, act, logits,
+            part_o, part_ml, lm_max, lm_idx, kv, forced, logits_out, ring, end_ids, trace, sample, seen_bits,
+            gen_counts, sample_items, tokens, watchdog_ns, pos0, first_token, max_steps, n_forced, n_end,
+            mask_end_steps, lm_tiles, splits, eps, trace_step, poll_spin,
         ];
         assert_eq!(kernel_fields, rust);
         assert_eq!(offset.next_multiple_of(8), std::mem::size_of::<Params>());
@@ -963,10 +692,7 @@ mod tests {
     fn fuels_have_kernels_and_schedules() {
         let kernels = include_str!("../../../../../kernels/src/megakernel.cu");
         for f in FUELS {
-            let line = format!(
-                "MEGAKERNEL({}, {}, {}, {}, {}, {}, {}, {})",
-                f.kernel, f.hidden, f.ff, f.layers, f.heads, f.kv_heads, f.head_dim, f.vocab
-            );
+            let line = format!("MEGAKERNEL({}, {}, {}, {}, {}, {}, {}, {})", f.kernel, f.hidden, f.ff, f.layers, f.heads, f.kv_heads, f.head_dim, f.vocab);
             assert!(kernels.contains(&line), "megakernel.cu lacks `{line}`");
         }
     }

@@ -20,10 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::{
-    check_chunks, own_session, Backend, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest,
-    Session,
-};
+use super::{check_chunks, own_session, Backend, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest, Session};
 use crate::error::{Result, RocketError};
 use crate::megakernel::Profile;
 use crate::model::{ModelSpec, ModelWeights};
@@ -74,11 +71,7 @@ impl DecodeMode {
             Err(_) | Ok("") | Ok("auto") => Ok(DecodeMode::Auto),
             Ok("graph") => Ok(DecodeMode::Graph),
             Ok("megakernel") => Ok(DecodeMode::Megakernel),
-            Ok(other) => Err(RocketError::invalid_arg(
-                "ROCKET_DECODE",
-                other,
-                "expected \"auto\", \"graph\" or \"megakernel\"",
-            )),
+            Ok(other) => Err(RocketError::invalid_arg("ROCKET_DECODE", other, "expected \"auto\", \"graph\" or \"megakernel\"")),
         }
     }
 }
@@ -129,11 +122,7 @@ impl MatmulMode {
             Err(_) | Ok("") | Ok("auto") => Ok(MatmulMode::Auto),
             Ok("gemv") => Ok(MatmulMode::Gemv),
             Ok("tensor") => Ok(MatmulMode::Tensor),
-            Ok(other) => Err(RocketError::invalid_arg(
-                "ROCKET_MATMUL",
-                other,
-                "expected \"auto\", \"gemv\" or \"tensor\"",
-            )),
+            Ok(other) => Err(RocketError::invalid_arg("ROCKET_MATMUL", other, "expected \"auto\", \"gemv\" or \"tensor\"")),
         }
     }
 
@@ -153,32 +142,14 @@ impl CudaOptions {
         let device_sampling = match std::env::var("ROCKET_SAMPLER").as_deref() {
             Err(_) | Ok("") | Ok("device") => true,
             Ok("host") => false,
-            Ok(other) => {
-                return Err(RocketError::invalid_arg(
-                    "ROCKET_SAMPLER",
-                    other,
-                    "expected \"device\" or \"host\"",
-                ))
-            }
+            Ok(other) => return Err(RocketError::invalid_arg("ROCKET_SAMPLER", other, "expected \"device\" or \"host\"")),
         };
         let loop_sampling = match std::env::var("ROCKET_LOOP_SAMPLING").as_deref() {
             Err(_) | Ok("") | Ok("0") => false,
             Ok("1") => true,
-            Ok(other) => {
-                return Err(RocketError::invalid_arg(
-                    "ROCKET_LOOP_SAMPLING",
-                    other,
-                    "expected \"0\" or \"1\"",
-                ))
-            }
+            Ok(other) => return Err(RocketError::invalid_arg("ROCKET_LOOP_SAMPLING", other, "expected \"0\" or \"1\"")),
         };
-        Ok(CudaOptions {
-            decode: DecodeMode::from_env()?,
-            matmul,
-            graphs,
-            device_sampling,
-            loop_sampling,
-        })
+        Ok(CudaOptions { decode: DecodeMode::from_env()?, matmul, graphs, device_sampling, loop_sampling })
     }
 }
 
@@ -268,8 +239,7 @@ impl Scratch {
         let f = |n: usize| n * 4;
         let a = |n: usize, what: &str| DeviceBuffer::alloc(ctx, n, what);
         let what = "activations";
-        let (ws_floats, counters) =
-            GemmPlan::scratch_needs(&Self::matmul_shapes(s), rows, ctx.sm_count as usize);
+        let (ws_floats, counters) = GemmPlan::scratch_needs(&Self::matmul_shapes(s), rows, ctx.sm_count as usize);
         let gemm_counters = a(f(counters.max(1)), "GEMM counters")?;
         gemm_counters.fill_u8(st, 0)?;
         Ok(Scratch {
@@ -295,13 +265,7 @@ impl Scratch {
     /// Every (n, k) product of a pass: qkv, O, gate|up, down, LM head.
     fn matmul_shapes(s: &ModelSpec) -> [(usize, usize); 5] {
         let (d, ff) = (s.hidden_size, s.intermediate_size);
-        [
-            (s.q_dim() + 2 * s.kv_dim(), d),
-            (d, s.q_dim()),
-            (2 * ff, d),
-            (d, ff),
-            (s.vocab_size, d),
-        ]
+        [(s.q_dim() + 2 * s.kv_dim(), d), (d, s.q_dim()), (2 * ff, d), (d, ff), (s.vocab_size, d)]
     }
 
     fn gemm_scratch(&self) -> GemmScratch {
@@ -316,20 +280,7 @@ impl Scratch {
     /// Fills every buffer with NaN bytes, so a value read before it was written
     /// shows (not the GEMM counters, which must stay zero).
     fn poison(&self, st: &Stream) -> Result<()> {
-        for b in [
-            &self.x,
-            &self.h,
-            &self.qkv,
-            &self.attn,
-            &self.gu,
-            &self.act,
-            &self.normed,
-            &self.logits,
-            &self.part_o,
-            &self.part_ml,
-            &self.argmax,
-            &self.gemm_workspace,
-        ] {
+        for b in [&self.x, &self.h, &self.qkv, &self.attn, &self.gu, &self.act, &self.normed, &self.logits, &self.part_o, &self.part_ml, &self.argmax, &self.gemm_workspace] {
             b.fill_u8(st, 0xff)?;
         }
         Ok(())
@@ -385,12 +336,7 @@ impl CudaBackend {
     }
 
     /// Opens device 0 with explicit options (tests compare paths side by side).
-    pub fn with_options(
-        spec: ModelSpec,
-        weights: &ModelWeights,
-        progress: &LoadProgress,
-        options: CudaOptions,
-    ) -> Result<Self> {
+    pub fn with_options(spec: ModelSpec, weights: &ModelWeights, progress: &LoadProgress, options: CudaOptions) -> Result<Self> {
         check_shapes(&spec)?;
         let ctx = Arc::new(Context::open()?);
         let stream = Stream::new()?;
@@ -400,23 +346,15 @@ impl CudaBackend {
         let upload_seconds = t.elapsed().as_secs_f64();
         let megakernel = match options.decode {
             DecodeMode::Graph => None,
-            DecodeMode::Megakernel => Some(Megakernel::new(
-                &ctx,
-                kernels.module(),
-                &stream,
-                &spec,
-                &dev_weights,
-            )?),
+            DecodeMode::Megakernel => Some(Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights)?),
             DecodeMode::Auto => match megakernel::fuel_for(&spec) {
-                Some(fuel) if fuel.auto => {
-                    match Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights) {
-                        Ok(mk) => Some(mk),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "no megakernel on this device; decoding with CUDA graphs");
-                            None
-                        }
+                Some(fuel) if fuel.auto => match Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights) {
+                    Ok(mk) => Some(mk),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no megakernel on this device; decoding with CUDA graphs");
+                        None
                     }
-                }
+                },
                 _ => None,
             },
         };
@@ -467,9 +405,7 @@ impl CudaBackend {
     /// fresh sequence and returns each step's argmax and logits ([len][vocab]).
     /// None when no megakernel is loaded.
     pub fn megakernel_teacher_forced(&self, ids: &[u32]) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
-        self.megakernel_forced(ids, None, (&[], 0), true, None, |_, tokens, logits| {
-            Ok((tokens, logits.expect("asked for logits")))
-        })
+        self.megakernel_forced(ids, None, (&[], 0), true, None, |_, tokens, logits| Ok((tokens, logits.expect("asked for logits"))))
     }
 
     /// A sampled token loop in the megakernel: teacher-forces `prompt`, then
@@ -478,45 +414,22 @@ impl CudaBackend {
     /// them), stopping after an end id. Returns the sampled tokens and each
     /// one's raw logits ([tokens][vocab]), for checking against the host
     /// sampler. None when no megakernel is loaded.
-    pub fn megakernel_sampled(
-        &self,
-        prompt: &[u32],
-        sampling: &SampleRequest<'_>,
-        steps: usize,
-    ) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
+    pub fn megakernel_sampled(&self, prompt: &[u32], sampling: &SampleRequest<'_>, steps: usize) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
         if prompt.is_empty() || steps == 0 {
-            return Err(RocketError::invalid_arg(
-                "prompt",
-                prompt.len(),
-                "needs a prompt and at least one step",
-            ));
+            return Err(RocketError::invalid_arg("prompt", prompt.len(), "needs a prompt and at least one step"));
         }
         let forced = prompt.len() - 1;
         let mut ids = prompt.to_vec();
         ids.resize(prompt.len() + steps - 1, 0); // room for the sampled steps (their inputs are the samples)
-                                                 // Step t samples with counter step + t: the first sampled step (t = forced) draws with counter 0.
-        let shifted = SampleRequest {
-            step: sampling.step.wrapping_sub(forced as u64),
-            ..*sampling
-        };
+        // Step t samples with counter step + t: the first sampled step (t = forced) draws with counter 0.
+        let shifted = SampleRequest { step: sampling.step.wrapping_sub(forced as u64), ..*sampling };
         let vocab = self.spec.vocab_size;
         // The device counts min_tokens' masked steps from the launch's first (forced) step.
-        let masked = forced
-            + sampling
-                .params
-                .min_tokens
-                .saturating_sub(sampling.history.generated_len());
-        self.megakernel_forced(
-            &ids,
-            Some((forced, shifted)),
-            (sampling.end_ids, masked),
-            true,
-            None,
-            |_, tokens, logits| {
-                let logits = logits.expect("asked for logits");
-                Ok((tokens[forced..].to_vec(), logits[forced * vocab..].to_vec()))
-            },
-        )
+        let masked = forced + sampling.params.min_tokens.saturating_sub(sampling.history.generated_len());
+        self.megakernel_forced(&ids, Some((forced, shifted)), (sampling.end_ids, masked), true, None, |_, tokens, logits| {
+            let logits = logits.expect("asked for logits");
+            Ok((tokens[forced..].to_vec(), logits[forced * vocab..].to_vec()))
+        })
     }
 
     /// Where the megakernel's time goes: teacher-forces `ids` and reads the
@@ -524,17 +437,10 @@ impl CudaBackend {
     /// no megakernel is loaded.
     pub fn megakernel_profile(&self, ids: &[u32], step: usize) -> Result<Option<Profile>> {
         if step >= ids.len() {
-            return Err(RocketError::invalid_arg(
-                "step",
-                step,
-                format!("must be < the {} steps of the run", ids.len()),
-            ));
+            return Err(RocketError::invalid_arg("step", step, format!("must be < the {} steps of the run", ids.len())));
         }
         self.megakernel_forced(ids, None, (&[], 0), false, Some(step), |mk, _, _| {
-            let stamps = mk
-                .last_trace
-                .take()
-                .ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
+            let stamps = mk.last_trace.take().ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
             Profile::from_trace(&mk.schedule, &stamps)
         })
     }
@@ -555,36 +461,16 @@ impl CudaBackend {
         finish: impl FnOnce(&mut Megakernel, Vec<u32>, Option<Vec<f32>>) -> Result<T>,
     ) -> Result<Option<T>> {
         if ids.is_empty() || ids.len() > MAX_LOOP_STEPS {
-            return Err(RocketError::invalid_arg(
-                "ids",
-                ids.len(),
-                format!("need 1..={MAX_LOOP_STEPS} tokens"),
-            ));
+            return Err(RocketError::invalid_arg("ids", ids.len(), format!("need 1..={MAX_LOOP_STEPS} tokens")));
         }
         let mut session = self.new_session(ids.len())?;
         let kv = own_session::<CudaSession>(session.as_mut(), "cuda")?.kv.ptr;
         let mut guard = self.lock()?;
         let inner = &mut *guard;
-        let Some(mk) = inner.megakernel.as_mut() else {
-            return Ok(None);
-        };
+        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
         let forced = sampled.map_or(ids.len() - 1, |(n, _)| n);
-        let req = LoopRequest {
-            max_steps: ids.len(),
-            end_ids: end.0,
-            mask_end_steps: end.1,
-            sampling: sampled.map(|(_, s)| s),
-        };
-        let launch = Launch {
-            kv,
-            capacity: ids.len(),
-            pos0: 0,
-            first: ids[0],
-            req,
-            forced: &ids[1..=forced],
-            keep_logits,
-            trace_step,
-        };
+        let req = LoopRequest { max_steps: ids.len(), end_ids: end.0, mask_end_steps: end.1, sampling: sampled.map(|(_, s)| s) };
+        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..=forced], keep_logits, trace_step };
         let mut tokens = Vec::with_capacity(ids.len());
         let (_, logits) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
             tokens.push(t);
@@ -596,31 +482,16 @@ impl CudaBackend {
     /// The device sampler on given logits rows (`requests.len()` rows of vocab):
     /// what `forward_sample` runs after a pass, for checking it against
     /// `SampleRequest::sample_on_host`.
-    pub fn sample_on_device(
-        &self,
-        logits: &[f32],
-        requests: &[SampleRequest<'_>],
-    ) -> Result<Vec<u32>> {
+    pub fn sample_on_device(&self, logits: &[f32], requests: &[SampleRequest<'_>]) -> Result<Vec<u32>> {
         let vocab = self.spec.vocab_size;
         if logits.len() != requests.len() * vocab {
-            return Err(RocketError::invalid_arg(
-                "logits",
-                logits.len(),
-                format!("need {} rows of {vocab}", requests.len()),
-            ));
+            return Err(RocketError::invalid_arg("logits", logits.len(), format!("need {} rows of {vocab}", requests.len())));
         }
         let mut guard = self.lock()?;
         let inner = &mut *guard;
         let rows = DeviceBuffer::alloc(&inner.ctx, logits.len().max(1) * 4, "logits to sample")?;
         rows.upload(&inner.stream, 0, logits)?;
-        inner.sampler.sample(
-            &inner.ctx,
-            &inner.stream,
-            &inner.kernels,
-            rows.ptr,
-            vocab,
-            requests,
-        )
+        inner.sampler.sample(&inner.ctx, &inner.stream, &inner.kernels, rows.ptr, vocab, requests)
     }
 
     /// Runs the megakernel on a schedule with a wait that can never be met and
@@ -630,17 +501,12 @@ impl CudaBackend {
         let kv = own_session::<CudaSession>(session.as_mut(), "cuda")?.kv.ptr;
         let mut guard = self.lock()?;
         let inner = &mut *guard;
-        let Some(mk) = inner.megakernel.as_mut() else {
-            return Ok(None);
-        };
+        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
         mk.watchdog_probe(&inner.ctx, &inner.stream, kv).map(Some)
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
-        let inner = self
-            .inner
-            .lock()
-            .map_err(|_| RocketError::Internal("the CUDA backend lock is poisoned".into()))?;
+        let inner = self.inner.lock().map_err(|_| RocketError::Internal("the CUDA backend lock is poisoned".into()))?;
         inner.ctx.bind()?;
         Ok(inner)
     }
@@ -652,61 +518,28 @@ impl CudaBackend {
         let argmax = matches!(pick, Pick::Argmax);
         if let Pick::Sample(requests) = pick {
             if requests.len() != chunks.len() || logits != Logits::Last {
-                return Err(RocketError::Internal(format!(
-                    "{} sample requests for {} chunks",
-                    requests.len(),
-                    chunks.len()
-                )));
+                return Err(RocketError::Internal(format!("{} sample requests for {} chunks", requests.len(), chunks.len())));
             }
         }
         let rows: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let decode = chunks.iter().all(|c| c.tokens.len() == 1);
-        let out_rows = if logits == Logits::All {
-            rows
-        } else {
-            chunks.len()
-        };
+        let out_rows = if logits == Logits::All { rows } else { chunks.len() };
         // Decode passes size attention by capacity so one graph serves every step.
-        let span = |c: &Chunk<'_>| {
-            if decode {
-                c.session.capacity()
-            } else {
-                c.session.len() + c.tokens.len()
-            }
-        };
+        let span = |c: &Chunk<'_>| if decode { c.session.capacity() } else { c.session.len() + c.tokens.len() };
         let longest = chunks.iter().map(span).max().unwrap_or(1);
-        let attn_chunk = if decode {
-            ATTN_CHUNK
-        } else {
-            ATTN_CHUNK.max(longest.div_ceil(PREFILL_SPLITS))
-        };
+        let attn_chunk = if decode { ATTN_CHUNK } else { ATTN_CHUNK.max(longest.div_ceil(PREFILL_SPLITS)) };
         let splits = longest.div_ceil(attn_chunk).max(1);
-        let shape = PassShape {
-            rows,
-            out_rows,
-            splits,
-            attn_chunk,
-            gather_last: !decode && logits == Logits::Last,
-            argmax,
-        };
+        let shape = PassShape { rows, out_rows, splits, attn_chunk, gather_last: !decode && logits == Logits::Last, argmax };
 
         let mut guard = self.lock()?;
         let inner = &mut *guard;
         if inner.megakernel.as_ref().is_some_and(Megakernel::hung) {
             // Work queued behind a launch that never ended would wait forever.
-            return Err(RocketError::Device(
-                "the GPU is held by a megakernel launch that never ended; restart the process"
-                    .into(),
-            ));
+            return Err(RocketError::Device("the GPU is held by a megakernel launch that never ended; restart the process".into()));
         }
-        let grow = inner
-            .scratch
-            .as_ref()
-            .is_none_or(|sc| sc.rows < rows || sc.splits < splits);
+        let grow = inner.scratch.as_ref().is_none_or(|sc| sc.rows < rows || sc.splits < splits);
         if grow {
-            let (r, sp) = inner.scratch.as_ref().map_or((rows, splits), |sc| {
-                (sc.rows.max(rows), sc.splits.max(splits))
-            });
+            let (r, sp) = inner.scratch.as_ref().map_or((rows, splits), |sc| (sc.rows.max(rows), sc.splits.max(splits)));
             // Graphs point into the old buffers: drop them with the buffers.
             inner.graphs.clear();
             inner.scratch = None;
@@ -726,17 +559,9 @@ impl CudaBackend {
             let sess = own_session::<CudaSession>(c.session, "cuda")?;
             for (i, &tok) in c.tokens.iter().enumerate() {
                 let pos = sess.len + i;
-                let meta = RowMeta {
-                    position: pos as i32,
-                    context: pos as i32 + 1,
-                    kv_base: sess.kv.ptr,
-                };
+                let meta = RowMeta { position: pos as i32, context: pos as i32 + 1, kv_base: sess.kv.ptr };
                 put(bytes, row * 4, tok);
-                put(
-                    bytes,
-                    Scratch::meta_offset(cap) + row * std::mem::size_of::<RowMeta>(),
-                    meta,
-                );
+                put(bytes, Scratch::meta_offset(cap) + row * std::mem::size_of::<RowMeta>(), meta);
                 row += 1;
             }
             row_map.push(row as i32 - 1);
@@ -744,9 +569,7 @@ impl CudaBackend {
         for (i, &r) in row_map.iter().enumerate() {
             put(bytes, Scratch::row_map_offset(cap) + i * 4, r);
         }
-        scratch
-            .inputs
-            .upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
+        scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
         if decode && self.options.graphs {
             let key = (rows, splits, argmax);
@@ -770,14 +593,7 @@ impl CudaBackend {
             }
             Pick::Sample(requests) => {
                 let (ctx, stream, kernels) = (&inner.ctx, &inner.stream, &inner.kernels);
-                PassOutput::Tokens(inner.sampler.sample(
-                    ctx,
-                    stream,
-                    kernels,
-                    scratch.logits.ptr,
-                    s.vocab_size,
-                    requests,
-                )?)
+                PassOutput::Tokens(inner.sampler.sample(ctx, stream, kernels, scratch.logits.ptr, s.vocab_size, requests)?)
             }
             Pick::Logits => {
                 let mut l = vec![0f32; out_rows * s.vocab_size];
@@ -795,13 +611,7 @@ impl CudaBackend {
     fn record_pass(&self, inner: &Inner, sc: &Scratch, p: &PassShape) -> Result<()> {
         let s = &self.spec;
         let (k, w, st) = (&inner.kernels, &inner.weights, &inner.stream);
-        let (d, qd, kvd, ff, nl) = (
-            s.hidden_size,
-            s.q_dim(),
-            s.kv_dim(),
-            s.intermediate_size,
-            s.num_layers,
-        );
+        let (d, qd, kvd, ff, nl) = (s.hidden_size, s.q_dim(), s.kv_dim(), s.intermediate_size, s.num_layers);
         let eps = s.rms_norm_eps as f32;
         let t = p.rows;
         let tokens = sc.inputs.ptr;
@@ -810,32 +620,8 @@ impl CudaBackend {
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
         for (li, l) in w.layers.iter().enumerate() {
             k.rms_norm(st, sc.x.ptr, l.attn_norm, sc.h.ptr, d, eps, 0, t)?;
-            self.matmul(
-                k,
-                st,
-                sc,
-                l.qkv,
-                sc.h.ptr,
-                sc.qkv.ptr,
-                qd + 2 * kvd,
-                d,
-                t,
-                false,
-            )?;
-            k.rope_kv(
-                st,
-                sc.qkv.ptr,
-                w.inv_freq,
-                l.q_norm,
-                l.k_norm,
-                eps,
-                meta,
-                s.num_heads,
-                s.num_kv_heads,
-                li,
-                nl,
-                t,
-            )?;
+            self.matmul(k, st, sc, l.qkv, sc.h.ptr, sc.qkv.ptr, qd + 2 * kvd, d, t, false)?;
+            k.rope_kv(st, sc.qkv.ptr, w.inv_freq, l.q_norm, l.k_norm, eps, meta, s.num_heads, s.num_kv_heads, li, nl, t)?;
             k.attention(
                 st,
                 sc.qkv.ptr,
@@ -854,44 +640,13 @@ impl CudaBackend {
             )?;
             self.matmul(k, st, sc, l.o, sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
             k.rms_norm(st, sc.x.ptr, l.mlp_norm, sc.h.ptr, d, eps, 0, t)?;
-            self.matmul(
-                k,
-                st,
-                sc,
-                l.gate_up,
-                sc.h.ptr,
-                sc.gu.ptr,
-                2 * ff,
-                d,
-                t,
-                false,
-            )?;
+            self.matmul(k, st, sc, l.gate_up, sc.h.ptr, sc.gu.ptr, 2 * ff, d, t, false)?;
             k.silu_mul(st, sc.gu.ptr, sc.act.ptr, ff, t)?;
             self.matmul(k, st, sc, l.down, sc.act.ptr, sc.x.ptr, d, ff, t, true)?;
         }
         let map = if p.gather_last { row_map } else { 0 };
-        k.rms_norm(
-            st,
-            sc.x.ptr,
-            w.final_norm,
-            sc.normed.ptr,
-            d,
-            eps,
-            map,
-            p.out_rows,
-        )?;
-        self.matmul(
-            k,
-            st,
-            sc,
-            w.lm_head,
-            sc.normed.ptr,
-            sc.logits.ptr,
-            s.vocab_size,
-            d,
-            p.out_rows,
-            false,
-        )?;
+        k.rms_norm(st, sc.x.ptr, w.final_norm, sc.normed.ptr, d, eps, map, p.out_rows)?;
+        self.matmul(k, st, sc, w.lm_head, sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, false)?;
         if p.argmax {
             k.argmax(st, sc.logits.ptr, sc.argmax.ptr, s.vocab_size, p.out_rows)?;
         }
@@ -903,19 +658,7 @@ impl CudaBackend {
     /// y (+)= x · Wᵀ for `rows` input rows: the tensor-core GEMM where the
     /// matmul mode picks it for `rows` and the width allows, else the GEMV.
     #[allow(clippy::too_many_arguments)]
-    fn matmul(
-        &self,
-        k: &Kernels,
-        st: &Stream,
-        sc: &Scratch,
-        w: u64,
-        x: u64,
-        y: u64,
-        n: usize,
-        width: usize,
-        rows: usize,
-        accumulate: bool,
-    ) -> Result<()> {
+    fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
         if self.options.matmul.tensor_cores_for(rows) && Kernels::gemm_tc_fits(width) {
             k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm_scratch())
         } else {
@@ -926,15 +669,9 @@ impl CudaBackend {
 
 /// Shapes the kernels' contracts require.
 fn check_shapes(s: &ModelSpec) -> Result<()> {
-    for (name, v) in [
-        ("hidden_size", s.hidden_size),
-        ("intermediate_size", s.intermediate_size),
-        ("q_dim", s.q_dim()),
-    ] {
+    for (name, v) in [("hidden_size", s.hidden_size), ("intermediate_size", s.intermediate_size), ("q_dim", s.q_dim())] {
         if v % 8 != 0 {
-            return Err(RocketError::Device(format!(
-                "{name} {v} is not a multiple of 8, which the CUDA GEMV needs"
-            )));
+            return Err(RocketError::Device(format!("{name} {v} is not a multiple of 8, which the CUDA GEMV needs")));
         }
     }
     Ok(())
@@ -948,31 +685,16 @@ impl Backend for CudaBackend {
     fn new_session(&self, capacity: usize) -> Result<Box<dyn Session>> {
         let inner = self.lock()?;
         let bytes = capacity * self.spec.num_layers * 2 * self.spec.kv_dim() * 2;
-        let kv = DeviceBuffer::alloc(
-            &inner.ctx,
-            bytes,
-            &format!("a KV cache of {capacity} tokens"),
-        )?;
+        let kv = DeviceBuffer::alloc(&inner.ctx, bytes, &format!("a KV cache of {capacity} tokens"))?;
         // NaN until written: attention over a position never stored shows up in tests.
         // Queued on the stream every pass uses, so no wait is needed here.
         kv.fill_u8(&inner.stream, 0xff)?;
-        Ok(Box::new(CudaSession {
-            kv,
-            len: 0,
-            capacity,
-        }))
+        Ok(Box::new(CudaSession { kv, len: 0, capacity }))
     }
 
     fn device_description(&self) -> String {
         let i = &self.info;
-        format!(
-            "{} (sm_{}{}, {} SMs, {})",
-            i.device_name,
-            i.compute_capability.0,
-            i.compute_capability.1,
-            i.sm_count,
-            i.kernel_image
-        )
+        format!("{} (sm_{}{}, {} SMs, {})", i.device_name, i.compute_capability.0, i.compute_capability.1, i.sm_count, i.kernel_image)
     }
 
     fn copy_bandwidth_gbs(&self) -> Result<Option<f64>> {
@@ -982,9 +704,7 @@ impl Backend for CudaBackend {
     fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
         match self.run(chunks, logits, Pick::Logits)? {
             PassOutput::Logits(l) => Ok(l),
-            PassOutput::Tokens(_) => Err(RocketError::Internal(
-                "argmax pass where logits were asked for".into(),
-            )),
+            PassOutput::Tokens(_) => Err(RocketError::Internal("argmax pass where logits were asked for".into())),
         }
     }
 
@@ -997,9 +717,7 @@ impl Backend for CudaBackend {
     ) -> Result<Option<LoopOutcome>> {
         let mut guard = self.lock()?;
         let inner = &mut *guard;
-        let Some(mk) = inner.megakernel.as_mut() else {
-            return Ok(None);
-        };
+        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
         if !mk.in_service() {
             return Ok(None); // a launch failed earlier: CUDA graphs from here on
         }
@@ -1013,28 +731,16 @@ impl Backend for CudaBackend {
             return Ok(None); // more end ids than the device checks: the step-by-step path
         }
         let sess = own_session::<CudaSession>(session, "cuda")?;
-        let max_steps = req
-            .max_steps
-            .min(sess.capacity - sess.len)
-            .min(MAX_LOOP_STEPS);
+        let max_steps = req.max_steps.min(sess.capacity - sess.len).min(MAX_LOOP_STEPS);
         if max_steps == 0 {
-            return Err(RocketError::ContextOverflow {
-                prompt_tokens: sess.len + 1,
-                max_tokens: 0,
-                limit: sess.capacity,
-            });
+            return Err(RocketError::ContextOverflow { prompt_tokens: sess.len + 1, max_tokens: 0, limit: sess.capacity });
         }
         let launch = Launch {
             kv: sess.kv.ptr,
             capacity: sess.capacity,
             pos0: sess.len,
             first,
-            req: LoopRequest {
-                max_steps,
-                end_ids: &end_ids,
-                mask_end_steps: req.mask_end_steps,
-                sampling: req.sampling,
-            },
+            req: LoopRequest { max_steps, end_ids: &end_ids, mask_end_steps: req.mask_end_steps, sampling: req.sampling },
             forced: &[],
             keep_logits: false,
             trace_step: None,
@@ -1051,17 +757,11 @@ impl Backend for CudaBackend {
     }
 
     fn loops_sampling(&self) -> bool {
-        self.options.loop_sampling
-            && self
-                .lock()
-                .is_ok_and(|i| i.megakernel.as_ref().is_some_and(Megakernel::in_service))
+        self.options.loop_sampling && self.lock().is_ok_and(|i| i.megakernel.as_ref().is_some_and(Megakernel::in_service))
     }
 
     fn decode_path(&self, batch: usize, greedy: bool) -> &'static str {
-        match self
-            .lock()
-            .map(|i| i.megakernel.as_ref().is_some_and(Megakernel::in_service))
-        {
+        match self.lock().map(|i| i.megakernel.as_ref().is_some_and(Megakernel::in_service)) {
             Ok(true) if batch == 1 && (greedy || self.options.loop_sampling) => "megakernel",
             _ if greedy => "cuda-graph",
             _ if self.options.device_sampling => "cuda-graph + device sampler",
@@ -1072,25 +772,17 @@ impl Backend for CudaBackend {
     fn forward_argmax(&self, chunks: &mut [Chunk<'_>]) -> Result<Option<Vec<u32>>> {
         match self.run(chunks, Logits::Last, Pick::Argmax)? {
             PassOutput::Tokens(t) => Ok(Some(t)),
-            PassOutput::Logits(_) => Err(RocketError::Internal(
-                "logits pass where argmax was asked for".into(),
-            )),
+            PassOutput::Logits(_) => Err(RocketError::Internal("logits pass where argmax was asked for".into())),
         }
     }
 
-    fn forward_sample(
-        &self,
-        chunks: &mut [Chunk<'_>],
-        requests: &[SampleRequest<'_>],
-    ) -> Result<Option<Vec<u32>>> {
+    fn forward_sample(&self, chunks: &mut [Chunk<'_>], requests: &[SampleRequest<'_>]) -> Result<Option<Vec<u32>>> {
         if !self.options.device_sampling {
             return Ok(None);
         }
         match self.run(chunks, Logits::Last, Pick::Sample(requests))? {
             PassOutput::Tokens(t) => Ok(Some(t)),
-            PassOutput::Logits(_) => Err(RocketError::Internal(
-                "logits pass where sampling was asked for".into(),
-            )),
+            PassOutput::Logits(_) => Err(RocketError::Internal("logits pass where sampling was asked for".into())),
         }
     }
 }
@@ -1132,15 +824,7 @@ mod tests {
     #[test]
     fn staged_row_meta_has_the_layout_common_cuh_declares() {
         let mut bytes = vec![0xaau8; 20];
-        put(
-            &mut bytes,
-            2,
-            RowMeta {
-                position: 7,
-                context: 8,
-                kv_base: 0x1122_3344_5566_7788,
-            },
-        );
+        put(&mut bytes, 2, RowMeta { position: 7, context: 8, kv_base: 0x1122_3344_5566_7788 });
         let mut want = vec![0xaau8; 2];
         want.extend(7i32.to_ne_bytes());
         want.extend(8i32.to_ne_bytes());

@@ -19,12 +19,8 @@ pub struct StreamRate {
 }
 
 /// (function, slot bytes, slots); slot × slots = 192 KiB, the megakernel's ring.
-const RINGS: [(&str, usize, usize); 4] = [
-    ("stream_ring_8k", 8 << 10, 24),
-    ("stream_ring_16k", 16 << 10, 12),
-    ("stream_ring_32k", 32 << 10, 6),
-    ("stream_ring_64k", 64 << 10, 3),
-];
+const RINGS: [(&str, usize, usize); 4] =
+    [("stream_ring_8k", 8 << 10, 24), ("stream_ring_16k", 16 << 10, 12), ("stream_ring_32k", 32 << 10, 6), ("stream_ring_64k", 64 << 10, 3)];
 
 /// Fresh random bytes for the buffer (never time on zeros): the splitmix64 stream
 /// from `seed` (splitmix64 adds its own increment to each input).
@@ -53,11 +49,7 @@ impl CudaBackend {
         let unit = 64 << 10;
         let per_cta = bytes / sms / unit * unit;
         if per_cta == 0 {
-            return Err(RocketError::invalid_arg(
-                "bytes",
-                bytes,
-                format!("need at least {} (64 KiB per SM)", sms * unit),
-            ));
+            return Err(RocketError::invalid_arg("bytes", bytes, format!("need at least {} (64 KiB per SM)", sms * unit)));
         }
         let total = per_cta * sms;
         let host = random_words(total / 8, seed);
@@ -77,27 +69,13 @@ impl CudaBackend {
             let smem = slot * slots + 16 * slots;
             let f = module.function(name)?;
             f.set_max_dynamic_smem(smem)?;
-            kernels.push((
-                format!("ring {} KiB x {slots}", slot >> 10),
-                f,
-                288,
-                smem as u32,
-            ));
+            kernels.push((format!("ring {} KiB x {slots}", slot >> 10), f, 288, smem as u32));
         }
-        kernels.push((
-            "loads (8 x 16 B in flight per thread)".into(),
-            module.function("stream_ldg")?,
-            256,
-            0,
-        ));
+        kernels.push(("loads (8 x 16 B in flight per thread)".into(), module.function("stream_ldg")?, 256, 0));
 
         let mut rates = Vec::new();
         for (label, f, block, smem) in kernels {
-            let args = [
-                Arg::Ptr(src.ptr),
-                Arg::U64(per_cta as u64),
-                Arg::Ptr(sink.ptr),
-            ];
+            let args = [Arg::Ptr(src.ptr), Arg::U64(per_cta as u64), Arg::Ptr(sink.ptr)];
             let mut best = f64::INFINITY;
             let mut checksum_ok = true;
             for rep in 0..=reps {
@@ -121,11 +99,7 @@ impl CudaBackend {
                     best = best.min(start.elapsed_ms(&end)? as f64);
                 }
             }
-            rates.push(StreamRate {
-                kernel: label,
-                read_gbs: total as f64 / (best / 1e3) / 1e9,
-                checksum_ok,
-            });
+            rates.push(StreamRate { kernel: label, read_gbs: total as f64 / (best / 1e3) / 1e9, checksum_ok });
         }
         Ok(rates)
     }

@@ -26,8 +26,7 @@ fn push_words(bytes: &mut Vec<u8>, words: &[u32]) -> usize {
 }
 
 fn word(n: usize, what: &str) -> Result<u32> {
-    u32::try_from(n)
-        .map_err(|_| RocketError::Internal(format!("{what} {n} does not fit the device sampler")))
+    u32::try_from(n).map_err(|_| RocketError::Internal(format!("{what} {n} does not fit the device sampler")))
 }
 
 /// A request's parameters, seed and step as sampler.cuh reads them (no
@@ -76,23 +75,13 @@ pub(crate) fn pack(requests: &[SampleRequest<'_>]) -> Result<Packed> {
     let mut bytes = Vec::with_capacity(rows.len() * 64 + 4 * (2 * tokens.len() + masks.len()) + 48);
     for row in &rows {
         // SAFETY: SampleRow is repr(C) plain data without padding (64 bytes, asserted).
-        let raw = unsafe {
-            std::slice::from_raw_parts(
-                row as *const SampleRow as *const u8,
-                std::mem::size_of::<SampleRow>(),
-            )
-        };
+        let raw = unsafe { std::slice::from_raw_parts(row as *const SampleRow as *const u8, std::mem::size_of::<SampleRow>()) };
         bytes.extend_from_slice(raw);
     }
     let penalty_tokens_at = push_words(&mut bytes, &tokens);
     let penalty_counts_at = push_words(&mut bytes, &counts);
     let mask_ids_at = push_words(&mut bytes, &masks);
-    Ok(Packed {
-        bytes,
-        penalty_tokens_at,
-        penalty_counts_at,
-        mask_ids_at,
-    })
+    Ok(Packed { bytes, penalty_tokens_at, penalty_counts_at, mask_ids_at })
 }
 
 /// Buffers of the device sampler, grown to the largest batch seen.
@@ -127,18 +116,10 @@ impl DeviceSampler {
             return Ok(Vec::new());
         }
         let packed = pack(requests)?;
-        let items = ensure(
-            &mut self.items,
-            ctx,
-            rows * vocab * SAMPLE_ITEM_BYTES,
-            "sampler candidates",
-        )?;
+        let items = ensure(&mut self.items, ctx, rows * vocab * SAMPLE_ITEM_BYTES, "sampler candidates")?;
         let inputs = ensure(&mut self.inputs, ctx, packed.bytes.len(), "sampler inputs")?;
         let tokens = ensure(&mut self.tokens, ctx, rows * 4, "sampled tokens")?;
-        self.inputs
-            .as_ref()
-            .expect("ensured")
-            .upload(stream, 0, &packed.bytes)?;
+        self.inputs.as_ref().expect("ensured").upload(stream, 0, &packed.bytes)?;
         let at = |off: usize| inputs + off as u64;
         let addresses = SampleInputs {
             rows: inputs,
@@ -148,14 +129,9 @@ impl DeviceSampler {
         };
         kernels.sample(stream, logits, &addresses, items, tokens, vocab, rows)?;
         let mut out = vec![0u32; rows];
-        self.tokens
-            .as_ref()
-            .expect("ensured")
-            .download(stream, 0, &mut out)?;
+        self.tokens.as_ref().expect("ensured").download(stream, 0, &mut out)?;
         if let Some(bad) = out.iter().find(|&&t| t as usize >= vocab) {
-            return Err(RocketError::Internal(format!(
-                "the device sampler returned token {bad} for a vocabulary of {vocab}"
-            )));
+            return Err(RocketError::Internal(format!("the device sampler returned token {bad} for a vocabulary of {vocab}")));
         }
         Ok(out)
     }
@@ -171,63 +147,25 @@ mod tests {
         let mut history = TokenHistory::new(&[5, 9]);
         history.push(9);
         history.push(11);
-        let penalised = SamplingParams {
-            repetition_penalty: 1.2,
-            min_tokens: 5,
-            top_k: 7,
-            seed: Some(3),
-            ..SamplingParams::default()
-        };
-        let plain = SamplingParams {
-            temperature: 0.5,
-            ..SamplingParams::default()
-        };
+        let penalised = SamplingParams { repetition_penalty: 1.2, min_tokens: 5, top_k: 7, seed: Some(3), ..SamplingParams::default() };
+        let plain = SamplingParams { temperature: 0.5, ..SamplingParams::default() };
         let empty = TokenHistory::new(&[1]);
         let reqs = [
-            SampleRequest {
-                params: &penalised,
-                seed: 3,
-                step: 2,
-                history: &history,
-                end_ids: &[2, 4],
-            },
-            SampleRequest {
-                params: &plain,
-                seed: 8,
-                step: 0,
-                history: &empty,
-                end_ids: &[2],
-            },
+            SampleRequest { params: &penalised, seed: 3, step: 2, history: &history, end_ids: &[2, 4] },
+            SampleRequest { params: &plain, seed: 8, step: 0, history: &empty, end_ids: &[2] },
         ];
         let p = pack(&reqs).unwrap();
-        let row = |i: usize| unsafe {
-            std::ptr::read_unaligned(p.bytes[i * 64..].as_ptr() as *const SampleRow)
-        };
-        let word = |at: usize, i: usize| {
-            u32::from_le_bytes(p.bytes[at + 4 * i..at + 4 * i + 4].try_into().unwrap())
-        };
+        let row = |i: usize| unsafe { std::ptr::read_unaligned(p.bytes[i * 64..].as_ptr() as *const SampleRow) };
+        let word = |at: usize, i: usize| u32::from_le_bytes(p.bytes[at + 4 * i..at + 4 * i + 4].try_into().unwrap());
         let (a, b) = (row(0), row(1));
-        assert_eq!(
-            (a.seed, a.step, a.top_k, a.repetition_penalty),
-            (3, 2, 7, 1.2)
-        );
-        assert_eq!(
-            (a.penalty_off, a.penalty_len, a.mask_off, a.mask_len),
-            (0, 3, 0, 2)
-        );
-        let mut entries: Vec<(u32, u32)> = (0..3)
-            .map(|i| (word(p.penalty_tokens_at, i), word(p.penalty_counts_at, i)))
-            .collect();
+        assert_eq!((a.seed, a.step, a.top_k, a.repetition_penalty), (3, 2, 7, 1.2));
+        assert_eq!((a.penalty_off, a.penalty_len, a.mask_off, a.mask_len), (0, 3, 0, 2));
+        let mut entries: Vec<(u32, u32)> = (0..3).map(|i| (word(p.penalty_tokens_at, i), word(p.penalty_counts_at, i))).collect();
         entries.sort();
         assert_eq!(entries, [(5, 0), (9, 1), (11, 1)]);
         assert_eq!([word(p.mask_ids_at, 0), word(p.mask_ids_at, 1)], [2, 4]);
         // No penalties and min_tokens reached: nothing to upload for the second row.
-        assert_eq!(
-            (b.temperature, b.penalty_len, b.mask_len, b.mask_off),
-            (0.5, 0, 0, 2)
-        );
-        assert!(
-            p.penalty_tokens_at % 16 == 0 && p.mask_ids_at % 16 == 0 && p.penalty_tokens_at >= 128
-        );
+        assert_eq!((b.temperature, b.penalty_len, b.mask_len, b.mask_off), (0.5, 0, 0, 2));
+        assert!(p.penalty_tokens_at % 16 == 0 && p.mask_ids_at % 16 == 0 && p.penalty_tokens_at >= 128);
     }
 }

@@ -58,10 +58,7 @@ struct Plan<'a> {
 
 impl<'a> Plan<'a> {
     fn new() -> Self {
-        Plan {
-            groups: Vec::new(),
-            total: 0,
-        }
+        Plan { groups: Vec::new(), total: 0 }
     }
 
     /// Returns the group's offset in the arena.
@@ -74,40 +71,20 @@ impl<'a> Plan<'a> {
 }
 
 impl DeviceWeights {
-    pub(crate) fn upload(
-        ctx: &Context,
-        stream: &Stream,
-        spec: &ModelSpec,
-        w: &ModelWeights,
-        progress: &LoadProgress,
-    ) -> Result<Self> {
+    pub(crate) fn upload(ctx: &Context, stream: &Stream, spec: &ModelSpec, w: &ModelWeights, progress: &LoadProgress) -> Result<Self> {
         let inv_freq = rope::inv_freq(spec);
         let mut plan = Plan::new();
         let embed = plan.place(vec![Piece::Matrix(&w.embed_tokens)]);
         let tied = std::ptr::eq(w.lm_head(), &w.embed_tokens);
-        let lm_head = if tied {
-            embed
-        } else {
-            plan.place(vec![Piece::Matrix(w.lm_head())])
-        };
+        let lm_head = if tied { embed } else { plan.place(vec![Piece::Matrix(w.lm_head())]) };
         let final_norm = plan.place(vec![Piece::Floats(&w.final_norm)]);
         let inv = plan.place(vec![Piece::Floats(&inv_freq)]);
         let mut offsets = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
             let attn_norm = plan.place(vec![Piece::Floats(&l.attn_norm)]);
-            let qkv = plan.place(vec![
-                Piece::Matrix(&l.q_proj),
-                Piece::Matrix(&l.k_proj),
-                Piece::Matrix(&l.v_proj),
-            ]);
-            let q_norm = l
-                .q_norm
-                .as_deref()
-                .map(|n| plan.place(vec![Piece::Floats(n)]));
-            let k_norm = l
-                .k_norm
-                .as_deref()
-                .map(|n| plan.place(vec![Piece::Floats(n)]));
+            let qkv = plan.place(vec![Piece::Matrix(&l.q_proj), Piece::Matrix(&l.k_proj), Piece::Matrix(&l.v_proj)]);
+            let q_norm = l.q_norm.as_deref().map(|n| plan.place(vec![Piece::Floats(n)]));
+            let k_norm = l.k_norm.as_deref().map(|n| plan.place(vec![Piece::Floats(n)]));
             let o = plan.place(vec![Piece::Matrix(&l.o_proj)]);
             let mlp_norm = plan.place(vec![Piece::Floats(&l.mlp_norm)]);
             let gate_up = plan.place(vec![Piece::Matrix(&l.gate_proj), Piece::Matrix(&l.up_proj)]);
@@ -120,18 +97,16 @@ impl DeviceWeights {
         let at = |off: usize| base + off as u64;
         let layers = offsets
             .into_iter()
-            .map(
-                |(attn_norm, qkv, q_norm, k_norm, o, mlp_norm, gate_up, down)| LayerPtrs {
-                    attn_norm: at(attn_norm),
-                    qkv: at(qkv),
-                    q_norm: q_norm.map_or(0, at),
-                    k_norm: k_norm.map_or(0, at),
-                    o: at(o),
-                    mlp_norm: at(mlp_norm),
-                    gate_up: at(gate_up),
-                    down: at(down),
-                },
-            )
+            .map(|(attn_norm, qkv, q_norm, k_norm, o, mlp_norm, gate_up, down)| LayerPtrs {
+                attn_norm: at(attn_norm),
+                qkv: at(qkv),
+                q_norm: q_norm.map_or(0, at),
+                k_norm: k_norm.map_or(0, at),
+                o: at(o),
+                mlp_norm: at(mlp_norm),
+                gate_up: at(gate_up),
+                down: at(down),
+            })
             .collect();
         Ok(DeviceWeights {
             bytes: plan.total,
@@ -158,10 +133,7 @@ impl<'s> Uploader<'s> {
     fn new(stream: &'s Stream) -> Result<Self> {
         Ok(Uploader {
             stream,
-            staging: [
-                PinnedBuffer::alloc(STAGING_BYTES)?,
-                PinnedBuffer::alloc(STAGING_BYTES)?,
-            ],
+            staging: [PinnedBuffer::alloc(STAGING_BYTES)?, PinnedBuffer::alloc(STAGING_BYTES)?],
             done: [Event::new()?, Event::new()?],
             used: [false; 2],
             turn: 0,
@@ -174,13 +146,11 @@ impl<'s> Uploader<'s> {
             let mut at = *offset;
             for piece in pieces {
                 match piece {
-                    Piece::Floats(v) => {
-                        self.copy(arena, at, v.len() * 4, |dst: &mut [u8], from| {
-                            for (d, x) in dst.chunks_exact_mut(4).zip(&v[from / 4..]) {
-                                d.copy_from_slice(&x.to_ne_bytes());
-                            }
-                        })?
-                    }
+                    Piece::Floats(v) => self.copy(arena, at, v.len() * 4, |dst: &mut [u8], from| {
+                        for (d, x) in dst.chunks_exact_mut(4).zip(&v[from / 4..]) {
+                            d.copy_from_slice(&x.to_ne_bytes());
+                        }
+                    })?,
                     Piece::Matrix(t) => {
                         let view = t.view();
                         self.copy(arena, at, t.numel() * 2, |dst: &mut [u8], from| {
@@ -207,13 +177,7 @@ impl<'s> Uploader<'s> {
 
     /// Copies `bytes` to `arena[at..]` in staging-sized pieces; `fill(dst, from)`
     /// writes source bytes `from..from + dst.len()` into the staging buffer.
-    fn copy(
-        &mut self,
-        arena: &DeviceBuffer,
-        at: usize,
-        bytes: usize,
-        fill: impl Fn(&mut [u8], usize),
-    ) -> Result<()> {
+    fn copy(&mut self, arena: &DeviceBuffer, at: usize, bytes: usize, fill: impl Fn(&mut [u8], usize)) -> Result<()> {
         let mut from = 0;
         while from < bytes {
             let n = (bytes - from).min(STAGING_BYTES);
