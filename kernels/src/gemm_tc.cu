@@ -7,8 +7,8 @@
 //
 // Tiling: a CTA of 8 warps owns TILE_N = 128 weight rows (16 per warp) and
 // 16 MT input rows, over the 64-wide k blocks of its split of K. The blocks
-// stream through a cp.async ring (8, 7 or 5 deep for MT 1, 2, 4) in shared memory (weights and the
-// f32 inputs of a block land together), so each input block is read once per
+// stream through a cp.async ring in shared memory (8, 7 or 5 blocks deep for
+// MT 1, 2, 4; weights and the f32 inputs of a block land together), so each input block is read once per
 // 128 weight rows instead of once per 8, and every weight byte is read once.
 // One block ahead of the MMAs, all threads split the inputs into bf16 hi/lo
 // tiles (double-buffered); the warps then read both operands with ldmatrix.
@@ -20,7 +20,8 @@
 // partial tile to ws, and the split that arrives last (a counter per tile,
 // reset by that split, so the next launch finds it zero) sums the partials in
 // split order 0, 1, ... and writes y. The order is fixed, so results are
-// deterministic and do not depend on the number of input rows.
+// deterministic, and since the host picks splits from (n, k) alone, a row's
+// result does not depend on how many other rows share the launch.
 //
 // Contract: k % 64 == 0, W rows and x rows 16-byte aligned, splits <= 8, dynamic
 // shared memory Layout<MT>::BYTES, grid = (ceil(n / 128), ceil(rows / (16 MT)), splits),
