@@ -98,6 +98,23 @@ impl GemmPlan {
     }
 }
 
+/// The tensor-core GEMM's instantiations, allowed their shared memory, or why this
+/// GPU cannot run them (then every matmul uses the GEMV, with a warning).
+fn load_gemm_tc(module: &Module, ctx: &Context) -> std::result::Result<[Function; 3], String> {
+    let load = |mt: usize| -> Result<Function> {
+        let func = module.function(&format!("gemm_tc_m{mt}"))?;
+        func.set_max_dynamic_smem(gemm_tc_smem_bytes(mt))?;
+        Ok(func)
+    };
+    let all = || -> Result<[Function; 3]> { Ok([load(GEMM_TC_MT[0])?, load(GEMM_TC_MT[1])?, load(GEMM_TC_MT[2])?]) };
+    all().map_err(|e| {
+        let bytes = gemm_tc_smem_bytes(GEMM_TC_MT[2]);
+        let why = format!("the tensor-core GEMM needs up to {bytes} bytes of shared memory per block on {}: {e}", ctx.name);
+        tracing::warn!("{why}; every matmul uses the GEMV");
+        why
+    })
+}
+
 /// Where split-K partials and arrival counters live (counters zeroed once; every
 /// launch leaves them zero).
 #[derive(Debug, Clone, Copy)]
@@ -116,7 +133,9 @@ fn matmul_args(w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumula
 
 pub(crate) struct Kernels {
     module: Module,
-    gemm_tc: [Function; 3],
+    /// The tensor-core GEMM, or why this GPU cannot run it (its ring needs more
+    /// shared memory per block than, e.g., a ~100 KiB consumer part allows).
+    gemm_tc: std::result::Result<[Function; 3], String>,
     sms: usize,
     embed: Function,
     rms_norm: Function,
@@ -150,12 +169,7 @@ impl Kernels {
         };
         let f = |name: &str| module.function(name);
         let gemv = [f("gemv_bf16_t1")?, f("gemv_bf16_t2")?, f("gemv_bf16_t4")?, f("gemv_bf16_t8")?, f("gemv_bf16_t16")?];
-        let tc = |mt: usize| -> Result<Function> {
-            let func = f(&format!("gemm_tc_m{mt}"))?;
-            func.set_max_dynamic_smem(gemm_tc_smem_bytes(mt))?;
-            Ok(func)
-        };
-        let gemm_tc = [tc(GEMM_TC_MT[0])?, tc(GEMM_TC_MT[1])?, tc(GEMM_TC_MT[2])?];
+        let gemm_tc = load_gemm_tc(&module, ctx);
         Ok(Kernels {
             gemm_tc,
             sms: ctx.sm_count.max(1) as usize,
@@ -202,9 +216,10 @@ impl Kernels {
         self.gemv[tile].launch(s, grid, 256, &matmul_args(w, x, y, n, k, rows, accumulate))
     }
 
-    /// Whether `gemm_tc` can multiply rows of `k` weights (64-wide blocks).
-    pub(crate) fn gemm_tc_fits(k: usize) -> bool {
-        k % 64 == 0
+    /// Whether `gemm_tc` runs on this GPU and can multiply rows of `k` weights
+    /// (64-wide blocks); where not, matmuls fall back to the GEMV.
+    pub(crate) fn gemm_tc_fits(&self, k: usize) -> bool {
+        self.gemm_tc.is_ok() && k % 64 == 0
     }
 
     /// The plan `gemm_tc` follows for this product on this GPU.
@@ -228,7 +243,8 @@ impl Kernels {
         accumulate: bool,
         scratch: &GemmScratch,
     ) -> Result<()> {
-        if !Self::gemm_tc_fits(k) {
+        let functions = self.gemm_tc.as_ref().map_err(|why| RocketError::Device(why.clone()))?;
+        if k % 64 != 0 {
             return Err(RocketError::Internal(format!("gemm_tc needs k % 64 == 0, got {k}")));
         }
         let plan = self.gemm_plan(n, k, rows);
@@ -239,7 +255,7 @@ impl Kernels {
         let grid = (plan.tiles_n as u32, plan.tiles_m as u32, plan.splits as u32);
         let [a0, a1, a2, a3, a4, a5, a6] = matmul_args(w, x, y, n, k, rows, accumulate);
         let args = [a0, a1, a2, a3, a4, a5, a6, Arg::Ptr(scratch.workspace), Arg::Ptr(scratch.counters)];
-        self.gemm_tc[i].launch_with_smem(s, grid, GEMM_THREADS, gemm_tc_smem_bytes(plan.mt) as u32, &args)
+        functions[i].launch_with_smem(s, grid, GEMM_THREADS, gemm_tc_smem_bytes(plan.mt) as u32, &args)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -659,7 +659,7 @@ impl CudaBackend {
     /// matmul mode picks it for `rows` and the width allows, else the GEMV.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
-        if self.options.matmul.tensor_cores_for(rows) && Kernels::gemm_tc_fits(width) {
+        if self.options.matmul.tensor_cores_for(rows) && k.gemm_tc_fits(width) {
             k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm_scratch())
         } else {
             k.gemv(st, w, x, y, n, width, rows, accumulate)
