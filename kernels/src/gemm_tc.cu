@@ -20,10 +20,11 @@
 // partial tile to ws, and the split that arrives last (a counter per tile,
 // reset by that split, so the next launch finds it zero) sums the partials in
 // split order 0, 1, ... and writes y. The order is fixed, so results are
-// deterministic, and since the host picks splits from (n, k) alone, a row's
-// result does not depend on how many other rows share the launch.
+// deterministic, and since the host picks splits from (n, k) alone (for launches
+// of up to 256 rows; longer ones do not split), a row's result does not depend on
+// how many other rows share the launch.
 //
-// Contract: k % 64 == 0, W rows and x rows 16-byte aligned, splits <= 8, dynamic
+// Contract: k % 64 == 0, W rows and x rows 16-byte aligned, splits <= min(8, k / 64), dynamic
 // shared memory Layout<MT>::BYTES, grid = (ceil(n / 128), ceil(rows / (16 MT)), splits),
 // block = 256. With splits > 1: ws holds grid.x * grid.y * splits * 16 MT * 128
 // floats and counters grid.x * grid.y zeroed words.

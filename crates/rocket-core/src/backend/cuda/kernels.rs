@@ -109,7 +109,7 @@ fn load_gemm_tc(module: &Module, ctx: &Context) -> std::result::Result<[Function
     let all = || -> Result<[Function; 3]> { Ok([load(GEMM_TC_MT[0])?, load(GEMM_TC_MT[1])?, load(GEMM_TC_MT[2])?]) };
     all().map_err(|e| {
         let bytes = gemm_tc_smem_bytes(GEMM_TC_MT[2]);
-        let why = format!("the tensor-core GEMM needs up to {bytes} bytes of shared memory per block on {}: {e}", ctx.name);
+        let why = format!("the tensor-core GEMM cannot be set up on {} (it needs up to {bytes} bytes of shared memory per block): {e}", ctx.name);
         tracing::warn!("{why}; every matmul uses the GEMV");
         why
     })
@@ -248,6 +248,9 @@ impl Kernels {
             return Err(RocketError::Internal(format!("gemm_tc needs k % 64 == 0, got {k}")));
         }
         let plan = self.gemm_plan(n, k, rows);
+        if plan.splits > GEMM_MAX_SPLITS.min(k / GEMM_KB) {
+            return Err(RocketError::Internal(format!("gemm_tc cannot split {k} columns {} ways", plan.splits)));
+        }
         if plan.workspace_floats() > scratch.workspace_floats || plan.counters() > scratch.counter_count {
             return Err(RocketError::Internal(format!("gemm_tc scratch too small for {plan:?} ({n} x {k}, {rows} rows)")));
         }

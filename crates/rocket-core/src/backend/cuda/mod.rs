@@ -107,14 +107,16 @@ pub enum MatmulMode {
     /// The default (`auto`): the tensor cores for passes of at least
     /// `TENSOR_CORE_MIN_ROWS` rows (prefill, large batches), the GEMV below.
     /// A row's logits then depend (≈1e-3 relative) on how many rows share its
-    /// pass; `gemv` or `tensor` make them batch-independent bit for bit.
+    /// pass; `gemv` or `tensor` make them batch-independent bit for bit (for
+    /// `tensor`, in passes of up to 256 rows: longer ones do not split K).
     Auto,
 }
 
-/// H200, Llama-3.2-1B (benches/NOTES.md, 2026-12-03): at 16 rows the tensor
-/// cores take 2.83 ms per step against the GEMV's 6.80; at 1 row 2.55 against
-/// 1.23. Between those the crossover is unmeasured; 8 is a guess between them.
-pub const TENSOR_CORE_MIN_ROWS: usize = 8;
+/// H200 (benches/NOTES.md, session 12, `matmul_check` at every fuel product): at
+/// 5 rows the tensor cores beat the GEMV on 19 of 20 products (Llama's four layer
+/// products 59 µs against 173), at 1 row the GEMV wins (34.7 against 59.6 µs).
+/// 2 to 4 rows are unmeasured and stay on the GEMV.
+pub const TENSOR_CORE_MIN_ROWS: usize = 5;
 
 impl MatmulMode {
     pub fn from_env() -> Result<Self> {
