@@ -3,9 +3,10 @@
 
 Usage: ncu_step.py FILE.csv [PASS]
 PASS counts passes from the end (-1, the default, is the last; -2 the one before):
-a pass is every kernel from one `embed_gather` to the next. Prints each kernel of the step's first layer and the step's totals per kernel
-name, so a batched step's time can be split by op (kernels run one at a time under
-ncu, so the sum leaves out the launch gaps a CUDA graph hides).
+a pass is every kernel from one `embed_gather` to the next. Prints each kernel of
+the pass's first layer and the pass's totals per kernel name, so a batched step's
+time can be split by op (kernels run one at a time under ncu, so the sum leaves out
+the launch gaps a CUDA graph hides).
 """
 import collections
 import csv

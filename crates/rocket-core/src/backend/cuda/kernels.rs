@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::driver::{Arg, Context, Function, Module, Stream};
+use super::driver::{Arg, Context, DeviceBuffer, Function, Module, Stream};
 use crate::error::{Result, RocketError};
 
 /// Machine code for Hopper (sm_90a): loads without a JIT.
@@ -115,14 +115,26 @@ fn load_gemm_tc(module: &Module, ctx: &Context) -> std::result::Result<[Function
     })
 }
 
-/// Where split-K partials and arrival counters live (counters zeroed once; every
-/// launch leaves them zero).
-#[derive(Debug, Clone, Copy)]
+/// gemm_tc's split-K partials and arrival counters. The counters are zeroed here,
+/// once; every launch leaves them zero, so they must never be poisoned.
 pub(crate) struct GemmScratch {
-    pub workspace: u64,
-    pub workspace_floats: usize,
-    pub counters: u64,
-    pub counter_count: usize,
+    pub workspace: DeviceBuffer,
+    counters: DeviceBuffer,
+}
+
+impl GemmScratch {
+    /// Room for `workspace_floats` partials and `counters` counters (as
+    /// `GemmPlan::scratch_needs` or one plan reports), the counters zeroed on `st`.
+    pub(crate) fn alloc(ctx: &Context, st: &Stream, workspace_floats: usize, counters: usize) -> Result<Self> {
+        let workspace = DeviceBuffer::alloc(ctx, workspace_floats * 4, "GEMM split-K partials")?;
+        let counters = DeviceBuffer::alloc(ctx, counters * 4, "GEMM split-K counters")?;
+        counters.fill_u8(st, 0)?;
+        Ok(GemmScratch { workspace, counters })
+    }
+
+    fn holds(&self, plan: &GemmPlan) -> bool {
+        plan.workspace_floats() * 4 <= self.workspace.bytes && plan.counters() * 4 <= self.counters.bytes
+    }
 }
 
 /// The arguments gemv.cu and gemm_tc.cu both take: (W, x, y, n, k, rows, accumulate).
@@ -251,13 +263,13 @@ impl Kernels {
         if plan.splits > GEMM_MAX_SPLITS.min(k / GEMM_KB) {
             return Err(RocketError::Internal(format!("gemm_tc cannot split {k} columns {} ways", plan.splits)));
         }
-        if plan.workspace_floats() > scratch.workspace_floats || plan.counters() > scratch.counter_count {
+        if !scratch.holds(&plan) {
             return Err(RocketError::Internal(format!("gemm_tc scratch too small for {plan:?} ({n} x {k}, {rows} rows)")));
         }
         let i = GEMM_TC_MT.iter().position(|&mt| mt == plan.mt).expect("instantiated shape");
         let grid = (plan.tiles_n as u32, plan.tiles_m as u32, plan.splits as u32);
         let [a0, a1, a2, a3, a4, a5, a6] = matmul_args(w, x, y, n, k, rows, accumulate);
-        let args = [a0, a1, a2, a3, a4, a5, a6, Arg::Ptr(scratch.workspace), Arg::Ptr(scratch.counters)];
+        let args = [a0, a1, a2, a3, a4, a5, a6, Arg::Ptr(scratch.workspace.ptr), Arg::Ptr(scratch.counters.ptr)];
         functions[i].launch_with_smem(s, grid, GEMM_THREADS, gemm_tc_smem_bytes(plan.mt) as u32, &args)
     }
 

@@ -86,15 +86,7 @@ impl CudaBackend {
         let y = DeviceBuffer::alloc(ctx, rows * n * 4, "the matmul check's outputs")?;
         y.upload(st, 0, &y0_host)?;
         let plan = kernels.gemm_plan(n, k, rows);
-        let workspace = DeviceBuffer::alloc(ctx, plan.workspace_floats() * 4, "the matmul check's partials")?;
-        let counters = DeviceBuffer::alloc(ctx, plan.counters() * 4, "the matmul check's counters")?;
-        counters.fill_u8(st, 0)?;
-        let scratch = GemmScratch {
-            workspace: workspace.ptr,
-            workspace_floats: workspace.bytes / 4,
-            counters: counters.ptr,
-            counter_count: counters.bytes / 4,
-        };
+        let scratch = GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?;
         let launch = |w: u64| match kernel {
             MatmulKernel::Tensor => kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch),
             MatmulKernel::Gemv => kernels.gemv(st, w, x.ptr, y.ptr, n, k, rows, accumulate),

@@ -231,9 +231,7 @@ struct Scratch {
     /// tokens [rows] u32 | meta [rows] RowMeta | row_map [rows] i32, uploaded together.
     inputs: DeviceBuffer,
     argmax: DeviceBuffer,
-    /// gemm_tc's split-K partials and arrival counters (kept zero between launches).
-    gemm_workspace: DeviceBuffer,
-    gemm_counters: DeviceBuffer,
+    gemm: GemmScratch,
 }
 
 impl Scratch {
@@ -242,11 +240,8 @@ impl Scratch {
         let a = |n: usize, what: &str| DeviceBuffer::alloc(ctx, n, what);
         let what = "activations";
         let (ws_floats, counters) = GemmPlan::scratch_needs(&Self::matmul_shapes(s), rows, ctx.sm_count as usize);
-        let gemm_counters = a(f(counters.max(1)), "GEMM counters")?;
-        gemm_counters.fill_u8(st, 0)?;
         Ok(Scratch {
-            gemm_workspace: a(f(ws_floats.max(4)), "GEMM split-K partials")?,
-            gemm_counters,
+            gemm: GemmScratch::alloc(ctx, st, ws_floats, counters)?,
             rows,
             splits,
             x: a(f(rows * s.hidden_size), what)?,
@@ -270,19 +265,10 @@ impl Scratch {
         [(s.q_dim() + 2 * s.kv_dim(), d), (d, s.q_dim()), (2 * ff, d), (d, ff), (s.vocab_size, d)]
     }
 
-    fn gemm_scratch(&self) -> GemmScratch {
-        GemmScratch {
-            workspace: self.gemm_workspace.ptr,
-            workspace_floats: self.gemm_workspace.bytes / 4,
-            counters: self.gemm_counters.ptr,
-            counter_count: self.gemm_counters.bytes / 4,
-        }
-    }
-
     /// Fills every buffer with NaN bytes, so a value read before it was written
     /// shows (not the GEMM counters, which must stay zero).
     fn poison(&self, st: &Stream) -> Result<()> {
-        for b in [&self.x, &self.h, &self.qkv, &self.attn, &self.gu, &self.act, &self.normed, &self.logits, &self.part_o, &self.part_ml, &self.argmax, &self.gemm_workspace] {
+        for b in [&self.x, &self.h, &self.qkv, &self.attn, &self.gu, &self.act, &self.normed, &self.logits, &self.part_o, &self.part_ml, &self.argmax, &self.gemm.workspace] {
             b.fill_u8(st, 0xff)?;
         }
         Ok(())
@@ -662,7 +648,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
         if self.options.matmul.tensor_cores_for(rows) && k.gemm_tc_fits(width) {
-            k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm_scratch())
+            k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm)
         } else {
             k.gemv(st, w, x, y, n, width, rows, accumulate)
         }
