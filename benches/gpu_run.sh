@@ -8,7 +8,8 @@
 #   bench     `rocket bench` per fuel at batch 1 and 16: the defaults (ROCKET_DECODE and
 #             ROCKET_MATMUL auto), the graph path with the GEMV only, the megakernel (and
 #             with ROCKET_MK_SPIN=1: polls without sleeping); BENCH_CONFIGS="default graph"
-#             runs a subset
+#             runs a subset; "nopdl" / "nofuse" run the defaults with ROCKET_PDL=0 /
+#             ROCKET_FUSE=0 (plain launches / unfused RMSNorm and SiLU) for an A/B
 #   tcb1      the tensor-core matmul at batch 1 (Llama-3.2-1B, Qwen3-0.6B)
 #   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
@@ -73,6 +74,8 @@ if has bench; then
         [[ $configs == *" graph "* ]] && bench "bench-graph-$f" graph 1,16 128 256 5 "$f" gemv
         [[ $configs == *" mk "* ]] && bench "bench-mk-$f" megakernel 1 128 256 5 "$f"
         [[ $configs == *" mkspin "* ]] && ROCKET_MK_SPIN=1 bench "bench-mkspin-$f" megakernel 1 128 256 5 "$f"
+        [[ $configs == *" nopdl "* ]] && ROCKET_PDL=0 bench "bench-nopdl-$f" auto 1,16 128 256 5 "$f"
+        [[ $configs == *" nofuse "* ]] && ROCKET_FUSE=0 bench "bench-nofuse-$f" auto 1,16 128 256 5 "$f"
     done
 fi
 if has tcb1; then  # the tensor-core matmul at batch 1 (every pass uses it when enabled)

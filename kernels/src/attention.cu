@@ -117,10 +117,12 @@ __device__ __forceinline__ void attn_merge_body(const float* __restrict__ part_o
         attn_partial_hd##D(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta, float* part_o,       \
                            float* part_ml, int n_heads, int n_kv, int layer, int n_layers, int chunk,          \
                            float scale) {                                                                      \
+        pdl_enter();                                                                                           \
         attn_partial_body<D>(q, q_stride, meta, part_o, part_ml, n_heads, n_kv, layer, n_layers, chunk, scale);          \
     }                                                                                                          \
     ROCKET_KERNEL void attn_merge_hd##D(const float* __restrict__ part_o, const float* __restrict__ part_ml,   \
                                         float* __restrict__ out, int n_heads, int splits) {                    \
+        pdl_enter();                                                                                           \
         attn_merge_body<D>(part_o, part_ml, out, n_heads, splits);                                             \
     }
 ATTN(32)

@@ -6,6 +6,22 @@
 
 #define ROCKET_KERNEL extern "C" __global__
 
+// Programmatic dependent launch (sm_90). The host launches the graph path's
+// kernels so that their CTAs may start while the previous kernel still runs
+// (kernels.rs `Kernels::pdl`). Every such kernel calls pdl_wait() before it
+// reads or writes anything an earlier kernel touches: it returns once the
+// previous kernel has finished and its writes are visible (and that kernel
+// waited for its own predecessor, so the chain is complete). Only immutable
+// data (weights) may be read before it. pdl_launch_dependents() then lets the
+// next kernel start its own prologue. Both are no-ops in a plain launch.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+// The usual entry of a kernel with nothing to prefetch.
+__device__ __forceinline__ void pdl_enter() {
+    pdl_wait();
+    pdl_launch_dependents();
+}
+
 __device__ __forceinline__ float bf16_to_f32(uint16_t b) {
     return __uint_as_float(((uint32_t)b) << 16);
 }

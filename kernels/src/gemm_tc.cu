@@ -24,10 +24,26 @@
 // of up to 256 rows; longer ones do not split), a row's result does not depend on
 // how many other rows share the launch.
 //
+// Fused prologue and epilogue (decode and prefill run them instead of separate
+// kernels):
+//   norm_w != nullptr: x is the residual stream and the product is of its
+//     RMSNorm, rms_norm.cu's w * (x * rsqrt(mean(x^2) + eps)). The inputs are
+//     multiplied by norm_w as they are split, each row's sum of squares is
+//     gathered on the way (per split, summed in split order like the partials),
+//     and the row's scale multiplies the finished sums.
+//   silu != 0: W is the fused gate|up [2 ff][k] (n = 2 ff) and y [rows][ff]
+//     = silu(gate) * up, silu_mul.cu's formula. CTA x takes act columns
+//     [64 x, 64 x + 64): in each warp's 16 weight rows, rows 0-7 are gate rows
+//     and rows 8-15 the up rows of the same 8 columns, so every thread holds
+//     both halves of its outputs. Needs n % 128 == 0 and accumulate = 0.
+// The launch with programmatic dependent launch (common.cuh): the weights of the
+// first ring blocks are requested before pdl_wait(), so they stream while the
+// previous kernel finishes.
+//
 // Contract: k % 64 == 0, W rows and x rows 16-byte aligned, splits <= min(8, k / 64), dynamic
 // shared memory Layout<MT>::BYTES, grid = (ceil(n / 128), ceil(rows / (16 MT)), splits),
-// block = 256. With splits > 1: ws holds grid.x * grid.y * splits * 16 MT * 128
-// floats and counters grid.x * grid.y zeroed words.
+// block = 256. With splits > 1: ws holds grid.x * grid.y * splits * (16 MT * 129)
+// floats (partials, then row sums of squares) and counters grid.x * grid.y zeroed words.
 #include "common.cuh"
 
 namespace gemm_tc {
@@ -93,11 +109,15 @@ struct Copies {
     uint32_t x_dst[X];
     bool x_live[X];
 
-    __device__ __forceinline__ Copies(const uint16_t* W_, const float* x, int n0, int m0, int n, int k, int rows) {
+    // With `silu`, local weight row r of a warp's 16 is gate (r < 8) or up row of act column
+    // 64 x + 8 warp + (r & 7) (see the header), else weight row n0 + r.
+    __device__ __forceinline__ Copies(const uint16_t* W_, const float* x, int n0, int m0, int n, int k, int rows, bool silu) {
 #pragma unroll
         for (int i = 0; i < W; i++) {
             const int idx = threadIdx.x + i * THREADS, r = idx >> 3, c = idx & 7;
-            w_src[i] = W_ + (size_t)min(n0 + r, n - 1) * k + c * 8;
+            const int act = n0 / 2 + 8 * (r >> 4) + (r & 7);
+            const int src = silu ? act + ((r & 8) ? n / 2 : 0) : min(n0 + r, n - 1);
+            w_src[i] = W_ + (size_t)src * k + c * 8;
             w_dst[i] = swizzled(r, c);
         }
 #pragma unroll
@@ -109,13 +129,19 @@ struct Copies {
         }
     }
 
-    // Queues k block kb into the ring slot at shared address `stage`.
-    __device__ __forceinline__ void load(uint32_t stage, int kb) const {
+    // Queues the weights (or the inputs) of k block kb into the ring slot at shared address `stage`.
+    __device__ __forceinline__ void load_w(uint32_t stage, int kb) const {
 #pragma unroll
         for (int i = 0; i < W; i++) cp_async16(stage + w_dst[i], w_src[i] + kb * KB);
+    }
+    __device__ __forceinline__ void load_x(uint32_t stage, int kb) const {
 #pragma unroll
         for (int i = 0; i < X; i++)
             if (x_live[i]) cp_async16(stage + x_dst[i], x_src[i] + kb * KB);
+    }
+    __device__ __forceinline__ void load(uint32_t stage, int kb) const {
+        load_w(stage, kb);
+        load_x(stage, kb);
     }
 };
 
@@ -128,14 +154,23 @@ __device__ __forceinline__ uint32_t bf16x2_rn(float lo_k, float hi_k) {
     return r;
 }
 
+// With norm_w (the RMSNorm fusion), each input is first added to its row's sum of
+// squares ss[i] (thread-local; the row of iteration i is idx >> 4) and multiplied
+// by the norm weight of its column in k block kb.
 template <int MT>
-__device__ __forceinline__ void split_inputs(const unsigned char* stage, unsigned char* hi, unsigned char* lo) {
+__device__ __forceinline__ void split_inputs(const unsigned char* stage, unsigned char* hi, unsigned char* lo,
+                                             const float* __restrict__ norm_w, int kb, float (&ss)[MT]) {
     using L = Layout<MT>;
     const float* xf = reinterpret_cast<const float*>(stage + L::W_BYTES);
 #pragma unroll
     for (int i = 0; i < L::M * 16 / THREADS; i++) {
         const int idx = threadIdx.x + i * THREADS, r = idx >> 4, q = idx & 15;  // q: 4-element quarter chunk
-        const float4 a = *reinterpret_cast<const float4*>(xf + r * KB + q * 4);
+        float4 a = *reinterpret_cast<const float4*>(xf + r * KB + q * 4);
+        if (norm_w) {
+            ss[i] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+            const float4 w = __ldg(reinterpret_cast<const float4*>(norm_w + kb * KB + q * 4));
+            a.x *= w.x; a.y *= w.y; a.z *= w.z; a.w *= w.w;
+        }
         const uint32_t h0 = bf16x2_rn(a.x, a.y), h1 = bf16x2_rn(a.z, a.w);
         const uint32_t l0 = bf16x2_rn(a.x - __uint_as_float(h0 << 16), a.y - __uint_as_float(h0 & 0xffff0000u));
         const uint32_t l1 = bf16x2_rn(a.z - __uint_as_float(h1 << 16), a.w - __uint_as_float(h1 & 0xffff0000u));
@@ -148,7 +183,8 @@ __device__ __forceinline__ void split_inputs(const unsigned char* stage, unsigne
 template <int MT>
 __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
                                      int n, int k, int rows, int accumulate, float* __restrict__ ws,
-                                     unsigned* __restrict__ counters) {
+                                     unsigned* __restrict__ counters, const float* __restrict__ norm_w, float eps,
+                                     int silu) {
     using L = Layout<MT>;
     constexpr int STAGES = L::STAGES;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -170,16 +206,27 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = acc_lo[i][j][e] = 0.0f;
 
-    const Copies<MT> copies(W, x, n0, m0, n, k, rows);
+    const Copies<MT> copies(W, x, n0, m0, n, k, rows, silu != 0);
     const uint32_t ring = smem_addr(smem);
+    // The weights of the first blocks stream before the previous kernel is done;
+    // the inputs it writes are requested after. Group s holds block s's inputs
+    // (group 0 also every weight requested here), so the waits below are unchanged.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < count) copies.load_w(ring + s * L::STAGE_BYTES, kb0 + s);
+    pdl_wait();
+    pdl_launch_dependents();
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < count) copies.load(ring + s * L::STAGE_BYTES, kb0 + s);
+        if (s < count) copies.load_x(ring + s * L::STAGE_BYTES, kb0 + s);
         cp_async_commit();  // empty groups keep the count uniform
     }
+    float ss[MT];  // this thread's share of its rows' sums of squares (norm_w only)
+#pragma unroll
+    for (int i = 0; i < MT; i++) ss[i] = 0.0f;
     cp_async_wait<STAGES - 2>();
     __syncthreads();
-    split_inputs<MT>(smem, split_base, split_base + L::SPLIT_BYTES);
+    split_inputs<MT>(smem, split_base, split_base + L::SPLIT_BYTES, norm_w, kb0, ss);
 
     // ldmatrix row addresses of this lane: weight rows 16 warp + (lane & 7) + 8 (lane >> 4)
     // at chunk offset (lane >> 3) & 1; input rows (lane & 7) + 8 ((lane >> 3) & 1) at lane >> 4.
@@ -195,7 +242,7 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
         cp_async_commit();
         if (i + 1 < count) {
             unsigned char* next = split_base + ((i + 1) & 1) * 2 * L::SPLIT_BYTES;
-            split_inputs<MT>(smem + ((i + 1) % STAGES) * L::STAGE_BYTES, next, next + L::SPLIT_BYTES);
+            split_inputs<MT>(smem + ((i + 1) % STAGES) * L::STAGE_BYTES, next, next + L::SPLIT_BYTES, norm_w, kb0 + i + 1, ss);
         }
         const uint32_t w_tile = smem_addr(smem + (i % STAGES) * L::STAGE_BYTES);
         const uint32_t hi_tile = smem_addr(split_base + (i & 1) * 2 * L::SPLIT_BYTES);
@@ -226,6 +273,20 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] += acc_lo[i][j][e];
 
+    // Each row's sum of squares over this split: the 16 threads of a row are 16
+    // consecutive lanes; one of them keeps it in shared memory (and, when split,
+    // with the partials).
+    __shared__ float row_ss[Layout<MT>::M];
+    if (norm_w) {
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) ss[i] += __shfl_xor_sync(0xffffffffu, ss[i], o);
+            if ((threadIdx.x & 15) == 0) row_ss[(threadIdx.x >> 4) + 16 * i] = ss[i];
+        }
+        __syncthreads();
+    }
+
     // acc[mt][j][e] is y[m0 + 16 mt + g + 8 (e >> 1)][n0 + 16 warp + 8 j + 2 t + (e & 1)].
     if (splits > 1) {
         const int tile = blockIdx.y * gridDim.x + blockIdx.x;
@@ -235,6 +296,9 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int j = 0; j < 2; j++) mine[mt * 2 + j] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+        // Row sums of squares after every tile's partials: [tile][split][M].
+        float* ss_parts = ws + (size_t)gridDim.x * gridDim.y * splits * THREADS * PER_THREAD;
+        if (norm_w && threadIdx.x < L::M) ss_parts[(size_t)(tile * splits + split) * L::M + threadIdx.x] = row_ss[threadIdx.x];
         __threadfence();
         __syncthreads();
         __shared__ int last;
@@ -271,6 +335,34 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
                     acc[mt][j][2] += p[s][j].z; acc[mt][j][3] += p[s][j].w;
                 }
         }
+        if (norm_w) {
+            __syncthreads();  // every thread has read row_ss above
+            if (threadIdx.x < L::M) {
+                float total = 0.0f;
+                for (int s = 0; s < splits; s++) total += __ldcg(ss_parts + (size_t)(tile * splits + s) * L::M + threadIdx.x);
+                row_ss[threadIdx.x] = total;
+            }
+            __syncthreads();
+        }
+    }
+    // The RMSNorm's row scale, applied to the finished sums (1 without the fusion).
+    float scale[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) scale[mt][h] = norm_w ? rsqrtf(row_ss[16 * mt + g + 8 * h] / (float)k + eps) : 1.0f;
+    if (silu) {
+        const int ff = n / 2;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int m = m0 + 16 * mt + g + 8 * (e >> 1), col = n0 / 2 + 8 * warp + 2 * t + (e & 1);
+                if (m >= rows) continue;
+                const float gate = acc[mt][0][e] * scale[mt][e >> 1], up = acc[mt][1][e] * scale[mt][e >> 1];
+                y[(size_t)m * ff + col] = gate / (1.0f + __expf(-gate)) * up;
+            }
+        return;
     }
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -281,7 +373,8 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
                 const int m = m0 + 16 * mt + g + 8 * (e >> 1), col = n0 + 16 * warp + 8 * j + 2 * t + (e & 1);
                 if (m >= rows || col >= n) continue;
                 float* out = y + (size_t)m * n + col;
-                *out = accumulate ? *out + acc[mt][j][e] : acc[mt][j][e];
+                const float v = acc[mt][j][e] * scale[mt][e >> 1];
+                *out = accumulate ? *out + v : v;
             }
 }
 
@@ -291,8 +384,9 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
     ROCKET_KERNEL void __launch_bounds__(256) gemm_tc_m##MT(const uint16_t* __restrict__ W,                        \
                                                             const float* __restrict__ x, float* y, int n, int k,   \
                                                             int rows, int accumulate, float* ws,                  \
-                                                            unsigned* counters) {                                 \
-        gemm_tc::body<MT>(W, x, y, n, k, rows, accumulate, ws, counters);                                        \
+                                                            unsigned* counters, const float* norm_w, float eps,   \
+                                                            int silu) {                                           \
+        gemm_tc::body<MT>(W, x, y, n, k, rows, accumulate, ws, counters, norm_w, eps, silu);                     \
     }
 GEMM_TC(1)
 GEMM_TC(2)

@@ -11,6 +11,7 @@
 template <int N, int R>
 __device__ __forceinline__ void gemv_body(const uint16_t* __restrict__ W, const float* __restrict__ x,
                                           float* __restrict__ y, int n, int k, int rows, int accumulate) {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int r0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * R;
     const int t0 = blockIdx.y * N;

@@ -8,6 +8,7 @@
 
 ROCKET_KERNEL void rms_norm(const float* x, const float* __restrict__ w, float* out, int dim, float eps,
                             const int32_t* __restrict__ row_map) {
+    pdl_enter();
     const int src = row_map ? row_map[blockIdx.x] : blockIdx.x;
     const float* xr = x + (size_t)src * dim;
     float* orow = out + (size_t)blockIdx.x * dim;

@@ -11,6 +11,7 @@ ROCKET_KERNEL void rope_store_kv(float* __restrict__ qkv, const float* __restric
                                  const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
                                  const RowMeta* __restrict__ meta, int n_heads, int n_kv, int hd, int layer,
                                  int n_layers) {
+    pdl_enter();
     const int row = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int half = hd / 2;

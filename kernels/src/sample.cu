@@ -14,6 +14,7 @@ ROCKET_KERNEL void __launch_bounds__(SAMPLE_THREADS, 1)
     sample_rows(float* __restrict__ logits, const SampleRow* __restrict__ rows, const uint32_t* __restrict__ penalty_tokens,
                 const uint32_t* __restrict__ penalty_counts, const uint32_t* __restrict__ mask_ids,
                 SampleItem* __restrict__ scratch, uint32_t* __restrict__ out, int vocab_i) {
+    pdl_enter();
     __shared__ SampleShared sh;
     const uint32_t vocab = (uint32_t)vocab_i;
     const SampleRow r = rows[blockIdx.x];

@@ -3,6 +3,7 @@
 #include "common.cuh"
 
 ROCKET_KERNEL void silu_mul(const float* __restrict__ gu, float* __restrict__ out, int ff) {
+    pdl_enter();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= ff) return;
     const float* r = gu + (size_t)blockIdx.y * 2 * ff;

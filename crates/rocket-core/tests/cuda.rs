@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, DecodeMode, MatmulKernel, MatmulMode};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, DecodeMode, MatmulEpilogue, MatmulKernel, MatmulMode};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::model::{ModelSource, ModelWeights};
 use rocket_core::progress::LoadProgress;
@@ -166,7 +166,9 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
         let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
         let backend = |tensor| {
             let matmul = if tensor { MatmulMode::Tensor } else { MatmulMode::Gemv };
-            let opts = CudaOptions { decode: DecodeMode::Graph, matmul, graphs: true, device_sampling: true, loop_sampling: false };
+            // Fused norms and SiLU and early launches on (the defaults), so the tensor-core
+            // path checked here is the one decode and prefill run.
+            let opts = CudaOptions { decode: DecodeMode::Graph, matmul, graphs: true, device_sampling: true, loop_sampling: false, pdl: true, fuse: true };
             CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), opts).unwrap()
         };
         let (tc, gemv) = (backend(true), backend(false));
@@ -385,7 +387,9 @@ fn streaming_probe_reads_every_byte_and_reports_its_rate() {
 /// Every matmul shape of the four fuels (qkv, O, gate|up, down, LM head) on both
 /// matmul kernels, at the row counts of batch-1/16 decode and prefill (partial
 /// tiles included): each against the host's f64 product with a poisoned output,
-/// then timed streaming its weights from HBM. Prints a GB/s table.
+/// then timed streaming its weights from HBM. Prints a GB/s table. The tensor-core
+/// GEMM runs each product both plain and with the fusions the forward pass gives
+/// it (RMSNorm before qkv, gate|up and the LM head; SiLU·mul after gate|up).
 #[test]
 fn matmul_kernels_match_the_host_at_every_fuel_shape() {
     if !gpu_or_skip() {
@@ -402,27 +406,44 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
     ];
     let mut seed = 0xa11ce;
     for (fuel, d, qd, kvd, ff, vocab) in fuels {
-        let shapes = [("qkv", qd + 2 * kvd, d, false), ("o", d, qd, true), ("gate_up", 2 * ff, d, false), ("down", d, ff, true), ("lm_head", vocab, d, false)];
-        for (name, n, k, accumulate) in shapes {
+        let normed = MatmulEpilogue { norm: true, silu: false };
+        let shapes = [
+            ("qkv", qd + 2 * kvd, d, false, normed),
+            ("o", d, qd, true, MatmulEpilogue::default()),
+            ("gate_up", 2 * ff, d, false, MatmulEpilogue { norm: true, silu: true }),
+            ("down", d, ff, true, MatmulEpilogue::default()),
+            ("lm_head", vocab, d, false, normed),
+        ];
+        for (name, n, k, accumulate, fused) in shapes {
             for rows in [1usize, 5, 16, 17, 40, 128, 300] {
                 if name == "lm_head" && rows > 16 {
                     continue; // prefill takes the LM head of its last row only
                 }
-                for kernel in [MatmulKernel::Tensor, MatmulKernel::Gemv] {
-                    if kernel == MatmulKernel::Gemv && rows > 16 {
-                        continue; // the GEMV serves small batches
-                    }
+                let mut runs = vec![(MatmulKernel::Tensor, MatmulEpilogue::default())];
+                if fused != MatmulEpilogue::default() {
+                    runs.push((MatmulKernel::Tensor, fused));
+                }
+                if rows <= 16 {
+                    runs.push((MatmulKernel::Gemv, MatmulEpilogue::default())); // the GEMV serves small batches
+                }
+                for (kernel, epilogue) in runs {
                     seed += 1;
                     let reps = if rows > 16 { 5 } else { 20 };
-                    let c = gpu.matmul_check(kernel, n, k, rows, accumulate, reps, seed).unwrap();
+                    let c = gpu.matmul_check(kernel, epilogue, n, k, rows, accumulate, reps, seed).unwrap();
+                    let fusion = match (epilogue.norm, epilogue.silu) {
+                        (false, false) => "",
+                        (true, false) => "+norm",
+                        (false, true) => "+silu",
+                        (true, true) => "+norm+silu",
+                    };
                     println!(
-                        "MATMUL {fuel} {name} {n}x{k} rows {rows} {:?} ({}): rel L2 {:.2e} over {} outputs, {:.1} us, {:.0} GB/s ({:.1}% of copy)",
+                        "MATMUL {fuel} {name} {n}x{k} rows {rows} {:?}{fusion} ({}): rel L2 {:.2e} over {} outputs, {:.1} us, {:.0} GB/s ({:.1}% of copy)",
                         c.kernel, c.plan, c.rel_l2, c.checked, c.micros, c.gbs, 100.0 * c.gbs / copy
                     );
-                    assert!(c.all_written, "{fuel} {name} rows {rows} {kernel:?}: an output was never written");
+                    assert!(c.all_written, "{fuel} {name} rows {rows} {kernel:?}{fusion}: an output was never written");
                     // hi+lo inputs keep ~16 bits (2^-17 ≈ 7.6e-6 each) and f32 sums run 8192 terms
                     // deep: ~2e-5 at worst; a wrong or missing term shows as 1e-3 or more.
-                    assert!(c.rel_l2 <= 1e-4, "{fuel} {name} rows {rows} {kernel:?}: rel L2 {}", c.rel_l2);
+                    assert!(c.rel_l2 <= 1e-4, "{fuel} {name} rows {rows} {kernel:?}{fusion}: rel L2 {}", c.rel_l2);
                 }
             }
         }

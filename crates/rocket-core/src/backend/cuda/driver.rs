@@ -360,12 +360,17 @@ pub(crate) enum Arg {
 }
 
 impl Function {
-    pub(crate) fn launch(&self, stream: &Stream, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
-        self.launch_with_smem(stream, grid, block, 0, args)
+    /// A plain launch with `smem` bytes of dynamic shared memory.
+    pub(crate) fn launch_with_smem(&self, stream: &Stream, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
+        self.launch_ex(stream, grid, block, smem, false, args)
     }
 
-    /// As `launch`, with `smem` bytes of dynamic shared memory.
-    pub(crate) fn launch_with_smem(&self, stream: &Stream, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
+    /// As `launch_with_smem`; with `early`, a programmatic dependent launch
+    /// (sm_90): the kernel's CTAs may start while the previous kernel in the
+    /// stream still runs, so the kernel must call `pdl_wait()` (common.cuh)
+    /// before it touches anything an earlier kernel writes. Graph capture
+    /// records it as a programmatic edge.
+    pub(crate) fn launch_ex(&self, stream: &Stream, grid: (u32, u32, u32), block: u32, smem: u32, early: bool, args: &[Arg]) -> Result<()> {
         let mut storage: Vec<[u8; 8]> = args
             .iter()
             .map(|a| {
@@ -379,10 +384,32 @@ impl Function {
             })
             .collect();
         let mut params: Vec<*mut c_void> = storage.iter_mut().map(|b| b.as_mut_ptr() as *mut c_void).collect();
-        // SAFETY: the argument list matches the kernel's signature (each kernels.rs
-        // launcher mirrors its .cu contract); buffers outlive the stream's work.
-        unsafe { result::launch_kernel(self.raw, grid, (block, 1, 1), smem, stream.raw, &mut params) }
-            .map_err(|e| device_err("cuLaunchKernel", e))
+        if !early {
+            // SAFETY: the argument list matches the kernel's signature (each kernels.rs
+            // launcher mirrors its .cu contract); buffers outlive the stream's work.
+            return unsafe { result::launch_kernel(self.raw, grid, (block, 1, 1), smem, stream.raw, &mut params) }
+                .map_err(|e| device_err("cuLaunchKernel", e));
+        }
+        // SAFETY: plain-old-data attribute; zero is a valid bit pattern for every field.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: stream.raw,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as for launch_kernel above; `config` and `attr` outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&config, self.raw, params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| device_err("cuLaunchKernelEx (programmatic dependent launch)", e))
     }
 }
 

@@ -76,9 +76,10 @@ impl GemmPlan {
         (1..=most).fold(1, |best, s| if cost(s) < cost(best) { s } else { best })
     }
 
-    /// Floats of split-K partials the launch writes (0 without a split).
+    /// Floats of split-K partials the launch writes (0 without a split): each
+    /// split's partial tile, then its rows' sums of squares (the RMSNorm fusion).
     pub(crate) fn workspace_floats(&self) -> usize {
-        if self.splits > 1 { self.tiles_n * self.tiles_m * self.splits * 16 * self.mt * GEMM_TILE_N } else { 0 }
+        if self.splits > 1 { self.tiles_n * self.tiles_m * self.splits * 16 * self.mt * (GEMM_TILE_N + 1) } else { 0 }
     }
 
     /// Arrival counters the launch uses (0 without a split).
@@ -137,6 +138,16 @@ impl GemmScratch {
     }
 }
 
+/// What `gemm_tc` folds into a product besides y (+)= x · Wᵀ (gemm_tc.cu's header).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct GemmFusion {
+    /// The product is of RMSNorm(x) with this norm weight (device address of
+    /// k f32) and epsilon, rms_norm.cu's formula: x is the residual stream.
+    pub norm: Option<(u64, f32)>,
+    /// W is the fused gate|up [2 ff][k] and y [rows][ff] = silu(gate) · up.
+    pub silu: bool,
+}
+
 /// The arguments gemv.cu and gemm_tc.cu both take: (W, x, y, n, k, rows, accumulate).
 #[allow(clippy::too_many_arguments)]
 fn matmul_args(w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> [Arg; 7] {
@@ -159,6 +170,10 @@ pub(crate) struct Kernels {
     argmax: Function,
     sample: Function,
     head_dim: u32,
+    /// Launch every kernel as a programmatic dependent launch (common.cuh
+    /// `pdl_wait`): its CTAs start, and the GEMM's weights stream, while the
+    /// previous kernel finishes. ROCKET_PDL=0 turns it off.
+    pub pdl: bool,
     /// "sm_90a cubin" or "sm_90 PTX (JIT)", and how long loading took.
     pub image: &'static str,
     pub load_seconds: f64,
@@ -195,6 +210,7 @@ impl Kernels {
             argmax: f("argmax")?,
             sample: f("sample_rows")?,
             head_dim: head_dim as u32,
+            pdl: true,
             image,
             load_seconds: start.elapsed().as_secs_f64(),
             module,
@@ -207,7 +223,7 @@ impl Kernels {
     }
 
     pub(crate) fn embed(&self, s: &Stream, table: u64, tokens: u64, x: u64, hidden: usize, rows: usize) -> Result<()> {
-        self.embed.launch(s, (rows as u32, 1, 1), 256, &[Arg::Ptr(table), Arg::Ptr(tokens), Arg::Ptr(x), Arg::I32(hidden as i32)])
+        self.go(&self.embed, s, (rows as u32, 1, 1), 256, 0, &[Arg::Ptr(table), Arg::Ptr(tokens), Arg::Ptr(x), Arg::I32(hidden as i32)])
     }
 
     /// `row_map` 0 means output row i normalises input row i.
@@ -215,7 +231,7 @@ impl Kernels {
     pub(crate) fn rms_norm(&self, s: &Stream, x: u64, w: u64, out: u64, dim: usize, eps: f32, row_map: u64, rows: usize) -> Result<()> {
         let block = dim.div_ceil(32).clamp(1, 32) as u32 * 32;
         let args = [Arg::Ptr(x), Arg::Ptr(w), Arg::Ptr(out), Arg::I32(dim as i32), Arg::F32(eps), Arg::Ptr(row_map)];
-        self.rms_norm.launch(s, (rows as u32, 1, 1), block.min(256), &args)
+        self.go(&self.rms_norm, s, (rows as u32, 1, 1), block.min(256), 0, &args)
     }
 
     /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ.
@@ -225,7 +241,7 @@ impl Kernels {
         let tile = GEMV_TILES.iter().position(|&t| t as usize >= rows).unwrap_or(GEMV_TILES.len() - 1);
         let rows_per_block = 8 * GEMV_ROWS_PER_WARP[tile] as usize;
         let grid = (n.div_ceil(rows_per_block) as u32, rows.div_ceil(GEMV_TILES[tile] as usize) as u32, 1);
-        self.gemv[tile].launch(s, grid, 256, &matmul_args(w, x, y, n, k, rows, accumulate))
+        self.go(&self.gemv[tile], s, grid, 256, 0, &matmul_args(w, x, y, n, k, rows, accumulate))
     }
 
     /// Whether `gemm_tc` runs on this GPU and can multiply rows of `k` weights
@@ -240,8 +256,8 @@ impl Kernels {
     }
 
     /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ on the tensor cores (bf16 hi+lo split
-    /// inputs, f32 accumulation); `gemm_tc_fits(k)` must hold, and `scratch` must
-    /// hold what `gemm_plan(n, k, rows)` needs.
+    /// inputs, f32 accumulation), with `fusion`'s prologue and epilogue;
+    /// `gemm_tc_fits(k)` must hold, and `scratch` must hold what `gemm_plan(n, k, rows)` needs.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm_tc(
         &self,
@@ -254,10 +270,14 @@ impl Kernels {
         rows: usize,
         accumulate: bool,
         scratch: &GemmScratch,
+        fusion: GemmFusion,
     ) -> Result<()> {
         let functions = self.gemm_tc.as_ref().map_err(|why| RocketError::Device(why.clone()))?;
         if k % 64 != 0 {
             return Err(RocketError::Internal(format!("gemm_tc needs k % 64 == 0, got {k}")));
+        }
+        if fusion.silu && (n % GEMM_TILE_N != 0 || accumulate) {
+            return Err(RocketError::Internal(format!("gemm_tc's SiLU epilogue needs n % 128 == 0 and no accumulate, got n = {n}")));
         }
         let plan = self.gemm_plan(n, k, rows);
         if plan.splits > GEMM_MAX_SPLITS.min(k / GEMM_KB) {
@@ -269,8 +289,22 @@ impl Kernels {
         let i = GEMM_TC_MT.iter().position(|&mt| mt == plan.mt).expect("instantiated shape");
         let grid = (plan.tiles_n as u32, plan.tiles_m as u32, plan.splits as u32);
         let [a0, a1, a2, a3, a4, a5, a6] = matmul_args(w, x, y, n, k, rows, accumulate);
-        let args = [a0, a1, a2, a3, a4, a5, a6, Arg::Ptr(scratch.workspace.ptr), Arg::Ptr(scratch.counters.ptr)];
-        functions[i].launch_with_smem(s, grid, GEMM_THREADS, gemm_tc_smem_bytes(plan.mt) as u32, &args)
+        let (norm_w, eps) = fusion.norm.unwrap_or((0, 0.0));
+        let args = [
+            a0,
+            a1,
+            a2,
+            a3,
+            a4,
+            a5,
+            a6,
+            Arg::Ptr(scratch.workspace.ptr),
+            Arg::Ptr(scratch.counters.ptr),
+            Arg::Ptr(norm_w),
+            Arg::F32(eps),
+            Arg::I32(fusion.silu as i32),
+        ];
+        self.go(&functions[i], s, grid, GEMM_THREADS, gemm_tc_smem_bytes(plan.mt) as u32, &args)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -302,7 +336,7 @@ impl Kernels {
             Arg::I32(layer as i32),
             Arg::I32(n_layers as i32),
         ];
-        self.rope_kv.launch(s, (rows as u32, 1, 1), 256, &args)
+        self.go(&self.rope_kv, s, (rows as u32, 1, 1), 256, 0, &args)
     }
 
     /// Attention of q (rows `q_stride` apart) into out [rows][n_heads*hd], split
@@ -339,17 +373,26 @@ impl Kernels {
             Arg::I32(chunk as i32),
             Arg::F32(scale),
         ];
-        self.attn_partial.launch(s, (n_heads as u32, rows as u32, splits as u32), 128, &args)?;
+        self.go(&self.attn_partial, s, (n_heads as u32, rows as u32, splits as u32), 128, 0, &args)?;
         let args = [Arg::Ptr(part_o), Arg::Ptr(part_ml), Arg::Ptr(out), Arg::I32(n_heads as i32), Arg::I32(splits as i32)];
-        self.attn_merge.launch(s, (n_heads as u32, rows as u32, 1), self.head_dim, &args)
+        self.go(&self.attn_merge, s, (n_heads as u32, rows as u32, 1), self.head_dim, 0, &args)
     }
 
     pub(crate) fn silu_mul(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize) -> Result<()> {
-        self.silu_mul.launch(s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, &[Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32)])
+        self.go(&self.silu_mul, s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, 0, &[Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32)])
     }
 
-    pub(crate) fn argmax(&self, s: &Stream, logits: u64, out: u64, vocab: usize, rows: usize) -> Result<()> {
-        self.argmax.launch(s, (rows as u32, 1, 1), 1024, &[Arg::Ptr(logits), Arg::Ptr(out), Arg::I32(vocab as i32)])
+    /// out[r] = argmax of logits row r; `state` holds `argmax_state_bytes(rows)`
+    /// zeroed bytes (per-row keys and counters, left zero by every launch).
+    pub(crate) fn argmax(&self, s: &Stream, logits: u64, out: u64, vocab: usize, rows: usize, state: u64) -> Result<()> {
+        let grid = (vocab.div_ceil(ARGMAX_SPAN) as u32, rows as u32, 1);
+        let args = [Arg::Ptr(logits), Arg::Ptr(out), Arg::I32(vocab as i32), Arg::Ptr(state), Arg::Ptr(state + 8 * rows as u64)];
+        self.go(&self.argmax, s, grid, ARGMAX_THREADS, 0, &args)
+    }
+
+    /// One launch of `f`, programmatic (early) when `pdl` is on.
+    fn go(&self, f: &Function, s: &Stream, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
+        f.launch_ex(s, grid, block, smem, self.pdl, args)
     }
 
     /// out[r] = the host sampler's token for logits row r (modified in place by
@@ -367,8 +410,17 @@ impl Kernels {
             Arg::Ptr(out),
             Arg::I32(vocab as i32),
         ];
-        self.sample.launch(s, (rows as u32, 1, 1), SAMPLE_THREADS, &args)
+        self.go(&self.sample, s, (rows as u32, 1, 1), SAMPLE_THREADS, 0, &args)
     }
+}
+
+/// Block size and logits per CTA of `argmax` (kernels/src/argmax.cu).
+const ARGMAX_THREADS: u32 = 256;
+const ARGMAX_SPAN: usize = ARGMAX_THREADS as usize * 16;
+
+/// Bytes of `argmax`'s per-row state for passes of up to `rows` rows.
+pub(crate) const fn argmax_state_bytes(rows: usize) -> usize {
+    rows * 12
 }
 
 /// Threads per row of `sample_rows` (kernels/src/sample.cu SAMPLE_THREADS).

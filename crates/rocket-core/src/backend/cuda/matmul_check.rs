@@ -7,7 +7,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use super::driver::{DeviceBuffer, TimedEvent};
-use super::kernels::{GemmPlan, GemmScratch};
+use super::kernels::{GemmFusion, GemmPlan, GemmScratch};
 use super::CudaBackend;
 use crate::error::{Result, RocketError};
 use crate::sampling::splitmix64;
@@ -19,6 +19,16 @@ pub enum MatmulKernel {
     Tensor,
     /// The CUDA-core GEMV.
     Gemv,
+}
+
+/// What the tensor-core GEMM folds into the product (gemm_tc.cu's fused prologue
+/// and epilogue, as decode and prefill run them); the GEMV takes neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MatmulEpilogue {
+    /// The product is of RMSNorm(x) (random norm weights, eps 1e-5).
+    pub norm: bool,
+    /// W is a fused gate|up [n][k]; the output [rows][n / 2] is silu(gate) · up.
+    pub silu: bool,
 }
 
 /// The outcome of [`CudaBackend::matmul_check`].
@@ -54,13 +64,30 @@ fn uniform(seed: u64, n: usize) -> Vec<f32> {
 }
 
 impl CudaBackend {
-    /// Runs `y (+)= x · Wᵀ` for a random bf16 `W` [n][k] and random f32 `x`
-    /// [rows][k] on `kernel`, checks it against the host, then times `reps`
-    /// launches. A diagnostic and a test of the matmul kernels at any shape.
+    /// Runs `y (+)= x · Wᵀ` (with `epilogue`'s fusions) for a random bf16 `W`
+    /// [n][k] and random f32 `x` [rows][k] on `kernel`, checks it against the
+    /// host, then times `reps` launches. A diagnostic and a test of the matmul
+    /// kernels at any shape.
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul_check(&self, kernel: MatmulKernel, n: usize, k: usize, rows: usize, accumulate: bool, reps: usize, seed: u64) -> Result<MatmulCheck> {
+    pub fn matmul_check(
+        &self,
+        kernel: MatmulKernel,
+        epilogue: MatmulEpilogue,
+        n: usize,
+        k: usize,
+        rows: usize,
+        accumulate: bool,
+        reps: usize,
+        seed: u64,
+    ) -> Result<MatmulCheck> {
         if n == 0 || k == 0 || rows == 0 || reps == 0 {
             return Err(RocketError::invalid_arg("n, k, rows, reps", format!("{n}, {k}, {rows}, {reps}"), "must all be at least 1"));
+        }
+        if epilogue != MatmulEpilogue::default() && kernel == MatmulKernel::Gemv {
+            return Err(RocketError::invalid_arg("epilogue", format!("{epilogue:?}"), "only the tensor-core GEMM fuses"));
+        }
+        if epilogue.silu && (n % 128 != 0 || accumulate) {
+            return Err(RocketError::invalid_arg("n", n, "the SiLU epilogue needs n % 128 == 0 and no accumulate"));
         }
         let needs = match kernel {
             MatmulKernel::Tensor => (k % 64 == 0, "a multiple of 64"),
@@ -73,7 +100,9 @@ impl CudaBackend {
         let (ctx, st, kernels) = (&inner.ctx, &inner.stream, &inner.kernels);
         let w_host: Vec<bf16> = uniform(seed, n * k).into_par_iter().map(|v| bf16::from_f32(v * 0.25)).collect();
         let x_host = uniform(seed ^ 0x9e37_79b9, rows * k);
-        let y0_host: Vec<f32> = if accumulate { uniform(seed ^ 0x5151, rows * n) } else { vec![f32::NAN; rows * n] };
+        let n_out = if epilogue.silu { n / 2 } else { n };
+        let y0_host: Vec<f32> = if accumulate { uniform(seed ^ 0x5151, rows * n_out) } else { vec![f32::NAN; rows * n_out] };
+        let norm_host: Option<Vec<f32>> = epilogue.norm.then(|| uniform(seed ^ 0x707, k).iter().map(|v| 1.0 + 0.5 * v).collect());
 
         let w_bytes = n * k * 2;
         let copies = ROTATION_BYTES.div_ceil(w_bytes).max(1);
@@ -83,20 +112,26 @@ impl CudaBackend {
         }
         let x = DeviceBuffer::alloc(ctx, rows * k * 4, "the matmul check's inputs")?;
         x.upload(st, 0, &x_host)?;
-        let y = DeviceBuffer::alloc(ctx, rows * n * 4, "the matmul check's outputs")?;
+        let y = DeviceBuffer::alloc(ctx, rows * n_out * 4, "the matmul check's outputs")?;
         y.upload(st, 0, &y0_host)?;
+        let norm = DeviceBuffer::alloc(ctx, k * 4, "the matmul check's norm weights")?;
+        if let Some(nw) = &norm_host {
+            norm.upload(st, 0, nw)?;
+        }
+        let fusion = GemmFusion { norm: epilogue.norm.then_some((norm.ptr, NORM_EPS)), silu: epilogue.silu };
         let plan = kernels.gemm_plan(n, k, rows);
         let scratch = GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?;
         let launch = |w: u64| match kernel {
-            MatmulKernel::Tensor => kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch),
+            MatmulKernel::Tensor => kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch, fusion),
             MatmulKernel::Gemv => kernels.gemv(st, w, x.ptr, y.ptr, n, k, rows, accumulate),
         };
 
         launch(weights.ptr)?;
-        let mut got = vec![0f32; rows * n];
+        let mut got = vec![0f32; rows * n_out];
         y.download(st, 0, &mut got)?;
         let all_written = got.iter().all(|v| v.is_finite());
-        let (rel_l2, checked) = compare(&w_host, &x_host, &y0_host, &got, n, k, rows, accumulate);
+        let reference = Reference { w: &w_host, x: &x_host, y0: &y0_host, norm: norm_host.as_deref(), silu: epilogue.silu, n, k, rows, accumulate };
+        let (rel_l2, checked) = reference.compare(&got);
 
         let (start, end) = (TimedEvent::new()?, TimedEvent::new()?);
         launch(weights.ptr)?;
@@ -111,10 +146,10 @@ impl CudaBackend {
         y.upload(st, 0, &y0_host)?;
         launch(weights.ptr)?;
         y.download(st, 0, &mut got)?;
-        let (again, _) = compare(&w_host, &x_host, &y0_host, &got, n, k, rows, accumulate);
+        let (again, _) = reference.compare(&got);
         let all_written = all_written && got.iter().all(|v| v.is_finite());
         let rel_l2 = if rel_l2.is_nan() || again.is_nan() { f64::NAN } else { rel_l2.max(again) };
-        let moved = w_bytes + rows * k * 4 + rows * n * 4 * (1 + accumulate as usize);
+        let moved = w_bytes + rows * k * 4 + rows * n_out * 4 * (1 + accumulate as usize);
         let plan = match kernel {
             MatmulKernel::Tensor => describe(&plan),
             MatmulKernel::Gemv => "gemv".to_string(),
@@ -135,32 +170,72 @@ fn describe(p: &GemmPlan) -> String {
     format!("m{} {}x{} tiles, split {}", p.mt, p.tiles_n, p.tiles_m, p.splits)
 }
 
-/// Relative L2 error of `got` against the f64 product over every row and a stride
-/// of columns (always the last, which sits in a partial tile), and how many outputs
-/// that compared.
-#[allow(clippy::too_many_arguments)]
-fn compare(w: &[bf16], x: &[f32], y0: &[f32], got: &[f32], n: usize, k: usize, rows: usize, accumulate: bool) -> (f64, usize) {
-    let stride = (n * k * rows).div_ceil(HOST_CHECK_MACS).max(1);
-    let mut cols: Vec<usize> = (0..n).step_by(stride).collect();
-    if cols.last() != Some(&(n - 1)) {
-        cols.push(n - 1);
-    }
-    let (err, norm) = cols
-        .par_iter()
-        .map(|&c| {
-            let wr = &w[c * k..(c + 1) * k];
-            let (mut err, mut norm) = (0f64, 0f64);
-            for r in 0..rows {
-                let xr = &x[r * k..(r + 1) * k];
-                let mut want: f64 = wr.iter().zip(xr).map(|(a, b)| a.to_f64() * *b as f64).sum();
-                if accumulate {
-                    want += y0[r * n + c] as f64;
+/// The eps of the checked RMSNorm fusion.
+const NORM_EPS: f32 = 1e-5;
+
+/// The host's f64 version of one checked launch.
+struct Reference<'a> {
+    w: &'a [bf16],
+    x: &'a [f32],
+    y0: &'a [f32],
+    /// RMSNorm weights: the product is of RMSNorm(x).
+    norm: Option<&'a [f32]>,
+    /// Outputs are silu(gate) · up of weight rows c and n / 2 + c.
+    silu: bool,
+    n: usize,
+    k: usize,
+    rows: usize,
+    accumulate: bool,
+}
+
+impl Reference<'_> {
+    /// Relative L2 error of `got` over every row and a stride of output columns
+    /// (always the last, which sits in a partial tile), and how many outputs that compared.
+    fn compare(&self, got: &[f32]) -> (f64, usize) {
+        let (n, k, rows) = (self.n, self.k, self.rows);
+        let n_out = if self.silu { n / 2 } else { n };
+        // Each row's input as the product sees it: RMSNorm(x) or x, in f64.
+        let inputs: Vec<Vec<f64>> = (0..rows)
+            .into_par_iter()
+            .map(|r| {
+                let xr = &self.x[r * k..(r + 1) * k];
+                match self.norm {
+                    Some(nw) => {
+                        let ms = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / k as f64;
+                        let scale = 1.0 / (ms + NORM_EPS as f64).sqrt();
+                        xr.iter().zip(nw).map(|(&v, &w)| v as f64 * scale * w as f64).collect()
+                    }
+                    None => xr.iter().map(|&v| v as f64).collect(),
                 }
-                err += (got[r * n + c] as f64 - want).powi(2);
-                norm += want * want;
-            }
-            (err, norm)
-        })
-        .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
-    ((err / norm.max(f64::MIN_POSITIVE)).sqrt(), cols.len() * rows)
+            })
+            .collect();
+        let macs_per_col = k * rows * if self.silu { 2 } else { 1 };
+        let stride = (n_out * macs_per_col).div_ceil(HOST_CHECK_MACS).max(1);
+        let mut cols: Vec<usize> = (0..n_out).step_by(stride).collect();
+        if cols.last() != Some(&(n_out - 1)) {
+            cols.push(n_out - 1);
+        }
+        let dot = |c: usize, r: usize| -> f64 { self.w[c * k..(c + 1) * k].iter().zip(&inputs[r]).map(|(a, b)| a.to_f64() * b).sum() };
+        let (err, norm) = cols
+            .par_iter()
+            .map(|&c| {
+                let (mut err, mut norm) = (0f64, 0f64);
+                for r in 0..rows {
+                    let mut want = if self.silu {
+                        let (gate, up) = (dot(c, r), dot(n / 2 + c, r));
+                        gate / (1.0 + (-gate).exp()) * up
+                    } else {
+                        dot(c, r)
+                    };
+                    if self.accumulate {
+                        want += self.y0[r * n_out + c] as f64;
+                    }
+                    err += (got[r * n_out + c] as f64 - want).powi(2);
+                    norm += want * want;
+                }
+                (err, norm)
+            })
+            .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        ((err / norm.max(f64::MIN_POSITIVE)).sqrt(), cols.len() * rows)
+    }
 }

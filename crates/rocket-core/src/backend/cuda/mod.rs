@@ -9,7 +9,7 @@
 mod driver;
 mod kernels;
 mod matmul_check;
-pub use matmul_check::{MatmulCheck, MatmulKernel};
+pub use matmul_check::{MatmulCheck, MatmulEpilogue, MatmulKernel};
 pub mod megakernel;
 mod probe;
 pub use probe::StreamRate;
@@ -26,7 +26,7 @@ use crate::megakernel::Profile;
 use crate::model::{ModelSpec, ModelWeights};
 use crate::progress::LoadProgress;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
-use kernels::{GemmPlan, GemmScratch, Kernels};
+use kernels::{argmax_state_bytes, GemmFusion, GemmPlan, GemmScratch, Kernels};
 use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
 use sampler::DeviceSampler;
 use weights::DeviceWeights;
@@ -95,6 +95,13 @@ pub struct CudaOptions {
     /// off by default until its speed is measured; sampled requests then decode
     /// with CUDA graphs.
     pub loop_sampling: bool,
+    /// ROCKET_PDL=0: launch kernels plainly instead of as programmatic
+    /// dependent launches (kernels.rs `Kernels::pdl`), for comparison.
+    pub pdl: bool,
+    /// ROCKET_FUSE=0: run RMSNorm and SiLU·mul as their own kernels instead of
+    /// inside the tensor-core GEMM (gemm_tc.cu's fused prologue and epilogue),
+    /// for comparison.
+    pub fuse: bool,
 }
 
 /// Which kernel multiplies a pass's rows by the weights (ROCKET_MATMUL).
@@ -151,7 +158,13 @@ impl CudaOptions {
             Ok("1") => true,
             Ok(other) => return Err(RocketError::invalid_arg("ROCKET_LOOP_SAMPLING", other, "expected \"0\" or \"1\"")),
         };
-        Ok(CudaOptions { decode: DecodeMode::from_env()?, matmul, graphs, device_sampling, loop_sampling })
+        let flag = |name: &str| match std::env::var(name).as_deref() {
+            Err(_) | Ok("") | Ok("1") => Ok(true),
+            Ok("0") => Ok(false),
+            Ok(other) => Err(RocketError::invalid_arg(name, other, "expected \"0\" or \"1\"")),
+        };
+        let (pdl, fuse) = (flag("ROCKET_PDL")?, flag("ROCKET_FUSE")?);
+        Ok(CudaOptions { decode: DecodeMode::from_env()?, matmul, graphs, device_sampling, loop_sampling, pdl, fuse })
     }
 }
 
@@ -231,6 +244,9 @@ struct Scratch {
     /// tokens [rows] u32 | meta [rows] RowMeta | row_map [rows] i32, uploaded together.
     inputs: DeviceBuffer,
     argmax: DeviceBuffer,
+    /// argmax.cu's per-row keys and counters: zeroed once, left zero by every
+    /// launch, so never poisoned.
+    argmax_state: DeviceBuffer,
     gemm: GemmScratch,
 }
 
@@ -256,6 +272,11 @@ impl Scratch {
             part_ml: a(f(rows * s.num_heads * splits * 2), what)?,
             inputs: a(Self::inputs_bytes(rows), what)?,
             argmax: a(rows * 4, what)?,
+            argmax_state: {
+                let b = a(argmax_state_bytes(rows), what)?;
+                b.fill_u8(st, 0)?;
+                b
+            },
         })
     }
 
@@ -328,7 +349,8 @@ impl CudaBackend {
         check_shapes(&spec)?;
         let ctx = Arc::new(Context::open()?);
         let stream = Stream::new()?;
-        let kernels = Kernels::load(&ctx, spec.head_dim)?;
+        let mut kernels = Kernels::load(&ctx, spec.head_dim)?;
+        kernels.pdl = options.pdl;
         let t = Instant::now();
         let dev_weights = DeviceWeights::upload(&ctx, &stream, &spec, weights, progress)?;
         let upload_seconds = t.elapsed().as_secs_f64();
@@ -607,8 +629,7 @@ impl CudaBackend {
         let row_map = sc.inputs.ptr + Scratch::row_map_offset(sc.rows) as u64;
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
         for (li, l) in w.layers.iter().enumerate() {
-            k.rms_norm(st, sc.x.ptr, l.attn_norm, sc.h.ptr, d, eps, 0, t)?;
-            self.matmul(k, st, sc, l.qkv, sc.h.ptr, sc.qkv.ptr, qd + 2 * kvd, d, t, false)?;
+            self.normed_matmul(k, st, sc, l.attn_norm, l.qkv, sc.qkv.ptr, qd + 2 * kvd, t, false)?;
             k.rope_kv(st, sc.qkv.ptr, w.inv_freq, l.q_norm, l.k_norm, eps, meta, s.num_heads, s.num_kv_heads, li, nl, t)?;
             k.attention(
                 st,
@@ -627,16 +648,17 @@ impl CudaBackend {
                 t,
             )?;
             self.matmul(k, st, sc, l.o, sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
-            k.rms_norm(st, sc.x.ptr, l.mlp_norm, sc.h.ptr, d, eps, 0, t)?;
-            self.matmul(k, st, sc, l.gate_up, sc.h.ptr, sc.gu.ptr, 2 * ff, d, t, false)?;
-            k.silu_mul(st, sc.gu.ptr, sc.act.ptr, ff, t)?;
+            self.normed_matmul(k, st, sc, l.mlp_norm, l.gate_up, sc.act.ptr, 2 * ff, t, true)?;
             self.matmul(k, st, sc, l.down, sc.act.ptr, sc.x.ptr, d, ff, t, true)?;
         }
-        let map = if p.gather_last { row_map } else { 0 };
-        k.rms_norm(st, sc.x.ptr, w.final_norm, sc.normed.ptr, d, eps, map, p.out_rows)?;
-        self.matmul(k, st, sc, w.lm_head, sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, false)?;
+        if p.gather_last {
+            k.rms_norm(st, sc.x.ptr, w.final_norm, sc.normed.ptr, d, eps, row_map, p.out_rows)?;
+            self.matmul(k, st, sc, w.lm_head, sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, false)?;
+        } else {
+            self.normed_matmul(k, st, sc, w.final_norm, w.lm_head, sc.logits.ptr, s.vocab_size, p.out_rows, false)?;
+        }
         if p.argmax {
-            k.argmax(st, sc.logits.ptr, sc.argmax.ptr, s.vocab_size, p.out_rows)?;
+            k.argmax(st, sc.logits.ptr, sc.argmax.ptr, s.vocab_size, p.out_rows, sc.argmax_state.ptr)?;
         }
         Ok(())
     }
@@ -648,9 +670,29 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
         if self.options.matmul.tensor_cores_for(rows) && k.gemm_tc_fits(width) {
-            k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm)
+            k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm, GemmFusion::default())
         } else {
             k.gemv(st, w, x, y, n, width, rows, accumulate)
+        }
+    }
+
+    /// y = RMSNorm(x; norm_w) · Wᵀ for the residual stream x (`n` weight rows), or
+    /// with `silu` (W the fused gate|up) y = silu(gate) · up [rows][n / 2]: one
+    /// tensor-core launch with the norm and SiLU fused where the matmul mode and
+    /// shapes allow (gemm_tc.cu), else rms_norm, the matmul and silu_mul.
+    #[allow(clippy::too_many_arguments)]
+    fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: u64, y: u64, n: usize, rows: usize, silu: bool) -> Result<()> {
+        let (d, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps as f32);
+        let fits = self.options.matmul.tensor_cores_for(rows) && k.gemm_tc_fits(d) && (!silu || n % 128 == 0);
+        if self.options.fuse && fits {
+            return k.gemm_tc(st, w, sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
+        }
+        k.rms_norm(st, sc.x.ptr, norm_w, sc.h.ptr, d, eps, 0, rows)?;
+        if silu {
+            self.matmul(k, st, sc, w, sc.h.ptr, sc.gu.ptr, n, d, rows, false)?;
+            k.silu_mul(st, sc.gu.ptr, y, n / 2, rows)
+        } else {
+            self.matmul(k, st, sc, w, sc.h.ptr, y, n, d, rows, false)
         }
     }
 }
