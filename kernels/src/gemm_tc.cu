@@ -61,7 +61,8 @@ struct Layout {
     static constexpr int M = 16 * MT;                    // input rows per CTA
     static constexpr int W_BYTES = TILE_N * KB * 2;      // one block of weights (swizzled)
     static constexpr int X_BYTES = M * KB * 4;           // one block of f32 inputs (plain)
-    static constexpr int STAGE_BYTES = W_BYTES + X_BYTES;
+    static constexpr int NW_BYTES = KB * 4;              // the block's f32 RMSNorm weights (norm_w only)
+    static constexpr int STAGE_BYTES = W_BYTES + X_BYTES + NW_BYTES;
     static constexpr int SPLIT_BYTES = M * KB * 2;       // one bf16 hi (or lo) tile (swizzled)
     static constexpr int BYTES = STAGES * STAGE_BYTES + 2 * 2 * SPLIT_BYTES;
     static_assert(BYTES <= 227 * 1024, "one CTA per SM must fit");
@@ -108,10 +109,13 @@ struct Copies {
     const float* x_src[X];
     uint32_t x_dst[X];
     bool x_live[X];
+    const float* nw_src;  // this thread's 16 bytes of each block's norm weights, or nullptr
 
     // With `silu`, local weight row r of a warp's 16 is gate (r < 8) or up row of act column
     // 64 x + 8 warp + (r & 7) (see the header), else weight row n0 + r.
-    __device__ __forceinline__ Copies(const uint16_t* W_, const float* x, int n0, int m0, int n, int k, int rows, bool silu) {
+    __device__ __forceinline__ Copies(const uint16_t* W_, const float* x, int n0, int m0, int n, int k, int rows, bool silu,
+                                      const float* norm_w) {
+        nw_src = norm_w && threadIdx.x < KB / 4 ? norm_w + threadIdx.x * 4 : nullptr;
 #pragma unroll
         for (int i = 0; i < W; i++) {
             const int idx = threadIdx.x + i * THREADS, r = idx >> 3, c = idx & 7;
@@ -129,10 +133,12 @@ struct Copies {
         }
     }
 
-    // Queues the weights (or the inputs) of k block kb into the ring slot at shared address `stage`.
+    // Queues the weights (and norm weights; or the inputs) of k block kb into the ring
+    // slot at shared address `stage`.
     __device__ __forceinline__ void load_w(uint32_t stage, int kb) const {
 #pragma unroll
         for (int i = 0; i < W; i++) cp_async16(stage + w_dst[i], w_src[i] + kb * KB);
+        if (nw_src) cp_async16(stage + Layout<MT>::W_BYTES + Layout<MT>::X_BYTES + threadIdx.x * 16, nw_src + kb * KB);
     }
     __device__ __forceinline__ void load_x(uint32_t stage, int kb) const {
 #pragma unroll
@@ -154,21 +160,22 @@ __device__ __forceinline__ uint32_t bf16x2_rn(float lo_k, float hi_k) {
     return r;
 }
 
-// With norm_w (the RMSNorm fusion), each input is first added to its row's sum of
+// With `norm` (the RMSNorm fusion), each input is first added to its row's sum of
 // squares ss[i] (thread-local; the row of iteration i is idx >> 4) and multiplied
-// by the norm weight of its column in k block kb.
+// by its column's norm weight, which came into the slot with the block.
 template <int MT>
-__device__ __forceinline__ void split_inputs(const unsigned char* stage, unsigned char* hi, unsigned char* lo,
-                                             const float* __restrict__ norm_w, int kb, float (&ss)[MT]) {
+__device__ __forceinline__ void split_inputs(const unsigned char* stage, unsigned char* hi, unsigned char* lo, bool norm,
+                                             float (&ss)[MT]) {
     using L = Layout<MT>;
     const float* xf = reinterpret_cast<const float*>(stage + L::W_BYTES);
+    const float* nw = reinterpret_cast<const float*>(stage + L::W_BYTES + L::X_BYTES);
 #pragma unroll
     for (int i = 0; i < L::M * 16 / THREADS; i++) {
         const int idx = threadIdx.x + i * THREADS, r = idx >> 4, q = idx & 15;  // q: 4-element quarter chunk
         float4 a = *reinterpret_cast<const float4*>(xf + r * KB + q * 4);
-        if (norm_w) {
+        if (norm) {
             ss[i] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-            const float4 w = __ldg(reinterpret_cast<const float4*>(norm_w + kb * KB + q * 4));
+            const float4 w = *reinterpret_cast<const float4*>(nw + q * 4);
             a.x *= w.x; a.y *= w.y; a.z *= w.z; a.w *= w.w;
         }
         const uint32_t h0 = bf16x2_rn(a.x, a.y), h1 = bf16x2_rn(a.z, a.w);
@@ -206,7 +213,7 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = acc_lo[i][j][e] = 0.0f;
 
-    const Copies<MT> copies(W, x, n0, m0, n, k, rows, silu != 0);
+    const Copies<MT> copies(W, x, n0, m0, n, k, rows, silu != 0, norm_w);
     const uint32_t ring = smem_addr(smem);
     // The weights of the first blocks stream before the previous kernel is done;
     // the inputs it writes are requested after. Group s holds block s's inputs
@@ -226,7 +233,7 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
     for (int i = 0; i < MT; i++) ss[i] = 0.0f;
     cp_async_wait<STAGES - 2>();
     __syncthreads();
-    split_inputs<MT>(smem, split_base, split_base + L::SPLIT_BYTES, norm_w, kb0, ss);
+    split_inputs<MT>(smem, split_base, split_base + L::SPLIT_BYTES, norm_w != nullptr, ss);
 
     // ldmatrix row addresses of this lane: weight rows 16 warp + (lane & 7) + 8 (lane >> 4)
     // at chunk offset (lane >> 3) & 1; input rows (lane & 7) + 8 ((lane >> 3) & 1) at lane >> 4.
@@ -242,7 +249,7 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
         cp_async_commit();
         if (i + 1 < count) {
             unsigned char* next = split_base + ((i + 1) & 1) * 2 * L::SPLIT_BYTES;
-            split_inputs<MT>(smem + ((i + 1) % STAGES) * L::STAGE_BYTES, next, next + L::SPLIT_BYTES, norm_w, kb0 + i + 1, ss);
+            split_inputs<MT>(smem + ((i + 1) % STAGES) * L::STAGE_BYTES, next, next + L::SPLIT_BYTES, norm_w != nullptr, ss);
         }
         const uint32_t w_tile = smem_addr(smem + (i % STAGES) * L::STAGE_BYTES);
         const uint32_t hi_tile = smem_addr(split_base + (i & 1) * 2 * L::SPLIT_BYTES);

@@ -30,8 +30,8 @@ const GEMM_SPLIT_MAX_ROWS: usize = 256;
 const GEMM_MAX_SPLITS: usize = 8;
 
 /// Dynamic shared memory of `gemm_tc_m{mt}` (gemm_tc.cu `Layout<MT>::BYTES`): the
-/// ring of weight + f32 input blocks (`Layout::STAGES` deep), then two buffers of
-/// bf16 hi and lo inputs.
+/// ring of weight + f32 input + f32 norm-weight blocks (`Layout::STAGES` deep),
+/// then two buffers of bf16 hi and lo inputs.
 const fn gemm_tc_smem_bytes(mt: usize) -> usize {
     let m = 16 * mt;
     let stages = match mt {
@@ -39,7 +39,7 @@ const fn gemm_tc_smem_bytes(mt: usize) -> usize {
         2 => 7,
         _ => 5,
     };
-    stages * (GEMM_TILE_N * GEMM_KB * 2 + m * GEMM_KB * 4) + 2 * 2 * m * GEMM_KB * 2
+    stages * (GEMM_TILE_N * GEMM_KB * 2 + m * GEMM_KB * 4 + GEMM_KB * 4) + 2 * 2 * m * GEMM_KB * 2
 }
 
 /// How `gemm_tc` covers one product: the instantiation, the grid, and how many
