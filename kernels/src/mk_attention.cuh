@@ -193,7 +193,7 @@ __device__ __forceinline__ void attend_split(const Params& p, const Smem& s, con
 }
 
 // One group of 8 attention outputs (q head h, elements i..i+7) merged from the
-// used splits' partials, as kernels/src/attention.cu merges its splits: the largest
+// used splits' partials, as kernels/src/attention.cu attn_merge: the largest
 // max first, then the splits in order, a split with no finite score adding
 // nothing. Up to FAST splits load in one round trip; more take two passes.
 template <int HD>

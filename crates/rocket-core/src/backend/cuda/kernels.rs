@@ -164,7 +164,8 @@ pub(crate) struct Kernels {
     rms_norm: Function,
     gemv: [Function; 5],
     rope_kv: Function,
-    attention: Function,
+    attn_partial: Function,
+    attn_merge: Function,
     silu_mul: Function,
     argmax: Function,
     sample: Function,
@@ -203,7 +204,8 @@ impl Kernels {
             rms_norm: f("rms_norm")?,
             gemv,
             rope_kv: f("rope_store_kv")?,
-            attention: f(&format!("attention_hd{head_dim}"))?,
+            attn_partial: f(&format!("attn_partial_hd{head_dim}"))?,
+            attn_merge: f(&format!("attn_merge_hd{head_dim}"))?,
             silu_mul: f("silu_mul")?,
             argmax: f("argmax")?,
             sample: f("sample_rows")?,
@@ -338,9 +340,7 @@ impl Kernels {
     }
 
     /// Attention of q (rows `q_stride` apart) into out [rows][n_heads*hd], split
-    /// into `splits` chunks of `chunk` positions merged through `part_o`/`part_ml`
-    /// by the last split of each (row, KV head) to finish; `counters` holds
-    /// rows · n_kv zeroed words, left zero by every launch.
+    /// into `splits` chunks of `chunk` positions merged through `part_o`/`part_ml`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention(
         &self,
@@ -351,7 +351,6 @@ impl Kernels {
         part_o: u64,
         part_ml: u64,
         out: u64,
-        counters: u64,
         n_heads: usize,
         n_kv: usize,
         layer: usize,
@@ -367,8 +366,6 @@ impl Kernels {
             Arg::Ptr(meta),
             Arg::Ptr(part_o),
             Arg::Ptr(part_ml),
-            Arg::Ptr(out),
-            Arg::Ptr(counters),
             Arg::I32(n_heads as i32),
             Arg::I32(n_kv as i32),
             Arg::I32(layer as i32),
@@ -376,7 +373,9 @@ impl Kernels {
             Arg::I32(chunk as i32),
             Arg::F32(scale),
         ];
-        self.go(&self.attention, s, (n_kv as u32, rows as u32, splits as u32), ATTN_THREADS, 0, &args)
+        self.go(&self.attn_partial, s, (n_heads as u32, rows as u32, splits as u32), 128, 0, &args)?;
+        let args = [Arg::Ptr(part_o), Arg::Ptr(part_ml), Arg::Ptr(out), Arg::I32(n_heads as i32), Arg::I32(splits as i32)];
+        self.go(&self.attn_merge, s, (n_heads as u32, rows as u32, 1), self.head_dim, 0, &args)
     }
 
     pub(crate) fn silu_mul(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize) -> Result<()> {
@@ -414,11 +413,6 @@ impl Kernels {
         self.go(&self.sample, s, (rows as u32, 1, 1), SAMPLE_THREADS, 0, &args)
     }
 }
-
-/// Block size of `attention_hd*` (kernels/src/attention.cu) and the most q heads
-/// one KV head may serve there (`attn::MAX_GROUP`).
-const ATTN_THREADS: u32 = 128;
-pub(crate) const ATTN_MAX_GROUP: usize = 8;
 
 /// Block size and logits per CTA of `argmax` (kernels/src/argmax.cu).
 const ARGMAX_THREADS: u32 = 256;

@@ -247,8 +247,6 @@ struct Scratch {
     /// argmax.cu's per-row keys and counters: zeroed once, left zero by every
     /// launch, so never poisoned.
     argmax_state: DeviceBuffer,
-    /// attention.cu's split counters per (row, KV head): as `argmax_state`.
-    attn_counters: DeviceBuffer,
     gemm: GemmScratch,
 }
 
@@ -257,11 +255,6 @@ impl Scratch {
         let f = |n: usize| n * 4;
         let a = |n: usize, what: &str| DeviceBuffer::alloc(ctx, n, what);
         let what = "activations";
-        let zeroed = |bytes: usize| -> Result<DeviceBuffer> {
-            let b = DeviceBuffer::alloc(ctx, bytes, "kernel counters")?;
-            b.fill_u8(st, 0)?;
-            Ok(b)
-        };
         let (ws_floats, counters) = GemmPlan::scratch_needs(&Self::matmul_shapes(s), rows, ctx.sm_count as usize);
         Ok(Scratch {
             gemm: GemmScratch::alloc(ctx, st, ws_floats, counters)?,
@@ -279,8 +272,11 @@ impl Scratch {
             part_ml: a(f(rows * s.num_heads * splits * 2), what)?,
             inputs: a(Self::inputs_bytes(rows), what)?,
             argmax: a(rows * 4, what)?,
-            argmax_state: zeroed(argmax_state_bytes(rows))?,
-            attn_counters: zeroed(rows * s.num_kv_heads * 4)?,
+            argmax_state: {
+                let b = a(argmax_state_bytes(rows), what)?;
+                b.fill_u8(st, 0)?;
+                b
+            },
         })
     }
 
@@ -643,7 +639,6 @@ impl CudaBackend {
                 sc.part_o.ptr,
                 sc.part_ml.ptr,
                 sc.attn.ptr,
-                sc.attn_counters.ptr,
                 s.num_heads,
                 s.num_kv_heads,
                 li,
@@ -708,13 +703,6 @@ fn check_shapes(s: &ModelSpec) -> Result<()> {
         if v % 8 != 0 {
             return Err(RocketError::Device(format!("{name} {v} is not a multiple of 8, which the CUDA GEMV needs")));
         }
-    }
-    let (heads, kv) = (s.num_heads, s.num_kv_heads);
-    if kv == 0 || heads % kv != 0 || heads / kv > kernels::ATTN_MAX_GROUP {
-        return Err(RocketError::Device(format!(
-            "{heads} attention heads over {kv} KV heads: the CUDA attention needs whole groups of at most {} q heads per KV head",
-            kernels::ATTN_MAX_GROUP
-        )));
     }
     Ok(())
 }
