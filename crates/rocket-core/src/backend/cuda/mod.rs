@@ -119,11 +119,11 @@ pub enum MatmulMode {
     Auto,
 }
 
-/// H200 (benches/NOTES.md, session 12, `matmul_check` at every fuel product): at
-/// 5 rows the tensor cores beat the GEMV on 19 of 20 products (Llama's four layer
-/// products 59 µs against 173), at 1 row the GEMV wins (34.7 against 59.6 µs).
-/// 2 to 4 rows are unmeasured and stay on the GEMV.
-pub const TENSOR_CORE_MIN_ROWS: usize = 5;
+/// H200 (benches/NOTES.md, session 13, `rocket bench --batch 1,2,3,4` with each
+/// kernel forced on the graph path): from 2 rows the tensor cores' decode step is
+/// faster (Llama-3.2-1B 1.201 ms against 1.569 at 2 rows, 1.203 against 2.207 at 4;
+/// Qwen3-0.6B 1.427 against 1.454 at 2), at 1 row the GEMV's (1.148 against 1.197).
+pub const TENSOR_CORE_MIN_ROWS: usize = 2;
 
 impl MatmulMode {
     pub fn from_env() -> Result<Self> {
