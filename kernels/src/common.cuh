@@ -6,9 +6,9 @@
 
 #define ROCKET_KERNEL extern "C" __global__
 
-// Programmatic dependent launch (sm_90). The host launches the graph path's
-// kernels so that their CTAs may start while the previous kernel still runs
-// (kernels.rs `Kernels::pdl`). Every such kernel calls pdl_wait() before it
+// Programmatic dependent launch (sm_90). The host launches every kernel of the
+// forward pass and the sampler (kernels.rs `Kernels::pdl`) so that its CTAs may
+// start while the previous kernel still runs. Every such kernel calls pdl_wait() before it
 // reads or writes anything an earlier kernel touches: it returns once the
 // previous kernel has finished and its writes are visible (and that kernel
 // waited for its own predecessor, so the chain is complete). Only immutable

@@ -8,8 +8,9 @@
 // Tiling: a CTA of 8 warps owns TILE_N = 128 weight rows (16 per warp) and
 // 16 MT input rows, over the 64-wide k blocks of its split of K. The blocks
 // stream through a cp.async ring in shared memory (8, 7 or 5 blocks deep for
-// MT 1, 2, 4; weights and the f32 inputs of a block land together), so each input block is read once per
-// 128 weight rows instead of once per 8, and every weight byte is read once.
+// MT 1, 2, 4; a slot holds a block's weights, f32 inputs and norm weights), so each
+// input block is read once per 128 weight rows instead of once per 8, and every
+// weight byte is read once.
 // One block ahead of the MMAs, all threads split the inputs into bf16 hi/lo
 // tiles (double-buffered); the warps then read both operands with ldmatrix.
 // Shared tiles are 128-byte rows whose 16-byte chunks are XOR-swizzled by the
@@ -24,8 +25,8 @@
 // of up to 256 rows; longer ones do not split), a row's result does not depend on
 // how many other rows share the launch.
 //
-// Fused prologue and epilogue (decode and prefill run them instead of separate
-// kernels):
+// Fused prologue and epilogue (the forward pass runs them for qkv and gate|up
+// instead of separate kernels; kernels.rs `GemmFusion`):
 //   norm_w != nullptr: x is the residual stream and the product is of its
 //     RMSNorm, rms_norm.cu's w * (x * rsqrt(mean(x^2) + eps)). The inputs are
 //     multiplied by norm_w as they are split, each row's sum of squares is
@@ -36,11 +37,12 @@
 //     [64 x, 64 x + 64): in each warp's 16 weight rows, rows 0-7 are gate rows
 //     and rows 8-15 the up rows of the same 8 columns, so every thread holds
 //     both halves of its outputs. Needs n % 128 == 0 and accumulate = 0.
-// The launch with programmatic dependent launch (common.cuh): the weights of the
-// first ring blocks are requested before pdl_wait(), so they stream while the
-// previous kernel finishes.
+// With programmatic dependent launch (common.cuh), the weights of the first ring
+// blocks are requested before pdl_wait(), so they stream while the previous kernel
+// finishes; the first block's inputs then wait for all of them (cp.async group 0).
 //
-// Contract: k % 64 == 0, W rows and x rows 16-byte aligned, splits <= min(8, k / 64), dynamic
+// Contract: k % 64 == 0, W rows, x rows and norm_w 16-byte aligned (y [rows][n / 2]
+// with silu), splits <= min(8, k / 64), dynamic
 // shared memory Layout<MT>::BYTES, grid = (ceil(n / 128), ceil(rows / (16 MT)), splits),
 // block = 256. With splits > 1: ws holds grid.x * grid.y * splits * (16 MT * 129)
 // floats (partials, then row sums of squares) and counters grid.x * grid.y zeroed words.
@@ -111,8 +113,8 @@ struct Copies {
     bool x_live[X];
     const float* nw_src;  // this thread's 16 bytes of each block's norm weights, or nullptr
 
-    // With `silu`, local weight row r of a warp's 16 is gate (r < 8) or up row of act column
-    // 64 x + 8 warp + (r & 7) (see the header), else weight row n0 + r.
+    // CTA-local weight row r (0-127, warp r >> 4) is weight row n0 + r, or with `silu`
+    // the gate ((r & 8) == 0) or up row of act column 64 x + 8 (r >> 4) + (r & 7) (see the header).
     __device__ __forceinline__ Copies(const uint16_t* W_, const float* x, int n0, int m0, int n, int k, int rows, bool silu,
                                       const float* norm_w) {
         nw_src = norm_w && threadIdx.x < KB / 4 ? norm_w + threadIdx.x * 4 : nullptr;
@@ -216,8 +218,9 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
     const Copies<MT> copies(W, x, n0, m0, n, k, rows, silu != 0, norm_w);
     const uint32_t ring = smem_addr(smem);
     // The weights of the first blocks stream before the previous kernel is done;
-    // the inputs it writes are requested after. Group s holds block s's inputs
-    // (group 0 also every weight requested here), so the waits below are unchanged.
+    // the inputs it writes are requested after. Group s holds block s's inputs and
+    // group 0 also every weight requested here, so the first wait below covers all
+    // STAGES - 1 weight blocks (the ring fills before the first MMA), later ones as before.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++)
         if (s < count) copies.load_w(ring + s * L::STAGE_BYTES, kb0 + s);
@@ -343,7 +346,7 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
                 }
         }
         if (norm_w) {
-            __syncthreads();  // every thread has read row_ss above
+            __syncthreads();  // every thread has read row_ss above (already ordered by the barriers before; kept for clarity)
             if (threadIdx.x < L::M) {
                 float total = 0.0f;
                 for (int s = 0; s < splits; s++) total += __ldcg(ss_parts + (size_t)(tile * splits + s) * L::M + threadIdx.x);

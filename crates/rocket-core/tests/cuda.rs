@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, DecodeMode, MatmulEpilogue, MatmulKernel, MatmulMode};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, DecodeMode, MatmulFusion, MatmulKernel, MatmulMode};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::model::{ModelSource, ModelWeights};
 use rocket_core::progress::LoadProgress;
@@ -203,6 +203,44 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
         );
         assert!(rel <= 1e-2, "{}: tensor-core prefill rel L2 {rel}", path.display());
         assert!(rel_gemv <= 5e-3 && batch_rel <= 5e-3, "{}: tensor core vs GEMV {rel_gemv} / {batch_rel}", path.display());
+    }
+}
+
+/// With every pass on the tensor cores, a decode row's logits are the same bits
+/// whether it runs alone or shares its pass with another sequence's prompt (the
+/// continuous batcher mixes the two; every product and norm must treat the row
+/// alike in both).
+#[test]
+fn a_decode_row_is_the_same_bits_beside_a_prompt_on_the_tensor_cores() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for path in checkpoints() {
+        let src = ModelSource::open(&path).unwrap();
+        let spec = src.spec.clone();
+        let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
+        let opts = CudaOptions { decode: DecodeMode::Graph, matmul: MatmulMode::Tensor, ..CudaOptions::from_env().unwrap() };
+        let b = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), opts).unwrap();
+        let (prompt, other) = (random_ids(71, 20, spec.vocab_size), random_ids(72, 33, spec.vocab_size));
+        let next = [random_ids(73, 1, spec.vocab_size)[0]];
+        // Both sequences fit one 64-position attention split, alone or together.
+        let decoded = |with_prompt: bool| {
+            let mut s = b.new_session(64).unwrap();
+            b.forward(&mut [Chunk { session: s.as_mut(), tokens: &prompt }], Logits::Last).unwrap();
+            if !with_prompt {
+                return b.forward(&mut [Chunk { session: s.as_mut(), tokens: &next }], Logits::Last).unwrap();
+            }
+            let mut o = b.new_session(64).unwrap();
+            let both = b
+                .forward(&mut [Chunk { session: s.as_mut(), tokens: &next }, Chunk { session: o.as_mut(), tokens: &other }], Logits::Last)
+                .unwrap();
+            both[..spec.vocab_size].to_vec()
+        };
+        let (alone, beside) = (decoded(false), decoded(true));
+        let differ = alone.iter().zip(&beside).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        println!("MIXED {}: {differ} of {} logits differ between the row alone and beside a prompt", path.display(), alone.len());
+        assert!(alone.iter().all(|v| v.is_finite()), "{}: non-finite logits", path.display());
+        assert_eq!(differ, 0, "{}: a decode row's logits depend on a prompt sharing its pass", path.display());
     }
 }
 
@@ -406,12 +444,12 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
     ];
     let mut seed = 0xa11ce;
     for (fuel, d, qd, kvd, ff, vocab) in fuels {
-        let normed = MatmulEpilogue { norm: true, silu: false };
+        let normed = MatmulFusion { norm: true, silu: false };
         let shapes = [
             ("qkv", qd + 2 * kvd, d, false, normed),
-            ("o", d, qd, true, MatmulEpilogue::default()),
-            ("gate_up", 2 * ff, d, false, MatmulEpilogue { norm: true, silu: true }),
-            ("down", d, ff, true, MatmulEpilogue::default()),
+            ("o", d, qd, true, MatmulFusion::default()),
+            ("gate_up", 2 * ff, d, false, MatmulFusion { norm: true, silu: true }),
+            ("down", d, ff, true, MatmulFusion::default()),
             ("lm_head", vocab, d, false, normed),
         ];
         for (name, n, k, accumulate, fused) in shapes {
@@ -419,12 +457,12 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
                 if name == "lm_head" && rows > 16 {
                     continue; // prefill takes the LM head of its last row only
                 }
-                let mut runs = vec![(MatmulKernel::Tensor, MatmulEpilogue::default())];
-                if fused != MatmulEpilogue::default() {
+                let mut runs = vec![(MatmulKernel::Tensor, MatmulFusion::default())];
+                if fused != MatmulFusion::default() {
                     runs.push((MatmulKernel::Tensor, fused));
                 }
                 if rows <= 16 {
-                    runs.push((MatmulKernel::Gemv, MatmulEpilogue::default())); // the GEMV serves small batches
+                    runs.push((MatmulKernel::Gemv, MatmulFusion::default())); // the GEMV serves small batches
                 }
                 for (kernel, epilogue) in runs {
                     seed += 1;

@@ -140,7 +140,7 @@ impl GemmScratch {
 
 /// What `gemm_tc` folds into a product besides y (+)= x · Wᵀ (gemm_tc.cu's header).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct GemmFusion {
+pub(crate) struct GemmFusion {
     /// The product is of RMSNorm(x) with this norm weight (device address of
     /// k f32) and epsilon, rms_norm.cu's formula: x is the residual stream.
     pub norm: Option<(u64, f32)>,

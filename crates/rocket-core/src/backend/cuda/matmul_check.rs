@@ -22,9 +22,9 @@ pub enum MatmulKernel {
 }
 
 /// What the tensor-core GEMM folds into the product (gemm_tc.cu's fused prologue
-/// and epilogue, as decode and prefill run them); the GEMV takes neither.
+/// and epilogue, as the forward pass runs them); the GEMV takes neither.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MatmulEpilogue {
+pub struct MatmulFusion {
     /// The product is of RMSNorm(x) (random norm weights, eps 1e-5).
     pub norm: bool,
     /// W is a fused gate|up [n][k]; the output [rows][n / 2] is silu(gate) · up.
@@ -72,7 +72,7 @@ impl CudaBackend {
     pub fn matmul_check(
         &self,
         kernel: MatmulKernel,
-        epilogue: MatmulEpilogue,
+        epilogue: MatmulFusion,
         n: usize,
         k: usize,
         rows: usize,
@@ -83,7 +83,7 @@ impl CudaBackend {
         if n == 0 || k == 0 || rows == 0 || reps == 0 {
             return Err(RocketError::invalid_arg("n, k, rows, reps", format!("{n}, {k}, {rows}, {reps}"), "must all be at least 1"));
         }
-        if epilogue != MatmulEpilogue::default() && kernel == MatmulKernel::Gemv {
+        if epilogue != MatmulFusion::default() && kernel == MatmulKernel::Gemv {
             return Err(RocketError::invalid_arg("epilogue", format!("{epilogue:?}"), "only the tensor-core GEMM fuses"));
         }
         if epilogue.silu && (n % 128 != 0 || accumulate) {
