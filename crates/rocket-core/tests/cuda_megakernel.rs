@@ -12,12 +12,11 @@ use std::time::Instant;
 
 use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, MatmulMode};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
-use rocket_core::model::{ModelSource, ModelWeights};
 use rocket_core::progress::LoadProgress;
 use rocket_core::sampling::argmax;
 use rocket_core::{Engine, EngineOptions, SamplingParams};
 
-use common::{random_ids, rel_l2};
+use common::{open_weights, random_ids, rel_l2};
 
 fn gpu_or_skip() -> bool {
     match unavailable_reason() {
@@ -53,9 +52,7 @@ struct Loaded {
 fn fuels() -> Vec<Loaded> {
     let mut out = Vec::new();
     for path in checkpoints() {
-        let src = ModelSource::open(&path).unwrap();
-        let spec = src.spec.clone();
-        let weights = ModelWeights::from_weights(&spec, src.weights).unwrap();
+        let (spec, weights) = open_weights(&path);
         // The graph path's side of every comparison is what it computes when it
         // decodes one token at a time: the GEMV. (Its prefill of a whole prompt
         // would use the tensor cores, a different rounding the decode never sees.)

@@ -7,7 +7,15 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use half::bf16;
+use rocket_core::model::{ModelSource, ModelSpec, ModelWeights};
 use safetensors::{Dtype, SafeTensors};
+
+/// A checkpoint's spec and its weights, as a backend takes them.
+pub fn open_weights(path: &Path) -> (ModelSpec, ModelWeights) {
+    let src = ModelSource::open(path).unwrap();
+    let weights = ModelWeights::from_weights(&src.spec, src.weights).unwrap();
+    (src.spec, weights)
+}
 
 /// A committed fixture; ROCKET_FIXTURES points elsewhere when the test binary
 /// runs away from this checkout (on the GPU machine).

@@ -148,6 +148,14 @@ pub(crate) struct GemmFusion {
     pub silu: bool,
 }
 
+impl GemmFusion {
+    /// Whether the SiLU epilogue can take a gate|up of `n` rows: whole 128-row
+    /// tiles of 64 gate + 64 up rows (gemm_tc.cu's header).
+    pub(crate) fn silu_fits(n: usize) -> bool {
+        n % GEMM_TILE_N == 0
+    }
+}
+
 /// The arguments gemv.cu and gemm_tc.cu both take: (W, x, y, n, k, rows, accumulate).
 #[allow(clippy::too_many_arguments)]
 fn matmul_args(w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> [Arg; 7] {
@@ -276,7 +284,7 @@ impl Kernels {
         if k % 64 != 0 {
             return Err(RocketError::Internal(format!("gemm_tc needs k % 64 == 0, got {k}")));
         }
-        if fusion.silu && (n % GEMM_TILE_N != 0 || accumulate) {
+        if fusion.silu && (!GemmFusion::silu_fits(n) || accumulate) {
             return Err(RocketError::Internal(format!("gemm_tc's SiLU epilogue needs n % 128 == 0 and no accumulate, got n = {n}")));
         }
         let plan = self.gemm_plan(n, k, rows);

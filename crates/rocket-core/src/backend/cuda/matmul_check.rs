@@ -64,7 +64,7 @@ fn uniform(seed: u64, n: usize) -> Vec<f32> {
 }
 
 impl CudaBackend {
-    /// Runs `y (+)= x · Wᵀ` (with `epilogue`'s fusions) for a random bf16 `W`
+    /// Runs `y (+)= x · Wᵀ` (with `fusion`'s prologue and epilogue) for a random bf16 `W`
     /// [n][k] and random f32 `x` [rows][k] on `kernel`, checks it against the
     /// host, then times `reps` launches. A diagnostic and a test of the matmul
     /// kernels at any shape.
@@ -72,7 +72,7 @@ impl CudaBackend {
     pub fn matmul_check(
         &self,
         kernel: MatmulKernel,
-        epilogue: MatmulFusion,
+        fusion: MatmulFusion,
         n: usize,
         k: usize,
         rows: usize,
@@ -83,10 +83,10 @@ impl CudaBackend {
         if n == 0 || k == 0 || rows == 0 || reps == 0 {
             return Err(RocketError::invalid_arg("n, k, rows, reps", format!("{n}, {k}, {rows}, {reps}"), "must all be at least 1"));
         }
-        if epilogue != MatmulFusion::default() && kernel == MatmulKernel::Gemv {
-            return Err(RocketError::invalid_arg("epilogue", format!("{epilogue:?}"), "only the tensor-core GEMM fuses"));
+        if fusion != MatmulFusion::default() && kernel == MatmulKernel::Gemv {
+            return Err(RocketError::invalid_arg("fusion", format!("{fusion:?}"), "only the tensor-core GEMM fuses"));
         }
-        if epilogue.silu && (n % 128 != 0 || accumulate) {
+        if fusion.silu && (!GemmFusion::silu_fits(n) || accumulate) {
             return Err(RocketError::invalid_arg("n", n, "the SiLU epilogue needs n % 128 == 0 and no accumulate"));
         }
         let needs = match kernel {
@@ -100,9 +100,9 @@ impl CudaBackend {
         let (ctx, st, kernels) = (&inner.ctx, &inner.stream, &inner.kernels);
         let w_host: Vec<bf16> = uniform(seed, n * k).into_par_iter().map(|v| bf16::from_f32(v * 0.25)).collect();
         let x_host = uniform(seed ^ 0x9e37_79b9, rows * k);
-        let n_out = if epilogue.silu { n / 2 } else { n };
+        let n_out = if fusion.silu { n / 2 } else { n };
         let y0_host: Vec<f32> = if accumulate { uniform(seed ^ 0x5151, rows * n_out) } else { vec![f32::NAN; rows * n_out] };
-        let norm_host: Option<Vec<f32>> = epilogue.norm.then(|| uniform(seed ^ 0x707, k).iter().map(|v| 1.0 + 0.5 * v).collect());
+        let norm_host: Option<Vec<f32>> = fusion.norm.then(|| uniform(seed ^ 0x707, k).iter().map(|v| 1.0 + 0.5 * v).collect());
 
         let w_bytes = n * k * 2;
         let copies = ROTATION_BYTES.div_ceil(w_bytes).max(1);
@@ -118,11 +118,11 @@ impl CudaBackend {
         if let Some(nw) = &norm_host {
             norm.upload(st, 0, nw)?;
         }
-        let fusion = GemmFusion { norm: epilogue.norm.then_some((norm.ptr, NORM_EPS)), silu: epilogue.silu };
+        let gemm_fusion = GemmFusion { norm: fusion.norm.then_some((norm.ptr, NORM_EPS)), silu: fusion.silu };
         let plan = kernels.gemm_plan(n, k, rows);
         let scratch = GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?;
         let launch = |w: u64| match kernel {
-            MatmulKernel::Tensor => kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch, fusion),
+            MatmulKernel::Tensor => kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch, gemm_fusion),
             MatmulKernel::Gemv => kernels.gemv(st, w, x.ptr, y.ptr, n, k, rows, accumulate),
         };
 
@@ -130,7 +130,7 @@ impl CudaBackend {
         let mut got = vec![0f32; rows * n_out];
         y.download(st, 0, &mut got)?;
         let all_written = got.iter().all(|v| v.is_finite());
-        let reference = Reference { w: &w_host, x: &x_host, y0: &y0_host, norm: norm_host.as_deref(), silu: epilogue.silu, n, k, rows, accumulate };
+        let reference = Reference::new(&w_host, &x_host, &y0_host, norm_host.as_deref(), fusion.silu, n, k, rows, accumulate);
         let (rel_l2, checked) = reference.compare(&got);
 
         let (start, end) = (TimedEvent::new()?, TimedEvent::new()?);
@@ -176,10 +176,10 @@ const NORM_EPS: f32 = 1e-5;
 /// The host's f64 version of one checked launch.
 struct Reference<'a> {
     w: &'a [bf16],
-    x: &'a [f32],
+    /// Each row's input as the product sees it, in f64: RMSNorm(x) with the norm
+    /// weights, else x.
+    inputs: Vec<Vec<f64>>,
     y0: &'a [f32],
-    /// RMSNorm weights: the product is of RMSNorm(x).
-    norm: Option<&'a [f32]>,
     /// Outputs are silu(gate) · up of weight rows c and n / 2 + c.
     silu: bool,
     n: usize,
@@ -188,18 +188,14 @@ struct Reference<'a> {
     accumulate: bool,
 }
 
-impl Reference<'_> {
-    /// Relative L2 error of `got` over every row and a stride of output columns
-    /// (always the last, which sits in a partial tile), and how many outputs that compared.
-    fn compare(&self, got: &[f32]) -> (f64, usize) {
-        let (n, k, rows) = (self.n, self.k, self.rows);
-        let n_out = if self.silu { n / 2 } else { n };
-        // Each row's input as the product sees it: RMSNorm(x) or x, in f64.
-        let inputs: Vec<Vec<f64>> = (0..rows)
+impl<'a> Reference<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(w: &'a [bf16], x: &[f32], y0: &'a [f32], norm: Option<&[f32]>, silu: bool, n: usize, k: usize, rows: usize, accumulate: bool) -> Self {
+        let inputs = (0..rows)
             .into_par_iter()
             .map(|r| {
-                let xr = &self.x[r * k..(r + 1) * k];
-                match self.norm {
+                let xr = &x[r * k..(r + 1) * k];
+                match norm {
                     Some(nw) => {
                         let ms = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / k as f64;
                         let scale = 1.0 / (ms + NORM_EPS as f64).sqrt();
@@ -209,6 +205,14 @@ impl Reference<'_> {
                 }
             })
             .collect();
+        Reference { w, inputs, y0, silu, n, k, rows, accumulate }
+    }
+
+    /// Relative L2 error of `got` over every row and a stride of output columns
+    /// (always the last, which sits in a partial tile), and how many outputs that compared.
+    fn compare(&self, got: &[f32]) -> (f64, usize) {
+        let (n, k, rows, inputs) = (self.n, self.k, self.rows, &self.inputs);
+        let n_out = if self.silu { n / 2 } else { n };
         let macs_per_col = k * rows * if self.silu { 2 } else { 1 };
         let stride = (n_out * macs_per_col).div_ceil(HOST_CHECK_MACS).max(1);
         let mut cols: Vec<usize> = (0..n_out).step_by(stride).collect();

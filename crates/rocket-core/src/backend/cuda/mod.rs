@@ -153,17 +153,15 @@ impl CudaOptions {
             Ok("host") => false,
             Ok(other) => return Err(RocketError::invalid_arg("ROCKET_SAMPLER", other, "expected \"device\" or \"host\"")),
         };
-        let loop_sampling = match std::env::var("ROCKET_LOOP_SAMPLING").as_deref() {
-            Err(_) | Ok("") | Ok("0") => false,
-            Ok("1") => true,
-            Ok(other) => return Err(RocketError::invalid_arg("ROCKET_LOOP_SAMPLING", other, "expected \"0\" or \"1\"")),
-        };
-        let flag = |name: &str| match std::env::var(name).as_deref() {
-            Err(_) | Ok("") | Ok("1") => Ok(true),
+        // A "0"/"1" switch, `default` when unset or empty.
+        let flag = |name: &str, default: bool| match std::env::var(name).as_deref() {
+            Err(_) | Ok("") => Ok(default),
             Ok("0") => Ok(false),
+            Ok("1") => Ok(true),
             Ok(other) => Err(RocketError::invalid_arg(name, other, "expected \"0\" or \"1\"")),
         };
-        let (pdl, fuse) = (flag("ROCKET_PDL")?, flag("ROCKET_FUSE")?);
+        let loop_sampling = flag("ROCKET_LOOP_SAMPLING", false)?;
+        let (pdl, fuse) = (flag("ROCKET_PDL", true)?, flag("ROCKET_FUSE", true)?);
         Ok(CudaOptions { decode: DecodeMode::from_env()?, matmul, graphs, device_sampling, loop_sampling, pdl, fuse })
     }
 }
@@ -683,7 +681,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: u64, y: u64, n: usize, rows: usize, silu: bool) -> Result<()> {
         let (d, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps as f32);
-        let fits = self.options.matmul.tensor_cores_for(rows) && k.gemm_tc_fits(d) && (!silu || n % 128 == 0);
+        let fits = self.options.matmul.tensor_cores_for(rows) && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
         if self.options.fuse && fits {
             return k.gemm_tc(st, w, sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
         }
