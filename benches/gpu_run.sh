@@ -21,7 +21,9 @@
 #             one), summarised by benches/ncu_step.py
 #   ab        the megakernel of this build against a baseline build's (.device-carry/base/
 #             rocket.xz, packed by hand), interleaved per fuel, batch 1 (and the baseline's
-#             megakernel tests' MK-PROFILE lines when base/cuda-megakernel-test.xz is there)
+#             megakernel tests' MK-PROFILE lines when base/cuda-megakernel-test.xz is there);
+#             AB_ENV="NAME=VALUE ...|NAME=VALUE ..." adds this build under each set of
+#             variables (ab-envK rows, K counting the sets from 0)
 # Usage: benches/gpu_run.sh [steps...]   (default: tests mk bench)
 # Logs and JSON go to $LOGS and are packed into $OUT/logs.tgz; a summary prints last.
 set -uo pipefail
@@ -56,8 +58,10 @@ if has tests; then
 fi
 
 if has mk; then
-    ROCKET_DECODE=megakernel ROCKET_LOOP_SAMPLING=1 ROCKET_GPU_CHECKPOINTS=$CKPTS \
-        timeout 420 "$CARRY/cuda-megakernel-test" --test-threads=1 --nocapture > "$LOGS/mk-test.log" 2>&1
+    # ROCKET_MATMUL=gemv: the greedy test's batched comparison runs the graph path's
+    # batch-1 matmul (the tensor cores from 2 rows would round differently).
+    ROCKET_DECODE=megakernel ROCKET_MATMUL=gemv ROCKET_LOOP_SAMPLING=1 ROCKET_GPU_CHECKPOINTS=$CKPTS \
+        timeout "${MK_TIMEOUT:-420}" "$CARRY/cuda-megakernel-test" --test-threads=1 --nocapture > "$LOGS/mk-test.log" 2>&1
     echo "megakernel tests rc=$?"
     grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | grep -v "MK-PROFILE.*|" | head -40
 fi
@@ -113,6 +117,10 @@ if has ab && [[ -f $CARRY/base/rocket.xz ]]; then
         for round in 1 2; do
             bench "ab-new$round-$f" megakernel 1 128 256 3 "$f"
             ROCKET_BIN=/tmp/base/rocket bench "ab-base$round-$f" megakernel 1 128 256 3 "$f"
+            IFS='|' read -ra variants <<< "${AB_ENV:-}"
+            for k in "${!variants[@]}"; do
+                (export ${variants[$k]}; bench "ab-env$k-$round-$f" megakernel 1 128 256 3 "$f")
+            done
         done
     done
     if [[ -f $CARRY/base/cuda-megakernel-test.xz ]]; then

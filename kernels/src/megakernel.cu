@@ -39,8 +39,8 @@ struct Fuel {
 // consumer's reads. The abort flag and the clock are read every POLLS_PER_CHECK
 // polls only: each is another L2 round trip on the hand-off's critical path.
 constexpr int POLLS_PER_CHECK = 16;
-__device__ __noinline__ bool wait_counter(const Params& p, const Smem& s, uint32_t ctr, uint32_t target, uint32_t instr,
-                                          int t, int slot) {
+__device__ __forceinline__ bool wait_counter(const Params& p, const Smem& s, uint32_t ctr, uint32_t target, uint32_t instr,
+                                             int t, int slot) {
     if (threadIdx.x == 0) {
         const uint32_t* c = p.counters + ctr;
         uint32_t v = ld_acquire(c);
@@ -75,10 +75,10 @@ __device__ __noinline__ bool wait_counter(const Params& p, const Smem& s, uint32
             }
         }
         if (v & STOP_BIT) ok = 0;
-        s.sc->ok[slot] = ok;
+        s.sc()->ok[slot] = ok;
     }
     consumer_sync();
-    return s.sc->ok[slot] != 0;
+    return s.sc()->ok[slot] != 0;
 }
 
 // The barrier orders every consumer's writes before thread 0's release, which
@@ -131,7 +131,7 @@ __device__ __noinline__ uint32_t sample_token(const Params& p, const Smem& s, in
         }
         consumer_sync();
     }
-    SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec);
+    SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec());
     const uint32_t token = Sampler<CONSUMERS, ConsumerBarrier>::pick(row, F::V, r, p.sample_items, sh);
     if (tid == 0 && penalties && t >= p.n_forced) {
         // This CTA alone samples step t; the step counter's release publishes these.
@@ -155,17 +155,17 @@ __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, u
         float v = -INFINITY;
         uint32_t idx = 0xffffffffu;
         for (int i = tid; i < p.lm_tiles; i += CONSUMERS) better(v, idx, __ldcg(p.lm_max + i), __ldcg(p.lm_idx + i));
-        consumer_argmax(v, idx, s.sc);
+        consumer_argmax(v, idx, s.sc());
         token = idx == 0xffffffffu ? 0u : idx;  // all NaN or masked: index 0, as the host
     }
     if (tid == 0) {
         const bool free_running = t >= p.n_forced;
         const bool stop = t + 1 >= p.max_steps || host_stop != 0 || (free_running && is_end(p, token));
         __stcg(p.tokens + t, token);  // published with ST_STEPS below; the host link forwards it
-        s.sc->next = stop ? 0xffffffffu : (free_running ? token : __ldg(p.forced + t));
+        s.sc()->next = stop ? 0xffffffffu : (free_running ? token : __ldg(p.forced + t));
     }
     consumer_sync();
-    const uint32_t next = s.sc->next;
+    const uint32_t next = s.sc()->next;
     if (next != 0xffffffffu) embed_row<F::D>(p, next);
     consumer_sync();
     if (tid == 0) {
@@ -181,7 +181,11 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     // ring itself measured ~130 µs on the H200 machine, and the arrival's fence
     // below waited for it).
     const uint32_t host_stop = tid == 0 ? ld_volatile(p.state + ST_HOST_STOP) : 0u;
-    matvec<F::D, Input::NORMED_X>(p, s, in, p.x, p.final_norm, chunk, 1);
+    // Its norm weights load after the wait, unlike the layers' (once per step;
+    // passing them in would put them in local memory: lm_head is not inlined).
+    float nw[Matvec<F::D>::PER_LANE][8];
+    load_norm<F::D>(p.final_norm, nw);
+    matvec<F::D, Input::NORMED_X>(p, s, in, p.x, nw, chunk, 1, 0);
     const int n = in.b - in.a;
     // The sampler reads p.logits (and changes it: penalties); tests keep a copy per step.
     float* dst = p.logits + in.a;
@@ -196,15 +200,15 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
         // As the host's argmax: -inf and NaN never win (a row of them gives index 0).
         if (v > -INFINITY && !(masked && is_end(p, in.a + i))) better(best, idx, v, in.a + i);
     }
-    consumer_argmax(best, idx, s.sc);
+    consumer_argmax(best, idx, s.sc());
     if (tid == 0) {
         __stcg(p.lm_max + in.c, best);
         __stcg(p.lm_idx + in.c, idx);
         const uint32_t arrived = atom_add_acq_rel(p.counters + in.signal, 1) + 1;
-        s.sc->flag = arrived == (uint32_t)(t + 1) * p.lm_tiles;
+        s.sc()->flag = arrived == (uint32_t)(t + 1) * p.lm_tiles;
     }
     consumer_sync();
-    if (s.sc->flag) pick_token<F>(p, s, t, host_stop);
+    if (s.sc()->flag) pick_token<F>(p, s, t, host_stop);
 }
 
 // x[in.a + threadIdx.x], loaded before an O-proj or down-proj instruction's
@@ -224,30 +228,45 @@ __device__ __forceinline__ void add_to_residual(const Params& p, const Smem& s, 
     }
 }
 
+// The RMSNorm weights a layer's matrix-vector instruction multiplies its input
+// by, or null.
 template <class F>
-__device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const Instr& in, int t, uint32_t& chunk) {
+__device__ __forceinline__ const float* norm_weights(const Params& p, const Instr& in) {
+    switch (in.op) {
+        case OP_QKV: return p.layers[in.layer].attn_norm;
+        case OP_GATEUP: return p.layers[in.layer].mlp_norm;
+        default: return nullptr;
+    }
+}
+
+// A matrix-vector instruction after its wait; `nw` holds load_norm's weights
+// for Qkv and GateUp. A layer's instruction holds its last p.hold_chunks ring
+// chunks (`held`) past its release, so that no weights stream into this SM
+// while its results are stored and released; the caller gives them back
+// before the next matrix-vector instruction's wait.
+template <class F>
+__device__ __forceinline__ void run_matvec(const Params& p, const Smem& s, const Instr& in, int t, uint32_t& chunk,
+                                           float (&nw)[Matvec<F::D>::PER_LANE][8], HeldChunks& held) {
     const int tid = threadIdx.x;
     const int n = in.b - in.a;
+    const int hold = p.hold_chunks;
     switch (in.op) {
         case OP_QKV:
-            matvec<F::D, Input::NORMED_X>(p, s, in, p.x, p.layers[in.layer].attn_norm, chunk, 1);
+            held.from = matvec<F::D, Input::NORMED_X>(p, s, in, p.x, nw, chunk, 1, hold);
             for (int i = tid; i < n; i += CONSUMERS) __stcg(p.qkv + in.a + i, part_sum<F::D>(s, i));
-            signal(p, in.signal);
-            break;
-        case OP_ATTN:
-            attention<F::HD, F::G, F::HQ, F::HKV, F::NL>(p, s, in, t);
             signal(p, in.signal);
             break;
         case OP_OPROJ: {
             const float mine = residual_row(p, in);
-            merge_attention<F::HD, F::HQ>(p, s, t);  // the input, into s.vec
-            matvec<F::QD, Input::SHARED>(p, s, in, s.vec, nullptr, chunk, 1);
+            merge_attention<F::HD, F::HQ>(p, s, t);  // the input, into s.vec()
+            float a[Matvec<F::QD>::PER_LANE][8];
+            held.from = matvec<F::QD, Input::SHARED>(p, s, in, s.vec(), a, chunk, 1, hold);
             add_to_residual<F::QD>(p, s, in, mine);
             signal(p, in.signal);
             break;
         }
         case OP_GATEUP:
-            matvec<F::D, Input::NORMED_X>(p, s, in, p.x, p.layers[in.layer].mlp_norm, chunk, 2);
+            held.from = matvec<F::D, Input::NORMED_X>(p, s, in, p.x, nw, chunk, 2, hold);
             for (int i = tid; i < n; i += CONSUMERS) {
                 const float g = part_sum<F::D>(s, i), u = part_sum<F::D>(s, n + i);
                 __stcg(p.act + in.a + i, g / (1.0f + __expf(-g)) * u);  // as kernels/src/silu_mul.cu
@@ -256,17 +275,20 @@ __device__ __forceinline__ void run_instr(const Params& p, const Smem& s, const 
             break;
         case OP_DOWN: {
             const float mine = residual_row(p, in);
-            matvec<F::FF, Input::GLOBAL>(p, s, in, p.act, nullptr, chunk, 1);
+            float a[Matvec<F::FF>::PER_LANE][8];
+            held.from = matvec<F::FF, Input::GLOBAL>(p, s, in, p.act, a, chunk, 1, hold);
             add_to_residual<F::FF>(p, s, in, mine);
             signal(p, in.signal);
             break;
         }
         case OP_LMHEAD:
             lm_head<F>(p, s, in, t, chunk);
+            held.from = chunk;  // it holds nothing: its last CTA goes on to the next step's input
             break;
         default:
             __trap();  // a schedule this kernel does not understand
     }
+    held.to = chunk;
 }
 
 template <class F>
@@ -279,6 +301,7 @@ __device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32
         if (tid == 0) st_release(p.counters + STEP_COUNTER, 1);
     }
     bool running = true;
+    HeldChunks held;
     const uint32_t n_instrs = __ldg(p.sm_start + gridDim.x);
     for (int t = 0; t < p.max_steps && running; t++) {
         // Tracing (megakernel/profile.rs): thread 0 stamps one step's waits and instructions.
@@ -289,18 +312,33 @@ __device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32
         for (uint32_t i = first; i < last && running; i++) {
             const Instr in = load_instr(p, i);
             if (tr) tr[3 * i] = globaltimer_ns();
-            if (in.op == OP_ATTN) prefetch_split_kv<F::HD, F::HKV, F::NL>(p, in, t);
+            // Each kind loads what does not depend on the step before its wait.
+            AttnPre<F::HD> pre;
+            float nw[Matvec<F::D>::PER_LANE][8];
+            if (in.op == OP_ATTN) {
+                attention_prepare<F::HD, F::G, F::HKV, F::NL>(p, in, t, pre);
+            } else {
+                release_chunks(s, held);  // the SM waits now: the ring refills meanwhile
+                if (const float* norm = norm_weights<F>(p, in)) load_norm<F::D>(norm, nw);
+            }
             running = wait_counter(p, s, in.wait, (uint32_t)(t + 1) * in.per_step, i - first, t, 1);
             if (tr) tr[3 * i + 1] = globaltimer_ns();
-            if (running) run_instr<F>(p, s, in, t, chunk);
+            if (running) {
+                if (in.op == OP_ATTN) {
+                    attention<F::HD, F::G, F::HQ, F::HKV, F::NL>(p, s, in, t, pre);
+                    signal(p, in.signal);
+                } else {
+                    run_matvec<F>(p, s, in, t, chunk, nw, held);
+                }
+            }
             if (tr) tr[3 * i + 2] = globaltimer_ns();
         }
     }
     consumer_sync();
     if (tid == 0) {
-        s.sc->consumed = chunk;
+        s.sc()->consumed = chunk;
         __threadfence_block();
-        st_volatile(&s.sc->done, 1);
+        st_volatile(&s.sc()->done, 1);
     }
 }
 
@@ -370,6 +408,8 @@ __device__ __forceinline__ void producer(const Params& p, const Smem& s, uint32_
     uint32_t bytes;
     uint32_t chunk = 0;
     bool go = true;
+    const bool hinted = p.weights_evict_first != 0;
+    const uint64_t policy = l2_evict_first_policy();
     while (go && at.next(p, src, bytes)) {
         const int slot = chunk % SLOTS;
         if (chunk >= SLOTS) {
@@ -377,25 +417,29 @@ __device__ __forceinline__ void producer(const Params& p, const Smem& s, uint32_
             // have left (an abort elsewhere is not a reason to stop: this CTA's
             // consumers finish their instruction, which may need more chunks).
             const uint32_t parity = (chunk / SLOTS - 1) & 1;
-            while (!mbar_try_wait(s.empty + slot, parity)) {
-                if (ld_volatile(&s.sc->done)) {
+            while (!mbar_try_wait(s.empty() + slot, parity)) {
+                if (ld_volatile(&s.sc()->done)) {
                     go = false;
                     break;
                 }
             }
             if (!go) break;
         }
-        mbar_arrive_expect_tx(s.full + slot, bytes);
-        bulk_load(s.ring + slot * SLOT_BYTES, src, bytes, s.full + slot);
+        mbar_arrive_expect_tx(s.full() + slot, bytes);
+        if (hinted) {
+            bulk_load_hinted(s.ring() + slot * SLOT_BYTES, src, bytes, s.full() + slot, policy);
+        } else {
+            bulk_load(s.ring() + slot * SLOT_BYTES, src, bytes, s.full() + slot);
+        }
         chunk++;
     }
     // The CTA must not exit with copies still landing in its shared memory: wait
     // for the consumers to leave, then for every chunk issued but not consumed.
-    while (!ld_volatile(&s.sc->done)) __nanosleep(128);
+    while (!ld_volatile(&s.sc()->done)) __nanosleep(128);
     __threadfence_block();
-    const uint32_t consumed = ld_volatile(&s.sc->consumed);
+    const uint32_t consumed = ld_volatile(&s.sc()->consumed);
     for (uint32_t c = consumed; c < chunk; c++)
-        while (!mbar_try_wait(s.full + c % SLOTS, (c / SLOTS) & 1)) {
+        while (!mbar_try_wait(s.full() + c % SLOTS, (c / SLOTS) & 1)) {
         }
 }
 
@@ -422,15 +466,14 @@ __device__ __noinline__ void host_link(const Params& p) {
 
 template <class F>
 __device__ __forceinline__ void megakernel_body(const Params& p) {
-    extern __shared__ __align__(128) uint8_t smem_raw[];
-    const Smem s = smem_view(smem_raw);
+    const Smem s;
     if (threadIdx.x == 0) {
         for (int i = 0; i < SLOTS; i++) {
-            mbar_init(s.full + i, 1);
-            mbar_init(s.empty + i, CONSUMER_WARPS);
+            mbar_init(s.full() + i, 1);
+            mbar_init(s.empty() + i, CONSUMER_WARPS);
         }
-        s.sc->done = 0;
-        s.sc->consumed = 0;
+        s.sc()->done = 0;
+        s.sc()->consumed = 0;
         mbar_init_fence();
     }
     __syncthreads();

@@ -8,16 +8,69 @@
 // 8 warps instead of 4). Nobody merges the splits here: every O-proj CTA merges
 // them as it loads its input (`merge_attention`), which saves the hand-off to a
 // merging CTA and that CTA's round trips (~6 µs per layer in the H200 trace).
+// What does not depend on the step's QKV is loaded before the instruction's
+// wait (`attention_prepare`: RoPE factors, q/k-norm weights, K/V of earlier
+// positions into L2), and K/V load alongside q after it, so a used split's
+// critical path is one round trip for its inputs, its arithmetic and the
+// partial's release.
 #pragma once
 #include "mk_params.cuh"
 #include "mk_sync.cuh"
 
 namespace mk {
 
-// Warp-wide: normalise (when nw) and rotate one head of HD floats at `src` by
-// `pos`; lane i holds the pairs (i + 32 k, i + 32 k + HD/2). Calls out(i, y1, y2).
+constexpr int ATTN_P = 8;  // positions per warp per iteration: 8 warps x 8 = one 64-position split
+
+// What an attention instruction loads before its wait, per lane.
+template <int HD>
+struct AttnPre {
+    static constexpr int E = HD / 32, PAIRS = HD / 64;
+    bool normed;                     // q/k-norm (Qwen3)
+    float cs[PAIRS], sn[PAIRS];      // RoPE at the step's position for the lane's pairs (q warps, the k warp)
+    float n1[PAIRS], n2[PAIRS];      // the q- or k-norm weights of those pairs
+};
+
+// The positions an attention instruction covers at step t: splits of at least
+// SPLIT_POSITIONS positions (the CUDA-graph path's split size), at most
+// `splits` (in.c), of which the first `used` are never empty (geometry.rs
+// `used_splits`); an unused split only arrives.
+struct SplitRange {
+    int pos, begin, end;
+    bool used;
+};
+
+__device__ __forceinline__ int used_splits(int context, int splits) {
+    return min(splits, (context + SPLIT_POSITIONS - 1) / SPLIT_POSITIONS);
+}
+
+__device__ __forceinline__ SplitRange split_range(const Params& p, const Instr& in, int t) {
+    const int split = in.b, splits = in.c;
+    const int pos = p.pos0 + t, context = pos + 1;
+    const int used = used_splits(context, splits);
+    const int chunk = (context + used - 1) / used;
+    const int begin = min(split * chunk, context);
+    return SplitRange{pos, begin, min(begin + chunk, context), split < used};
+}
+
+// Before the wait: the lane's RoPE factors at `pos` (pairs i = lane + 32 k and
+// i + HD/2) and, when nw, its norm weights (as kernels/src/rope_kv.cu).
+template <int HD>
+__device__ __forceinline__ void rope_prepare(const Params& p, const float* nw, float pos, AttnPre<HD>& pre) {
+    const int lane = threadIdx.x & 31;
+    pre.normed = nw != nullptr;
+#pragma unroll
+    for (int k = 0; k < AttnPre<HD>::PAIRS; k++) {
+        const int i = lane + 32 * k;
+        sincosf(pos * __ldg(p.inv_freq + i), &pre.sn[k], &pre.cs[k]);
+        pre.n1[k] = nw ? __ldg(nw + i) : 1.0f;
+        pre.n2[k] = nw ? __ldg(nw + i + HD / 2) : 1.0f;
+    }
+}
+
+// Warp-wide, after the wait: normalise (when pre.normed) and rotate one head of
+// HD floats at `src` with rope_prepare's factors. Calls out(i, y1, y2).
 template <int HD, class Out>
-__device__ __forceinline__ void rope_head(const Params& p, const float* src, const float* nw, float pos, Out out) {
+__device__ __forceinline__ void rope_head(const Params& p, const float* src, const AttnPre<HD>& pre, Out out) {
     constexpr int HALF = HD / 2, PAIRS = HALF / 32;
     const int lane = threadIdx.x & 31;
     float x1[PAIRS], x2[PAIRS];
@@ -26,87 +79,152 @@ __device__ __forceinline__ void rope_head(const Params& p, const float* src, con
         x1[k] = __ldcg(src + lane + 32 * k);
         x2[k] = __ldcg(src + lane + 32 * k + HALF);
     }
-    if (nw) {
+    if (pre.normed) {
         float ss = 0.0f;
 #pragma unroll
         for (int k = 0; k < PAIRS; k++) ss += x1[k] * x1[k] + x2[k] * x2[k];
         const float scale = rsqrtf(warp_sum(ss) / (float)HD + p.eps);
 #pragma unroll
         for (int k = 0; k < PAIRS; k++) {
-            const int i = lane + 32 * k;
-            x1[k] = __ldg(nw + i) * (x1[k] * scale);
-            x2[k] = __ldg(nw + i + HALF) * (x2[k] * scale);
+            x1[k] = pre.n1[k] * (x1[k] * scale);
+            x2[k] = pre.n2[k] * (x2[k] * scale);
         }
     }
 #pragma unroll
     for (int k = 0; k < PAIRS; k++) {
         const int i = lane + 32 * k;
-        float sn, cs;
-        sincosf(pos * __ldg(p.inv_freq + i), &sn, &cs);
-        out(i, x1[k] * cs - x2[k] * sn, x2[k] * cs + x1[k] * sn);
+        out(i, x1[k] * pre.cs[k] - x2[k] * pre.sn[k], x2[k] * pre.cs[k] + x1[k] * pre.sn[k]);
     }
 }
 
-// E consecutive bf16 (4 or 8 bytes, aligned) from the KV cache, which other SMs
-// wrote during this launch: loaded past L1.
-template <int E>
-__device__ __forceinline__ void load_bf16(const uint16_t* src, float (&out)[E]) {
-    static_assert(E == 2 || E == 4, "head_dim 64 or 128");
-    if constexpr (E == 2) {
-        const uint32_t w = __ldcg(reinterpret_cast<const unsigned int*>(src));
-        out[0] = __uint_as_float(w << 16);
-        out[1] = __uint_as_float(w & 0xffff0000u);
+// W pairs of consecutive bf16 (4 or 8 bytes, aligned) from the KV cache, which
+// other SMs wrote during this launch: loaded past L1.
+template <int W>
+__device__ __forceinline__ void load_pairs(const uint16_t* src, uint32_t (&out)[W]) {
+    static_assert(W == 1 || W == 2, "head_dim 64 or 128");
+    if constexpr (W == 1) {
+        out[0] = __ldcg(reinterpret_cast<const unsigned int*>(src));
     } else {
         const uint2 w = __ldcg(reinterpret_cast<const uint2*>(src));
-        out[0] = __uint_as_float(w.x << 16);
-        out[1] = __uint_as_float(w.x & 0xffff0000u);
-        out[2] = __uint_as_float(w.y << 16);
-        out[3] = __uint_as_float(w.y & 0xffff0000u);
+        out[0] = w.x;
+        out[1] = w.y;
     }
 }
 
-// Splits of at least SPLIT_POSITIONS positions (the CUDA-graph path's split
-// size), at most `splits`: the first `used` splits are never empty
-// (geometry.rs `used_splits`).
-__device__ __forceinline__ int used_splits(int context, int splits) {
-    return min(splits, (context + SPLIT_POSITIONS - 1) / SPLIT_POSITIONS);
+// load_pairs from shared memory (the step's own k or v row).
+template <int W>
+__device__ __forceinline__ void load_pairs_shared(const uint16_t* src, uint32_t (&out)[W]) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(src);
+#pragma unroll
+    for (int i = 0; i < W; i++) out[i] = w[i];
 }
 
-// Steps 1-3 of a non-empty split: q, the KV append, the split's partial.
+// Element e of load_pairs' words (little-endian: the even element in the low half).
+template <int W>
+__device__ __forceinline__ float pair_elem(const uint32_t (&w)[W], int e) {
+    return __uint_as_float(e & 1 ? w[e >> 1] & 0xffff0000u : w[e >> 1] << 16);
+}
+
+// The K/V cache row of position `q` for KV head g of `layer`, at the lane's elements.
+template <int HD, int HKV, int NL>
+__device__ __forceinline__ const uint16_t* kv_row(const Params& p, int layer, int g, int q) {
+    constexpr int KVD = HKV * HD;
+    return p.kv + (size_t)q * NL * 2 * KVD + (size_t)layer * 2 * KVD + g * HD + (threadIdx.x & 31) * (HD / 32);
+}
+
+// Called by every consumer before an attention instruction's wait (nothing here
+// depends on the step's QKV): RoPE factors and norm weights for the q warps and
+// the k warp, and an L2 prefetch of the split's K and V rows (final: written in
+// earlier steps, and long evicted by the weight stream; the step's own position
+// is written after the wait). K and V themselves load right after the wait
+// (attend_split step 0), in parallel with q: held in registers across the wait
+// they spilled (10 warps get at most 168 registers each).
+template <int HD, int G, int HKV, int NL>
+__device__ __forceinline__ void attention_prepare(const Params& p, const Instr& in, int t, AttnPre<HD>& pre) {
+    constexpr int KVD = HKV * HD, LINES = HD * 2 / 128;  // 128-byte lines per row
+    const SplitRange r = split_range(p, in, t);
+    if (!r.used) return;
+    const int warp = threadIdx.x >> 5, g = in.a;
+    const LayerPtrs& lw = p.layers[in.layer];
+    const bool owner = r.begin <= r.pos && r.pos < r.end;
+    if (warp < G) {
+        rope_prepare<HD>(p, lw.q_norm, (float)r.pos, pre);
+    } else if (warp == G && owner) {
+        rope_prepare<HD>(p, lw.k_norm, (float)r.pos, pre);
+    }
+    const int last = min(r.end, r.pos);
+    const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.kv + (size_t)in.layer * 2 * KVD + g * HD);
+    const size_t pos_stride = (size_t)NL * 2 * KVD;
+    for (int k = threadIdx.x; k < (last - r.begin) * 2 * LINES; k += CONSUMERS) {
+        const int row = k / LINES, line = k % LINES;  // row: position begin + row / 2, k or v (row % 2)
+        prefetch_line_l2(cache + ((r.begin + row / 2) * pos_stride + (row & 1) * KVD) * 2 + line * 128);
+    }
+}
+
+// Steps 1-3 of a used split: q, the KV append, the split's partial.
 template <int HD, int G, int HQ, int HKV, int NL>
-__device__ __forceinline__ void attend_split(const Params& p, const Smem& s, const Instr& in, int pos, int begin,
-                                             int end) {
-    constexpr int QD = HQ * HD, KVD = HKV * HD, E = HD / 32;
+__device__ __forceinline__ void attend_split(const Params& p, const Smem& s, const Instr& in, const SplitRange& r,
+                                             AttnPre<HD>& pre) {
+    constexpr int QD = HQ * HD, KVD = HKV * HD, E = HD / 32, W = E / 2, P = ATTN_P;
+    static_assert(G * HD <= 512 && HD <= 256, "q heads, k and v of the step fit s.vec() below the warp partials");
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int layer = in.layer, g = in.a, split = in.b, splits = in.c;  // splits: the partials' stride
-    const LayerPtrs& lw = p.layers[layer];
+    const int pos = r.pos, begin = r.begin, end = r.end;
     const size_t pos_stride = (size_t)NL * 2 * KVD;
     uint16_t* cache = p.kv + (size_t)layer * 2 * KVD + g * HD;
     const bool owner = begin <= pos && pos < end;  // this split appends the step's k and v
 
-    // 1. q heads into s.vec (rotated), k and v of this position into the cache.
-    float* sq = s.vec;
+    // 0. The warp's first P positions of K and V (but the step's own, written
+    // below): issued first, so their round trip overlaps q's.
+    uint32_t kw[P][W], vw[P][W];
+    int p0 = begin + warp * P;
+    if (p0 < end) {
+#pragma unroll
+        for (int j = 0; j < P; j++) {
+            const int q = min(p0 + j, end - 1);
+            if (q < pos) {
+                const uint16_t* kp = kv_row<HD, HKV, NL>(p, layer, g, q);
+                load_pairs<W>(kp, kw[j]);
+                load_pairs<W>(kp + KVD, vw[j]);
+            }
+        }
+    }
+
+    // 1. q heads into s.vec() (rotated), k and v of this position into the cache
+    // and (the same bf16, laid out as a cache row) into s.vec() for the warp whose
+    // first iteration holds the position.
+    float* sq = s.vec();
+    uint16_t* sk = reinterpret_cast<uint16_t*>(s.vec() + 512);
+    uint16_t* sv = sk + 256;
     if (warp < G) {
         const int head = g * G + warp;
-        rope_head<HD>(p, p.qkv + head * HD, lw.q_norm, (float)pos, [&](int i, float y1, float y2) {
+        rope_head<HD>(p, p.qkv + head * HD, pre, [&](int i, float y1, float y2) {
             sq[warp * HD + i] = y1;
             sq[warp * HD + i + HD / 2] = y2;
         });
     } else if (warp == G && owner) {
         uint16_t* kc = cache + (size_t)pos * pos_stride;
-        rope_head<HD>(p, p.qkv + QD + g * HD, lw.k_norm, (float)pos, [&](int i, float y1, float y2) {
-            kc[i] = f32_to_bf16(y1);
-            kc[i + HD / 2] = f32_to_bf16(y2);
+        rope_head<HD>(p, p.qkv + QD + g * HD, pre, [&](int i, float y1, float y2) {
+            const uint16_t b1 = f32_to_bf16(y1), b2 = f32_to_bf16(y2);
+            kc[i] = b1;
+            kc[i + HD / 2] = b2;
+            sk[i] = b1;
+            sk[i + HD / 2] = b2;
         });
     } else if (warp == G + 1 && owner) {
         uint16_t* vc = cache + (size_t)pos * pos_stride + KVD;
-        for (int i = lane; i < HD; i += 32) vc[i] = f32_to_bf16(__ldcg(p.qkv + QD + KVD + g * HD + i));
+        for (int i = lane; i < HD; i += 32) {
+            const uint16_t b = f32_to_bf16(__ldcg(p.qkv + QD + KVD + g * HD + i));
+            vc[i] = b;
+            sv[i] = b;
+        }
     }
-    consumer_sync();  // q in shared memory; this CTA's cache writes visible to its threads
+    consumer_sync();  // q and the step's k/v in shared memory; this CTA's cache writes visible to its threads
 
     // 2. Online softmax over positions begin..end: warp w takes P at a time, w*P +
-    // 8P k. P loads of K and of V in flight per lane: at long contexts each
-    // iteration is an L2/HBM round trip, so the split's latency is its iterations.
+    // 8P k. The first P were loaded in 0 (the step's own position comes from
+    // s.vec()); later ones are loaded P at a time (at long contexts each iteration
+    // is an L2/HBM round trip, so the split's latency is its iterations).
     const float scale = 1.0f / sqrtf((float)HD);
     float q[G][E], acc[G][E], m[G], l[G];
 #pragma unroll
@@ -119,15 +237,23 @@ __device__ __forceinline__ void attend_split(const Params& p, const Smem& s, con
             acc[h][e] = 0.0f;
         }
     }
-    const uint16_t* base = cache + lane * E;
-    constexpr int P = 8;  // 8 warps x 8 = one 64-position split per iteration; 32-64 registers of K and V
-    for (int p0 = begin + warp * P; p0 < end; p0 += CONSUMER_WARPS * P) {
-        float kf[P][E], vf[P][E];
+    if (owner && p0 < end) {
 #pragma unroll
         for (int j = 0; j < P; j++) {
-            const uint16_t* kp = base + (size_t)min(p0 + j, end - 1) * pos_stride;
-            load_bf16<E>(kp, kf[j]);
-            load_bf16<E>(kp + KVD, vf[j]);
+            if (min(p0 + j, end - 1) == pos) {
+                load_pairs_shared<W>(sk + lane * E, kw[j]);
+                load_pairs_shared<W>(sv + lane * E, vw[j]);
+            }
+        }
+    }
+    for (; p0 < end; p0 += CONSUMER_WARPS * P) {
+        if (p0 != begin + warp * P) {
+#pragma unroll
+            for (int j = 0; j < P; j++) {
+                const uint16_t* kp = kv_row<HD, HKV, NL>(p, layer, g, min(p0 + j, end - 1));
+                load_pairs<W>(kp, kw[j]);
+                load_pairs<W>(kp + KVD, vw[j]);
+            }
         }
 #pragma unroll
         for (int h = 0; h < G; h++) {
@@ -136,7 +262,7 @@ __device__ __forceinline__ void attend_split(const Params& p, const Smem& s, con
             for (int j = 0; j < P; j++) {
                 float d = 0.0f;
 #pragma unroll
-                for (int e = 0; e < E; e++) d += q[h][e] * kf[j][e];
+                for (int e = 0; e < E; e++) d += q[h][e] * pair_elem<W>(kw[j], e);
                 sc[j] = p0 + j < end ? warp_sum(d) : -INFINITY;
                 gmax = fmaxf(gmax, sc[j]);
             }
@@ -149,16 +275,16 @@ __device__ __forceinline__ void attend_split(const Params& p, const Smem& s, con
                 const float w = __expf(sc[j] - gmax);
                 l[h] += w;
 #pragma unroll
-                for (int e = 0; e < E; e++) acc[h][e] += w * vf[j][e];
+                for (int e = 0; e < E; e++) acc[h][e] += w * pair_elem<W>(vw[j], e);
             }
             m[h] = gmax;
         }
     }
 
     // 3. The 8 warps' partials -> this split's partial per q head.
-    float* wm = s.vec + 1024;                      // [warp][G]
+    float* wm = s.vec() + 1024;                      // [warp][G]
     float* wl = wm + CONSUMER_WARPS * MAX_GROUP;   // [warp][G]
-    float* wo = s.part;                            // [warp][G][HD]
+    float* wo = s.part();                            // [warp][G][HD]
     consumer_sync();                               // everyone is done reading sq
 #pragma unroll
     for (int h = 0; h < G; h++) {
@@ -195,10 +321,11 @@ __device__ __forceinline__ void attend_split(const Params& p, const Smem& s, con
 // One group of 8 attention outputs (q head h, elements i..i+7) merged from the
 // used splits' partials, as kernels/src/attention.cu attn_merge: the largest
 // max first, then the splits in order, a split with no finite score adding
-// nothing. Up to FAST splits load in one round trip; more take two passes.
+// nothing. Up to FAST splits load in one round trip (a 512-position context at
+// the 64-position split); more take two passes.
 template <int HD>
 __device__ __forceinline__ void merge_group(const Params& p, int h, int i, int used, float (&o)[8]) {
-    constexpr int FAST = 4;
+    constexpr int FAST = 6;
     const int splits = p.splits;
     const float* ml = p.part_ml + (size_t)h * splits * 2;
     const float* po = p.part_o + (size_t)h * splits * HD + i;
@@ -249,7 +376,7 @@ __device__ __forceinline__ void merge_group(const Params& p, int h, int i, int u
     for (int e = 0; e < 8; e++) o[e] /= lsum;
 }
 
-// Step t's attention output (all q heads) into s.vec, merged from the splits'
+// Step t's attention output (all q heads) into s.vec(), merged from the splits'
 // partials: the O-proj instruction's input. Thread k takes elements 8k..8k+7.
 template <int HD, int HQ>
 __device__ __forceinline__ void merge_attention(const Params& p, const Smem& s, int t) {
@@ -259,45 +386,20 @@ __device__ __forceinline__ void merge_attention(const Params& p, const Smem& s, 
     for (int grp = threadIdx.x; grp < GROUPS; grp += CONSUMERS) {
         float o[8];
         merge_group<HD>(p, grp * 8 / HD, grp * 8 % HD, used, o);
-        float4* dst = reinterpret_cast<float4*>(s.vec + grp * 8);
+        float4* dst = reinterpret_cast<float4*>(s.vec() + grp * 8);
         dst[0] = make_float4(o[0], o[1], o[2], o[3]);
         dst[1] = make_float4(o[4], o[5], o[6], o[7]);
     }
     consumer_sync();
 }
 
-// Called by every consumer before an attention instruction's wait: asks L2 for
-// the K and V rows of the split's earlier positions. They are final (written in
-// earlier steps) and long evicted by the weight stream, so without this the
-// split's first loads after the wait go to HBM. (The step's own position is
-// written by this instruction itself.)
-template <int HD, int HKV, int NL>
-__device__ __forceinline__ void prefetch_split_kv(const Params& p, const Instr& in, int t) {
-    constexpr int KVD = HKV * HD, LINES = HD * 2 / 128;  // 128-byte lines per row
-    const int g = in.a, split = in.b, splits = in.c;
-    const int pos = p.pos0 + t, context = pos + 1;
-    const int used = used_splits(context, splits);
-    if (split >= used) return;
-    const int chunk = (context + used - 1) / used;
-    const int begin = min(split * chunk, context), end = min(begin + chunk, pos);
-    const size_t pos_stride = (size_t)NL * 2 * KVD;
-    const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.kv + (size_t)in.layer * 2 * KVD + g * HD);
-    for (int k = threadIdx.x; k < (end - begin) * 2 * LINES; k += CONSUMERS) {
-        const int row = k / LINES, line = k % LINES;  // row: position (row / 2), k or v (row % 2)
-        prefetch_line_l2(cache + ((begin + row / 2) * pos_stride + (row & 1) * KVD) * 2 + line * 128);
-    }
-}
-
+// The instruction, after its wait (attention_prepare ran before it).
 template <int HD, int G, int HQ, int HKV, int NL>
-__device__ __forceinline__ void attention(const Params& p, const Smem& s, const Instr& in, int t) {
+__device__ __forceinline__ void attention(const Params& p, const Smem& s, const Instr& in, int t, AttnPre<HD>& pre) {
     static_assert(G <= MAX_GROUP && CONSUMER_WARPS * G * HD <= PART_CAP && G * HD <= CONSUMERS, "attention fits");
-    const int split = in.b, splits = in.c;
-    const int pos = p.pos0 + t, context = pos + 1;
-    const int used = used_splits(context, splits);
-    const int chunk = (context + used - 1) / used;
-    const int begin = min(split * chunk, context), end = min(begin + chunk, context);
-    if (split < used) attend_split<HD, G, HQ, HKV, NL>(p, s, in, pos, begin, end);
-    // (else: an empty split; splits < used never are, and the merge reads only those.)
+    const SplitRange r = split_range(p, in, t);
+    if (r.used) attend_split<HD, G, HQ, HKV, NL>(p, s, in, r, pre);
+    // (else: an empty split; used splits never are, and the merge reads only those.)
 }
 
 }  // namespace mk

@@ -16,7 +16,7 @@ namespace mk {
 // end), so the watchdog leaves a note in the host ring, which outlives the CUDA
 // context, and traps: the launch fails with an error instead of hanging.
 __device__ __forceinline__ void wait_chunk(const Params& p, const Smem& s, uint32_t n) {
-    uint64_t* bar = s.full + n % SLOTS;
+    uint64_t* bar = s.full() + n % SLOTS;
     const uint32_t parity = (n / SLOTS) & 1;
     if (mbar_try_wait(bar, parity)) return;
     const uint64_t start = globaltimer_ns();
@@ -43,12 +43,36 @@ __device__ __forceinline__ float dot8(uint4 w, const float* a) {
 enum class Input {
     NORMED_X,  // RMSNorm(src) * norm_w, as kernels/src/rms_norm.cu (Qkv, GateUp, LmHead: src is x)
     GLOBAL,    // src in global memory as it is (Down: act)
-    SHARED,    // src in shared memory as it is (OProj: the merged attention in s.vec)
+    SHARED,    // src in shared memory as it is (OProj: the merged attention in s.vec())
 };
 
+// The segment of a row that warp `warp` multiplies (0 when rows are not cut).
+template <int K>
+__device__ __forceinline__ int warp_segment(int warp) {
+    return Matvec<K>::SEGS > 1 ? warp / Matvec<K>::ROWS : 0;
+}
+
+// The norm weights of a NORMED_X input, the calling lane's columns of its
+// segment (as load_input's `a`). Called before the instruction's wait: they
+// depend on nothing the step computes, and loaded after it they were a round
+// trip (often to HBM: the weight stream evicts them) on the critical path of
+// every Qkv, GateUp and LM-head instruction.
+template <int K>
+__device__ __forceinline__ void load_norm(const float* norm_w, float (&a)[Matvec<K>::PER_LANE][8]) {
+    using M = Matvec<K>;
+    const int lane = threadIdx.x & 31, seg = warp_segment<K>(threadIdx.x >> 5);
+#pragma unroll
+    for (int j = 0; j < M::PER_LANE; j++) {
+        const int c = seg * M::SEG_LEN + (lane + 32 * j) * 8;
+#pragma unroll
+        for (int e = 0; e < 8; e++) a[j][e] = lane + 32 * j < M::GROUPS ? __ldg(norm_w + c + e) : 0.0f;
+    }
+}
+
 // The input slice a warp multiplies with: columns seg*SEG_LEN + (lane + 32 j)*8 + e.
+// NORMED_X: `a` holds load_norm's weights on entry.
 template <int K, Input IN>
-__device__ __forceinline__ void load_input(const Params& p, const Smem& s, const float* src, const float* norm_w,
+__device__ __forceinline__ void load_input(const Params& p, const Smem& s, const float* src,
                                            float (&a)[Matvec<K>::PER_LANE][8], int seg) {
     using M = Matvec<K>;
     const int tid = threadIdx.x, lane = tid & 31;
@@ -56,20 +80,13 @@ __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const
     constexpr bool NORMED = IN == Input::NORMED_X;
     if constexpr (NORMED) {
         static_assert(K <= VEC_CAP, "normed inputs fit the shared vector");
-        // The norm weights first: their loads fly with x's instead of after the reduction.
-#pragma unroll
-        for (int j = 0; j < M::PER_LANE; j++) {
-            const int c = seg * M::SEG_LEN + (lane + 32 * j) * 8;
-#pragma unroll
-            for (int e = 0; e < 8; e++) a[j][e] = lane + 32 * j < M::GROUPS ? __ldg(norm_w + c + e) : 0.0f;
-        }
         float ss = 0.0f;
         for (int i = tid * 4; i < K; i += CONSUMERS * 4) {
             const float4 v = __ldcg(reinterpret_cast<const float4*>(src + i));
-            *reinterpret_cast<float4*>(s.vec + i) = v;
+            *reinterpret_cast<float4*>(s.vec() + i) = v;
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
-        scale = rsqrtf(consumer_sum(ss, s.sc) / (float)K + p.eps);  // its barriers publish s.vec
+        scale = rsqrtf(consumer_sum(ss, s.sc()) / (float)K + p.eps);  // its barriers publish s.vec()
     }
 #pragma unroll
     for (int j = 0; j < M::PER_LANE; j++) {
@@ -82,7 +99,7 @@ __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const
         if (g < M::GROUPS) {
             if constexpr (NORMED) {
 #pragma unroll
-                for (int e = 0; e < 8; e++) a[j][e] = a[j][e] * (s.vec[c + e] * scale);
+                for (int e = 0; e < 8; e++) a[j][e] = a[j][e] * (s.vec()[c + e] * scale);
             } else {
                 const float4* v = reinterpret_cast<const float4*>(src + c);
                 const float4 lo = IN == Input::SHARED ? v[0] : __ldcg(v), hi = IN == Input::SHARED ? v[1] : __ldcg(v + 1);
@@ -93,18 +110,33 @@ __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const
     }
 }
 
+// Ring chunks [from, to) that the consumers have used but not yet given back to
+// the producer (Params::hold_chunks).
+struct HeldChunks {
+    uint32_t from = 0, to = 0;
+};
+
+// Gives the held chunks' slots back (each consumer warp arrives once per chunk,
+// in chunk order, as consume_rows does).
+__device__ __forceinline__ void release_chunks(const Smem& s, HeldChunks& held) {
+    if ((threadIdx.x & 31) == 0)
+        for (uint32_t c = held.from; c < held.to; c++) mbar_arrive(s.empty() + c % SLOTS);
+    held.from = held.to;
+}
+
 // Consumes the chunks of `n` rows: part[(first_part + i) * SEGS + seg] = row i's
-// segment dot product. `chunk` counts the SM's chunks.
+// segment dot product. `chunk` counts the SM's chunks; those from `keep_from` on
+// are kept (not given back to the producer) for the caller to release.
 template <int K>
 __device__ __forceinline__ void consume_rows(const Params& p, const Smem& s, const float (&a)[Matvec<K>::PER_LANE][8],
-                                             int n, int first_part, uint32_t& chunk) {
+                                             int n, int first_part, uint32_t& chunk, uint32_t keep_from) {
     using M = Matvec<K>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int seg = M::SEGS > 1 ? warp / M::ROWS : 0;
+    const int seg = warp_segment<K>(warp);
     for (int row = 0; row < n; row += M::ROWS) {
         const int rows_here = min(M::ROWS, n - row);
         wait_chunk(p, s, chunk);
-        const uint8_t* slot = s.ring + (chunk % SLOTS) * SLOT_BYTES;
+        const uint8_t* slot = s.ring() + (chunk % SLOTS) * SLOT_BYTES;
         // SEGS > 1: warp -> (row warp % ROWS, segment warp / ROWS); else rows warp, warp + 8, ...
         for (int r = M::SEGS > 1 ? warp % M::ROWS : warp; r < rows_here; r += M::SEGS > 1 ? M::ROWS : CONSUMER_WARPS) {
             const uint4* w = reinterpret_cast<const uint4*>(slot + r * M::ROW_BYTES + seg * M::SEG_LEN * 2);
@@ -115,10 +147,10 @@ __device__ __forceinline__ void consume_rows(const Params& p, const Smem& s, con
                 if (g < M::GROUPS) acc += dot8(w[g], a[j]);
             }
             acc = warp_sum(acc);
-            if (lane == 0) s.part[(first_part + row + r) * M::SEGS + seg] = acc;
+            if (lane == 0) s.part()[(first_part + row + r) * M::SEGS + seg] = acc;
         }
         __syncwarp();
-        if (lane == 0) mbar_arrive(s.empty + chunk % SLOTS);
+        if (lane == 0 && chunk < keep_from) mbar_arrive(s.empty() + chunk % SLOTS);
         chunk++;
     }
 }
@@ -127,23 +159,27 @@ template <int K>
 __device__ __forceinline__ float part_sum(const Smem& s, int i) {
     float v = 0.0f;
 #pragma unroll
-    for (int g = 0; g < Matvec<K>::SEGS; g++) v += s.part[i * Matvec<K>::SEGS + g];
+    for (int g = 0; g < Matvec<K>::SEGS; g++) v += s.part()[i * Matvec<K>::SEGS + g];
     return v;
 }
 
 // The dot products of one matrix-vector instruction over rows in.a..in.b of its
-// matrix (`regions` matrices of those rows: 2 for gate|up), left in s.part for the
-// caller's epilogue once every consumer is past the closing barrier.
+// matrix (`regions` matrices of those rows: 2 for gate|up), left in s.part() for the
+// caller's epilogue once every consumer is past the closing barrier. `a` is the
+// input's registers (NORMED_X: holding load_norm's weights). The instruction's
+// last `hold` chunks (at most SLOTS, so the producer never waits on them) stay
+// held: returns the first of them (`chunk` when none).
 template <int K, Input IN>
-__device__ __forceinline__ void matvec(const Params& p, const Smem& s, const Instr& in, const float* src,
-                                       const float* norm_w, uint32_t& chunk, int regions) {
-    const int warp = threadIdx.x >> 5;
-    const int seg = Matvec<K>::SEGS > 1 ? warp / Matvec<K>::ROWS : 0;
-    float a[Matvec<K>::PER_LANE][8];
-    load_input<K, IN>(p, s, src, norm_w, a, seg);
+__device__ __forceinline__ uint32_t matvec(const Params& p, const Smem& s, const Instr& in, const float* src,
+                                           float (&a)[Matvec<K>::PER_LANE][8], uint32_t& chunk, int regions,
+                                           int hold) {
+    load_input<K, IN>(p, s, src, a, warp_segment<K>(threadIdx.x >> 5));
     const int n = in.b - in.a;
-    for (int r = 0; r < regions; r++) consume_rows<K>(p, s, a, n, r * n, chunk);
+    const uint32_t total = regions * ((n + Matvec<K>::ROWS - 1) / Matvec<K>::ROWS);
+    const uint32_t keep_from = chunk + total - min(total, (uint32_t)min(hold, SLOTS));
+    for (int r = 0; r < regions; r++) consume_rows<K>(p, s, a, n, r * n, chunk, keep_from);
     consumer_sync();
+    return keep_from;
 }
 
 }  // namespace mk

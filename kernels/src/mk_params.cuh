@@ -62,9 +62,11 @@ struct Params {
     float eps;
     int trace_step;
     int poll_spin;             // 1: dependency polls spin without __nanosleep (ROCKET_MK_SPIN, an experiment)
+    int weights_evict_first;   // 1: weight copies go through L2 as evict-first (ROCKET_MK_EVICT_FIRST)
+    int hold_chunks;           // ring chunks a layer's matvec keeps until the next one's wait (ROCKET_MK_HOLD)
 };
 
-static_assert(sizeof(Params) == 280, "Params is shared with backend/cuda/megakernel.rs");
+static_assert(sizeof(Params) == 288, "Params is shared with backend/cuda/megakernel.rs");
 
 struct Instr {
     uint32_t op, layer, signal, wait, per_step, a, b, c, d;
@@ -99,25 +101,21 @@ struct Scalars {
     uint32_t done;       // consumers have left: the producer stops issuing and drains
 };
 
+// The CTA's dynamic shared memory. Every view of it below starts from this
+// symbol, so the compiler always knows the accesses are to shared memory (LDS,
+// STS). Views held in pointer fields lost that once a loop grew past its
+// inference, and the ring's reads became generic loads.
+extern __shared__ __align__(128) uint8_t mk_smem[];
+
 struct Smem {
-    uint8_t* ring;
-    uint64_t* full;
-    uint64_t* empty;
-    float* vec;
-    float* part;
-    Scalars* sc;
+    __device__ __forceinline__ uint8_t* ring() const { return mk_smem; }
+    __device__ __forceinline__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(mk_smem + SMEM_BARRIERS); }
+    __device__ __forceinline__ uint64_t* empty() const { return full() + SLOTS; }
+    __device__ __forceinline__ float* vec() const { return reinterpret_cast<float*>(mk_smem + SMEM_VEC); }
+    __device__ __forceinline__ float* part() const { return reinterpret_cast<float*>(mk_smem + SMEM_PART); }
+    __device__ __forceinline__ Scalars* sc() const { return reinterpret_cast<Scalars*>(mk_smem + SMEM_SCALARS); }
 };
 
-__device__ __forceinline__ Smem smem_view(uint8_t* base) {
-    Smem s;
-    s.ring = base;
-    s.full = reinterpret_cast<uint64_t*>(base + SMEM_BARRIERS);
-    s.empty = s.full + SLOTS;
-    s.vec = reinterpret_cast<float*>(base + SMEM_VEC);
-    s.part = reinterpret_cast<float*>(base + SMEM_PART);
-    s.sc = reinterpret_cast<Scalars*>(base + SMEM_SCALARS);
-    return s;
-}
 static_assert(sizeof(Scalars) <= SMEM_SCALAR_WORDS * 4, "scalars fit their shared-memory space");
 
 // Sum over the consumer threads; every consumer gets it (fixed order: deterministic).

@@ -118,10 +118,12 @@ struct Params {
     eps: f32,
     trace_step: i32,
     poll_spin: i32,
+    weights_evict_first: i32,
+    hold_chunks: i32,
 }
 
 // mk_params.cuh asserts the same size.
-const _: () = assert!(std::mem::size_of::<Params>() == 280);
+const _: () = assert!(std::mem::size_of::<Params>() == 288);
 // Hopper gives a CTA at most 227 KiB of shared memory.
 const _: () = assert!(SMEM_BYTES <= 227 * 1024);
 
@@ -213,18 +215,37 @@ pub(crate) struct Megakernel {
     broken: Option<String>,
 }
 
-/// How long a wait on one dependency counter may last before the kernel gives
-/// up (ROCKET_WATCHDOG_MS; raise it under compute-sanitizer).
-/// ROCKET_MK_SPIN=1: dependency polls spin instead of sleeping 32 ns between
-/// loads (an experiment for the hand-off latency; see benches/NOTES.md).
-fn poll_spin() -> Result<bool> {
-    match std::env::var("ROCKET_MK_SPIN").as_deref() {
-        Err(_) | Ok("") | Ok("0") => Ok(false),
+/// A "0"/"1" experiment switch, `default` when unset or empty (see
+/// benches/NOTES.md): ROCKET_MK_SPIN=1 makes dependency polls spin instead of
+/// sleeping 32 ns between loads; ROCKET_MK_EVICT_FIRST=0 streams the weights
+/// through L2 under the normal policy instead of evict-first.
+fn switch(name: &str, default: bool) -> Result<bool> {
+    match std::env::var(name).as_deref() {
+        Err(_) | Ok("") => Ok(default),
+        Ok("0") => Ok(false),
         Ok("1") => Ok(true),
-        Ok(other) => Err(RocketError::invalid_arg("ROCKET_MK_SPIN", other, "expected \"0\" or \"1\"")),
+        Ok(other) => Err(RocketError::invalid_arg(name, other, "expected \"0\" or \"1\"")),
     }
 }
 
+/// ROCKET_MK_HOLD=N (0..=SLOTS, default 8): a layer's matrix-vector instruction
+/// keeps its last N ring chunks until the next one's wait, so fewer weights
+/// stream into the SM while it stores and releases its results (measured on the
+/// H200: 0.836 → 0.777 ms/token on Llama-3.2-1B from 0 to 8, 12 slower again;
+/// benches/NOTES.md, session 14).
+const DEFAULT_HOLD_CHUNKS: i32 = 8;
+fn hold_chunks() -> Result<i32> {
+    match std::env::var("ROCKET_MK_HOLD").as_deref() {
+        Err(_) | Ok("") => Ok(DEFAULT_HOLD_CHUNKS),
+        Ok(v) => match v.parse::<i32>() {
+            Ok(n) if (0..=SLOTS as i32).contains(&n) => Ok(n),
+            _ => Err(RocketError::invalid_arg("ROCKET_MK_HOLD", v, format!("expected a whole number from 0 to {SLOTS}"))),
+        },
+    }
+}
+
+/// How long a wait on one dependency counter may last before the kernel gives
+/// up (ROCKET_WATCHDOG_MS; raise it under compute-sanitizer).
 fn watchdog() -> Duration {
     let ms = std::env::var("ROCKET_WATCHDOG_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(2000);
     Duration::from_millis(ms.max(1))
@@ -313,7 +334,9 @@ impl Megakernel {
             lm_tiles: schedule.lm_tiles as i32,
             splits: schedule.splits as i32,
             eps: spec.rms_norm_eps as f32,
-            poll_spin: poll_spin()? as i32,
+            poll_spin: switch("ROCKET_MK_SPIN", false)? as i32,
+            weights_evict_first: switch("ROCKET_MK_EVICT_FIRST", true)? as i32,
+            hold_chunks: hold_chunks()?,
             ..Params::default()
         };
         stream.sync()?;
@@ -682,7 +705,7 @@ mod tests {
             instrs, sm_start, counters, state, layers, embed, lm_head, final_norm, inv_freq, x, qkv, act, logits,
             part_o, part_ml, lm_max, lm_idx, kv, forced, logits_out, ring, end_ids, trace, sample, seen_bits,
             gen_counts, sample_items, tokens, watchdog_ns, pos0, first_token, max_steps, n_forced, n_end,
-            mask_end_steps, lm_tiles, splits, eps, trace_step, poll_spin,
+            mask_end_steps, lm_tiles, splits, eps, trace_step, poll_spin, weights_evict_first, hold_chunks,
         ];
         assert_eq!(kernel_fields, rust);
         assert_eq!(offset.next_multiple_of(8), std::mem::size_of::<Params>());
