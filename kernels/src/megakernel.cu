@@ -241,9 +241,10 @@ __device__ __forceinline__ const float* norm_weights(const Params& p, const Inst
 
 // A matrix-vector instruction after its wait; `nw` holds load_norm's weights
 // for Qkv and GateUp. A layer's instruction holds its last p.hold_chunks ring
-// chunks (`held`) past its release, so that no weights stream into this SM
-// while its results are stored and released; the caller gives them back
-// before the next matrix-vector instruction's wait.
+// chunks (`held`) past its release, so that fewer weights stream into this SM
+// while it stores and releases its results (none at hold 12); the caller gives
+// them back before the next matrix-vector instruction's wait (they stay held
+// through an attention instruction).
 template <class F>
 __device__ __forceinline__ void run_matvec(const Params& p, const Smem& s, const Instr& in, int t, uint32_t& chunk,
                                            float (&nw)[Matvec<F::D>::PER_LANE][8], HeldChunks& held) {

@@ -321,8 +321,8 @@ __device__ __forceinline__ void attend_split(const Params& p, const Smem& s, con
 // One group of 8 attention outputs (q head h, elements i..i+7) merged from the
 // used splits' partials, as kernels/src/attention.cu attn_merge: the largest
 // max first, then the splits in order, a split with no finite score adding
-// nothing. Up to FAST splits load in one round trip (a 512-position context at
-// the 64-position split); more take two passes.
+// nothing. Up to FAST splits load in one round trip (contexts up to 384
+// positions at the 64-position split); more take two passes.
 template <int HD>
 __device__ __forceinline__ void merge_group(const Params& p, int h, int i, int used, float (&o)[8]) {
     constexpr int FAST = 6;

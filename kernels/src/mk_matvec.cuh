@@ -167,8 +167,9 @@ __device__ __forceinline__ float part_sum(const Smem& s, int i) {
 // matrix (`regions` matrices of those rows: 2 for gate|up), left in s.part() for the
 // caller's epilogue once every consumer is past the closing barrier. `a` is the
 // input's registers (NORMED_X: holding load_norm's weights). The instruction's
-// last `hold` chunks (at most SLOTS, so the producer never waits on them) stay
-// held: returns the first of them (`chunk` when none).
+// last `hold` chunks stay held: returns the first of them (`chunk` when none).
+// At most SLOTS: a consumer then never waits for a chunk whose slot is held
+// (the producer does, which is the point).
 template <int K, Input IN>
 __device__ __forceinline__ uint32_t matvec(const Params& p, const Smem& s, const Instr& in, const float* src,
                                            float (&a)[Matvec<K>::PER_LANE][8], uint32_t& chunk, int regions,

@@ -63,7 +63,7 @@ struct Params {
     int trace_step;
     int poll_spin;             // 1: dependency polls spin without __nanosleep (ROCKET_MK_SPIN, an experiment)
     int weights_evict_first;   // 1: weight copies go through L2 as evict-first (ROCKET_MK_EVICT_FIRST)
-    int hold_chunks;           // ring chunks a layer's matvec keeps until the next one's wait (ROCKET_MK_HOLD)
+    int hold_chunks;           // ring chunks a layer's matvec keeps until the next matvec's wait (ROCKET_MK_HOLD)
 };
 
 static_assert(sizeof(Params) == 288, "Params is shared with backend/cuda/megakernel.rs");

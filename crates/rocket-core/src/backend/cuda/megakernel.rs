@@ -230,9 +230,9 @@ fn switch(name: &str, default: bool) -> Result<bool> {
 
 /// ROCKET_MK_HOLD=N (0..=SLOTS, default 8): a layer's matrix-vector instruction
 /// keeps its last N ring chunks until the next one's wait, so fewer weights
-/// stream into the SM while it stores and releases its results (measured on the
-/// H200: 0.836 → 0.777 ms/token on Llama-3.2-1B from 0 to 8, 12 slower again;
-/// benches/NOTES.md, session 14).
+/// stream into the SM while it stores and releases its results (H200, session
+/// 14 run 2 in benches/NOTES.md: Llama-3.2-1B 0.836 → 0.777 ms/token from 0 to
+/// 8, 12 slower again).
 const DEFAULT_HOLD_CHUNKS: i32 = 8;
 fn hold_chunks() -> Result<i32> {
     match std::env::var("ROCKET_MK_HOLD").as_deref() {
