@@ -10,6 +10,7 @@ use super::driver::{grown, Context, DeviceBuffer, Function, MappedBuffer, Module
 use super::weights::DeviceWeights;
 use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
 use super::sampler::sample_row;
+use super::env_switch;
 use crate::backend::{LoopOutcome, LoopRequest, SampleRequest};
 use crate::error::{Result, RocketError};
 use crate::megakernel::geometry::{CONSUMER_WARPS, SLOTS, SLOT_BYTES};
@@ -215,19 +216,6 @@ pub(crate) struct Megakernel {
     broken: Option<String>,
 }
 
-/// A "0"/"1" experiment switch, `default` when unset or empty (see
-/// benches/NOTES.md): ROCKET_MK_SPIN=1 makes dependency polls spin instead of
-/// sleeping 32 ns between loads; ROCKET_MK_EVICT_FIRST=0 streams the weights
-/// through L2 under the normal policy instead of evict-first.
-fn switch(name: &str, default: bool) -> Result<bool> {
-    match std::env::var(name).as_deref() {
-        Err(_) | Ok("") => Ok(default),
-        Ok("0") => Ok(false),
-        Ok("1") => Ok(true),
-        Ok(other) => Err(RocketError::invalid_arg(name, other, "expected \"0\" or \"1\"")),
-    }
-}
-
 /// ROCKET_MK_HOLD=N (0..=SLOTS, default 8): a layer's matrix-vector instruction
 /// keeps its last N ring chunks until the next one's wait, so fewer weights
 /// stream into the SM while it stores and releases its results (H200, session
@@ -334,8 +322,11 @@ impl Megakernel {
             lm_tiles: schedule.lm_tiles as i32,
             splits: schedule.splits as i32,
             eps: spec.rms_norm_eps as f32,
-            poll_spin: switch("ROCKET_MK_SPIN", false)? as i32,
-            weights_evict_first: switch("ROCKET_MK_EVICT_FIRST", true)? as i32,
+            // ROCKET_MK_SPIN=1: dependency polls spin instead of sleeping 32 ns (an
+            // experiment); ROCKET_MK_EVICT_FIRST=0: weights pass through L2 under the
+            // normal policy instead of evict-first (benches/NOTES.md, session 14).
+            poll_spin: env_switch("ROCKET_MK_SPIN", false)? as i32,
+            weights_evict_first: env_switch("ROCKET_MK_EVICT_FIRST", true)? as i32,
             hold_chunks: hold_chunks()?,
             ..Params::default()
         };

@@ -144,6 +144,16 @@ impl MatmulMode {
     }
 }
 
+/// A "0"/"1" environment switch, `default` when unset or empty; anything else is an error.
+fn env_switch(name: &str, default: bool) -> Result<bool> {
+    match std::env::var(name).as_deref() {
+        Err(_) | Ok("") => Ok(default),
+        Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(other) => Err(RocketError::invalid_arg(name, other, "expected \"0\" or \"1\"")),
+    }
+}
+
 impl CudaOptions {
     pub fn from_env() -> Result<Self> {
         let matmul = MatmulMode::from_env()?;
@@ -153,15 +163,8 @@ impl CudaOptions {
             Ok("host") => false,
             Ok(other) => return Err(RocketError::invalid_arg("ROCKET_SAMPLER", other, "expected \"device\" or \"host\"")),
         };
-        // A "0"/"1" switch, `default` when unset or empty.
-        let flag = |name: &str, default: bool| match std::env::var(name).as_deref() {
-            Err(_) | Ok("") => Ok(default),
-            Ok("0") => Ok(false),
-            Ok("1") => Ok(true),
-            Ok(other) => Err(RocketError::invalid_arg(name, other, "expected \"0\" or \"1\"")),
-        };
-        let loop_sampling = flag("ROCKET_LOOP_SAMPLING", false)?;
-        let (pdl, fuse) = (flag("ROCKET_PDL", true)?, flag("ROCKET_FUSE", true)?);
+        let loop_sampling = env_switch("ROCKET_LOOP_SAMPLING", false)?;
+        let (pdl, fuse) = (env_switch("ROCKET_PDL", true)?, env_switch("ROCKET_FUSE", true)?);
         Ok(CudaOptions { decode: DecodeMode::from_env()?, matmul, graphs, device_sampling, loop_sampling, pdl, fuse })
     }
 }
