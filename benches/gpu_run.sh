@@ -23,7 +23,7 @@
 #             rocket.xz, packed by hand), interleaved per fuel, batch 1 (and the baseline's
 #             megakernel tests' MK-PROFILE lines when base/cuda-megakernel-test.xz is there);
 #             AB_ENV="NAME=VALUE ...|NAME=VALUE ..." adds this build under each set of
-#             variables (ab-envK rows, K counting the sets from 0)
+#             variables (ab-envK rows, K counting the sets from 0); AB_BASE=0 skips the baseline
 # Usage: benches/gpu_run.sh [steps...]   (default: tests mk bench)
 # Logs and JSON go to $LOGS and are packed into $OUT/logs.tgz; a summary prints last.
 set -uo pipefail
@@ -116,7 +116,7 @@ if has ab && [[ -f $CARRY/base/rocket.xz ]]; then
     for f in $FUELS; do
         for round in 1 2; do
             bench "ab-new$round-$f" megakernel 1 128 256 3 "$f"
-            ROCKET_BIN=/tmp/base/rocket bench "ab-base$round-$f" megakernel 1 128 256 3 "$f"
+            [[ ${AB_BASE:-1} == 0 ]] || ROCKET_BIN=/tmp/base/rocket bench "ab-base$round-$f" megakernel 1 128 256 3 "$f"
             IFS='|' read -ra variants <<< "${AB_ENV:-}"
             for k in "${!variants[@]}"; do
                 (export ${variants[$k]}; bench "ab-env$k-$round-$f" megakernel 1 128 256 3 "$f")

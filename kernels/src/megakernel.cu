@@ -88,10 +88,14 @@ __device__ __forceinline__ void signal(const Params& p, uint32_t ctr) {
     if (threadIdx.x == 0) red_release_add(p.counters + ctr, 1);
 }
 
+// The step's input as the residual stream: x = its embedding, no MLP sums.
 template <int D>
 __device__ __forceinline__ void embed_row(const Params& p, uint32_t token) {
     const uint16_t* src = p.embed + (size_t)token * D;
-    for (int i = threadIdx.x; i < D; i += CONSUMERS) __stcg(p.x + i, bf16_to_f32(__ldg(src + i)));
+    for (int i = threadIdx.x; i < D; i += CONSUMERS) {
+        __stcg(p.x + i, bf16_to_f32(__ldg(src + i)));
+        __stcg(p.mlp_acc + i, 0ull);
+    }
 }
 
 __device__ __forceinline__ bool is_end(const Params& p, uint32_t token) {
@@ -185,8 +189,8 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     // passing them in would put them in local memory: lm_head is not inlined).
     float nw[Matvec<F::D>::PER_LANE][8];
     load_norm<F::D>(p.final_norm, nw);
-    matvec<F::D, Input::NORMED_X>(p, s, in, p.x, nw, chunk, 1, 0);
     const int n = in.b - in.a;
+    matvec<F::D, Input::NORMED_RESIDUAL>(p, s, in, nullptr, nw, chunk, 1, chunk + chunks_of<Matvec<F::D>>(n));
     // The sampler reads p.logits (and changes it: penalties); tests keep a copy per step.
     float* dst = p.logits + in.a;
     float* kept = p.logits_out ? p.logits_out + (size_t)t * F::V + in.a : nullptr;
@@ -211,20 +215,22 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     if (s.sc()->flag) pick_token<F>(p, s, t, host_stop);
 }
 
-// x[in.a + threadIdx.x], loaded before an O-proj or down-proj instruction's
+// The residual at row in.a + threadIdx.x, loaded before an O-proj instruction's
 // matvec so the load is not a round trip of its own after it (tiles have at
 // most a few dozen rows; add_to_residual loads any row past CONSUMERS itself).
 __device__ __forceinline__ float residual_row(const Params& p, const Instr& in) {
-    return (int)threadIdx.x < (int)(in.b - in.a) ? __ldcg(p.x + in.a + threadIdx.x) : 0.0f;
+    return (int)threadIdx.x < (int)(in.b - in.a) ? residual(p, in.a + threadIdx.x) : 0.0f;
 }
 
-// x[rows in.a..in.b] += the instruction's dot products (O-proj and down-proj);
-// `mine` is residual_row's value.
+// O-proj: x[rows in.a..in.b] = the residual + the instruction's dot products,
+// folding the last MLP's sums into x (`mine` is residual_row's value). Every Qkv
+// tile has read them, and the next MLP adds to zero.
 template <int K>
 __device__ __forceinline__ void add_to_residual(const Params& p, const Smem& s, const Instr& in, float mine) {
     for (int i = threadIdx.x; i < (int)(in.b - in.a); i += CONSUMERS) {
-        float* xp = p.x + in.a + i;
-        __stcg(xp, (i < CONSUMERS ? mine : __ldcg(xp)) + part_sum<K>(s, i));
+        const int row = in.a + i;
+        __stcg(p.x + row, (i < CONSUMERS ? mine : residual(p, row)) + part_sum<K>(s, i));
+        __stcg(p.mlp_acc + row, 0ull);
     }
 }
 
@@ -234,13 +240,13 @@ template <class F>
 __device__ __forceinline__ const float* norm_weights(const Params& p, const Instr& in) {
     switch (in.op) {
         case OP_QKV: return p.layers[in.layer].attn_norm;
-        case OP_GATEUP: return p.layers[in.layer].mlp_norm;
+        case OP_MLP: return p.layers[in.layer].mlp_norm;
         default: return nullptr;
     }
 }
 
 // A matrix-vector instruction after its wait; `nw` holds load_norm's weights
-// for Qkv and GateUp. A layer's instruction holds its last p.hold_chunks ring
+// for Qkv and Mlp. A layer's instruction holds its last p.hold_chunks ring
 // chunks (`held`) past its release, so that fewer weights stream into this SM
 // while it stores and releases its results (none at hold 12); the caller gives
 // them back before the next matrix-vector instruction's wait (they stay held
@@ -253,7 +259,8 @@ __device__ __forceinline__ void run_matvec(const Params& p, const Smem& s, const
     const int hold = p.hold_chunks;
     switch (in.op) {
         case OP_QKV:
-            held.from = matvec<F::D, Input::NORMED_X>(p, s, in, p.x, nw, chunk, 1, hold);
+            held.from = held_from(chunk, chunks_of<Matvec<F::D>>(n), hold);
+            matvec<F::D, Input::NORMED_RESIDUAL>(p, s, in, nullptr, nw, chunk, 1, held.from);
             for (int i = tid; i < n; i += CONSUMERS) __stcg(p.qkv + in.a + i, part_sum<F::D>(s, i));
             signal(p, in.signal);
             break;
@@ -261,27 +268,27 @@ __device__ __forceinline__ void run_matvec(const Params& p, const Smem& s, const
             const float mine = residual_row(p, in);
             merge_attention<F::HD, F::HQ>(p, s, t);  // the input, into s.vec()
             float a[Matvec<F::QD>::PER_LANE][8];
-            held.from = matvec<F::QD, Input::SHARED>(p, s, in, s.vec(), a, chunk, 1, hold);
+            held.from = held_from(chunk, chunks_of<Matvec<F::QD>>(n), hold);
+            matvec<F::QD, Input::SHARED>(p, s, in, s.vec(), a, chunk, 1, held.from);
             add_to_residual<F::QD>(p, s, in, mine);
             signal(p, in.signal);
             break;
         }
-        case OP_GATEUP:
-            held.from = matvec<F::D, Input::NORMED_X>(p, s, in, p.x, nw, chunk, 2, hold);
+        case OP_MLP:
+            // Gate and up rows in.a..in.b, SiLU·mul into s.vec() (as
+            // kernels/src/silu_mul.cu), then those act values times the same
+            // columns of the down-projection, summed into p.mlp_acc: split over
+            // the SMs by the act rows, the down-projection needs no phase of its own.
+            held.from = held_from(chunk, 2 * chunks_of<Matvec<F::D>>(n) + chunks_of<Scatter<F::D>>(n), hold);
+            matvec<F::D, Input::NORMED_X>(p, s, in, nullptr, nw, chunk, 2, held.from);
             for (int i = tid; i < n; i += CONSUMERS) {
                 const float g = part_sum<F::D>(s, i), u = part_sum<F::D>(s, n + i);
-                __stcg(p.act + in.a + i, g / (1.0f + __expf(-g)) * u);  // as kernels/src/silu_mul.cu
+                s.vec()[i] = g / (1.0f + __expf(-g)) * u;
             }
+            consumer_sync();
+            scatter_down<F::D>(p, s, n, chunk, held.from);
             signal(p, in.signal);
             break;
-        case OP_DOWN: {
-            const float mine = residual_row(p, in);
-            float a[Matvec<F::FF>::PER_LANE][8];
-            held.from = matvec<F::FF, Input::GLOBAL>(p, s, in, p.act, a, chunk, 1, hold);
-            add_to_residual<F::FF>(p, s, in, mine);
-            signal(p, in.signal);
-            break;
-        }
         case OP_LMHEAD:
             lm_head<F>(p, s, in, t, chunk);
             held.from = chunk;  // it holds nothing: its last CTA goes on to the next step's input
@@ -326,7 +333,9 @@ __device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32
             if (tr) tr[3 * i + 1] = globaltimer_ns();
             if (running) {
                 if (in.op == OP_ATTN) {
-                    attention<F::HD, F::G, F::HQ, F::HKV, F::NL>(p, s, in, t, pre);
+                    // Traced: a used split's own stamps (megakernel/profile.rs).
+                    unsigned long long* inside = tr ? tr + 3 * n_instrs + 2 * gridDim.x + 3 * i : nullptr;
+                    attention<F::HD, F::G, F::HQ, F::HKV, F::NL>(p, s, in, t, pre, inside);
                     signal(p, in.signal);
                 } else {
                     run_matvec<F>(p, s, in, t, chunk, nw, held);
@@ -344,47 +353,41 @@ __device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32
 }
 
 // The SM's weight stream, chunk by chunk: every matrix-vector instruction of its
-// list, step after step, in Matvec<K>::ROWS-row chunks (consume_rows' order).
-// An instruction is decoded once, when the stream reaches it. Relies on what
-// megakernel/verify.rs checks for every schedule: no SM's list is empty and no
-// tile is (an empty list would make `i = first` decode another SM's instruction).
+// list, step after step, in the chunks its consumer side takes (consume_rows,
+// scatter_down): the Mlp streams its gate rows, its up rows, then its rows of the
+// transposed down-projection. An instruction is decoded once, when the stream
+// reaches it. Relies on what megakernel/verify.rs checks for every schedule: no
+// SM's list is empty and no tile is (an empty list would make `i = first`
+// decode another SM's instruction).
 template <class F>
 struct WeightStream {
     uint32_t first, last;             // the SM's instruction list
     int t = 0;                        // step
     uint32_t i;                       // the next instruction to decode
-    const uint16_t* rows = nullptr;   // the current instruction's next chunk (`left` rows from here)
-    const uint16_t* second = nullptr; // gate|up: the up rows, after the gate rows
-    int left = 0, per_chunk = 0, row_bytes = 0, n = 0;
+    Instr cur;                        // the instruction being streamed
+    int region = 0, regions = 0;      // which of its matrices (Mlp: gate, up, down^T)
+    const uint16_t* rows = nullptr;   // the current matrix's next chunk (`left` rows from here)
+    int left = 0, per_chunk = 0, row_bytes = 0;
 
     __device__ WeightStream(uint32_t first_, uint32_t last_) : first(first_), last(last_), i(first_) {}
 
     // The next chunk's source and bytes; false once the launch's steps are over.
     __device__ bool next(const Params& p, const uint16_t*& src, uint32_t& bytes) {
         while (left == 0) {
-            if (second != nullptr) {
-                rows = second, second = nullptr, left = n;
-                break;
+            if (region + 1 < regions) {
+                region++;
+                begin(p);
+                continue;
             }
             if (i >= last) {
                 if (++t >= p.max_steps) return false;
                 i = first;
             }
             if (t >= p.max_steps) return false;
-            const Instr in = load_instr(p, i++);
-            const LayerPtrs& lw = p.layers[min(in.layer, (uint32_t)F::NL - 1)];  // the LM head has no layer
-            n = in.b - in.a;
-            switch (in.op) {
-                case OP_QKV: start<F::D>(lw.qkv + (size_t)in.a * F::D); break;
-                case OP_OPROJ: start<F::QD>(lw.o + (size_t)in.a * F::QD); break;
-                case OP_GATEUP:
-                    start<F::D>(lw.gate_up + (size_t)in.a * F::D);
-                    second = lw.gate_up + (size_t)(F::FF + in.a) * F::D;
-                    break;
-                case OP_DOWN: start<F::FF>(lw.down + (size_t)in.a * F::FF); break;
-                case OP_LMHEAD: start<F::D>(p.lm_head + (size_t)in.a * F::D); break;
-                default: break;  // attention streams no weights
-            }
+            cur = load_instr(p, i++);
+            region = 0;
+            regions = cur.op == OP_ATTN ? 0 : (cur.op == OP_MLP ? 3 : 1);  // attention streams no weights
+            if (regions > 0) begin(p);
         }
         const int k = min(per_chunk, left);
         src = rows;
@@ -394,9 +397,26 @@ struct WeightStream {
         return true;
     }
 
-    template <int K>
+    // Points the stream at matrix `region` of `cur`: rows cur.a..cur.b.
+    __device__ void begin(const Params& p) {
+        const LayerPtrs& lw = p.layers[min(cur.layer, (uint32_t)F::NL - 1)];  // the LM head has no layer
+        const size_t a = cur.a;
+        switch (cur.op) {
+            case OP_QKV: start<Matvec<F::D>>(lw.qkv + a * F::D); break;
+            case OP_OPROJ: start<Matvec<F::QD>>(lw.o + a * F::QD); break;
+            case OP_MLP:
+                if (region == 0) start<Matvec<F::D>>(lw.gate_up + a * F::D);
+                else if (region == 1) start<Matvec<F::D>>(lw.gate_up + (F::FF + a) * F::D);
+                else start<Scatter<F::D>>(lw.down_t + a * F::D);
+                break;
+            case OP_LMHEAD: start<Matvec<F::D>>(p.lm_head + a * F::D); break;
+            default: break;
+        }
+    }
+
+    template <class Shape>
     __device__ void start(const uint16_t* r) {
-        rows = r, left = n, per_chunk = Matvec<K>::ROWS, row_bytes = Matvec<K>::ROW_BYTES;
+        rows = r, left = (int)(cur.b - cur.a), per_chunk = Shape::ROWS, row_bytes = Shape::ROW_BYTES;
     }
 };
 

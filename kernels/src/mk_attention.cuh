@@ -161,10 +161,43 @@ __device__ __forceinline__ void attention_prepare(const Params& p, const Instr& 
     }
 }
 
-// Steps 1-3 of a used split: q, the KV append, the split's partial.
+// The sums over the warp's lanes of NV values per lane (NV = 8, 16 or 32), all
+// at once: each butterfly step sends half of the values still held to the
+// partner lane and keeps the other half, so NV values take NV - 1 + log2(32 / NV)
+// shuffles instead of 5 NV, in one chain of 5. Lane l returns the sum of value
+// l / (32 / NV) (the same pairs added in the same order as warp_sum).
+template <int NV>
+__device__ __forceinline__ float reduce_scores(float (&v)[NV]) {
+    static_assert(NV == 8 || NV == 16 || NV == 32, "8, 16 or 32 values");
+    const int lane = threadIdx.x & 31;
+    int held = NV;
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) {
+        if (held > 1) {
+            const bool upper = (lane & o) != 0;
+            const int half = held / 2;
+#pragma unroll
+            for (int k = 0; k < NV / 2; k++) {
+                if (k < half) {
+                    const float send = upper ? v[k] : v[k + half];
+                    const float keep = upper ? v[k + half] : v[k];
+                    v[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+                }
+            }
+            held = half;
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+        }
+    }
+    return v[0];
+}
+
+// Steps 1-3 of a used split: q, the KV append, the split's partial. `stamps`
+// (thread 0 of a traced step, else null) gets the global timer when q is in
+// shared memory, when the loop is done and when the partial is stored.
 template <int HD, int G, int HQ, int HKV, int NL>
 __device__ __forceinline__ void attend_split(const Params& p, const Smem& s, const Instr& in, const SplitRange& r,
-                                             AttnPre<HD>& pre) {
+                                             AttnPre<HD>& pre, unsigned long long* stamps) {
     constexpr int QD = HQ * HD, KVD = HKV * HD, E = HD / 32, W = E / 2, P = ATTN_P;
     static_assert(G * HD <= 512 && HD <= 256, "q heads, k and v of the step fit s.vec() below the warp partials");
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -220,17 +253,25 @@ __device__ __forceinline__ void attend_split(const Params& p, const Smem& s, con
         }
     }
     consumer_sync();  // q and the step's k/v in shared memory; this CTA's cache writes visible to its threads
+    if (stamps) stamps[0] = globaltimer_ns();
 
     // 2. Online softmax over positions begin..end: warp w takes P at a time, w*P +
     // 8P k. The first P were loaded in 0 (the step's own position comes from
     // s.vec()); later ones are loaded P at a time (at long contexts each iteration
     // is an L2/HBM round trip, so the split's latency is its iterations).
     const float scale = 1.0f / sqrtf((float)HD);
-    float q[G][E], acc[G][E], m[G], l[G];
+    // The G x P scores of an iteration are summed across the lanes together
+    // (reduce_scores): then lane `lane` holds score lane / R, head my_h's
+    // position my_j, and keeps that head's running max and sum (all lanes of a
+    // head agree). Every lane's weights for V pass through shared memory.
+    constexpr int GP = G <= 1 ? 1 : (G <= 2 ? 2 : 4), NV = GP * P, R = 32 / NV;
+    static_assert(G <= 4 && NV <= 32, "at most 4 heads of 8 positions per iteration");
+    const int my_h = (lane / R) / P, my_j = (lane / R) % P;
+    float q[G][E], acc[G][E];
+    float m_mine = -INFINITY, l_mine = 0.0f;
+    float* wbuf = s.vec() + 1152 + warp * (NV + GP);  // [NV] weights, then [GP] corrections
 #pragma unroll
     for (int h = 0; h < G; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
 #pragma unroll
         for (int e = 0; e < E; e++) {
             q[h][e] = sq[h * HD + lane * E + e] * scale;
@@ -255,43 +296,63 @@ __device__ __forceinline__ void attend_split(const Params& p, const Smem& s, con
                 load_pairs<W>(kp + KVD, vw[j]);
             }
         }
+        float d[NV];
+#pragma unroll
+        for (int h = 0; h < GP; h++) {
+#pragma unroll
+            for (int j = 0; j < P; j++) {
+                float v = 0.0f;
+                if (h < G) {
+#pragma unroll
+                    for (int e = 0; e < E; e++) v += q[h < G ? h : 0][e] * pair_elem<W>(kw[j], e);
+                }
+                d[h * P + j] = v;
+            }
+        }
+        const float dot = reduce_scores<NV>(d);
+        const bool valid = my_h < G && p0 + my_j < end;
+        const float sc = valid ? dot : -INFINITY;
+        float gmax = sc;
+#pragma unroll
+        for (int o = R; o < R * P; o <<= 1) gmax = fmaxf(gmax, __shfl_xor_sync(0xffffffffu, gmax, o));
+        const float m_new = fmaxf(m_mine, gmax);
+        const float corr = __expf(m_mine - m_new);  // 0 on the first iteration (m_mine = -inf)
+        const float w = valid ? __expf(sc - m_new) : 0.0f;
+        float wsum = w;
+#pragma unroll
+        for (int o = R; o < R * P; o <<= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
+        l_mine = l_mine * corr + wsum;
+        m_mine = m_new;
+        if (lane % R == 0) wbuf[lane / R] = w;
+        if (lane % (R * P) == 0) wbuf[NV + my_h] = corr;
+        __syncwarp();
 #pragma unroll
         for (int h = 0; h < G; h++) {
-            float sc[P], gmax = m[h];
+            const float c = wbuf[NV + h];
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[h][e] *= c;
 #pragma unroll
             for (int j = 0; j < P; j++) {
-                float d = 0.0f;
+                const float wj = wbuf[h * P + j];
 #pragma unroll
-                for (int e = 0; e < E; e++) d += q[h][e] * pair_elem<W>(kw[j], e);
-                sc[j] = p0 + j < end ? warp_sum(d) : -INFINITY;
-                gmax = fmaxf(gmax, sc[j]);
+                for (int e = 0; e < E; e++) acc[h][e] += wj * pair_elem<W>(vw[j], e);
             }
-            const float corr = __expf(m[h] - gmax);
-            l[h] *= corr;
-#pragma unroll
-            for (int e = 0; e < E; e++) acc[h][e] *= corr;
-#pragma unroll
-            for (int j = 0; j < P; j++) {
-                const float w = __expf(sc[j] - gmax);
-                l[h] += w;
-#pragma unroll
-                for (int e = 0; e < E; e++) acc[h][e] += w * pair_elem<W>(vw[j], e);
-            }
-            m[h] = gmax;
         }
+        __syncwarp();  // every lane has read wbuf before the next iteration writes it
     }
 
     // 3. The 8 warps' partials -> this split's partial per q head.
     float* wm = s.vec() + 1024;                      // [warp][G]
     float* wl = wm + CONSUMER_WARPS * MAX_GROUP;   // [warp][G]
     float* wo = s.part();                            // [warp][G][HD]
+    if (stamps) stamps[1] = globaltimer_ns();
     consumer_sync();                               // everyone is done reading sq
+    if (lane % (R * P) == 0 && my_h < G) {
+        wm[warp * G + my_h] = m_mine;
+        wl[warp * G + my_h] = l_mine;
+    }
 #pragma unroll
     for (int h = 0; h < G; h++) {
-        if (lane == 0) {
-            wm[warp * G + h] = m[h];
-            wl[warp * G + h] = l[h];
-        }
 #pragma unroll
         for (int e = 0; e < E; e++) wo[(warp * G + h) * HD + lane * E + e] = acc[h][e];
     }
@@ -315,6 +376,7 @@ __device__ __forceinline__ void attend_split(const Params& p, const Smem& s, con
             __stcg(p.part_ml + slot * 2 + 1, lsum);
         }
     }
+    if (stamps) stamps[2] = globaltimer_ns();
     // (The caller's signal() barrier orders these stores before its release.)
 }
 
@@ -395,10 +457,11 @@ __device__ __forceinline__ void merge_attention(const Params& p, const Smem& s, 
 
 // The instruction, after its wait (attention_prepare ran before it).
 template <int HD, int G, int HQ, int HKV, int NL>
-__device__ __forceinline__ void attention(const Params& p, const Smem& s, const Instr& in, int t, AttnPre<HD>& pre) {
+__device__ __forceinline__ void attention(const Params& p, const Smem& s, const Instr& in, int t, AttnPre<HD>& pre,
+                                          unsigned long long* stamps) {
     static_assert(G <= MAX_GROUP && CONSUMER_WARPS * G * HD <= PART_CAP && G * HD <= CONSUMERS, "attention fits");
     const SplitRange r = split_range(p, in, t);
-    if (r.used) attend_split<HD, G, HQ, HKV, NL>(p, s, in, r, pre);
+    if (r.used) attend_split<HD, G, HQ, HKV, NL>(p, s, in, r, pre, stamps);
     // (else: an empty split; used splits never are, and the merge reads only those.)
 }
 

@@ -18,7 +18,7 @@ constexpr int MAX_GROUP = 4;                          // query heads per KV head
 constexpr int INSTR_WORDS = 8;                        // u32 words per encoded instruction
 
 // Opcodes (schedule.rs `Op`).
-constexpr uint32_t OP_QKV = 1, OP_ATTN = 2, OP_OPROJ = 3, OP_GATEUP = 4, OP_DOWN = 5, OP_LMHEAD = 6;
+constexpr uint32_t OP_QKV = 1, OP_ATTN = 2, OP_OPROJ = 3, OP_MLP = 4, OP_LMHEAD = 6;
 // Counter 0 counts steps whose input is embedded; the sampler sets this bit in it to end the loop.
 constexpr uint32_t STEP_COUNTER = 0;
 constexpr uint32_t STOP_BIT = 0x80000000u;
@@ -60,6 +60,20 @@ struct Matvec {
     static_assert(K % 8 == 0 && FIT >= 1, "rows must be 16-byte multiples that fit a slot");
     static_assert(K % SEGS == 0 && SEG_LEN % 8 == 0, "segments of whole 16-byte groups");
     static_assert(PER_LANE <= 4, "at most 32 input floats per lane");
+};
+
+// How the MLP instruction streams its down-projection (the transposed copy: one
+// row of D weights per element of its act slice; geometry.rs `scatter_fits`):
+// ROWS whole rows per slot; thread t takes column group t % GROUPS (8 columns)
+// of rows t / GROUPS, + LANES, ..., so LANES row lanes sum into LANES * D partials.
+template <int D>
+struct Scatter {
+    static constexpr int ROWS = SLOT_BYTES / (2 * D);
+    static constexpr int GROUPS = D / 8;
+    static constexpr int LANES = CONSUMERS / GROUPS;
+    static constexpr int ROW_BYTES = 2 * D;
+    static_assert(D % 8 == 0 && ROWS >= 1 && LANES >= 1, "rows of whole 16-byte groups that fit a slot");
+    static_assert(LANES * D <= PART_CAP, "the row lanes' partials fit the partial sums");
 };
 
 // Shared memory of one CTA (dynamic): the ring, its barriers, a vector, partial sums, scalars.

@@ -1,4 +1,4 @@
-// Matrix-vector instructions of the megakernel (Qkv, OProj, GateUp, Down, LmHead):
+// Matrix-vector instructions of the megakernel (Qkv, OProj, Mlp, LmHead):
 // the consumer side, which multiplies the rows the producer streams into the ring
 // by an input vector held in registers. The producer (megakernel.cu
 // `WeightStream`) walks an instruction's rows in the same chunks (Matvec<K>::ROWS
@@ -39,11 +39,28 @@ __device__ __forceinline__ float dot8(uint4 w, const float* a) {
     return acc;
 }
 
+// The MLP instructions add their down-projection partials into p.mlp_acc as
+// 64-bit fixed point with 32 fractional bits: integer adds are exact, so the sum
+// is the same bits whatever order the SMs arrive in. |values| < 2^31.
+constexpr float FIXED_ONE = 4294967296.0f;  // 2^32
+__device__ __forceinline__ unsigned long long to_fixed(float v) {
+    return (unsigned long long)__float2ll_rn(v * FIXED_ONE);
+}
+__device__ __forceinline__ float from_fixed(unsigned long long q) {
+    return __ll2float_rn((long long)q) * (1.0f / FIXED_ONE);
+}
+
+// The residual stream's element i: x plus the last MLP's sums (O-proj folds
+// those into x; nothing else writes either while an instruction reads them).
+__device__ __forceinline__ float residual(const Params& p, int i) {
+    return __ldcg(p.x + i) + from_fixed(__ldcg(p.mlp_acc + i));
+}
+
 // Where a matrix-vector instruction's input comes from.
 enum class Input {
-    NORMED_X,  // RMSNorm(src) * norm_w, as kernels/src/rms_norm.cu (Qkv, GateUp, LmHead: src is x)
-    GLOBAL,    // src in global memory as it is (Down: act)
-    SHARED,    // src in shared memory as it is (OProj: the merged attention in s.vec())
+    NORMED_X,         // RMSNorm(x) * norm_w, as kernels/src/rms_norm.cu (Mlp: O-proj has folded the sums into x)
+    NORMED_RESIDUAL,  // the same of x + from_fixed(mlp_acc) (Qkv, LmHead: the last MLP's sums are apart)
+    SHARED,           // src in shared memory as it is (OProj: the merged attention in s.vec())
 };
 
 // The segment of a row that warp `warp` multiplies (0 when rows are not cut).
@@ -56,7 +73,7 @@ __device__ __forceinline__ int warp_segment(int warp) {
 // segment (as load_input's `a`). Called before the instruction's wait: they
 // depend on nothing the step computes, and loaded after it they were a round
 // trip (often to HBM: the weight stream evicts them) on the critical path of
-// every Qkv, GateUp and LM-head instruction.
+// every Qkv, Mlp and LM-head instruction.
 template <int K>
 __device__ __forceinline__ void load_norm(const float* norm_w, float (&a)[Matvec<K>::PER_LANE][8]) {
     using M = Matvec<K>;
@@ -70,19 +87,25 @@ __device__ __forceinline__ void load_norm(const float* norm_w, float (&a)[Matvec
 }
 
 // The input slice a warp multiplies with: columns seg*SEG_LEN + (lane + 32 j)*8 + e.
-// NORMED_X: `a` holds load_norm's weights on entry.
+// Normed inputs read the residual stream (`src` unused) and `a` holds
+// load_norm's weights on entry; SHARED reads `src` in shared memory.
 template <int K, Input IN>
 __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const float* src,
                                            float (&a)[Matvec<K>::PER_LANE][8], int seg) {
     using M = Matvec<K>;
     const int tid = threadIdx.x, lane = tid & 31;
     float scale = 1.0f;
-    constexpr bool NORMED = IN == Input::NORMED_X;
+    constexpr bool NORMED = IN != Input::SHARED;
     if constexpr (NORMED) {
         static_assert(K <= VEC_CAP, "normed inputs fit the shared vector");
         float ss = 0.0f;
         for (int i = tid * 4; i < K; i += CONSUMERS * 4) {
-            const float4 v = __ldcg(reinterpret_cast<const float4*>(src + i));
+            float4 v = __ldcg(reinterpret_cast<const float4*>(p.x + i));
+            if constexpr (IN == Input::NORMED_RESIDUAL) {
+                const ulonglong2 lo = __ldcg(reinterpret_cast<const ulonglong2*>(p.mlp_acc + i));
+                const ulonglong2 hi = __ldcg(reinterpret_cast<const ulonglong2*>(p.mlp_acc + i + 2));
+                v.x += from_fixed(lo.x), v.y += from_fixed(lo.y), v.z += from_fixed(hi.x), v.w += from_fixed(hi.y);
+            }
             *reinterpret_cast<float4*>(s.vec() + i) = v;
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
@@ -102,7 +125,7 @@ __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const
                 for (int e = 0; e < 8; e++) a[j][e] = a[j][e] * (s.vec()[c + e] * scale);
             } else {
                 const float4* v = reinterpret_cast<const float4*>(src + c);
-                const float4 lo = IN == Input::SHARED ? v[0] : __ldcg(v), hi = IN == Input::SHARED ? v[1] : __ldcg(v + 1);
+                const float4 lo = v[0], hi = v[1];
                 a[j][0] = lo.x; a[j][1] = lo.y; a[j][2] = lo.z; a[j][3] = lo.w;
                 a[j][4] = hi.x; a[j][5] = hi.y; a[j][6] = hi.z; a[j][7] = hi.w;
             }
@@ -163,24 +186,77 @@ __device__ __forceinline__ float part_sum(const Smem& s, int i) {
     return v;
 }
 
+// Ring chunks that `n` rows of a shape (Matvec<K> or Scatter<D>) take.
+template <class Shape>
+__device__ __forceinline__ uint32_t chunks_of(int n) {
+    return (uint32_t)((n + Shape::ROWS - 1) / Shape::ROWS);
+}
+
+// The first of an instruction's last `hold` chunks (of `total`, starting at
+// `chunk`), which it keeps past its release. At most SLOTS: a consumer then never
+// waits for a chunk whose slot is held (the producer does, which is the point).
+__device__ __forceinline__ uint32_t held_from(uint32_t chunk, uint32_t total, int hold) {
+    return chunk + total - min(total, (uint32_t)min(hold, SLOTS));
+}
+
 // The dot products of one matrix-vector instruction over rows in.a..in.b of its
 // matrix (`regions` matrices of those rows: 2 for gate|up), left in s.part() for the
 // caller's epilogue once every consumer is past the closing barrier. `a` is the
-// input's registers (NORMED_X: holding load_norm's weights). The instruction's
-// last `hold` chunks stay held: returns the first of them (`chunk` when none).
-// At most SLOTS: a consumer then never waits for a chunk whose slot is held
-// (the producer does, which is the point).
+// input's registers (normed inputs: holding load_norm's weights). Chunks from
+// `keep_from` on are kept (see held_from).
 template <int K, Input IN>
-__device__ __forceinline__ uint32_t matvec(const Params& p, const Smem& s, const Instr& in, const float* src,
-                                           float (&a)[Matvec<K>::PER_LANE][8], uint32_t& chunk, int regions,
-                                           int hold) {
+__device__ __forceinline__ void matvec(const Params& p, const Smem& s, const Instr& in, const float* src,
+                                       float (&a)[Matvec<K>::PER_LANE][8], uint32_t& chunk, int regions,
+                                       uint32_t keep_from) {
     load_input<K, IN>(p, s, src, a, warp_segment<K>(threadIdx.x >> 5));
     const int n = in.b - in.a;
-    const uint32_t total = regions * ((n + Matvec<K>::ROWS - 1) / Matvec<K>::ROWS);
-    const uint32_t keep_from = chunk + total - min(total, (uint32_t)min(hold, SLOTS));
     for (int r = 0; r < regions; r++) consume_rows<K>(p, s, a, n, r * n, chunk, keep_from);
     consumer_sync();
-    return keep_from;
+}
+
+// The MLP's down-projection for its act slice (`n` values in s.vec()): the
+// transposed rows stream through the ring (Scatter<D>), each thread sums act[r]
+// times its 8 columns over its rows, the row lanes' sums meet in s.part(), and
+// every column's sum is added to p.mlp_acc in fixed point. Chunks from
+// `keep_from` on are kept (see held_from).
+template <int D>
+__device__ __forceinline__ void scatter_down(const Params& p, const Smem& s, int n, uint32_t& chunk, uint32_t keep_from) {
+    using S = Scatter<D>;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int group = tid % S::GROUPS, row_lane = tid / S::GROUPS;
+    const bool active = row_lane < S::LANES;
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] = 0.0f;
+    for (int row = 0; row < n; row += S::ROWS) {
+        const int rows_here = min(S::ROWS, n - row);
+        wait_chunk(p, s, chunk);
+        const uint8_t* slot = s.ring() + (chunk % SLOTS) * SLOT_BYTES;
+        if (active) {
+            for (int r = row_lane; r < rows_here; r += S::LANES) {
+                float w[8];
+                unpack8(*reinterpret_cast<const uint4*>(slot + r * S::ROW_BYTES + group * 16), w);
+                const float act = s.vec()[row + r];
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[e] = fmaf(w[e], act, acc[e]);
+            }
+        }
+        __syncwarp();
+        if (lane == 0 && chunk < keep_from) mbar_arrive(s.empty() + chunk % SLOTS);
+        chunk++;
+    }
+    if (active) {
+        float4* out = reinterpret_cast<float4*>(s.part() + row_lane * D + group * 8);
+        out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    }
+    consumer_sync();
+    for (int i = tid; i < D; i += CONSUMERS) {
+        float v = 0.0f;
+#pragma unroll
+        for (int r = 0; r < S::LANES; r++) v += s.part()[r * D + i];
+        red_add_u64(p.mlp_acc + i, to_fixed(v));
+    }
 }
 
 }  // namespace mk

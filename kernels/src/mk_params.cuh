@@ -18,7 +18,7 @@ struct LayerPtrs {
     const uint16_t* o;        // [hidden][q_dim]
     const float* mlp_norm;
     const uint16_t* gate_up;  // [2 ff][hidden]: gate rows, then up rows
-    const uint16_t* down;     // [hidden][ff]
+    const uint16_t* down_t;   // [ff][hidden]: the down-projection transposed (the megakernel's copy)
 };
 
 struct Params {
@@ -33,7 +33,7 @@ struct Params {
     const float* inv_freq;     // [head_dim / 2]
     float* x;                  // [hidden] residual stream
     float* qkv;                // [q_dim + 2 kv_dim]
-    float* act;                // [ff]
+    unsigned long long* mlp_acc; // [hidden] the MLP's down-projection sums, fixed point (mk::to_fixed); x + these is the residual
     float* logits;             // [vocab]
     float* part_o;             // [heads][splits][head_dim] each split's attention partial
     float* part_ml;            // [heads][splits][2] its (max, sum); O-proj merges them

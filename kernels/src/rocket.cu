@@ -6,6 +6,7 @@
 #include "rope_kv.cu"
 #include "attention.cu"
 #include "silu_mul.cu"
+#include "transpose.cu"
 #include "argmax.cu"
 #include "sample.cu"
 #include "megakernel.cu"

@@ -218,7 +218,7 @@ fn a_schedule_that_waits_for_too_much_is_stopped_by_the_watchdog() {
     let (_, spec) = models().remove(0);
     let weights = random_weights(&spec, 1);
     let mut schedule = Schedule::compile(&spec, 4).unwrap();
-    for i in schedule.per_sm.iter_mut().flatten().filter(|i| i.op == Op::Down && i.layer == 1) {
+    for i in schedule.per_sm.iter_mut().flatten().filter(|i| i.op == Op::Mlp && i.layer == 1) {
         i.wait.per_step += 1;
     }
     let mut twin = Twin::with_schedule(&spec, &weights, schedule);
@@ -226,7 +226,7 @@ fn a_schedule_that_waits_for_too_much_is_stopped_by_the_watchdog() {
     let req = TwinRequest { pos0: 0, first_token: 1, max_steps: 2, forced: &[], end_ids: &[], mask_end_steps: 0 };
     let start = std::time::Instant::now();
     let err = twin.run(&TwinKv::new(&spec, 2), &req, &|_, _| true).unwrap_err().to_string();
-    assert!(err.contains("stuck at Down of layer 1 of step 0"), "{err}");
+    assert!(err.contains("stuck at Mlp of layer 1 of step 0"), "{err}");
     assert!(start.elapsed() < Duration::from_secs(10));
 }
 

@@ -66,6 +66,17 @@ impl MatvecShape {
     }
 }
 
+/// Whether the MLP instruction's down-projection (transposed rows of `d`
+/// weights, kernels/src/mk_geometry.cuh `Scatter`) fits the CTA: each of the
+/// 256 consumer threads takes 8 columns of a row, so `d / 8` column groups must
+/// not outnumber the threads, and the row lanes' sums (`lanes * d`) must fit the
+/// partial sums.
+pub fn scatter_fits(d: usize) -> bool {
+    let groups = d / 8;
+    let threads = CONSUMER_WARPS * 32;
+    d % 8 == 0 && groups >= 1 && groups <= threads && 2 * d <= SLOT_BYTES && (threads / groups) * d <= PART_CAP
+}
+
 /// Why `spec` cannot be scheduled, or None when it can. (The CUDA kernel also
 /// needs an instantiation for the exact shapes: see `backend::cuda::megakernel`.)
 pub fn unsupported_reason(spec: &ModelSpec) -> Option<String> {
@@ -73,6 +84,9 @@ pub fn unsupported_reason(spec: &ModelSpec) -> Option<String> {
         if MatvecShape::of(k).is_none() {
             return Some(format!("{what} {k} cannot stream through the {SLOT_BYTES}-byte weight ring"));
         }
+    }
+    if !scatter_fits(spec.hidden_size) {
+        return Some(format!("hidden_size {} does not fit the MLP's down-projection geometry", spec.hidden_size));
     }
     if spec.num_layers > 255 {
         return Some(format!("{} layers (at most 255)", spec.num_layers));
@@ -102,6 +116,10 @@ mod tests {
             // A lane's share of a segment is at most 4 groups of 8 columns.
             assert!((k / segments).div_ceil(8 * 32) <= 4, "k = {k}");
         }
+        for d in [576, 1024, 2048] {
+            assert!(scatter_fits(d), "hidden {d}");
+        }
+        assert!(!scatter_fits(4096) && !scatter_fits(100));
         assert!(MatvecShape::of(8200).is_none());
         assert!(MatvecShape::of(100).is_none());
     }

@@ -5,7 +5,10 @@
 //! that wait ends, and for each of its instructions when the dependency wait
 //! begins, when it ends and when the instruction is done. Layout (u64 words):
 //! `[3 i + 0, 1, 2]` for instruction `i` of the encoded schedule (SM lists back
-//! to back), then `[3 n + 2 sm + 0, 1]` for the step wait of each SM.
+//! to back), then `[3 n + 2 sm + 0, 1]` for the step wait of each SM, then
+//! `[3 n + 2 sms + 3 i + 0, 1, 2]` inside attention instruction `i` when its split
+//! was used (else 0): q in shared memory, the loop over positions done, the
+//! split's partial stored.
 
 use std::fmt;
 
@@ -14,7 +17,19 @@ use crate::error::{Result, RocketError};
 
 /// Words a trace of `schedule` takes.
 pub fn trace_words(schedule: &Schedule) -> usize {
-    3 * schedule.len() + 2 * schedule.sm_count
+    6 * schedule.len() + 2 * schedule.sm_count
+}
+
+/// Inside the used attention splits of the timeline's layer: the latest of each
+/// stamp over those splits, in µs on the timeline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionInside {
+    pub used: usize,
+    pub wait_end_us: f64,
+    pub q_ready_us: f64,
+    pub loop_done_us: f64,
+    pub stored_us: f64,
+    pub done_us: f64,
 }
 
 /// Time per kind of instruction over one step.
@@ -36,17 +51,18 @@ pub struct OpTimes {
 pub struct Profile {
     /// From the first SM seeing the step's input to the last instruction done (µs).
     pub step_us: f64,
-    /// Mean time between the ends of consecutive layers' last down-projection (µs).
+    /// Mean time between the ends of consecutive layers' last MLP tile (µs).
     pub layer_us: f64,
     pub ops: Vec<OpTimes>,
     /// The ops of one layer in the middle of the model, as a timeline.
     pub timeline: Vec<Phase>,
     /// The LM head, in µs from the last layer's end.
     pub lm_head: Option<Phase>,
+    pub attention: Option<AttentionInside>,
 }
 
 /// One op of one layer on the step's timeline, in µs from the moment the
-/// layer's input was ready (the previous layer's last down-projection tile done).
+/// layer's input was ready (the previous layer's last MLP tile done).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Phase {
     pub op: Op,
@@ -73,7 +89,8 @@ impl Profile {
                 return Err(RocketError::Internal(format!("instruction {i} ({:?}) has stamps {w:?}", instrs[i].op)));
             }
         }
-        let step_ends = &stamps[3 * n..];
+        let step_ends = &stamps[3 * n..3 * n + 2 * schedule.sm_count];
+        let inside = &stamps[3 * n + 2 * schedule.sm_count..];
         if step_ends.chunks(2).any(|w| w[0] == 0 || w[0] > w[1]) {
             return Err(RocketError::Internal("a step wait was not stamped".into()));
         }
@@ -93,7 +110,7 @@ impl Profile {
         }
 
         let mut ops = Vec::new();
-        for op in [Op::Qkv, Op::Attn, Op::OProj, Op::GateUp, Op::Down, Op::LmHead] {
+        for op in [Op::Qkv, Op::Attn, Op::OProj, Op::Mlp, Op::LmHead] {
             let (mut count, mut wait, mut busy, mut handoffs, mut handoff) = (0, 0u64, 0u64, 0usize, 0u64);
             for (i, ins) in instrs.iter().enumerate().filter(|(_, ins)| ins.op == op) {
                 let w = &stamps[3 * i..3 * i + 3];
@@ -113,10 +130,10 @@ impl Profile {
             }
         }
 
-        // Layer l ends when its last down-projection tile is done.
+        // Layer l ends when its last MLP tile is done.
         let layers = schedule.counters.layers;
         let mut layer_end = vec![0u64; layers];
-        for (i, ins) in instrs.iter().enumerate().filter(|(_, ins)| ins.op == Op::Down) {
+        for (i, ins) in instrs.iter().enumerate().filter(|(_, ins)| ins.op == Op::Mlp) {
             let l = ins.layer as usize;
             layer_end[l] = layer_end[l].max(stamps[3 * i + 2]);
         }
@@ -138,7 +155,20 @@ impl Profile {
         let origin = if mid == 0 { start } else { layer_end[mid - 1] };
         let timeline = Op::LAYER_OPS.iter().filter_map(|&op| phase(op, mid, origin)).collect();
         let lm_head = phase(Op::LmHead, layers, layer_end.last().copied().unwrap_or(start));
-        Ok(Profile { step_us: us(end.saturating_sub(start)), layer_us, ops, timeline, lm_head })
+        let rel = |ns: u64| (ns as f64 - origin as f64) / 1e3;
+        let used: Vec<usize> = (0..n)
+            .filter(|&i| instrs[i].op == Op::Attn && instrs[i].layer as usize == mid && inside[3 * i] != 0)
+            .collect();
+        let latest = |f: &dyn Fn(usize) -> u64| used.iter().map(|&i| rel(f(i))).fold(f64::MIN, f64::max);
+        let attention = (!used.is_empty()).then(|| AttentionInside {
+            used: used.len(),
+            wait_end_us: latest(&|i| stamps[3 * i + 1]),
+            q_ready_us: latest(&|i| inside[3 * i]),
+            loop_done_us: latest(&|i| inside[3 * i + 1]),
+            stored_us: latest(&|i| inside[3 * i + 2]),
+            done_us: latest(&|i| stamps[3 * i + 2]),
+        });
+        Ok(Profile { step_us: us(end.saturating_sub(start)), layer_us, ops, timeline, lm_head, attention })
     }
 }
 
@@ -158,6 +188,13 @@ impl fmt::Display for Profile {
                 let (s, d) = (p.start_us, p.done_us);
                 writeln!(f, "| {:?} | {:.2} | {:.2}..{:.2} | {:.2} / {:.2} / {:.2} |", p.op, p.ready_us, s.0, s.1, d.0, d.1, d.2)?;
             }
+        }
+        if let Some(a) = &self.attention {
+            writeln!(
+                f,
+                "inside its {} used attention splits (latest, same clock): wait ends {:.2}, q ready {:.2}, positions done {:.2}, partial stored {:.2}, done (released) {:.2}",
+                a.used, a.wait_end_us, a.q_ready_us, a.loop_done_us, a.stored_us, a.done_us
+            )?;
         }
         Ok(())
     }
@@ -199,11 +236,23 @@ mod tests {
         assert!(p.ops.iter().all(|o| (o.wait_us - 1.0).abs() < 1e-9 && (o.busy_us - 2.0).abs() < 1e-9));
         assert!(p.layer_us > 0.0 && p.layer_us <= p.step_us);
         assert!(p.to_string().contains("| Qkv |"));
-        // Layer 1 of 2 on the timeline: its Qkv's dependency is layer 0's last Down.
-        assert_eq!(p.timeline.len(), 5);
+        // Layer 1 of 2 on the timeline: its Qkv's dependency is layer 0's last Mlp.
+        assert_eq!(p.timeline.len(), Op::LAYER_OPS.len());
         assert_eq!((p.timeline[0].op, p.timeline[0].layer, p.timeline[0].ready_us), (Op::Qkv, 1, 0.0));
         assert!(p.timeline.windows(2).all(|w| w[0].done_us.2 <= w[1].ready_us + 1e-9), "{p}");
         assert!(p.to_string().contains("layer 1 timeline"));
+        assert!(p.attention.is_none(), "no attention stamps, no used splits");
+
+        // One used split of layer 1 stamps its inside: q, loop, partial.
+        let mut t = serial_trace(&s);
+        let (n, sms) = (s.len(), s.sm_count);
+        let i = s.per_sm.iter().flatten().position(|i| i.op == Op::Attn && i.layer == 1).unwrap();
+        for k in 0..3 {
+            t[3 * n + 2 * sms + 3 * i + k] = t[3 * i + 1] + 100 * (k as u64 + 1);
+        }
+        let a = Profile::from_trace(&s, &t).unwrap().attention.expect("a used split");
+        assert_eq!(a.used, 1);
+        assert!(a.wait_end_us < a.q_ready_us && a.q_ready_us < a.loop_done_us && a.loop_done_us < a.stored_us && a.stored_us < a.done_us, "{a:?}");
     }
 
     #[test]

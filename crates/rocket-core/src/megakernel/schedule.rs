@@ -4,13 +4,15 @@
 //! its counter reaches `(t + 1) * per_step`, so nothing is reset between steps
 //! (the host zeroes them once per launch).
 //!
-//! Per layer, five ops run in this order, each split into tiles over the SMs:
+//! Per layer, four ops run in this order, each split into tiles over the SMs:
 //! `Qkv` (RMSNorm + fused q|k|v rows), `Attn` (q/k-norm + RoPE + KV append +
 //! attention over one split of the context, for one KV head), `OProj` (merge of
-//! the splits' partials + rows + residual), `GateUp` (RMSNorm + gate and up rows +
-//! SiLU·mul), `Down` (+ residual); then `LmHead` (final RMSNorm + vocabulary
-//! rows + the tile's argmax), whose last tile picks the token and writes the
-//! next step's embedding. Every SM's list follows this global order, which is
+//! the splits' partials + rows + residual), `Mlp` (RMSNorm + gate and up rows +
+//! SiLU·mul, then those act values times the same columns of the
+//! down-projection, added to the residual: the down-projection is split by its
+//! input, so it needs no phase of its own); then `LmHead` (final RMSNorm +
+//! vocabulary rows + the tile's argmax), whose last tile picks the token and
+//! writes the next step's embedding. Every SM's list follows this global order, which is
 //! what makes the schedule deadlock-free (see `verify`).
 
 use super::geometry::{MatvecShape, MAX_SPLITS, PART_CAP};
@@ -23,13 +25,13 @@ pub enum Op {
     Qkv = 1,
     Attn = 2,
     OProj = 3,
-    GateUp = 4,
-    Down = 5,
+    /// Rows of gate and up (act rows), and the down-projection's columns.
+    Mlp = 4,
     LmHead = 6,
 }
 
 impl Op {
-    pub const LAYER_OPS: [Op; 5] = [Op::Qkv, Op::Attn, Op::OProj, Op::GateUp, Op::Down];
+    pub const LAYER_OPS: [Op; 4] = [Op::Qkv, Op::Attn, Op::OProj, Op::Mlp];
 }
 
 /// Wait until `counter >= (step + 1) * per_step`.
@@ -97,7 +99,7 @@ impl Counters {
     pub const STEP: u16 = 0;
 
     fn base(&self, layer: usize) -> usize {
-        1 + layer * 5
+        1 + layer * Op::LAYER_OPS.len()
     }
 
     /// Tiles of `op` finished in `layer` (for `Attn`: splits, of every KV head).
@@ -106,8 +108,7 @@ impl Counters {
             Op::Qkv => 0,
             Op::Attn => 1, // splits done (of every KV head)
             Op::OProj => 2,
-            Op::GateUp => 3,
-            Op::Down => 4,
+            Op::Mlp => 3,
             Op::LmHead => return self.lm_head(),
         };
         (self.base(layer) + slot) as u16
@@ -171,8 +172,7 @@ impl Schedule {
             match op {
                 Op::Qkv => MatvecOp { op, rows: qkv_rows, parts_per_row: segments(d) },
                 Op::OProj => MatvecOp { op, rows: d, parts_per_row: segments(spec.q_dim()) },
-                Op::GateUp => MatvecOp { op, rows: ff, parts_per_row: 2 * segments(d) },
-                Op::Down => MatvecOp { op, rows: d, parts_per_row: segments(ff) },
+                Op::Mlp => MatvecOp { op, rows: ff, parts_per_row: 2 * segments(d) },
                 Op::LmHead => MatvecOp { op, rows: spec.vocab_size, parts_per_row: segments(d) },
                 Op::Attn => unreachable!("attention is not a matrix-vector op"),
             }
@@ -225,10 +225,8 @@ impl Schedule {
             let after_attn = Wait { counter: counters.op(Op::Attn, layer), per_step: per_step(hkv * splits)? };
             let o_tiles = push_matvec(&matvec(Op::OProj), layer, after_attn, &mut place)?;
             let after_o = Wait { counter: counters.op(Op::OProj, layer), per_step: per_step(o_tiles)? };
-            let gu_tiles = push_matvec(&matvec(Op::GateUp), layer, after_o, &mut place)?;
-            let after_gu = Wait { counter: counters.op(Op::GateUp, layer), per_step: per_step(gu_tiles)? };
-            let down_tiles = push_matvec(&matvec(Op::Down), layer, after_gu, &mut place)?;
-            prev = Wait { counter: counters.op(Op::Down, layer), per_step: per_step(down_tiles)? };
+            let mlp_tiles = push_matvec(&matvec(Op::Mlp), layer, after_o, &mut place)?;
+            prev = Wait { counter: counters.op(Op::Mlp, layer), per_step: per_step(mlp_tiles)? };
         }
         let lm_tiles = push_matvec(&matvec(Op::LmHead), nl, prev, &mut place)?;
         Ok(Schedule { sm_count, per_sm, counters, splits, lm_tiles })
@@ -267,12 +265,8 @@ impl Schedule {
                     .map(|i| match i.work {
                         Work::Attn { .. } => 0,
                         Work::Rows { begin, end, .. } => {
-                            let k = match i.op {
-                                Op::OProj => spec.q_dim(),
-                                Op::Down => spec.intermediate_size,
-                                _ => spec.hidden_size,
-                            };
-                            let matrices = if i.op == Op::GateUp { 2 } else { 1 };
+                            let k = if i.op == Op::OProj { spec.q_dim() } else { spec.hidden_size };
+                            let matrices = if i.op == Op::Mlp { 3 } else { 1 }; // gate, up, down^T
                             (end - begin) as usize * k * 2 * matrices
                         }
                     })

@@ -8,7 +8,7 @@
 //! Shared buffers are atomics holding f32 bits, poisoned with NaN, so a read of
 //! something no instruction wrote shows up in the results instead of racing.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::geometry::used_splits;
@@ -42,6 +42,35 @@ impl F32s {
         for (i, &x) in v.iter().enumerate() {
             self.set(start + i, x);
         }
+    }
+}
+
+/// The MLP's down-projection sums, as the kernel keeps them (kernels/src/
+/// mk_matvec.cuh `to_fixed`): 64-bit fixed point with 32 fractional bits, added
+/// with integer atomics, so their sum does not depend on the virtual SMs' order.
+struct FixedSums(Vec<AtomicI64>);
+
+const FIXED_ONE: f32 = 4_294_967_296.0; // 2^32
+
+impl FixedSums {
+    /// Huge values until written (as the kernel's poisoned buffer): a read of
+    /// sums nothing zeroed shows up in the results.
+    fn poisoned(n: usize) -> Self {
+        FixedSums((0..n).map(|_| AtomicI64::new(0x7f7f_7f7f_7f7f_7f7f)).collect())
+    }
+
+    fn get(&self, i: usize) -> f32 {
+        self.0[i].load(Ordering::Relaxed) as f32 / FIXED_ONE
+    }
+
+    fn add(&self, i: usize, v: f32) {
+        // As the kernel's cvt.rni: to the nearest integer, saturating, NaN to 0
+        // (ties: the kernel's to even, round()'s away from zero; 2^-33 at most).
+        self.0[i].fetch_add((v * FIXED_ONE).round() as i64, Ordering::Relaxed);
+    }
+
+    fn zero(&self, i: usize) {
+        self.0[i].store(0, Ordering::Relaxed)
     }
 }
 
@@ -99,7 +128,7 @@ struct Run<'a> {
     counters: Vec<AtomicU32>,
     x: F32s,
     qkv: F32s,
-    act: F32s,
+    mlp_acc: FixedSums,
     /// [q head][split][head_dim] and [q head][split][max, sum].
     part_o: F32s,
     part_ml: F32s,
@@ -152,7 +181,7 @@ impl<'w> Twin<'w> {
             counters: (0..sched.counters.count()).map(|_| AtomicU32::new(0)).collect(),
             x: F32s::poisoned(s.hidden_size),
             qkv: F32s::poisoned(s.q_dim() + 2 * s.kv_dim()),
-            act: F32s::poisoned(s.intermediate_size),
+            mlp_acc: FixedSums::poisoned(s.hidden_size),
             part_o: F32s::poisoned(s.num_heads * sched.splits * s.head_dim),
             part_ml: F32s::poisoned(s.num_heads * sched.splits * 2),
             lm_max: F32s::poisoned(sched.lm_tiles),
@@ -233,10 +262,19 @@ impl<'w> Twin<'w> {
         let mut row = vec![0f32; d];
         self.weights.embed_tokens.view().to_f32_into(token as usize * d, &mut row);
         run.x.write(0, &row);
+        (0..d).for_each(|i| run.mlp_acc.zero(i));
     }
 
-    fn normed_x(&self, run: &Run<'_>, norm: &[f32]) -> Vec<f32> {
-        let x = run.x.read(0, self.spec.hidden_size);
+    /// The residual stream's element i: x plus the last MLP's sums (O-proj folds them into x).
+    fn residual(run: &Run<'_>, i: usize) -> f32 {
+        run.x.get(i) + run.mlp_acc.get(i)
+    }
+
+    /// RMSNorm of the residual (`with_sums`) or of x alone (the MLP: O-proj has
+    /// just folded the sums in, and other SMs' MLPs are adding new ones).
+    fn normed_x(&self, run: &Run<'_>, norm: &[f32], with_sums: bool) -> Vec<f32> {
+        let d = self.spec.hidden_size;
+        let x: Vec<f32> = (0..d).map(|i| if with_sums { Self::residual(run, i) } else { run.x.get(i) }).collect();
         let mut h = vec![0f32; x.len()];
         rms_norm(&x, norm, self.spec.rms_norm_eps as f32, &mut h);
         h
@@ -266,33 +304,35 @@ impl<'w> Twin<'w> {
         let n = rows.len();
         match instr.op {
             Op::Qkv => {
-                let h = self.normed_x(run, &w.layers[layer].attn_norm);
+                let h = self.normed_x(run, &w.layers[layer].attn_norm, true);
                 run.qkv.write(rows.start, &self.qkv_rows(layer, rows, &h));
             }
-            Op::OProj | Op::Down => {
-                let (input, k, matrix) = if instr.op == Op::OProj {
-                    (self.merged_attention(run, t), s.q_dim(), &w.layers[layer].o_proj)
-                } else {
-                    (run.act.read(0, s.intermediate_size), s.intermediate_size, &w.layers[layer].down_proj)
-                };
+            Op::OProj => {
+                let input = self.merged_attention(run, t);
                 let mut out = vec![0f32; n];
-                matvec_rows(matrix.view(), rows.clone(), k, &input, &mut out);
+                matvec_rows(w.layers[layer].o_proj.view(), rows.clone(), s.q_dim(), &input, &mut out);
                 for (i, v) in rows.zip(out) {
-                    run.x.set(i, run.x.get(i) + v);
+                    run.x.set(i, Self::residual(run, i) + v);
+                    run.mlp_acc.zero(i);
                 }
             }
-            Op::GateUp => {
+            Op::Mlp => {
                 let l = &w.layers[layer];
-                let h = self.normed_x(run, &l.mlp_norm);
+                let h = self.normed_x(run, &l.mlp_norm, false);
                 let (mut gate, mut up) = (vec![0f32; n], vec![0f32; n]);
                 matvec_rows(l.gate_proj.view(), rows.clone(), s.hidden_size, &h, &mut gate);
                 matvec_rows(l.up_proj.view(), rows.clone(), s.hidden_size, &h, &mut up);
-                for ((i, g), u) in rows.zip(gate).zip(up) {
-                    run.act.set(i, silu(g) * u);
+                let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+                // This tile's act values times the same columns of every down-projection row.
+                let (ff, down) = (s.intermediate_size, l.down_proj.view());
+                let mut cols = vec![0f32; n];
+                for j in 0..s.hidden_size {
+                    down.to_f32_into(j * ff + rows.start, &mut cols);
+                    run.mlp_acc.add(j, cols.iter().zip(&act).map(|(w, a)| w * a).sum());
                 }
             }
             Op::LmHead => {
-                let h = self.normed_x(run, &w.final_norm);
+                let h = self.normed_x(run, &w.final_norm, true);
                 let mut out = vec![0f32; n];
                 matvec_rows(w.lm_head().view(), rows.clone(), s.hidden_size, &h, &mut out);
                 let base = t as usize * s.vocab_size;

@@ -13,12 +13,11 @@ fn expected_wait(c: &Counters, tiles: &HashMap<(usize, Op), usize>, layer: usize
     let done = |l: usize, o: Op| Wait { counter: c.op(o, l), per_step: tiles[&(l, o)] as u16 };
     match op {
         Op::Qkv if layer == 0 => Wait { counter: Counters::STEP, per_step: 1 },
-        Op::Qkv => done(layer - 1, Op::Down),
+        Op::Qkv => done(layer - 1, Op::Mlp),
         Op::Attn => done(layer, Op::Qkv),
         Op::OProj => done(layer, Op::Attn), // every split of every KV head
-        Op::GateUp => done(layer, Op::OProj),
-        Op::Down => done(layer, Op::GateUp),
-        Op::LmHead => done(layer - 1, Op::Down),
+        Op::Mlp => done(layer, Op::OProj),
+        Op::LmHead => done(layer - 1, Op::Mlp),
     }
 }
 
@@ -26,8 +25,8 @@ fn expected_wait(c: &Counters, tiles: &HashMap<(usize, Op), usize>, layer: usize
 fn op_rows(spec: &ModelSpec, op: Op) -> usize {
     match op {
         Op::Qkv => spec.q_dim() + 2 * spec.kv_dim(),
-        Op::OProj | Op::Down => spec.hidden_size,
-        Op::GateUp => spec.intermediate_size,
+        Op::OProj => spec.hidden_size,
+        Op::Mlp => spec.intermediate_size,
         Op::LmHead => spec.vocab_size,
         Op::Attn => 0,
     }
@@ -90,7 +89,7 @@ fn check_coverage(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
         }
     }
     for layer in 0..=nl {
-        let ops: &[Op] = if layer == nl { &[Op::LmHead] } else { &[Op::Qkv, Op::OProj, Op::GateUp, Op::Down] };
+        let ops: &[Op] = if layer == nl { &[Op::LmHead] } else { &[Op::Qkv, Op::OProj, Op::Mlp] };
         for &op in ops {
             let mut tiles = rows.remove(&(layer, op)).ok_or_else(|| format!("{op:?} of layer {layer} is missing"))?;
             tiles.sort();
@@ -297,7 +296,7 @@ pub(crate) mod tests {
 
         // A wait one tile too long never completes: the simulation finds the deadlock.
         let mut s = good.clone();
-        for i in s.per_sm.iter_mut().flatten().filter(|i| i.op == Op::GateUp && i.layer == 1) {
+        for i in s.per_sm.iter_mut().flatten().filter(|i| i.op == Op::Mlp && i.layer == 1) {
             i.wait.per_step += 1;
         }
         assert!(check_waits(&s, &small).is_err());
@@ -305,8 +304,8 @@ pub(crate) mod tests {
 
         // A lost tile leaves rows uncovered.
         let mut s = good.clone();
-        let sm = s.per_sm.iter().position(|l| l.iter().any(|i| i.op == Op::Down)).unwrap();
-        let at = s.per_sm[sm].iter().position(|i| i.op == Op::Down).unwrap();
+        let sm = s.per_sm.iter().position(|l| l.iter().any(|i| i.op == Op::Mlp)).unwrap();
+        let at = s.per_sm[sm].iter().position(|i| i.op == Op::Mlp).unwrap();
         s.per_sm[sm].remove(at);
         assert!(verify(&s, &small).is_err());
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::driver::{grown, Context, DeviceBuffer, Function, MappedBuffer, Module, Stream};
+use super::driver::{grown, Arg, Context, DeviceBuffer, Function, MappedBuffer, Module, Stream};
 use super::weights::DeviceWeights;
 use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
 use super::sampler::sample_row;
@@ -90,7 +90,7 @@ struct Params {
     inv_freq: u64,
     x: u64,
     qkv: u64,
-    act: u64,
+    mlp_acc: u64,
     logits: u64,
     part_o: u64,
     part_ml: u64,
@@ -196,6 +196,8 @@ pub(crate) struct Megakernel {
     _instrs: DeviceBuffer,
     _sm_start: DeviceBuffer,
     _layers: DeviceBuffer,
+    /// Every layer's down-projection transposed ([ff][hidden]), which the MLP instructions read.
+    _down_t: DeviceBuffer,
     counters: DeviceBuffer,
     state: DeviceBuffer,
     _activations: Vec<DeviceBuffer>,
@@ -214,6 +216,21 @@ pub(crate) struct Megakernel {
     /// Why the megakernel must not be launched again (a launch the host gave up
     /// on may still be running and writing the ring).
     broken: Option<String>,
+}
+
+/// The MLP instructions read the down-projection by columns (each SM the
+/// columns of the act rows it computed): a transposed copy of every layer's,
+/// [ff][hidden] each, back to back, made on the device (kernels/src/transpose.cu).
+fn transposed_down(ctx: &Context, module: &Module, stream: &Stream, spec: &ModelSpec, w: &DeviceWeights) -> Result<DeviceBuffer> {
+    let (d, ff) = (spec.hidden_size, spec.intermediate_size);
+    let bytes = d * ff * 2;
+    let out = DeviceBuffer::alloc(ctx, bytes * w.layers.len(), "the megakernel's transposed down-projections")?;
+    let transpose = module.function("transpose_bf16")?;
+    for (i, l) in w.layers.iter().enumerate() {
+        let args = [Arg::Ptr(l.down), Arg::Ptr(out.ptr + (i * bytes) as u64), Arg::I32(d as i32), Arg::I32(ff as i32)];
+        transpose.launch_ex(stream, (ff.div_ceil(32) as u32, d.div_ceil(32) as u32, 1), 256, 0, false, &args)?;
+    }
+    Ok(out)
 }
 
 /// ROCKET_MK_HOLD=N (0..=SLOTS, default 8): a layer's matrix-vector instruction
@@ -262,10 +279,13 @@ impl Megakernel {
         };
         let instrs = upload_u32(&words, "the megakernel schedule")?;
         let sm_start = upload_u32(&starts, "the megakernel schedule")?;
+        let down_t = transposed_down(ctx, module, stream, spec, w)?;
+        let down_t_bytes = (spec.intermediate_size * spec.hidden_size * 2) as u64;
         let table: Vec<u64> = w
             .layers
             .iter()
-            .flat_map(|l| [l.attn_norm, l.qkv, l.q_norm, l.k_norm, l.o, l.mlp_norm, l.gate_up, l.down])
+            .enumerate()
+            .flat_map(|(i, l)| [l.attn_norm, l.qkv, l.q_norm, l.k_norm, l.o, l.mlp_norm, l.gate_up, down_t.ptr + i as u64 * down_t_bytes])
             .collect();
         let layers = DeviceBuffer::alloc(ctx, table.len() * 8, "the megakernel layer table")?;
         layers.upload(stream, 0, &table)?;
@@ -275,7 +295,7 @@ impl Megakernel {
         let sizes = [
             f(spec.hidden_size),
             f(spec.q_dim() + 2 * spec.kv_dim()),
-            f(spec.intermediate_size),
+            spec.hidden_size * 8, // mlp_acc: 64-bit fixed point
             f(spec.vocab_size),
             f(heads_splits * spec.head_dim),
             f(heads_splits * 2),
@@ -283,8 +303,9 @@ impl Megakernel {
             f(schedule.lm_tiles),
         ];
         let activations = sizes.iter().map(|&n| DeviceBuffer::alloc(ctx, n, "megakernel activations")).collect::<Result<Vec<_>>>()?;
-        for a in &activations {
-            a.fill_u8(stream, 0xff)?; // NaN until written
+        for (i, a) in activations.iter().enumerate() {
+            // NaN until written; the fixed-point sums ~2.2e9 (from_fixed of 0x7f7f...).
+            a.fill_u8(stream, if i == 2 { 0x7f } else { 0xff })?;
         }
         let counters = DeviceBuffer::alloc(ctx, schedule.counters.count() * 4, "megakernel counters")?;
         let state = DeviceBuffer::alloc(ctx, STATE_WORDS * 4, "megakernel state")?;
@@ -306,7 +327,7 @@ impl Megakernel {
             inv_freq: w.inv_freq,
             x: p(0),
             qkv: p(1),
-            act: p(2),
+            mlp_acc: p(2),
             logits: p(3),
             part_o: p(4),
             part_ml: p(5),
@@ -344,6 +365,7 @@ impl Megakernel {
             _instrs: instrs,
             _sm_start: sm_start,
             _layers: layers,
+            _down_t: down_t,
             counters,
             state,
             _activations: activations,
@@ -576,7 +598,7 @@ impl Megakernel {
     pub(crate) fn watchdog_probe(&mut self, ctx: &Context, stream: &Stream, kv: u64) -> Result<String> {
         let mut broken = self.schedule.clone();
         let last = self.schedule.counters.layers - 1;
-        for i in broken.per_sm.iter_mut().flatten().filter(|i| i.op == Op::Down && i.layer as usize == last) {
+        for i in broken.per_sm.iter_mut().flatten().filter(|i| i.op == Op::Mlp && i.layer as usize == last) {
             i.wait.per_step += 1;
         }
         let (words, _) = broken.encode();
@@ -693,7 +715,7 @@ mod tests {
             ($($f:ident),* $(,)?) => { vec![$((stringify!($f).to_string(), std::mem::offset_of!(Params, $f))),*] };
         }
         let rust = rust_fields![
-            instrs, sm_start, counters, state, layers, embed, lm_head, final_norm, inv_freq, x, qkv, act, logits,
+            instrs, sm_start, counters, state, layers, embed, lm_head, final_norm, inv_freq, x, qkv, mlp_acc, logits,
             part_o, part_ml, lm_max, lm_idx, kv, forced, logits_out, ring, end_ids, trace, sample, seen_bits,
             gen_counts, sample_items, tokens, watchdog_ns, pos0, first_token, max_steps, n_forced, n_end,
             mask_end_steps, lm_tiles, splits, eps, trace_step, poll_spin, weights_evict_first, hold_chunks,
