@@ -64,9 +64,9 @@ impl FixedSums {
     }
 
     fn add(&self, i: usize, v: f32) {
-        // As the kernel's cvt.rni: to the nearest integer, saturating, NaN to 0
-        // (ties: the kernel's to even, round()'s away from zero; 2^-33 at most).
-        self.0[i].fetch_add((v * FIXED_ONE).round() as i64, Ordering::Relaxed);
+        // As the kernel's cvt.rni: to the nearest integer (ties to even),
+        // saturating, NaN to 0.
+        self.0[i].fetch_add((v * FIXED_ONE).round_ties_even() as i64, Ordering::Relaxed);
     }
 
     fn zero(&self, i: usize) {

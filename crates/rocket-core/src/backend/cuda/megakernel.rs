@@ -221,16 +221,20 @@ pub(crate) struct Megakernel {
 /// The MLP instructions read the down-projection by columns (each SM the
 /// columns of the act rows it computed): a transposed copy of every layer's,
 /// [ff][hidden] each, back to back, made on the device (kernels/src/transpose.cu).
-fn transposed_down(ctx: &Context, module: &Module, stream: &Stream, spec: &ModelSpec, w: &DeviceWeights) -> Result<DeviceBuffer> {
+/// Returns the buffer and each layer's copy in it.
+fn transposed_down(ctx: &Context, module: &Module, stream: &Stream, spec: &ModelSpec, w: &DeviceWeights) -> Result<(DeviceBuffer, Vec<u64>)> {
     let (d, ff) = (spec.hidden_size, spec.intermediate_size);
-    let bytes = d * ff * 2;
-    let out = DeviceBuffer::alloc(ctx, bytes * w.layers.len(), "the megakernel's transposed down-projections")?;
+    let bytes = (d * ff * 2) as u64;
+    let out = DeviceBuffer::alloc(ctx, bytes as usize * w.layers.len(), "the megakernel's transposed down-projections")?;
     let transpose = module.function("transpose_bf16")?;
+    let mut copies = Vec::with_capacity(w.layers.len());
     for (i, l) in w.layers.iter().enumerate() {
-        let args = [Arg::Ptr(l.down), Arg::Ptr(out.ptr + (i * bytes) as u64), Arg::I32(d as i32), Arg::I32(ff as i32)];
+        let dst = out.ptr + i as u64 * bytes;
+        let args = [Arg::Ptr(l.down), Arg::Ptr(dst), Arg::I32(d as i32), Arg::I32(ff as i32)];
         transpose.launch_ex(stream, (ff.div_ceil(32) as u32, d.div_ceil(32) as u32, 1), 256, 0, false, &args)?;
+        copies.push(dst);
     }
-    Ok(out)
+    Ok((out, copies))
 }
 
 /// ROCKET_MK_HOLD=N (0..=SLOTS, default 8): a layer's matrix-vector instruction
@@ -279,33 +283,33 @@ impl Megakernel {
         };
         let instrs = upload_u32(&words, "the megakernel schedule")?;
         let sm_start = upload_u32(&starts, "the megakernel schedule")?;
-        let down_t = transposed_down(ctx, module, stream, spec, w)?;
-        let down_t_bytes = (spec.intermediate_size * spec.hidden_size * 2) as u64;
+        let (down_t, down_t_layers) = transposed_down(ctx, module, stream, spec, w)?;
         let table: Vec<u64> = w
             .layers
             .iter()
-            .enumerate()
-            .flat_map(|(i, l)| [l.attn_norm, l.qkv, l.q_norm, l.k_norm, l.o, l.mlp_norm, l.gate_up, down_t.ptr + i as u64 * down_t_bytes])
+            .zip(&down_t_layers)
+            .flat_map(|(l, &down_t)| [l.attn_norm, l.qkv, l.q_norm, l.k_norm, l.o, l.mlp_norm, l.gate_up, down_t])
             .collect();
         let layers = DeviceBuffer::alloc(ctx, table.len() * 8, "the megakernel layer table")?;
         layers.upload(stream, 0, &table)?;
 
-        let f = |n: usize| n * 4;
+        // (bytes, poison byte) of each buffer: f32s are NaN until written, the
+        // fixed-point sums ~2.1e9 (from_fixed of 0x7f7f...).
+        let f = |n: usize| (n * 4, 0xff);
         let heads_splits = spec.num_heads * schedule.splits;
         let sizes = [
             f(spec.hidden_size),
             f(spec.q_dim() + 2 * spec.kv_dim()),
-            spec.hidden_size * 8, // mlp_acc: 64-bit fixed point
+            (spec.hidden_size * 8, 0x7f), // mlp_acc: 64-bit fixed point
             f(spec.vocab_size),
             f(heads_splits * spec.head_dim),
             f(heads_splits * 2),
             f(schedule.lm_tiles),
             f(schedule.lm_tiles),
         ];
-        let activations = sizes.iter().map(|&n| DeviceBuffer::alloc(ctx, n, "megakernel activations")).collect::<Result<Vec<_>>>()?;
-        for (i, a) in activations.iter().enumerate() {
-            // NaN until written; the fixed-point sums ~2.2e9 (from_fixed of 0x7f7f...).
-            a.fill_u8(stream, if i == 2 { 0x7f } else { 0xff })?;
+        let activations = sizes.iter().map(|&(n, _)| DeviceBuffer::alloc(ctx, n, "megakernel activations")).collect::<Result<Vec<_>>>()?;
+        for (a, &(_, poison)) in activations.iter().zip(&sizes) {
+            a.fill_u8(stream, poison)?;
         }
         let counters = DeviceBuffer::alloc(ctx, schedule.counters.count() * 4, "megakernel counters")?;
         let state = DeviceBuffer::alloc(ctx, STATE_WORDS * 4, "megakernel state")?;
