@@ -24,6 +24,10 @@
 #             megakernel tests' MK-PROFILE lines when base/cuda-megakernel-test.xz is there);
 #             AB_ENV="NAME=VALUE ...|NAME=VALUE ..." adds this build under each set of
 #             variables (ab-envK rows, K counting the sets from 0); AB_BASE=0 skips the baseline
+#   abshort   the same at prompt 16, generate 128 (contexts like the megakernel tests' traced step)
+# POWER_LOG=1 samples the GPU's SM clock and power draw every 50 ms into $LOGS/power.csv
+# (each bench's start and end time go to $LOGS/bench.times), to tell a kernel
+# change from the clock moving under it.
 # Usage: benches/gpu_run.sh [steps...]   (default: tests mk bench)
 # Logs and JSON go to $LOGS and are packed into $OUT/logs.tgz; a summary prints last.
 set -uo pipefail
@@ -32,7 +36,11 @@ RESULT_DIR=${OUT:-/tmp/rocket-out}
 LOGS=${LOGS:-/tmp/rocket-logs}
 CK=${CK:-/tmp/rocket-ckpt}
 mkdir -p "$RESULT_DIR" "$LOGS" "$CK"
-trap 'tar czf "$RESULT_DIR/logs.tgz" -C "$LOGS" .' EXIT
+if [[ ${POWER_LOG:-0} == 1 ]]; then
+    TZ=UTC nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader -lms 50 > "$LOGS/power.csv" &
+    POWER_PID=$!
+fi
+trap '[[ -n ${POWER_PID:-} ]] && kill "$POWER_PID"; tar czf "$RESULT_DIR/logs.tgz" -C "$LOGS" .' EXIT
 export PYTHONUNBUFFERED=1
 STEPS=" ${*:-tests mk bench} "
 FUELS="smollm2-135m qwen3-0.6b llama-3.2-1b qwen3-1.7b"
@@ -67,9 +75,11 @@ if has mk; then
 fi
 
 bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL [MATMUL]; ROCKET_BIN picks another binary
+    echo "$1 start $(date +%s.%N)" >> "$LOGS/bench.times"
     ROCKET_DECODE=$2 ROCKET_MATMUL=${8:-auto} timeout 180 "${ROCKET_BIN:-$CARRY/bin/rocket}" bench --model "$CK/$7" --device cuda --batch "$3" --prompt-len "$4" \
         --gen-len "$5" --reps "$6" ${BENCH_EXTRA:-} --json "$LOGS/$1.json" > "$LOGS/$1.txt" 2> "$LOGS/$1.err" ||
         { echo "bench $1 failed"; tail -3 "$LOGS/$1.err"; }
+    echo "$1 end $(date +%s.%N)" >> "$LOGS/bench.times"
 }
 if has bench; then
     configs=" ${BENCH_CONFIGS:-default graph mk mkspin} "  # a subset saves device time
@@ -111,18 +121,24 @@ if has sanitize; then
     done
 fi
 
-if has ab && [[ -f $CARRY/base/rocket.xz ]]; then
-    mkdir -p /tmp/base && xz -dc "$CARRY/base/rocket.xz" > /tmp/base/rocket && chmod +x /tmp/base/rocket
+ab_round() {  # ab_round PREFIX PROMPT GEN: this build, the baseline and the AB_ENV sets, twice per fuel
     for f in $FUELS; do
         for round in 1 2; do
-            bench "ab-new$round-$f" megakernel 1 128 256 3 "$f"
-            [[ ${AB_BASE:-1} == 0 ]] || ROCKET_BIN=/tmp/base/rocket bench "ab-base$round-$f" megakernel 1 128 256 3 "$f"
+            bench "$1-new$round-$f" megakernel 1 "$2" "$3" 3 "$f"
+            [[ ${AB_BASE:-1} == 0 ]] || ROCKET_BIN=/tmp/base/rocket bench "$1-base$round-$f" megakernel 1 "$2" "$3" 3 "$f"
             IFS='|' read -ra variants <<< "${AB_ENV:-}"
             for k in "${!variants[@]}"; do
-                (export ${variants[$k]}; bench "ab-env$k-$round-$f" megakernel 1 128 256 3 "$f")
+                (export ${variants[$k]}; bench "$1-env$k-$round-$f" megakernel 1 "$2" "$3" 3 "$f")
             done
         done
     done
+}
+if (has ab || has abshort) && [[ -f $CARRY/base/rocket.xz ]]; then
+    mkdir -p /tmp/base && xz -dc "$CARRY/base/rocket.xz" > /tmp/base/rocket && chmod +x /tmp/base/rocket
+    has ab && ab_round ab 128 256
+    has abshort && ab_round abshort 16 128
+fi
+if has ab && [[ -f $CARRY/base/rocket.xz ]]; then
     if [[ -f $CARRY/base/cuda-megakernel-test.xz ]]; then
         xz -dc "$CARRY/base/cuda-megakernel-test.xz" > /tmp/base/mk-test && chmod +x /tmp/base/mk-test
         ROCKET_DECODE=megakernel ROCKET_GPU_CHECKPOINTS=$CKPTS timeout 120 /tmp/base/mk-test --test-threads=1 --nocapture \
@@ -154,8 +170,9 @@ echo "=== summary"
 for f in "$LOGS"/bench-*.txt "$LOGS"/sampled-*.txt "$LOGS"/long-*.txt; do
     [[ -f $f ]] && { echo "--- $(basename "$f" .txt)"; tail -n +3 "$f"; }
 done
-for f in "$LOGS"/ab-*.txt; do  # one row each
+for f in "$LOGS"/ab-*.txt "$LOGS"/abshort-*.txt; do  # one row each
     [[ -f $f ]] && echo "$(basename "$f" .txt) $(grep '^| 1 ' "$f")"
 done
 [[ -f $LOGS/peer-llama-3.2-1b.txt ]] && { echo "--- peer"; tail -12 "$LOGS/peer-llama-3.2-1b.txt"; }
+[[ -f $LOGS/power.csv ]] && { echo "--- SM clock and power per bench"; python3 benches/power_summary.py "$LOGS/power.csv" "$LOGS/bench.times"; }
 true

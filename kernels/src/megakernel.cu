@@ -178,36 +178,59 @@ __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, u
     }
 }
 
+// The LM head: every SM multiplies the tiles of in.a vocabulary rows its
+// producer claims (WeightStream: tiles go to whichever SMs' streams are ready
+// first, so an SM that gets less of the memory system's bandwidth takes fewer and
+// the op ends with its bytes, not with its slowest SM) until an end marker. Each
+// tile's logits are stored as it finishes; the SM's argmax over its tiles goes to
+// lm_max/lm_idx[blockIdx.x], and the last SM to arrive picks the token.
 template <class F>
 __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr& in, int t, uint32_t& chunk) {
-    const int tid = threadIdx.x;
+    using M = Matvec<F::D>;
+    const int tid = threadIdx.x, lane = tid & 31;
     // The host link's copy of the stop flag (device memory: a read of the mapped
     // ring itself measured ~130 µs on the H200 machine, and the arrival's fence
     // below waited for it).
     const uint32_t host_stop = tid == 0 ? ld_volatile(p.state + ST_HOST_STOP) : 0u;
     // Its norm weights load after the wait, unlike the layers' (once per step;
     // passing them in would put them in local memory: lm_head is not inlined).
-    float nw[Matvec<F::D>::PER_LANE][8];
-    load_norm<F::D>(p.final_norm, nw);
-    const int n = in.b - in.a;
-    matvec<F::D, Input::NORMED_RESIDUAL>(p, s, in, nullptr, nw, chunk, 1, chunk + chunks_of<Matvec<F::D>>(n));
+    float a[M::PER_LANE][8];
+    load_norm<F::D>(p.final_norm, a);
+    load_input<F::D, Input::NORMED_RESIDUAL>(p, s, nullptr, a, warp_segment<F::D>(tid >> 5));
+    const int tile_rows = in.a;
     // The sampler reads p.logits (and changes it: penalties); tests keep a copy per step.
-    float* dst = p.logits + in.a;
-    float* kept = p.logits_out ? p.logits_out + (size_t)t * F::V + in.a : nullptr;
+    float* kept = p.logits_out ? p.logits_out + (size_t)t * F::V : nullptr;
     const bool masked = t < p.mask_end_steps;
     float best = -INFINITY;
     uint32_t idx = 0xffffffffu;
-    for (int i = tid; i < n; i += CONSUMERS) {
-        const float v = part_sum<F::D>(s, i);
-        __stcg(dst + i, v);
-        if (kept) __stcg(kept + i, v);
-        // As the host's argmax: -inf and NaN never win (a row of them gives index 0).
-        if (v > -INFINITY && !(masked && is_end(p, in.a + i))) better(best, idx, v, in.a + i);
+    for (int n = 0;; n++) {
+        wait_chunk(p, s, chunk);
+        const uint32_t tile = s.sc()->tags[chunk % SLOTS];
+        if (tile == TAG_END) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(s.empty() + chunk % SLOTS);
+            chunk++;
+            break;
+        }
+        const int begin = (int)tile * tile_rows, rows = min(tile_rows, F::V - begin);
+        // Tiles alternate between two halves of the partial sums: one barrier per
+        // tile (a thread still storing tile n's logits reads the other half).
+        const int first = (n & 1) * tile_rows;
+        consume_rows<F::D>(p, s, a, rows, first, chunk, 0xffffffffu);
+        consumer_sync();
+        for (int i = tid; i < rows; i += CONSUMERS) {
+            const float v = part_sum<F::D>(s, first + i);
+            const uint32_t row = (uint32_t)(begin + i);
+            __stcg(p.logits + row, v);
+            if (kept) __stcg(kept + row, v);
+            // As the host's argmax: -inf and NaN never win (a row of them gives index 0).
+            if (v > -INFINITY && !(masked && is_end(p, row))) better(best, idx, v, row);
+        }
     }
     consumer_argmax(best, idx, s.sc());
     if (tid == 0) {
-        __stcg(p.lm_max + in.c, best);
-        __stcg(p.lm_idx + in.c, idx);
+        __stcg(p.lm_max + blockIdx.x, best);
+        __stcg(p.lm_idx + blockIdx.x, idx);
         const uint32_t arrived = atom_add_acq_rel(p.counters + in.signal, 1) + 1;
         s.sc()->flag = arrived == (uint32_t)(t + 1) * p.lm_tiles;
     }
@@ -356,9 +379,14 @@ __device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32
 // list, step after step, in the chunks its consumer side takes (consume_rows,
 // scatter_down): the Mlp streams its gate rows, its up rows, then its rows of the
 // transposed down-projection. An instruction is decoded once, when the stream
-// reaches it. Relies on what megakernel/verify.rs checks for every schedule: no
-// SM's list is empty and no tile is (an empty list would make `i = first`
-// decode another SM's instruction).
+// reaches it. The LM head is claimed, not listed: its tiles of in.a rows are
+// handed out by counter in.c (claim k of step t is tile k - t (tiles + grid); an
+// SM claims until it draws past the tiles, once per step, so each step takes
+// exactly tiles + grid claims), each claimed one ahead of its use so the claim's
+// round trip overlaps the tile before; an SM's stream ends its LM head with one
+// chunk of no bytes tagged TAG_END. Relies on what megakernel/verify.rs checks
+// for every schedule: no SM's list is empty and no tile is (an empty list would
+// make `i = first` decode another SM's instruction).
 template <class F>
 struct WeightStream {
     uint32_t first, last;             // the SM's instruction list
@@ -368,15 +396,33 @@ struct WeightStream {
     int region = 0, regions = 0;      // which of its matrices (Mlp: gate, up, down^T)
     const uint16_t* rows = nullptr;   // the current matrix's next chunk (`left` rows from here)
     int left = 0, per_chunk = 0, row_bytes = 0;
+    bool claiming = false;            // in the LM head: `claim` is the next claim's result
+    uint32_t claim = 0, tag = 0;      // tag: the claimed tile being streamed
 
     __device__ WeightStream(uint32_t first_, uint32_t last_) : first(first_), last(last_), i(first_) {}
 
-    // The next chunk's source and bytes; false once the launch's steps are over.
-    __device__ bool next(const Params& p, const uint16_t*& src, uint32_t& bytes) {
+    // The next chunk's source, bytes (0: the LM head's end marker) and tag;
+    // false once the launch's steps are over.
+    __device__ bool next(const Params& p, const uint16_t*& src, uint32_t& bytes, uint32_t& chunk_tag) {
         while (left == 0) {
             if (region + 1 < regions) {
                 region++;
                 begin(p);
+                continue;
+            }
+            if (claiming) {
+                const uint32_t tiles = cur.b, tile = claim - (uint32_t)t * (tiles + gridDim.x);
+                if (tile >= tiles) {  // none left this step: the consumers' end marker
+                    claiming = false;
+                    src = nullptr;
+                    bytes = 0;
+                    chunk_tag = TAG_END;
+                    return true;
+                }
+                claim = atomicAdd(p.counters + cur.c, 1u);  // the next one, used a tile later
+                tag = tile;
+                const int r0 = (int)(tile * cur.a);
+                start<Matvec<F::D>>(p.lm_head + (size_t)r0 * F::D, min((int)cur.a, F::V - r0));
                 continue;
             }
             if (i >= last) {
@@ -386,52 +432,57 @@ struct WeightStream {
             if (t >= p.max_steps) return false;
             cur = load_instr(p, i++);
             region = 0;
-            regions = cur.op == OP_ATTN ? 0 : (cur.op == OP_MLP ? 3 : 1);  // attention streams no weights
+            regions = cur.op == OP_ATTN || cur.op == OP_LMHEAD ? 0 : (cur.op == OP_MLP ? 3 : 1);  // attention streams no weights, the LM head claims its
+            if (cur.op == OP_LMHEAD) {
+                claiming = true;
+                claim = atomicAdd(p.counters + cur.c, 1u);
+            }
             if (regions > 0) begin(p);
         }
         const int k = min(per_chunk, left);
         src = rows;
         bytes = (uint32_t)(k * row_bytes);
+        chunk_tag = tag;
         rows += (size_t)k * row_bytes / 2;
         left -= k;
         return true;
     }
 
-    // Points the stream at matrix `region` of `cur`: rows cur.a..cur.b.
+    // Points the stream at matrix `region` of a listed instruction `cur`: rows cur.a..cur.b.
     __device__ void begin(const Params& p) {
-        const LayerPtrs& lw = p.layers[min(cur.layer, (uint32_t)F::NL - 1)];  // the LM head has no layer
+        const LayerPtrs& lw = p.layers[min(cur.layer, (uint32_t)F::NL - 1)];  // (the LM head streams no layer)
         const size_t a = cur.a;
+        const int n = (int)(cur.b - cur.a);
         switch (cur.op) {
-            case OP_QKV: start<Matvec<F::D>>(lw.qkv + a * F::D); break;
-            case OP_OPROJ: start<Matvec<F::QD>>(lw.o + a * F::QD); break;
+            case OP_QKV: start<Matvec<F::D>>(lw.qkv + a * F::D, n); break;
+            case OP_OPROJ: start<Matvec<F::QD>>(lw.o + a * F::QD, n); break;
             case OP_MLP:
-                if (region == 0) start<Matvec<F::D>>(lw.gate_up + a * F::D);
-                else if (region == 1) start<Matvec<F::D>>(lw.gate_up + (F::FF + a) * F::D);
-                else start<Scatter<F::D>>(lw.down_t + a * F::D);
+                if (region == 0) start<Matvec<F::D>>(lw.gate_up + a * F::D, n);
+                else if (region == 1) start<Matvec<F::D>>(lw.gate_up + (F::FF + a) * F::D, n);
+                else start<Scatter<F::D>>(lw.down_t + a * F::D, n);
                 break;
-            case OP_LMHEAD: start<Matvec<F::D>>(p.lm_head + a * F::D); break;
             default: break;
         }
     }
 
     template <class Shape>
-    __device__ void start(const uint16_t* r) {
-        rows = r, left = (int)(cur.b - cur.a), per_chunk = Shape::ROWS, row_bytes = Shape::ROW_BYTES;
+    __device__ void start(const uint16_t* r, int n) {
+        rows = r, left = n, per_chunk = Shape::ROWS, row_bytes = Shape::ROW_BYTES;
     }
 };
 
 // The producer lane: issues the SM's weight stream into the ring, each chunk as
-// soon as its slot is free.
+// soon as its slot is free (an end marker: its tag and a plain arrival).
 template <class F>
 __device__ __forceinline__ void producer(const Params& p, const Smem& s, uint32_t first, uint32_t last) {
     WeightStream<F> at(first, last);
     const uint16_t* src;
-    uint32_t bytes;
+    uint32_t bytes, tag;
     uint32_t chunk = 0;
     bool go = true;
     const bool hinted = p.weights_evict_first != 0;
     const uint64_t policy = l2_evict_first_policy();
-    while (go && at.next(p, src, bytes)) {
+    while (go && at.next(p, src, bytes, tag)) {
         const int slot = chunk % SLOTS;
         if (chunk >= SLOTS) {
             // Wait for the consumers' release of the slot's last use, unless they
@@ -446,11 +497,17 @@ __device__ __forceinline__ void producer(const Params& p, const Smem& s, uint32_
             }
             if (!go) break;
         }
-        mbar_arrive_expect_tx(s.full() + slot, bytes);
-        if (hinted) {
-            bulk_load_hinted(s.ring() + slot * SLOT_BYTES, src, bytes, s.full() + slot, policy);
+        // The arrival (a release) publishes the tag with the chunk.
+        s.sc()->tags[slot] = tag;
+        if (bytes == 0) {
+            mbar_arrive(s.full() + slot);
         } else {
-            bulk_load(s.ring() + slot * SLOT_BYTES, src, bytes, s.full() + slot);
+            mbar_arrive_expect_tx(s.full() + slot, bytes);
+            if (hinted) {
+                bulk_load_hinted(s.ring() + slot * SLOT_BYTES, src, bytes, s.full() + slot, policy);
+            } else {
+                bulk_load(s.ring() + slot * SLOT_BYTES, src, bytes, s.full() + slot);
+            }
         }
         chunk++;
     }

@@ -22,6 +22,9 @@ constexpr uint32_t OP_QKV = 1, OP_ATTN = 2, OP_OPROJ = 3, OP_MLP = 4, OP_LMHEAD 
 // Counter 0 counts steps whose input is embedded; the sampler sets this bit in it to end the loop.
 constexpr uint32_t STEP_COUNTER = 0;
 constexpr uint32_t STOP_BIT = 0x80000000u;
+// A claimed op's ring chunk that carries no weights: the SM's producer found no
+// tile left to claim in this step (Scalars::tags).
+constexpr uint32_t TAG_END = 0xffffffffu;
 
 // Device state words (host reads them after the launch).
 constexpr int ST_ABORT = 0;     // set by an SM whose watchdog fired: every SM leaves

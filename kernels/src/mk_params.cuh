@@ -37,7 +37,7 @@ struct Params {
     float* logits;             // [vocab]
     float* part_o;             // [heads][splits][head_dim] each split's attention partial
     float* part_ml;            // [heads][splits][2] its (max, sum); O-proj merges them
-    float* lm_max;             // [lm_tiles]
+    float* lm_max;             // [lm_tiles]: each SM's LM-head argmax (one per SM)
     uint32_t* lm_idx;          // [lm_tiles]
     uint16_t* kv;              // [capacity][layers][k | v][kv_dim] bf16
     const uint32_t* forced;    // step t < n_forced feeds forced[t] next (teacher forcing)
@@ -57,7 +57,7 @@ struct Params {
     int n_forced;
     int n_end;
     int mask_end_steps;        // steps t < this never pick an end id (min_tokens)
-    int lm_tiles;
+    int lm_tiles;              // the grid's SM count: LM-head arrivals per step
     int splits;
     float eps;
     int trace_step;
@@ -99,6 +99,7 @@ struct Scalars {
     uint32_t next;       // the sampler's next token
     uint32_t consumed;   // chunks the consumers took, published when they leave
     uint32_t done;       // consumers have left: the producer stops issuing and drains
+    uint32_t tags[SLOTS];  // per ring slot: the claimed tile its chunk belongs to, or TAG_END
 };
 
 // The CTA's dynamic shared memory. Every view of it below starts from this

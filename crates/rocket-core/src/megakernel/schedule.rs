@@ -11,9 +11,11 @@
 //! SiLU·mul, then those act values times the same columns of the
 //! down-projection, added to the residual: the down-projection is split by its
 //! input, so it needs no phase of its own); then `LmHead` (final RMSNorm +
-//! vocabulary rows + the tile's argmax), whose last tile picks the token and
-//! writes the next step's embedding. Every SM's list follows this global order, which is
-//! what makes the schedule deadlock-free (see `verify`).
+//! vocabulary rows + argmax), which every SM runs over the tiles it claims at
+//! run time (`Work::Claimed`: a static split ends with the SM that gets the least
+//! memory bandwidth, ~20 µs after the rest on the H200); the last SM to finish
+//! picks the token and writes the next step's embedding. Every SM's list follows
+//! this global order, which is what makes the schedule deadlock-free (see `verify`).
 
 use super::geometry::{MatvecShape, MAX_SPLITS, PART_CAP};
 use crate::error::{Result, RocketError};
@@ -50,7 +52,17 @@ pub enum Work {
     /// `kv_head`: its partial (max, sum, weighted values), which every `OProj`
     /// tile merges as it loads its input.
     Attn { kv_head: u32, split: u32, splits: u32 },
+    /// Tiles of `tile_rows` rows (the last may be shorter), `tiles` of them,
+    /// handed out at run time by counter `claims`: the SM's weight stream claims
+    /// one tile after another until none is left (kernels/src/megakernel.cu
+    /// `WeightStream`). Every SM runs the op once per step and signals once.
+    Claimed { tile_rows: u32, tiles: u32, claims: u16 },
 }
+
+/// Ring chunks in one claimed LM-head tile: small enough that the SMs finish
+/// within about a tile of each other, large enough that the per-tile barrier
+/// and the claim's round trip stay hidden behind the stream (the ring holds 3).
+pub const LM_TILE_CHUNKS: usize = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Instr {
@@ -68,12 +80,14 @@ pub const INSTR_WORDS: usize = 8;
 impl Instr {
     /// The device encoding (kernels/src/mk_params.cuh `load_instr`):
     /// `[op | layer << 8 | signal << 16, wait.counter | wait.per_step << 16, a, b, c, d, 0, 0]`
-    /// with (a, b, c, d) = (begin, end, tile, 0) for rows and
-    /// (kv_head, split, splits, 0) for attention; `d` and the last two words are reserved (0).
+    /// with (a, b, c, d) = (begin, end, tile, 0) for rows,
+    /// (kv_head, split, splits, 0) for attention and (tile_rows, tiles, claims, 0)
+    /// for claimed tiles; `d` and the last two words are reserved (0).
     pub fn encode(&self) -> [u32; INSTR_WORDS] {
         let (a, b, c, d) = match self.work {
             Work::Rows { begin, end, tile } => (begin, end, tile, 0),
             Work::Attn { kv_head, split, splits } => (kv_head, split, splits, 0),
+            Work::Claimed { tile_rows, tiles, claims } => (tile_rows, tiles, claims as u32, 0),
         };
         [
             self.op as u32 | (self.layer as u32) << 8 | (self.signal as u32) << 16,
@@ -118,8 +132,14 @@ impl Counters {
         self.base(self.layers) as u16
     }
 
+    /// Claims of LM-head tiles: step `t` takes claims `t (tiles + SMs)` up to
+    /// `(t + 1) (tiles + SMs)`, one per tile and one that draws past them per SM.
+    pub fn lm_claims(&self) -> u16 {
+        (self.base(self.layers) + 1) as u16
+    }
+
     pub fn count(&self) -> usize {
-        self.base(self.layers) + 1
+        self.base(self.layers) + 2
     }
 }
 
@@ -131,7 +151,8 @@ pub struct Schedule {
     pub counters: Counters,
     /// Context splits per KV head in every attention op.
     pub splits: usize,
-    /// Tiles of the LM head (its argmax partials).
+    /// LM-head arrivals per step, one per SM, each with the SM's argmax over
+    /// the tiles it claimed (the argmax partials the last one reduces).
     pub lm_tiles: usize,
 }
 
@@ -155,8 +176,17 @@ fn tile_count(rows: usize, parts_per_row: usize, sm_count: usize) -> usize {
 impl Schedule {
     /// The schedule for `spec` on `sm_count` SMs.
     pub fn compile(spec: &ModelSpec, sm_count: usize) -> Result<Self> {
+        Self::compile_with_lm_tiles(spec, sm_count, LM_TILE_CHUNKS)
+    }
+
+    /// The same with LM-head tiles of `lm_tile_chunks` ring chunks (fewer where
+    /// two tiles' partial sums would not fit the CTA).
+    pub fn compile_with_lm_tiles(spec: &ModelSpec, sm_count: usize, lm_tile_chunks: usize) -> Result<Self> {
         if sm_count == 0 {
             return Err(RocketError::invalid_arg("sm_count", 0, "must be at least 1"));
+        }
+        if lm_tile_chunks == 0 {
+            return Err(RocketError::invalid_arg("lm_tile_chunks", 0, "must be at least 1"));
         }
         if let Some(why) = super::geometry::unsupported_reason(spec) {
             return Err(RocketError::Device(format!("no megakernel schedule: {why}")));
@@ -228,8 +258,17 @@ impl Schedule {
             let mlp_tiles = push_matvec(&matvec(Op::Mlp), layer, after_o, &mut place)?;
             prev = Wait { counter: counters.op(Op::Mlp, layer), per_step: per_step(mlp_tiles)? };
         }
-        let lm_tiles = push_matvec(&matvec(Op::LmHead), nl, prev, &mut place)?;
-        Ok(Schedule { sm_count, per_sm, counters, splits, lm_tiles })
+        let shape = MatvecShape::of(d).expect("checked by unsupported_reason");
+        // The consumers keep two tiles' partial sums (kernels/src/megakernel.cu `lm_head`).
+        let tile_rows = (shape.rows * lm_tile_chunks).min(PART_CAP / (2 * shape.segments));
+        let tiles = u32::try_from(spec.vocab_size.div_ceil(tile_rows))
+            .map_err(|_| RocketError::Device(format!("a vocabulary of {} rows exceeds the schedule encoding", spec.vocab_size)))?;
+        let work = Work::Claimed { tile_rows: tile_rows as u32, tiles, claims: counters.lm_claims() };
+        per_step(sm_count)?;
+        for list in &mut per_sm {
+            list.push(Instr { op: Op::LmHead, layer: nl as u16, signal: counters.lm_head(), wait: prev, work });
+        }
+        Ok(Schedule { sm_count, per_sm, counters, splits, lm_tiles: sm_count })
     }
 
     /// The device form: every SM's encoded instructions back to back, and where
@@ -256,14 +295,20 @@ impl Schedule {
         self.len() == 0
     }
 
-    /// Weight bytes each SM streams through its ring per step (the load balance).
+    /// Weight bytes each SM streams through its ring per step (the load balance;
+    /// claimed tiles count as the SM's even share).
     pub fn weight_bytes_per_sm(&self, spec: &ModelSpec) -> Vec<usize> {
-        self.per_sm
-            .iter()
-            .map(|list| {
-                list.iter()
+        let n = self.sm_count;
+        (0..n)
+            .map(|sm| {
+                self.per_sm[sm]
+                    .iter()
                     .map(|i| match i.work {
                         Work::Attn { .. } => 0,
+                        Work::Claimed { .. } => {
+                            let all = spec.vocab_size * spec.hidden_size * 2;
+                            all * (sm + 1) / n - all * sm / n
+                        }
                         Work::Rows { begin, end, .. } => {
                             let k = if i.op == Op::OProj { spec.q_dim() } else { spec.hidden_size };
                             let matrices = if i.op == Op::Mlp { 3 } else { 1 }; // gate, up, down^T
@@ -292,6 +337,8 @@ mod tests {
         assert_eq!(i.encode(), [2 | 7 << 8 | 300 << 16, 12 | 132 << 16, 3, 5, 16, 0, 0, 0]);
         let r = Instr { op: Op::LmHead, layer: 16, signal: 9, wait: Wait { counter: 8, per_step: 1 }, work: Work::Rows { begin: 10, end: 20, tile: 4 } };
         assert_eq!(r.encode()[2..6], [10, 20, 4, 0]);
+        let c = Instr { work: Work::Claimed { tile_rows: 32, tiles: 4748, claims: 115 }, ..r };
+        assert_eq!(c.encode()[2..6], [32, 4748, 115, 0]);
     }
 
     #[test]
@@ -311,7 +358,7 @@ mod tests {
     #[test]
     fn counters_are_distinct() {
         let c = Counters { layers: 3 };
-        let mut all = vec![Counters::STEP, c.lm_head()];
+        let mut all = vec![Counters::STEP, c.lm_head(), c.lm_claims()];
         for l in 0..3 {
             for op in Op::LAYER_OPS {
                 all.push(c.op(op, l));

@@ -228,9 +228,15 @@ impl<'w> Twin<'w> {
                 let target = (t + 1) * instr.wait.per_step as u32;
                 self.wait(run, instr.wait.counter, target, sm, t, &format!("{:?} of layer {}", instr.op, instr.layer))?;
                 match instr.work {
-                    Work::Rows { begin, end, tile } => self.matvec(run, instr, begin as usize..end as usize, tile as usize, t)?,
+                    Work::Rows { begin, end, .. } => self.matvec(run, instr, begin as usize..end as usize, t)?,
                     Work::Attn { kv_head, split, splits } => {
                         self.attention(run, instr, kv_head as usize, split as usize, splits as usize, t)
+                    }
+                    Work::Claimed { tile_rows, tiles, claims } => {
+                        if instr.op != Op::LmHead {
+                            return Err(format!("{:?} of layer {} has claimed tiles: only the LM head does", instr.op, instr.layer));
+                        }
+                        self.lm_head(run, instr, sm, tile_rows as usize, tiles, claims, t)
                     }
                 }
             }
@@ -297,7 +303,7 @@ impl<'w> Twin<'w> {
         out
     }
 
-    fn matvec(&self, run: &Run<'_>, instr: &Instr, rows: std::ops::Range<usize>, tile: usize, t: u32) -> std::result::Result<(), String> {
+    fn matvec(&self, run: &Run<'_>, instr: &Instr, rows: std::ops::Range<usize>, t: u32) -> std::result::Result<(), String> {
         let s = self.spec;
         let w = self.weights;
         let layer = instr.layer as usize;
@@ -331,35 +337,54 @@ impl<'w> Twin<'w> {
                     run.mlp_acc.add(j, cols.iter().zip(&act).map(|(w, a)| w * a).sum());
                 }
             }
-            Op::LmHead => {
-                let h = self.normed_x(run, &w.final_norm, true);
-                let mut out = vec![0f32; n];
-                matvec_rows(w.lm_head().view(), rows.clone(), s.hidden_size, &h, &mut out);
-                let base = t as usize * s.vocab_size;
-                run.logits.write(base + rows.start, &out);
-                let masked = (t as usize) < run.req.mask_end_steps;
-                let (mut best, mut idx) = (f32::NEG_INFINITY, u32::MAX);
-                for (i, &v) in rows.zip(&out) {
-                    if masked && run.req.end_ids.contains(&(i as u32)) {
-                        continue;
-                    }
-                    if v > best {
-                        (best, idx) = (v, i as u32);
-                    }
-                }
-                run.lm_max.set(tile, best);
-                run.lm_idx[tile].store(idx, Ordering::Relaxed);
-            }
+            Op::LmHead => return Err("the LM head's tiles are claimed, not listed".into()),
             Op::Attn => unreachable!("attention carries Work::Attn"),
         }
-        let arrived = Self::signal(run, instr.signal);
-        if instr.op == Op::LmHead && arrived == (t + 1) * self.schedule.lm_tiles as u32 {
-            self.pick_token(run, t);
-        }
+        Self::signal(run, instr.signal);
         Ok(())
     }
 
-    /// The last LM head tile: reduce the tiles' argmaxes (lowest index on ties),
+    /// The LM head on virtual SM `sm`: the tiles it claims, as the kernel's
+    /// weight stream claims them (claim k of step t is tile k - t (tiles + SMs);
+    /// the SM stops at the first claim past the tiles), each tile's logits, then
+    /// the SM's argmax over them in lm_max/lm_idx[sm]; the last SM to arrive
+    /// picks the token.
+    #[allow(clippy::too_many_arguments)]
+    fn lm_head(&self, run: &Run<'_>, instr: &Instr, sm: usize, tile_rows: usize, tiles: u32, claims: u16, t: u32) {
+        let (s, w) = (self.spec, self.weights);
+        let h = self.normed_x(run, &w.final_norm, true);
+        let base = t as usize * s.vocab_size;
+        let masked = (t as usize) < run.req.mask_end_steps;
+        let per_step = tiles + self.schedule.sm_count as u32;
+        let (mut best, mut idx) = (f32::NEG_INFINITY, u32::MAX);
+        loop {
+            let tile = run.counters[claims as usize].fetch_add(1, Ordering::Relaxed).wrapping_sub(t * per_step);
+            if tile >= tiles {
+                break;
+            }
+            let begin = tile as usize * tile_rows;
+            let rows = begin..(begin + tile_rows).min(s.vocab_size);
+            let mut out = vec![0f32; rows.len()];
+            matvec_rows(w.lm_head().view(), rows.clone(), s.hidden_size, &h, &mut out);
+            run.logits.write(base + begin, &out);
+            for (i, &v) in rows.zip(&out) {
+                let i = i as u32;
+                if masked && run.req.end_ids.contains(&i) {
+                    continue;
+                }
+                if v > best || (v == best && i < idx) {
+                    (best, idx) = (v, i);
+                }
+            }
+        }
+        run.lm_max.set(sm, best);
+        run.lm_idx[sm].store(idx, Ordering::Relaxed);
+        if Self::signal(run, instr.signal) == (t + 1) * self.schedule.lm_tiles as u32 {
+            self.pick_token(run, t);
+        }
+    }
+
+    /// The last SM of the LM head: reduce the SMs' argmaxes (lowest index on ties),
     /// publish the token, decide whether to go on, embed the next input and
     /// start the next step.
     fn pick_token(&self, run: &Run<'_>, t: u32) {

@@ -1,10 +1,12 @@
 //! Checks a compiled [`Schedule`] before it reaches a GPU: every output row and
-//! attention split is computed exactly once per step, every instruction waits
+//! attention split is computed exactly once per step (the LM head's claimed
+//! tiles cover the vocabulary and every SM claims them once), every instruction waits
 //! for exactly the work it reads, and the SMs, each running its list in order,
 //! always finish: simulated under several interleavings over several steps.
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::geometry::{MatvecShape, PART_CAP};
 use super::schedule::{Counters, Instr, Op, Schedule, Wait, Work};
 use crate::model::ModelSpec;
 
@@ -62,8 +64,38 @@ pub fn verify(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
 /// (begin, end, tile) of each tile of one op.
 type Tiles = Vec<(u32, u32, u32)>;
 
+/// The LM head: once on every SM, claiming tiles that cover the vocabulary,
+/// whose partial sums (two tiles' at a time) fit the CTA.
+fn check_lm_head(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
+    let segments = MatvecShape::of(spec.hidden_size).map_or(1, |m| m.segments);
+    for (sm, list) in s.per_sm.iter().enumerate() {
+        let heads: Vec<&Instr> = list.iter().filter(|i| i.op == Op::LmHead).collect();
+        let [head] = heads[..] else {
+            return Err(format!("SM {sm} runs the LM head {} times (once per SM)", heads.len()));
+        };
+        let Work::Claimed { tile_rows, tiles, claims } = head.work else {
+            return Err(format!("the LM head on SM {sm} carries {:?}, not claimed tiles", head.work));
+        };
+        let (rows, n) = (tile_rows as usize, tiles as usize);
+        if rows == 0 || rows * n < spec.vocab_size || rows * (n - 1) >= spec.vocab_size {
+            return Err(format!("{n} LM-head tiles of {rows} rows for a vocabulary of {}", spec.vocab_size));
+        }
+        if 2 * rows * segments > PART_CAP {
+            return Err(format!("LM-head tiles of {rows} rows overflow the partial sums"));
+        }
+        if claims != s.counters.lm_claims() {
+            return Err(format!("the LM head on SM {sm} claims from counter {claims}, not {}", s.counters.lm_claims()));
+        }
+    }
+    if s.lm_tiles != s.sm_count {
+        return Err(format!("{} LM-head arrivals per step for {} SMs", s.lm_tiles, s.sm_count));
+    }
+    Ok(())
+}
+
 fn check_coverage(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
     let nl = spec.num_layers;
+    check_lm_head(s, spec)?;
     let mut rows: BTreeMap<(usize, Op), Tiles> = BTreeMap::new();
     let mut attn: BTreeMap<usize, Vec<(u32, u32)>> = BTreeMap::new();
     for i in s.per_sm.iter().flatten() {
@@ -79,7 +111,8 @@ fn check_coverage(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
                 }
                 attn.entry(layer).or_default().push((kv_head, split));
             }
-            (op, Work::Rows { begin, end, tile }) if op != Op::Attn => {
+            (Op::LmHead, Work::Claimed { .. }) => {} // check_lm_head
+            (op, Work::Rows { begin, end, tile }) if op != Op::Attn && op != Op::LmHead => {
                 if begin >= end {
                     return Err(format!("empty tile of {op:?} in layer {layer}"));
                 }
@@ -88,9 +121,8 @@ fn check_coverage(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
             (op, work) => return Err(format!("{op:?} carries {work:?}")),
         }
     }
-    for layer in 0..=nl {
-        let ops: &[Op] = if layer == nl { &[Op::LmHead] } else { &[Op::Qkv, Op::OProj, Op::Mlp] };
-        for &op in ops {
+    for layer in 0..nl {
+        for op in [Op::Qkv, Op::OProj, Op::Mlp] {
             let mut tiles = rows.remove(&(layer, op)).ok_or_else(|| format!("{op:?} of layer {layer} is missing"))?;
             tiles.sort();
             let mut next = 0u32;
@@ -106,18 +138,13 @@ fn check_coverage(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
             if next as usize != op_rows(spec, op) {
                 return Err(format!("{op:?} of layer {layer} covers {next} of {} rows", op_rows(spec, op)));
             }
-            if op == Op::LmHead && tiles.len() != s.lm_tiles {
-                return Err(format!("{} LM head tiles, schedule says {}", tiles.len(), s.lm_tiles));
-            }
         }
-        if layer < nl {
-            let mut items = attn.remove(&layer).unwrap_or_default();
-            items.sort();
-            let want: Vec<(u32, u32)> =
-                (0..spec.num_kv_heads as u32).flat_map(|g| (0..s.splits as u32).map(move |sp| (g, sp))).collect();
-            if items != want {
-                return Err(format!("attention of layer {layer} does not cover every (KV head, split) once"));
-            }
+        let mut items = attn.remove(&layer).unwrap_or_default();
+        items.sort();
+        let want: Vec<(u32, u32)> =
+            (0..spec.num_kv_heads as u32).flat_map(|g| (0..s.splits as u32).map(move |sp| (g, sp))).collect();
+        if items != want {
+            return Err(format!("attention of layer {layer} does not cover every (KV head, split) once"));
         }
     }
     if let Some(((layer, op), _)) = rows.into_iter().next() {
@@ -144,6 +171,9 @@ fn check_waits(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
             if signals[&i.signal] != splits as usize * spec.num_kv_heads {
                 return Err(format!("attention of layer {layer}: {} signals for {splits} splits of {} KV heads", signals[&i.signal], spec.num_kv_heads));
             }
+        }
+        if i.op == Op::LmHead && signals[&i.signal] != s.lm_tiles {
+            return Err(format!("{} LM-head signals per step, the token waits for {}", signals[&i.signal], s.lm_tiles));
         }
         let want = expected_wait(c, &tiles, layer, i.op);
         if i.wait != want {
@@ -266,6 +296,20 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn every_lm_head_tile_size_verifies() {
+        // ROCKET_MK_LM_TILE's range, on the fuels whose partial sums cap the tile.
+        for spec in [spec(576, 1536, 30, 9, 3, 64, 49152), spec(2048, 6144, 28, 16, 8, 128, 151936)] {
+            for chunks in 1..=12 {
+                for sms in [7, 132] {
+                    let s = Schedule::compile_with_lm_tiles(&spec, sms, chunks).unwrap();
+                    verify(&s, &spec).unwrap_or_else(|e| panic!("{chunks} chunks per tile on {sms} SMs: {e}"));
+                }
+            }
+        }
+        assert!(Schedule::compile_with_lm_tiles(&spec(576, 1536, 30, 9, 3, 64, 49152), 132, 0).is_err());
+    }
+
+    #[test]
     fn h200_schedule_balances_the_weight_bytes() {
         let llama = spec(2048, 8192, 16, 32, 8, 64, 128256);
         let s = Schedule::compile(&llama, 132).unwrap();
@@ -308,6 +352,26 @@ pub(crate) mod tests {
         let at = s.per_sm[sm].iter().position(|i| i.op == Op::Mlp).unwrap();
         s.per_sm[sm].remove(at);
         assert!(verify(&s, &small).is_err());
+
+        // An SM without the LM head would leave the token waiting; one with a
+        // claims counter of its own would claim every tile again.
+        let mut s = good.clone();
+        s.per_sm[2].retain(|i| i.op != Op::LmHead);
+        assert!(verify(&s, &small).unwrap_err().contains("LM head 0 times"));
+        let mut s = good.clone();
+        let head = s.per_sm[1].iter_mut().find(|i| i.op == Op::LmHead).unwrap();
+        if let Work::Claimed { claims, .. } = &mut head.work {
+            *claims = 0;
+        }
+        assert!(verify(&s, &small).unwrap_err().contains("claims from counter 0"));
+        // Tiles that stop short of the vocabulary leave logits unwritten.
+        let mut s = good.clone();
+        for i in s.per_sm.iter_mut().flatten().filter(|i| i.op == Op::LmHead) {
+            if let Work::Claimed { tiles, .. } = &mut i.work {
+                *tiles -= 1;
+            }
+        }
+        assert!(verify(&s, &small).unwrap_err().contains("LM-head tiles"));
 
         // An SM that runs layer 1 before layer 0 breaks the global order.
         let mut s = good.clone();

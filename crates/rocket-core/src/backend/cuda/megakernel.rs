@@ -14,7 +14,7 @@ use super::env_switch;
 use crate::backend::{LoopOutcome, LoopRequest, SampleRequest};
 use crate::error::{Result, RocketError};
 use crate::megakernel::geometry::{CONSUMER_WARPS, SLOTS, SLOT_BYTES};
-use crate::megakernel::schedule::INSTR_WORDS;
+use crate::megakernel::schedule::{INSTR_WORDS, LM_TILE_CHUNKS};
 use crate::megakernel::profile::trace_words;
 use crate::megakernel::{verify, Op, Schedule, Work};
 use crate::model::ModelSpec;
@@ -253,6 +253,18 @@ fn hold_chunks() -> Result<i32> {
     }
 }
 
+/// ROCKET_MK_LM_TILE=N (1..=SLOTS, default schedule::LM_TILE_CHUNKS): ring
+/// chunks in one claimed LM-head tile (an experiment's knob, like ROCKET_MK_HOLD).
+fn lm_tile_chunks() -> Result<usize> {
+    match std::env::var("ROCKET_MK_LM_TILE").as_deref() {
+        Err(_) | Ok("") => Ok(LM_TILE_CHUNKS),
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=SLOTS).contains(&n) => Ok(n),
+            _ => Err(RocketError::invalid_arg("ROCKET_MK_LM_TILE", v, format!("expected a whole number from 1 to {SLOTS}"))),
+        },
+    }
+}
+
 /// How long a wait on one dependency counter may last before the kernel gives
 /// up (ROCKET_WATCHDOG_MS; raise it under compute-sanitizer).
 fn watchdog() -> Duration {
@@ -273,7 +285,7 @@ impl Megakernel {
             return Err(RocketError::Device(format!("{} cannot fit one megakernel CTA ({SMEM_BYTES} bytes of shared memory) per SM", ctx.name)));
         }
         let sms = ctx.sm_count as usize;
-        let schedule = Schedule::compile(spec, sms)?;
+        let schedule = Schedule::compile_with_lm_tiles(spec, sms, lm_tile_chunks()?)?;
         verify(&schedule, spec).map_err(|e| RocketError::Internal(format!("megakernel schedule for {sms} SMs: {e}")))?;
         let (words, starts) = schedule.encode();
         let upload_u32 = |v: &[u32], what: &str| -> Result<DeviceBuffer> {
@@ -640,7 +652,7 @@ impl Megakernel {
 fn describe(i: &crate::megakernel::Instr) -> String {
     match i.work {
         Work::Attn { kv_head, split, .. } => format!("attention of layer {} (KV head {kv_head}, split {split})", i.layer),
-        Work::Rows { begin, end, .. } if i.op == Op::LmHead => format!("LM head rows {begin}..{end}"),
+        Work::Claimed { tiles, .. } => format!("the LM head (claimed tiles, {tiles} per step)"),
         Work::Rows { begin, end, .. } => format!("{:?} of layer {} (rows {begin}..{end})", i.op, i.layer),
     }
 }

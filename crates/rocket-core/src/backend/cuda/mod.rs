@@ -774,7 +774,7 @@ impl Backend for CudaBackend {
             req: LoopRequest { max_steps, end_ids: &end_ids, mask_end_steps: req.mask_end_steps, sampling: req.sampling },
             forced: &[],
             keep_logits: false,
-            trace_step: None,
+            trace_step: traced_decode_step(max_steps),
         };
         // Counted here so the session keeps the tokens handed on even if the launch fails later.
         let mut handed = 0;
@@ -784,6 +784,13 @@ impl Backend for CudaBackend {
         });
         sess.len += handed;
         let (outcome, _) = ran?;
+        if let (Some(step), Some(stamps)) = (launch.trace_step, mk.last_trace.take()) {
+            match Profile::from_trace(&mk.schedule, &stamps) {
+                Ok(profile) => tracing::info!(step, position = sess.len - handed + step, "megakernel step profile (ROCKET_MK_TRACE_STEP)\n{profile}"),
+                // A launch that stopped before the step leaves it unstamped.
+                Err(e) => tracing::info!(step, error = %e, "no megakernel step profile"),
+            }
+        }
         Ok(Some(outcome))
     }
 
@@ -843,6 +850,15 @@ impl CudaBackend {
     }
 }
 
+/// ROCKET_MK_TRACE_STEP=N: every megakernel decode launch of at least N + 1
+/// steps stamps its step N and logs where the time went (at level info:
+/// ROCKET_LOG=info), the same table as the megakernel tests' MK-PROFILE lines,
+/// for a real request instead of a teacher-forced one.
+fn traced_decode_step(max_steps: usize) -> Option<usize> {
+    let step = std::env::var("ROCKET_MK_TRACE_STEP").ok()?.parse::<usize>().ok()?;
+    (step < max_steps).then_some(step)
+}
+
 /// Why CUDA is unavailable here, or None when a usable device exists.
 pub fn unavailable_reason() -> Option<String> {
     Context::open().err().map(|e| e.to_string())
@@ -864,3 +880,4 @@ mod tests {
         assert_eq!(bytes, want);
     }
 }
+
