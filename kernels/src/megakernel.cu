@@ -269,20 +269,20 @@ __device__ __forceinline__ const float* norm_weights(const Params& p, const Inst
 }
 
 // A matrix-vector instruction after its wait; `nw` holds load_norm's weights
-// for Qkv and Mlp. A layer's instruction holds its last p.hold_chunks ring
+// for Qkv and Mlp. A layer's instruction holds its last p.hold_* ring
 // chunks (`held`) past its release, so that fewer weights stream into this SM
 // while it stores and releases its results (none at hold 12); the caller gives
 // them back before the next matrix-vector instruction's wait (they stay held
-// through an attention instruction).
+// through an attention instruction: given back before its wait, they cost
+// Llama-3.2-1B 3% and Qwen3-1.7B 4%, benches/NOTES.md session 16).
 template <class F>
 __device__ __forceinline__ void run_matvec(const Params& p, const Smem& s, const Instr& in, int t, uint32_t& chunk,
                                            float (&nw)[Matvec<F::D>::PER_LANE][8], HeldChunks& held) {
     const int tid = threadIdx.x;
     const int n = in.b - in.a;
-    const int hold = p.hold_chunks;
     switch (in.op) {
         case OP_QKV:
-            held.from = held_from(chunk, chunks_of<Matvec<F::D>>(n), hold);
+            held.from = held_from(chunk, chunks_of<Matvec<F::D>>(n), p.hold_qkv);
             matvec<F::D, Input::NORMED_RESIDUAL>(p, s, in, nullptr, nw, chunk, 1, held.from);
             for (int i = tid; i < n; i += CONSUMERS) __stcg(p.qkv + in.a + i, part_sum<F::D>(s, i));
             signal(p, in.signal);
@@ -291,7 +291,7 @@ __device__ __forceinline__ void run_matvec(const Params& p, const Smem& s, const
             const float mine = residual_row(p, in);
             merge_attention<F::HD, F::HQ>(p, s, t);  // the input, into s.vec()
             float a[Matvec<F::QD>::PER_LANE][8];
-            held.from = held_from(chunk, chunks_of<Matvec<F::QD>>(n), hold);
+            held.from = held_from(chunk, chunks_of<Matvec<F::QD>>(n), p.hold_oproj);
             matvec<F::QD, Input::SHARED>(p, s, in, s.vec(), a, chunk, 1, held.from);
             add_to_residual<F::QD>(p, s, in, mine);
             signal(p, in.signal);
@@ -302,7 +302,7 @@ __device__ __forceinline__ void run_matvec(const Params& p, const Smem& s, const
             // kernels/src/silu_mul.cu), then those act values times the same
             // columns of the down-projection, summed into p.mlp_acc: split over
             // the SMs by the act rows, the down-projection needs no phase of its own.
-            held.from = held_from(chunk, 2 * chunks_of<Matvec<F::D>>(n) + chunks_of<Scatter<F::D>>(n), hold);
+            held.from = held_from(chunk, 2 * chunks_of<Matvec<F::D>>(n) + chunks_of<Scatter<F::D>>(n), p.hold_mlp);
             matvec<F::D, Input::NORMED_X>(p, s, in, nullptr, nw, chunk, 2, held.from);
             for (int i = tid; i < n; i += CONSUMERS) {
                 const float g = part_sum<F::D>(s, i), u = part_sum<F::D>(s, n + i);

@@ -134,7 +134,7 @@ __device__ __forceinline__ void load_input(const Params& p, const Smem& s, const
 }
 
 // Ring chunks [from, to) that the consumers have used but not yet given back to
-// the producer (Params::hold_chunks).
+// the producer (Params::hold_qkv, hold_oproj, hold_mlp).
 struct HeldChunks {
     uint32_t from = 0, to = 0;
 };

@@ -63,10 +63,12 @@ struct Params {
     int trace_step;
     int poll_spin;             // 1: dependency polls spin without __nanosleep (ROCKET_MK_SPIN, an experiment)
     int weights_evict_first;   // 1: weight copies go through L2 as evict-first (ROCKET_MK_EVICT_FIRST)
-    int hold_chunks;           // ring chunks a layer's matvec keeps until the next matvec's wait (ROCKET_MK_HOLD)
+    int hold_qkv;              // ring chunks a layer's Qkv, OProj and Mlp keep past their release (ROCKET_MK_HOLD)
+    int hold_oproj;
+    int hold_mlp;
 };
 
-static_assert(sizeof(Params) == 288, "Params is shared with backend/cuda/megakernel.rs");
+static_assert(sizeof(Params) == 296, "Params is shared with backend/cuda/megakernel.rs");
 
 struct Instr {
     uint32_t op, layer, signal, wait, per_step, a, b, c, d;

@@ -120,11 +120,13 @@ struct Params {
     trace_step: i32,
     poll_spin: i32,
     weights_evict_first: i32,
-    hold_chunks: i32,
+    hold_qkv: i32,
+    hold_oproj: i32,
+    hold_mlp: i32,
 }
 
 // mk_params.cuh asserts the same size.
-const _: () = assert!(std::mem::size_of::<Params>() == 288);
+const _: () = assert!(std::mem::size_of::<Params>() == 296);
 // Hopper gives a CTA at most 227 KiB of shared memory.
 const _: () = assert!(SMEM_BYTES <= 227 * 1024);
 
@@ -237,19 +239,29 @@ fn transposed_down(ctx: &Context, module: &Module, stream: &Stream, spec: &Model
     Ok((out, copies))
 }
 
-/// ROCKET_MK_HOLD=N (0..=SLOTS, default 8): a layer's matrix-vector instruction
-/// keeps its last N ring chunks until the next one's wait, so fewer weights
-/// stream into the SM while it stores and releases its results (H200, session
-/// 14 run 2 in benches/NOTES.md: Llama-3.2-1B 0.836 → 0.777 ms/token from 0 to
-/// 8, 12 slower again).
-const DEFAULT_HOLD_CHUNKS: i32 = 8;
-fn hold_chunks() -> Result<i32> {
-    match std::env::var("ROCKET_MK_HOLD").as_deref() {
-        Err(_) | Ok("") => Ok(DEFAULT_HOLD_CHUNKS),
-        Ok(v) => match v.parse::<i32>() {
-            Ok(n) if (0..=SLOTS as i32).contains(&n) => Ok(n),
-            _ => Err(RocketError::invalid_arg("ROCKET_MK_HOLD", v, format!("expected a whole number from 0 to {SLOTS}"))),
-        },
+/// ROCKET_MK_HOLD=N or Q,O,M (each 0..=SLOTS, default 4,8,8): a layer's
+/// matrix-vector instruction (Qkv, OProj, Mlp) keeps its last N ring chunks
+/// until the next one's wait, so fewer weights stream into the SM while it
+/// stores and releases its results (H200, benches/NOTES.md: session 14 run 2,
+/// Llama-3.2-1B 0.836 → 0.777 ms/token from 0 to 8, 12 slower again; session 16
+/// run 5, per op: the Mlp's 8 matters most (4 or 12: +2 to +4%), the Qkv's 4
+/// takes Qwen3-1.7B from 1.143 to 1.134 and leaves the rest as they were).
+const DEFAULT_HOLD_CHUNKS: [i32; 3] = [4, 8, 8];
+fn hold_chunks() -> Result<[i32; 3]> {
+    let Ok(v) = std::env::var("ROCKET_MK_HOLD") else { return Ok(DEFAULT_HOLD_CHUNKS) };
+    parse_hold(&v)
+}
+
+fn parse_hold(v: &str) -> Result<[i32; 3]> {
+    if v.is_empty() {
+        return Ok(DEFAULT_HOLD_CHUNKS);
+    }
+    let bad = || RocketError::invalid_arg("ROCKET_MK_HOLD", v, format!("expected N or Q,O,M: whole numbers from 0 to {SLOTS}"));
+    let n: Vec<i32> = v.split(',').map(|x| x.trim().parse::<i32>().ok().filter(|n| (0..=SLOTS as i32).contains(n)).ok_or_else(bad)).collect::<Result<_>>()?;
+    match n[..] {
+        [all] => Ok([all; 3]),
+        [q, o, m] => Ok([q, o, m]),
+        _ => Err(bad()),
     }
 }
 
@@ -319,6 +331,7 @@ impl Megakernel {
             f(schedule.lm_tiles),
             f(schedule.lm_tiles),
         ];
+        let hold = hold_chunks()?;
         let activations = sizes.iter().map(|&(n, _)| DeviceBuffer::alloc(ctx, n, "megakernel activations")).collect::<Result<Vec<_>>>()?;
         for (a, &(_, poison)) in activations.iter().zip(&sizes) {
             a.fill_u8(stream, poison)?;
@@ -364,7 +377,9 @@ impl Megakernel {
             // normal policy instead of evict-first (benches/NOTES.md, session 14).
             poll_spin: env_switch("ROCKET_MK_SPIN", false)? as i32,
             weights_evict_first: env_switch("ROCKET_MK_EVICT_FIRST", true)? as i32,
-            hold_chunks: hold_chunks()?,
+            hold_qkv: hold[0],
+            hold_oproj: hold[1],
+            hold_mlp: hold[2],
             ..Params::default()
         };
         stream.sync()?;
@@ -734,10 +749,21 @@ mod tests {
             instrs, sm_start, counters, state, layers, embed, lm_head, final_norm, inv_freq, x, qkv, mlp_acc, logits,
             part_o, part_ml, lm_max, lm_idx, kv, forced, logits_out, ring, end_ids, trace, sample, seen_bits,
             gen_counts, sample_items, tokens, watchdog_ns, pos0, first_token, max_steps, n_forced, n_end,
-            mask_end_steps, lm_tiles, splits, eps, trace_step, poll_spin, weights_evict_first, hold_chunks,
+            mask_end_steps, lm_tiles, splits, eps, trace_step, poll_spin, weights_evict_first, hold_qkv, hold_oproj,
+            hold_mlp,
         ];
         assert_eq!(kernel_fields, rust);
         assert_eq!(offset.next_multiple_of(8), std::mem::size_of::<Params>());
+    }
+
+    #[test]
+    fn hold_takes_one_count_or_one_per_op() {
+        assert_eq!(parse_hold("").unwrap(), [4, 8, 8]);
+        assert_eq!(parse_hold("4").unwrap(), [4; 3]);
+        assert_eq!(parse_hold("0, 8,12").unwrap(), [0, 8, 12]);
+        for bad in ["13", "-1", "8,8", "8,8,8,8", "a", "8,,8"] {
+            assert!(parse_hold(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
