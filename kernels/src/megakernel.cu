@@ -7,7 +7,7 @@
 // CTA does. Per step t, every CTA waits for the step's input embedding (counter 0
 // reaching t + 1), then runs its instruction list, each instruction waiting until
 // its dependency counter reaches (t + 1) * per_step and bumping its own counter
-// when done. The CTA that finishes the last LM-head tile picks the token (argmax,
+// when done. The last CTA to finish its LM-head tiles picks the token (argmax,
 // end ids masked for min_tokens), publishes it (warp 9 of CTA 0 forwards it to the host ring), checks end ids,
 // max_steps and the host's stop flag, embeds the next input and releases step
 // t + 1 (or sets STOP_BIT). Meanwhile the producer warp streams the weights of
@@ -147,7 +147,7 @@ __device__ __noinline__ uint32_t sample_token(const Params& p, const Smem& s, in
 
 // The last LM-head CTA of step t: the token, the next input, the step's release.
 // `host_stop` is the host's stop flag (its device copy) as thread 0 read it when
-// the tile began.
+// the CTA's LM head began.
 template <class F>
 __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, uint32_t host_stop) {
     const int tid = threadIdx.x;

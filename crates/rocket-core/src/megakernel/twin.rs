@@ -372,7 +372,8 @@ impl<'w> Twin<'w> {
                 if masked && run.req.end_ids.contains(&i) {
                     continue;
                 }
-                if v > best || (v == best && i < idx) {
+                // As the kernel and the host argmax: -inf and NaN never win.
+                if v > f32::NEG_INFINITY && (v > best || (v == best && i < idx)) {
                     (best, idx) = (v, i);
                 }
             }

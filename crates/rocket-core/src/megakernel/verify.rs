@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::geometry::{MatvecShape, PART_CAP};
+use super::geometry::{MatvecShape, PART_CAP, SLOTS, SLOT_BYTES};
 use super::schedule::{Counters, Instr, Op, Schedule, Wait, Work};
 use crate::model::ModelSpec;
 
@@ -55,6 +55,7 @@ pub fn verify(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
     }
     check_coverage(s, spec)?;
     check_waits(s, spec)?;
+    check_claim_order(s, spec)?;
     for order in [Order::Forward, Order::Backward, Order::Shuffled(0x5eed), Order::Shuffled(7)] {
         simulate(s, 3, order)?;
     }
@@ -89,6 +90,43 @@ fn check_lm_head(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
     }
     if s.lm_tiles != s.sm_count {
         return Err(format!("{} LM-head arrivals per step for {} SMs", s.lm_tiles, s.sm_count));
+    }
+    Ok(())
+}
+
+/// The LM head's claims follow the steps (claim k of step t is tile
+/// k - t (tiles + SMs)) only if no SM's producer makes its first claim of step
+/// t + 1 before every SM has made its last of step t. A producer reaches step
+/// t + 1's LM head after issuing that step's layer chunks, and it issues the
+/// last of them only once its consumers have released the chunk SLOTS before:
+/// with more than SLOTS chunks per step outside the LM head, a chunk of step
+/// t + 1, which they take only after step t's token, that is after every SM's
+/// last claim of step t. (The CPU twin has no producer running ahead: only this
+/// check stands for it.)
+fn check_claim_order(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
+    let rows_per_chunk = |k: usize| MatvecShape::of(k).map_or(1, |m| m.rows);
+    let (d, qd) = (rows_per_chunk(spec.hidden_size), rows_per_chunk(spec.q_dim()));
+    let scatter = (SLOT_BYTES / (2 * spec.hidden_size)).max(1);
+    for (sm, list) in s.per_sm.iter().enumerate() {
+        let chunks: usize = list
+            .iter()
+            .map(|i| match i.work {
+                Work::Rows { begin, end, .. } => {
+                    let n = (end - begin) as usize;
+                    match i.op {
+                        Op::OProj => n.div_ceil(qd),
+                        Op::Mlp => 2 * n.div_ceil(d) + n.div_ceil(scatter), // gate, up, down^T
+                        _ => n.div_ceil(d),
+                    }
+                }
+                Work::Attn { .. } | Work::Claimed { .. } => 0,
+            })
+            .sum();
+        if chunks <= SLOTS {
+            return Err(format!(
+                "SM {sm} streams {chunks} weight chunks per step before its LM head; the LM head's claims need more than the ring's {SLOTS}"
+            ));
+        }
     }
     Ok(())
 }
@@ -328,7 +366,7 @@ pub(crate) mod tests {
 
     #[test]
     fn broken_schedules_are_caught() {
-        let small = spec(64, 128, 2, 4, 2, 64, 300);
+        let small = spec(64, 128, 3, 4, 2, 64, 300); // 15 weight chunks per SM and step: more than the ring
         let good = Schedule::compile(&small, 5).unwrap();
         verify(&good, &small).unwrap();
 
@@ -372,6 +410,12 @@ pub(crate) mod tests {
             }
         }
         assert!(verify(&s, &small).unwrap_err().contains("LM-head tiles"));
+
+        // Two layers stream only 10 chunks per SM and step: a producer could
+        // claim the next step's LM-head tiles before the others finished this step's.
+        let short = spec(64, 128, 2, 4, 2, 64, 300);
+        let s = Schedule::compile(&short, 5).unwrap();
+        assert!(verify(&s, &short).unwrap_err().contains("10 weight chunks"));
 
         // An SM that runs layer 1 before layer 0 breaks the global order.
         let mut s = good.clone();

@@ -855,8 +855,14 @@ impl CudaBackend {
 /// ROCKET_LOG=info), the same table as the megakernel tests' MK-PROFILE lines,
 /// for a real request instead of a teacher-forced one.
 fn traced_decode_step(max_steps: usize) -> Option<usize> {
-    let step = std::env::var("ROCKET_MK_TRACE_STEP").ok()?.parse::<usize>().ok()?;
-    (step < max_steps).then_some(step)
+    let v = std::env::var("ROCKET_MK_TRACE_STEP").ok()?;
+    match v.parse::<usize>() {
+        Ok(step) => (step < max_steps).then_some(step),
+        Err(_) => {
+            tracing::warn!(value = %v, "ROCKET_MK_TRACE_STEP is not a step number: no step traced");
+            None
+        }
+    }
 }
 
 /// Why CUDA is unavailable here, or None when a usable device exists.
