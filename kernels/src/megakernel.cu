@@ -432,7 +432,7 @@ struct WeightStream {
             if (t >= p.max_steps) return false;
             cur = load_instr(p, i++);
             region = 0;
-            regions = cur.op == OP_ATTN || cur.op == OP_LMHEAD ? 0 : (cur.op == OP_MLP ? 3 : 1);  // attention streams no weights, the LM head claims its
+            regions = cur.op == OP_ATTN || cur.op == OP_LMHEAD ? 0 : (cur.op == OP_MLP ? 3 : 1);  // attention streams no weights; the LM head's are claimed
             if (cur.op == OP_LMHEAD) {
                 claiming = true;
                 claim = atomicAdd(p.counters + cur.c, 1u);

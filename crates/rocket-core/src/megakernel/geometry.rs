@@ -74,7 +74,13 @@ impl MatvecShape {
 pub fn scatter_fits(d: usize) -> bool {
     let groups = d / 8;
     let threads = CONSUMER_WARPS * 32;
-    d % 8 == 0 && groups >= 1 && groups <= threads && 2 * d <= SLOT_BYTES && (threads / groups) * d <= PART_CAP
+    d % 8 == 0 && groups >= 1 && groups <= threads && scatter_rows(d) >= 1 && (threads / groups) * d <= PART_CAP
+}
+
+/// Rows of the transposed down-projection (`d` weights each) in one ring chunk
+/// (kernels/src/mk_geometry.cuh `Scatter::ROWS`).
+pub fn scatter_rows(d: usize) -> usize {
+    SLOT_BYTES / (2 * d)
 }
 
 /// Why `spec` cannot be scheduled, or None when it can. (The CUDA kernel also
@@ -116,8 +122,10 @@ mod tests {
             // A lane's share of a segment is at most 4 groups of 8 columns.
             assert!((k / segments).div_ceil(8 * 32) <= 4, "k = {k}");
         }
-        for d in [576, 1024, 2048] {
+        // (hidden, transposed down-projection rows per slot) as the kernel's Scatter<D>.
+        for (d, rows) in [(576, 14), (1024, 8), (2048, 4)] {
             assert!(scatter_fits(d), "hidden {d}");
+            assert_eq!(scatter_rows(d), rows, "hidden {d}");
         }
         assert!(!scatter_fits(4096) && !scatter_fits(100));
         assert!(MatvecShape::of(8200).is_none());

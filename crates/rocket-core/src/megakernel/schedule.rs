@@ -203,7 +203,7 @@ impl Schedule {
                 Op::Qkv => MatvecOp { op, rows: qkv_rows, parts_per_row: segments(d) },
                 Op::OProj => MatvecOp { op, rows: d, parts_per_row: segments(spec.q_dim()) },
                 Op::Mlp => MatvecOp { op, rows: ff, parts_per_row: 2 * segments(d) },
-                Op::LmHead => MatvecOp { op, rows: spec.vocab_size, parts_per_row: segments(d) },
+                Op::LmHead => unreachable!("the LM head's tiles are claimed (Work::Claimed), not placed"),
                 Op::Attn => unreachable!("attention is not a matrix-vector op"),
             }
         };
@@ -343,7 +343,7 @@ mod tests {
 
     #[test]
     fn tiles_come_in_whole_rounds_of_the_sm_count() {
-        // Qwen3-1.7B's LM head: 151936 rows of 2 segments need 149 tiles of PART_CAP.
+        // Qwen3-1.7B's vocabulary as rows of 2 segments: 149 tiles of PART_CAP needed.
         assert_eq!(tile_count(151_936, 2, 132), 264);
         assert_eq!(tile_count(128_256, 2, 132), 132);
         assert_eq!(tile_count(3072, 2, 132), 132);

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::geometry::{MatvecShape, PART_CAP, SLOTS, SLOT_BYTES};
+use super::geometry::{scatter_rows, MatvecShape, PART_CAP, SLOTS};
 use super::schedule::{Counters, Instr, Op, Schedule, Wait, Work};
 use crate::model::ModelSpec;
 
@@ -106,7 +106,7 @@ fn check_lm_head(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
 fn check_claim_order(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
     let rows_per_chunk = |k: usize| MatvecShape::of(k).map_or(1, |m| m.rows);
     let (d, qd) = (rows_per_chunk(spec.hidden_size), rows_per_chunk(spec.q_dim()));
-    let scatter = (SLOT_BYTES / (2 * spec.hidden_size)).max(1);
+    let scatter = scatter_rows(spec.hidden_size);
     for (sm, list) in s.per_sm.iter().enumerate() {
         let chunks: usize = list
             .iter()

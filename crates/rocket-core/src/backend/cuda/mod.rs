@@ -886,4 +886,3 @@ mod tests {
         assert_eq!(bytes, want);
     }
 }
-
