@@ -23,7 +23,9 @@
 #             rocket.xz, packed by hand), interleaved per fuel, batch 1 (and the baseline's
 #             megakernel tests' MK-PROFILE lines when base/cuda-megakernel-test.xz is there);
 #             AB_ENV="NAME=VALUE ...|NAME=VALUE ..." adds this build under each set of
-#             variables (ab-envK rows, K counting the sets from 0); AB_BASE=0 skips the baseline
+#             variables (ab-envK rows, K counting the sets from 0); AB_BASE=0 skips the baseline;
+#             every .device-carry/variants/NAME.xz (other builds' rocket, packed by hand) adds
+#             ab-NAME rows
 #   abshort   the same at prompt 16, generate 128 (contexts like the megakernel tests' traced step)
 # POWER_LOG=1 samples the GPU's SM clock and power draw every 50 ms into $LOGS/power.csv
 # (each bench's start and end time go to $LOGS/bench.times), to tell a kernel
@@ -130,11 +132,18 @@ ab_round() {  # ab_round PREFIX PROMPT GEN: this build, the baseline and the AB_
             for k in "${!variants[@]}"; do
                 (export ${variants[$k]}; bench "$1-env$k-$round-$f" megakernel 1 "$2" "$3" 3 "$f")
             done
+            for v in /tmp/variants/*; do
+                [[ -x $v ]] && ROCKET_BIN=$v bench "$1-$(basename "$v")$round-$f" megakernel 1 "$2" "$3" 3 "$f"
+            done
         done
     done
 }
 if (has ab || has abshort) && [[ -f $CARRY/base/rocket.xz ]]; then
-    mkdir -p /tmp/base && xz -dc "$CARRY/base/rocket.xz" > /tmp/base/rocket && chmod +x /tmp/base/rocket
+    rm -rf /tmp/variants  # (a warm machine keeps the last call's)
+    mkdir -p /tmp/base /tmp/variants && xz -dc "$CARRY/base/rocket.xz" > /tmp/base/rocket && chmod +x /tmp/base/rocket
+    for v in "$CARRY"/variants/*.xz; do
+        [[ -f $v ]] && xz -dc "$v" > "/tmp/variants/$(basename "$v" .xz)" && chmod +x "/tmp/variants/$(basename "$v" .xz)"
+    done
     has ab && ab_round ab 128 256
     has abshort && ab_round abshort 16 128
 fi
