@@ -42,7 +42,7 @@ constexpr int POLLS_PER_CHECK = 16;
 __device__ __forceinline__ bool wait_counter(const Params& p, const Smem& s, uint32_t ctr, uint32_t target, uint32_t instr,
                                              int t, int slot) {
     if (threadIdx.x == 0) {
-        const uint32_t* c = p.counters + ctr;
+        const uint32_t* c = counter(p, ctr);
         uint32_t v = ld_acquire(c);
         uint32_t ok = 1;
         if (v < target) {
@@ -85,7 +85,7 @@ __device__ __forceinline__ bool wait_counter(const Params& p, const Smem& s, uin
 // (being cumulative) publishes them all with the count.
 __device__ __forceinline__ void signal(const Params& p, uint32_t ctr) {
     consumer_sync();
-    if (threadIdx.x == 0) red_release_add(p.counters + ctr, 1);
+    if (threadIdx.x == 0) red_release_add(counter(p, ctr), 1);
 }
 
 // The step's input as the residual stream: x = its embedding, no MLP sums.
@@ -174,7 +174,7 @@ __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, u
     consumer_sync();
     if (tid == 0) {
         st_release(p.state + ST_STEPS, (uint32_t)(t + 1));
-        st_release(p.counters + STEP_COUNTER, next == 0xffffffffu ? STOP_BIT : (uint32_t)(t + 2));
+        st_release(counter(p, STEP_COUNTER), next == 0xffffffffu ? STOP_BIT : (uint32_t)(t + 2));
     }
 }
 
@@ -231,7 +231,7 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     if (tid == 0) {
         __stcg(p.lm_max + blockIdx.x, best);
         __stcg(p.lm_idx + blockIdx.x, idx);
-        const uint32_t arrived = atom_add_acq_rel(p.counters + in.signal, 1) + 1;
+        const uint32_t arrived = atom_add_acq_rel(counter(p, in.signal), 1) + 1;
         s.sc()->flag = arrived == (uint32_t)(t + 1) * p.lm_tiles;
     }
     consumer_sync();
@@ -329,7 +329,7 @@ __device__ __forceinline__ void consumers(const Params& p, const Smem& s, uint32
     if (blockIdx.x == 0) {  // the launch's first input
         embed_row<F::D>(p, p.first_token);
         consumer_sync();
-        if (tid == 0) st_release(p.counters + STEP_COUNTER, 1);
+        if (tid == 0) st_release(counter(p, STEP_COUNTER), 1);
     }
     bool running = true;
     HeldChunks held;
@@ -419,7 +419,7 @@ struct WeightStream {
                     chunk_tag = TAG_END;
                     return true;
                 }
-                claim = atomicAdd(p.counters + cur.c, 1u);  // the next one, used a tile later
+                claim = atomicAdd(counter(p, cur.c), 1u);  // the next one, used a tile later
                 tag = tile;
                 const int r0 = (int)(tile * cur.a);
                 start<Matvec<F::D>>(p.lm_head + (size_t)r0 * F::D, min((int)cur.a, F::V - r0));
@@ -435,7 +435,7 @@ struct WeightStream {
             regions = cur.op == OP_ATTN || cur.op == OP_LMHEAD ? 0 : (cur.op == OP_MLP ? 3 : 1);  // attention streams no weights; the LM head's are claimed
             if (cur.op == OP_LMHEAD) {
                 claiming = true;
-                claim = atomicAdd(p.counters + cur.c, 1u);
+                claim = atomicAdd(counter(p, cur.c), 1u);
             }
             if (regions > 0) begin(p);
         }
@@ -529,7 +529,7 @@ __device__ __noinline__ void host_link(const Params& p) {
     uint32_t sent = 0, stop_copied = 0;
     while (true) {
         // The step word first: once it carries STOP_BIT, ST_STEPS (released before it) is final.
-        const bool over = (ld_acquire(p.counters + STEP_COUNTER) & STOP_BIT) != 0 || ld_volatile(p.state + ST_ABORT) != 0;
+        const bool over = (ld_acquire(counter(p, STEP_COUNTER)) & STOP_BIT) != 0 || ld_volatile(p.state + ST_ABORT) != 0;
         const uint32_t steps = ld_acquire(p.state + ST_STEPS);
         for (; sent < steps; sent++) st_volatile(p.ring + RING_TOKENS + sent, __ldcg(p.tokens + sent));
         if (over || steps >= (uint32_t)p.max_steps) break;

@@ -66,6 +66,7 @@ struct Params {
     int hold_qkv;              // ring chunks a layer's Qkv, OProj and Mlp keep past their release (ROCKET_MK_HOLD)
     int hold_oproj;
     int hold_mlp;
+    int counter_stride;        // u32 words from one dependency counter to the next (ROCKET_MK_COUNTER_STRIDE)
 };
 
 static_assert(sizeof(Params) == 296, "Params is shared with backend/cuda/megakernel.rs");
@@ -87,6 +88,11 @@ __device__ __forceinline__ Instr load_instr(const Params& p, uint32_t i) {
     in.c = w1.x;
     in.d = w1.y;
     return in;
+}
+
+// Dependency counter `ctr` (they sit counter_stride words apart).
+__device__ __forceinline__ uint32_t* counter(const Params& p, uint32_t ctr) {
+    return p.counters + ctr * (uint32_t)p.counter_stride;
 }
 
 // Scalars the consumer warps share (broadcasts, reductions) and the handshake

@@ -123,6 +123,7 @@ struct Params {
     hold_qkv: i32,
     hold_oproj: i32,
     hold_mlp: i32,
+    counter_stride: i32,
 }
 
 // mk_params.cuh asserts the same size.
@@ -277,6 +278,22 @@ fn lm_tile_chunks() -> Result<usize> {
     }
 }
 
+/// ROCKET_MK_COUNTER_STRIDE=N (1..=64, default 32): u32 words from one
+/// dependency counter to the next. At 32 each sits on a 128-byte line of its
+/// own, so the polls of one and the atomic adds to its neighbours do not meet
+/// in one L2 line: H200, benches/NOTES.md session 17 run 7, Llama-3.2-1B 0.734
+/// -> 0.730 and Qwen3-1.7B 1.136 -> 1.131 ms/token, the small fuels as at 1.
+const DEFAULT_COUNTER_STRIDE: usize = 32;
+fn counter_stride() -> Result<usize> {
+    match std::env::var("ROCKET_MK_COUNTER_STRIDE").as_deref() {
+        Err(_) | Ok("") => Ok(DEFAULT_COUNTER_STRIDE),
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=64).contains(&n) => Ok(n),
+            _ => Err(RocketError::invalid_arg("ROCKET_MK_COUNTER_STRIDE", v, "expected a whole number from 1 to 64")),
+        },
+    }
+}
+
 /// How long a wait on one dependency counter may last before the kernel gives
 /// up (ROCKET_WATCHDOG_MS; raise it under compute-sanitizer).
 fn watchdog() -> Duration {
@@ -336,7 +353,8 @@ impl Megakernel {
         for (a, &(_, poison)) in activations.iter().zip(&sizes) {
             a.fill_u8(stream, poison)?;
         }
-        let counters = DeviceBuffer::alloc(ctx, schedule.counters.count() * 4, "megakernel counters")?;
+        let stride = counter_stride()?;
+        let counters = DeviceBuffer::alloc(ctx, schedule.counters.count() * stride * 4, "megakernel counters")?;
         let state = DeviceBuffer::alloc(ctx, STATE_WORDS * 4, "megakernel state")?;
         let end_ids = DeviceBuffer::alloc(ctx, MAX_END_IDS * 4, "megakernel end ids")?;
         let forced = DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * 4, "megakernel forced tokens")?;
@@ -380,6 +398,7 @@ impl Megakernel {
             hold_qkv: hold[0],
             hold_oproj: hold[1],
             hold_mlp: hold[2],
+            counter_stride: stride as i32,
             ..Params::default()
         };
         stream.sync()?;
@@ -750,7 +769,7 @@ mod tests {
             part_o, part_ml, lm_max, lm_idx, kv, forced, logits_out, ring, end_ids, trace, sample, seen_bits,
             gen_counts, sample_items, tokens, watchdog_ns, pos0, first_token, max_steps, n_forced, n_end,
             mask_end_steps, lm_tiles, splits, eps, trace_step, poll_spin, weights_evict_first, hold_qkv, hold_oproj,
-            hold_mlp,
+            hold_mlp, counter_stride,
         ];
         assert_eq!(kernel_fields, rust);
         assert_eq!(offset.next_multiple_of(8), std::mem::size_of::<Params>());
