@@ -11,3 +11,4 @@
 #include "sample.cu"
 #include "megakernel.cu"
 #include "stream_probe.cu"
+#include "latency_probe.cu"

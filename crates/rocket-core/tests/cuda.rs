@@ -412,6 +412,42 @@ fn streaming_probe_reads_every_byte_and_reports_its_rate() {
     assert_eq!(rates.len(), 5);
 }
 
+/// What one dependent L2 load costs on this GPU, idle and while every other SM
+/// streams HBM: the unit of the megakernel's hand-offs (benches/NOTES.md session 17).
+#[test]
+fn l2_latency_probe_walks_the_chain_and_reports_the_cost_of_a_load() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    let r = gpu.l2_latency_probe(20_000, 256 << 20, 0x1a7e).unwrap();
+    println!("L2-LATENCY {:.0} ns per dependent load idle, {:.0} ns while the other SMs stream HBM", r.idle_ns, r.loaded_ns);
+    assert!(r.chain_ok, "a walk ended off the host's chain");
+    for ns in [r.idle_ns, r.loaded_ns] {
+        assert!(ns.is_finite() && ns > 10.0 && ns < 100_000.0, "{ns} ns per load");
+    }
+}
+
+/// What the megakernel's release (`signal`) and a dependent L2 load cost while
+/// the SM's own bulk-copy engine has 0..12 weight copies landing.
+#[test]
+fn fence_probe_times_a_release_beside_the_weight_stream() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    let costs = gpu.fence_probe(&[0, 1, 4, 8, 12], 2000, 0xfe7c).unwrap();
+    for c in &costs {
+        println!(
+            "FENCE {:2} copies in flight: {:.0} ns per store + release (slowest SM {:.0}), {:.0} ns per dependent L2 load",
+            c.inflight, c.release_ns, c.release_max_ns, c.load_ns
+        );
+        assert!(c.chain_ok, "a walk ended off the host's chain");
+        assert!(c.release_ns > 0.0 && c.release_ns < 1e6 && c.load_ns > 0.0 && c.load_ns < 1e6, "{c:?}");
+    }
+    assert_eq!(costs.len(), 5);
+}
+
 /// Every matmul shape of the four fuels (qkv, O, gate|up, down, LM head) on both
 /// matmul kernels, at the row counts of batch-1/16 decode and prefill (partial
 /// tiles included): each against the host's f64 product with a poisoned output,

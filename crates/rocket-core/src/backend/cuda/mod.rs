@@ -12,7 +12,7 @@ mod matmul_check;
 pub use matmul_check::{MatmulCheck, MatmulFusion, MatmulKernel};
 pub mod megakernel;
 mod probe;
-pub use probe::StreamRate;
+pub use probe::{FenceCost, L2Latency, StreamRate};
 mod sampler;
 mod weights;
 

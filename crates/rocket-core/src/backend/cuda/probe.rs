@@ -1,6 +1,9 @@
-//! How fast one CTA per SM streams from HBM (kernels/src/stream_probe.cu): the
-//! megakernel's weight ring at several slot sizes and plain loads, each timed on
-//! the same random buffer and checked against the buffer's xor computed here.
+//! Diagnostics for the megakernel's costs. How fast one CTA per SM streams from
+//! HBM (kernels/src/stream_probe.cu): the weight ring at several slot sizes and
+//! plain loads, each timed on the same random buffer and checked against the
+//! buffer's xor computed here. What a dependent L2 load and a release cost, idle
+//! and beside a weight stream (kernels/src/latency_probe.cu), each walk checked
+//! against the host's walk of the same random chain.
 
 use super::driver::{self, Arg, DeviceBuffer};
 use super::CudaBackend;
@@ -102,5 +105,186 @@ impl CudaBackend {
             rates.push(StreamRate { kernel: label, read_gbs: total as f64 / (best / 1e3) / 1e9, checksum_ok });
         }
         Ok(rates)
+    }
+}
+
+/// What one dependent load from L2 costs (kernels/src/latency_probe.cu): the
+/// unit of the megakernel's hand-offs, alone and under its weight stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct L2Latency {
+    /// ns per dependent load with the GPU otherwise idle.
+    pub idle_ns: f64,
+    /// The same while every other SM streams HBM (16-byte loads, 8 in flight per thread).
+    pub loaded_ns: f64,
+    /// Whether both walks ended where the host's walk of the same chain does.
+    pub chain_ok: bool,
+}
+
+/// 128-byte lines in the latency probe's chain (512 KiB: L2-resident).
+const CHAIN_LINES: usize = 4096;
+const LINE_WORDS: usize = 32;
+
+/// A random cycle through every line: chain[32 a] = 32 b, b the line after a.
+fn chain_words(seed: u64) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..CHAIN_LINES as u32).collect();
+    let mut state = seed;
+    for i in (1..order.len()).rev() {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        order.swap(i, (splitmix64(state) % (i as u64 + 1)) as usize);
+    }
+    let mut words = random_words(CHAIN_LINES * LINE_WORDS / 2, seed ^ 1).iter().flat_map(|w| [*w as u32, (*w >> 32) as u32]).collect::<Vec<u32>>();
+    for k in 0..order.len() {
+        words[order[k] as usize * LINE_WORDS] = order[(k + 1) % order.len()] * LINE_WORDS as u32;
+    }
+    words
+}
+
+/// Where `hops` links of `chain` lead from word 0.
+fn walk(chain: &[u32], hops: usize) -> u32 {
+    (0..hops).fold(0u32, |at, _| chain[at as usize])
+}
+
+impl CudaBackend {
+    /// Times `hops` dependent L2 loads on one SM, idle and while the other SMs
+    /// stream `stream_bytes` of random data from HBM over and over (see
+    /// `L2Latency`). A diagnostic for the megakernel's hand-offs.
+    pub fn l2_latency_probe(&self, hops: usize, stream_bytes: usize, seed: u64) -> Result<L2Latency> {
+        if hops == 0 || hops > i32::MAX as usize {
+            return Err(RocketError::invalid_arg("hops", hops, "must be in 1..=2^31-1"));
+        }
+        let inner = self.lock()?;
+        let sms = inner.ctx.sm_count as usize;
+        if sms < 2 {
+            return Err(RocketError::Device("the latency probe needs at least 2 SMs".into()));
+        }
+        let per_cta = stream_bytes / (sms - 1) / 16 * 16;
+        if per_cta == 0 {
+            return Err(RocketError::invalid_arg("stream_bytes", stream_bytes, format!("need at least {} (16 B per streaming SM)", 16 * (sms - 1))));
+        }
+        let chain = chain_words(seed);
+        let want = walk(&chain, hops);
+        let chain_buf = DeviceBuffer::alloc(&inner.ctx, chain.len() * 4, "the latency probe's chain")?;
+        chain_buf.upload(&inner.stream, 0, &chain)?;
+        let src = DeviceBuffer::alloc(&inner.ctx, per_cta * (sms - 1), "the latency probe's stream")?;
+        src.upload(&inner.stream, 0, &random_words(per_cta * (sms - 1) / 8, seed ^ 2))?;
+        let out = DeviceBuffer::alloc(&inner.ctx, 16, "the latency probe's result")?;
+        let flags = DeviceBuffer::alloc(&inner.ctx, 8, "the latency probe's flags")?;
+        let sink = DeviceBuffer::alloc(&inner.ctx, sms * 4, "the latency probe's sink")?;
+        let f = inner.kernels.module().function("l2_latency")?;
+        let mut ns = [0f64; 2];
+        let mut chain_ok = true;
+        for (stream, ns) in ns.iter_mut().enumerate() {
+            flags.fill_u8(&inner.stream, 0)?;
+            out.fill_u8(&inner.stream, 0xff)?;
+            let args = [
+                Arg::Ptr(chain_buf.ptr),
+                Arg::I32(hops as i32),
+                Arg::Ptr(src.ptr),
+                Arg::U64((per_cta / 16) as u64),
+                Arg::I32(stream as i32),
+                Arg::Ptr(out.ptr),
+                Arg::Ptr(flags.ptr),
+                Arg::Ptr(sink.ptr),
+            ];
+            // Cooperative: CTA 0 waits for the others to start streaming.
+            f.launch_ex(&inner.stream, (sms as u32, 1, 1), 256, 0, true, &args)?;
+            inner.stream.sync()?;
+            let mut got = [0u64; 2];
+            out.download(&inner.stream, 0, &mut got)?;
+            inner.stream.sync()?;
+            chain_ok &= got[1] == want as u64;
+            *ns = got[0] as f64 / hops as f64;
+        }
+        Ok(L2Latency { idle_ns: ns[0], loaded_ns: ns[1], chain_ok })
+    }
+}
+
+/// What a release and a dependent L2 load cost on an SM whose bulk-copy
+/// engine has `inflight` 16 KiB copies landing (kernels/src/latency_probe.cu
+/// `fence_cost`), every SM alike: the megakernel's `signal` under its own
+/// weight stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FenceCost {
+    pub inflight: usize,
+    /// ns per store + red.release, mean over the SMs (and the slowest SM's).
+    pub release_ns: f64,
+    pub release_max_ns: f64,
+    /// ns per dependent L2 load, mean over the SMs.
+    pub load_ns: f64,
+    /// Whether every SM's walk ended where the host's does.
+    pub chain_ok: bool,
+}
+
+impl CudaBackend {
+    /// `fence_cost` at each count of copies in flight (0..=12), `iters` rounds each.
+    pub fn fence_probe(&self, inflight: &[usize], iters: usize, seed: u64) -> Result<Vec<FenceCost>> {
+        if iters == 0 || iters > i32::MAX as usize {
+            return Err(RocketError::invalid_arg("iters", iters, "must be in 1..=2^31-1"));
+        }
+        if let Some(&bad) = inflight.iter().find(|&&n| n > 12) {
+            return Err(RocketError::invalid_arg("inflight", bad, "at most 12 copies (the ring's slots)"));
+        }
+        let inner = self.lock()?;
+        let sms = inner.ctx.sm_count as usize;
+        let src_bytes = 256usize << 20;
+        let src = DeviceBuffer::alloc(&inner.ctx, src_bytes, "the fence probe's stream")?;
+        src.upload(&inner.stream, 0, &random_words(src_bytes / 8, seed))?;
+        let chain = chain_words(seed ^ 3);
+        let want = walk(&chain, iters) as u64;
+        let chain_buf = DeviceBuffer::alloc(&inner.ctx, chain.len() * 4, "the fence probe's chain")?;
+        chain_buf.upload(&inner.stream, 0, &chain)?;
+        let out = DeviceBuffer::alloc(&inner.ctx, sms * 3 * 8, "the fence probe's result")?;
+        let counters = DeviceBuffer::alloc(&inner.ctx, (2 * sms + 2) * LINE_WORDS * 4, "the fence probe's counters")?;
+        let smem = 12 * 16384 + 96;
+        let f = inner.kernels.module().function("fence_cost")?;
+        f.set_max_dynamic_smem(smem)?;
+        let mut costs = Vec::new();
+        for &n in inflight {
+            out.fill_u8(&inner.stream, 0xff)?;
+            counters.fill_u8(&inner.stream, 0)?;
+            let args = [
+                Arg::Ptr(src.ptr),
+                Arg::U64(src_bytes as u64),
+                Arg::I32(n as i32),
+                Arg::Ptr(chain_buf.ptr),
+                Arg::I32(iters as i32),
+                Arg::Ptr(out.ptr),
+                Arg::Ptr(counters.ptr),
+            ];
+            f.launch_ex(&inner.stream, (sms as u32, 1, 1), 64, smem as u32, true, &args)?;
+            inner.stream.sync()?;
+            let mut got = vec![0u64; sms * 3];
+            out.download(&inner.stream, 0, &mut got)?;
+            inner.stream.sync()?;
+            let release: Vec<f64> = got.chunks(3).map(|c| c[0] as f64).collect();
+            costs.push(FenceCost {
+                inflight: n,
+                release_ns: release.iter().sum::<f64>() / sms as f64,
+                release_max_ns: release.iter().cloned().fold(0.0, f64::max),
+                load_ns: got.chunks(3).map(|c| c[1] as f64).sum::<f64>() / sms as f64,
+                chain_ok: got.chunks(3).all(|c| c[2] == want),
+            });
+        }
+        Ok(costs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_latency_chain_is_one_cycle_through_every_line() {
+        let chain = chain_words(7);
+        let mut seen = vec![false; CHAIN_LINES];
+        let mut at = 0u32;
+        for _ in 0..CHAIN_LINES {
+            assert_eq!(at as usize % LINE_WORDS, 0, "links point at line starts");
+            assert!(!std::mem::replace(&mut seen[at as usize / LINE_WORDS], true), "line {} twice", at as usize / LINE_WORDS);
+            at = chain[at as usize];
+        }
+        assert_eq!(at, 0, "the walk comes back to the start");
+        assert_eq!(walk(&chain, CHAIN_LINES), 0);
+        assert_ne!(chain_words(7), chain_words(8));
     }
 }
