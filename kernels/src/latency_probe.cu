@@ -16,8 +16,6 @@
 
 namespace probe {
 
-constexpr uint32_t LINE_WORDS = 32;
-
 __device__ __forceinline__ uint32_t walk(const uint32_t* chain, int hops) {
     uint32_t at = 0;
     for (int h = 0; h < hops; h++) at = __ldcg(chain + at);
@@ -86,14 +84,14 @@ ROCKET_KERNEL void __launch_bounds__(256) l2_latency(const uint32_t* chain, int 
 // visible, then the add; the megakernel's `signal`) and what a dependent L2 load
 // costs, while the CTA's own bulk-copy engine has `inflight` 16 KiB copies of
 // `src` landing in its shared memory (the megakernel's weight ring; 0: none).
-// fence_cost: grid = SMs, block = 64, dynamic smem = 12 * 16 KiB + 96.
+// fence_cost: grid = SMs, block = 64, dynamic smem = SLOTS * SLOT_BYTES + 96.
 // Thread 0 times `iters` rounds of (store, release) and of (dependent load)
 // through `chain` (as l2_latency's); lane 0 of warp 1 keeps the copies going.
 // out[3 b + 0, 1, 2] = ns per release, ns per load, where the walk ended.
 ROCKET_KERNEL void __launch_bounds__(64) fence_cost(const uint8_t* src, unsigned long long src_bytes, int inflight,
                                                     const uint32_t* chain, int iters, unsigned long long* out,
                                                     uint32_t* counters) {
-    constexpr int SLOT = 16384, SLOTS = 12;
+    constexpr int SLOT = mk::SLOT_BYTES, SLOTS = mk::SLOTS;  // the megakernel's ring
     extern __shared__ __align__(128) uint8_t smem[];
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + SLOT * SLOTS);
     volatile uint32_t* stop = reinterpret_cast<volatile uint32_t*>(full + SLOTS);

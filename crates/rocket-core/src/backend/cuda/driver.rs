@@ -142,6 +142,13 @@ impl DeviceBuffer {
         }
     }
 
+    /// A buffer for `what` holding `data`.
+    pub(crate) fn with_data<T: Copy>(ctx: &Context, stream: &Stream, data: &[T], what: &str) -> Result<Self> {
+        let b = Self::alloc(ctx, std::mem::size_of_val(data), what)?;
+        b.upload(stream, 0, data)?;
+        Ok(b)
+    }
+
     pub(crate) fn upload<T: Copy>(&self, stream: &Stream, offset: usize, data: &[T]) -> Result<()> {
         assert!(offset + std::mem::size_of_val(data) <= self.bytes, "upload out of bounds");
         // SAFETY: bounds checked; the caller keeps `data` alive until the stream syncs

@@ -269,11 +269,21 @@ fn parse_hold(v: &str) -> Result<[i32; 3]> {
 /// ROCKET_MK_LM_TILE=N (1..=SLOTS, default schedule::LM_TILE_CHUNKS): ring
 /// chunks in one claimed LM-head tile (an experiment's knob, like ROCKET_MK_HOLD).
 fn lm_tile_chunks() -> Result<usize> {
-    match std::env::var("ROCKET_MK_LM_TILE").as_deref() {
-        Err(_) | Ok("") => Ok(LM_TILE_CHUNKS),
-        Ok(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=SLOTS).contains(&n) => Ok(n),
-            _ => Err(RocketError::invalid_arg("ROCKET_MK_LM_TILE", v, format!("expected a whole number from 1 to {SLOTS}"))),
+    env_count("ROCKET_MK_LM_TILE", LM_TILE_CHUNKS, SLOTS)
+}
+
+/// A count from the environment variable `name`: `default` when unset or
+/// empty, else a whole number in 1..=`max` (anything else is an error).
+fn env_count(name: &str, default: usize, max: usize) -> Result<usize> {
+    parse_count(name, std::env::var(name).ok().as_deref(), default, max)
+}
+
+fn parse_count(name: &str, value: Option<&str>, default: usize, max: usize) -> Result<usize> {
+    match value {
+        None | Some("") => Ok(default),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(RocketError::invalid_arg(name, v, format!("expected a whole number from 1 to {max}"))),
         },
     }
 }
@@ -285,13 +295,7 @@ fn lm_tile_chunks() -> Result<usize> {
 /// -> 0.730 and Qwen3-1.7B 1.136 -> 1.131 ms/token, the small fuels as at 1.
 const DEFAULT_COUNTER_STRIDE: usize = 32;
 fn counter_stride() -> Result<usize> {
-    match std::env::var("ROCKET_MK_COUNTER_STRIDE").as_deref() {
-        Err(_) | Ok("") => Ok(DEFAULT_COUNTER_STRIDE),
-        Ok(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=64).contains(&n) => Ok(n),
-            _ => Err(RocketError::invalid_arg("ROCKET_MK_COUNTER_STRIDE", v, "expected a whole number from 1 to 64")),
-        },
-    }
+    env_count("ROCKET_MK_COUNTER_STRIDE", DEFAULT_COUNTER_STRIDE, 64)
 }
 
 /// How long a wait on one dependency counter may last before the kernel gives
@@ -317,13 +321,8 @@ impl Megakernel {
         let schedule = Schedule::compile_with_lm_tiles(spec, sms, lm_tile_chunks()?)?;
         verify(&schedule, spec).map_err(|e| RocketError::Internal(format!("megakernel schedule for {sms} SMs: {e}")))?;
         let (words, starts) = schedule.encode();
-        let upload_u32 = |v: &[u32], what: &str| -> Result<DeviceBuffer> {
-            let b = DeviceBuffer::alloc(ctx, v.len() * 4, what)?;
-            b.upload(stream, 0, v)?;
-            Ok(b)
-        };
-        let instrs = upload_u32(&words, "the megakernel schedule")?;
-        let sm_start = upload_u32(&starts, "the megakernel schedule")?;
+        let instrs = DeviceBuffer::with_data(ctx, stream, &words, "the megakernel schedule")?;
+        let sm_start = DeviceBuffer::with_data(ctx, stream, &starts, "the megakernel schedule")?;
         let (down_t, down_t_layers) = transposed_down(ctx, module, stream, spec, w)?;
         let table: Vec<u64> = w
             .layers
@@ -331,8 +330,7 @@ impl Megakernel {
             .zip(&down_t_layers)
             .flat_map(|(l, &down_t)| [l.attn_norm, l.qkv, l.q_norm, l.k_norm, l.o, l.mlp_norm, l.gate_up, down_t])
             .collect();
-        let layers = DeviceBuffer::alloc(ctx, table.len() * 8, "the megakernel layer table")?;
-        layers.upload(stream, 0, &table)?;
+        let layers = DeviceBuffer::with_data(ctx, stream, &table, "the megakernel layer table")?;
 
         // (bytes, poison byte) of each buffer: f32s are NaN until written, the
         // fixed-point sums ~2.1e9 (from_fixed of 0x7f7f...).
@@ -652,8 +650,7 @@ impl Megakernel {
             i.wait.per_step += 1;
         }
         let (words, _) = broken.encode();
-        let probe = DeviceBuffer::alloc(ctx, words.len() * 4, "the watchdog probe")?;
-        probe.upload(stream, 0, &words)?;
+        let probe = DeviceBuffer::with_data(ctx, stream, &words, "the watchdog probe")?;
         let (real, real_schedule, real_watchdog) = (self.base.instrs, std::mem::replace(&mut self.schedule, broken), self.watchdog);
         self.base.instrs = probe.ptr;
         self.watchdog = Duration::from_millis(200);
@@ -782,6 +779,18 @@ mod tests {
         assert_eq!(parse_hold("0, 8,12").unwrap(), [0, 8, 12]);
         for bad in ["13", "-1", "8,8", "8,8,8,8", "a", "8,,8"] {
             assert!(parse_hold(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn counts_from_the_environment_are_whole_numbers_in_range() {
+        assert_eq!(parse_count("ROCKET_MK_COUNTER_STRIDE", None, 32, 64).unwrap(), 32);
+        assert_eq!(parse_count("ROCKET_MK_COUNTER_STRIDE", Some(""), 32, 64).unwrap(), 32);
+        assert_eq!(parse_count("ROCKET_MK_COUNTER_STRIDE", Some("1"), 32, 64).unwrap(), 1);
+        assert_eq!(parse_count("ROCKET_MK_LM_TILE", Some("12"), 4, SLOTS).unwrap(), 12);
+        for bad in ["0", "65", "-1", "x", "3.5"] {
+            let e = parse_count("ROCKET_MK_COUNTER_STRIDE", Some(bad), 32, 64).unwrap_err().to_string();
+            assert!(e.contains("ROCKET_MK_COUNTER_STRIDE") && e.contains("from 1 to 64"), "{bad}: {e}");
         }
     }
 

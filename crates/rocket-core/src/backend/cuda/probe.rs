@@ -8,6 +8,7 @@
 use super::driver::{self, Arg, DeviceBuffer};
 use super::CudaBackend;
 use crate::error::{Result, RocketError};
+use crate::megakernel::geometry::{SLOTS, SLOT_BYTES};
 use crate::sampling::splitmix64;
 
 /// One streaming kernel's rate.
@@ -62,8 +63,7 @@ impl CudaBackend {
             hi ^= pair[1];
         }
         let expected = [lo as u32, (lo >> 32) as u32, hi as u32, (hi >> 32) as u32];
-        let src = DeviceBuffer::alloc(&inner.ctx, total, "the stream probe")?;
-        src.upload(&inner.stream, 0, &host)?;
+        let src = DeviceBuffer::with_data(&inner.ctx, &inner.stream, &host, "the stream probe")?;
         let sink = DeviceBuffer::alloc(&inner.ctx, sms * 16, "the stream probe's sink")?;
         let module = inner.kernels.module();
 
@@ -90,7 +90,6 @@ impl CudaBackend {
                 inner.stream.sync()?;
                 let mut sinks = vec![0u32; sms * 4];
                 sink.download(&inner.stream, 0, &mut sinks)?;
-                inner.stream.sync()?;
                 let mut got = [0u32; 4];
                 for cta in sinks.chunks_exact(4) {
                     for k in 0..4 {
@@ -124,15 +123,15 @@ pub struct L2Latency {
 const CHAIN_LINES: usize = 4096;
 const LINE_WORDS: usize = 32;
 
-/// A random cycle through every line: chain[32 a] = 32 b, b the line after a.
+/// A random cycle through every line: chain[32 a] = 32 b, b the line after a
+/// (the other words random).
 fn chain_words(seed: u64) -> Vec<u32> {
     let mut order: Vec<u32> = (0..CHAIN_LINES as u32).collect();
-    let mut state = seed;
+    let draws = random_words(CHAIN_LINES, seed);
     for i in (1..order.len()).rev() {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        order.swap(i, (splitmix64(state) % (i as u64 + 1)) as usize);
+        order.swap(i, (draws[i] % (i as u64 + 1)) as usize);
     }
-    let mut words = random_words(CHAIN_LINES * LINE_WORDS / 2, seed ^ 1).iter().flat_map(|w| [*w as u32, (*w >> 32) as u32]).collect::<Vec<u32>>();
+    let mut words: Vec<u32> = random_words(CHAIN_LINES * LINE_WORDS / 2, seed ^ 1).iter().flat_map(|&w| [w as u32, (w >> 32) as u32]).collect();
     for k in 0..order.len() {
         words[order[k] as usize * LINE_WORDS] = order[(k + 1) % order.len()] * LINE_WORDS as u32;
     }
@@ -163,10 +162,9 @@ impl CudaBackend {
         }
         let chain = chain_words(seed);
         let want = walk(&chain, hops);
-        let chain_buf = DeviceBuffer::alloc(&inner.ctx, chain.len() * 4, "the latency probe's chain")?;
-        chain_buf.upload(&inner.stream, 0, &chain)?;
-        let src = DeviceBuffer::alloc(&inner.ctx, per_cta * (sms - 1), "the latency probe's stream")?;
-        src.upload(&inner.stream, 0, &random_words(per_cta * (sms - 1) / 8, seed ^ 2))?;
+        let chain_buf = DeviceBuffer::with_data(&inner.ctx, &inner.stream, &chain, "the latency probe's chain")?;
+        let host = random_words(per_cta * (sms - 1) / 8, seed ^ 2);
+        let src = DeviceBuffer::with_data(&inner.ctx, &inner.stream, &host, "the latency probe's stream")?;
         let out = DeviceBuffer::alloc(&inner.ctx, 16, "the latency probe's result")?;
         let flags = DeviceBuffer::alloc(&inner.ctx, 8, "the latency probe's flags")?;
         let sink = DeviceBuffer::alloc(&inner.ctx, sms * 4, "the latency probe's sink")?;
@@ -191,7 +189,6 @@ impl CudaBackend {
             inner.stream.sync()?;
             let mut got = [0u64; 2];
             out.download(&inner.stream, 0, &mut got)?;
-            inner.stream.sync()?;
             chain_ok &= got[1] == want as u64;
             *ns = got[0] as f64 / hops as f64;
         }
@@ -216,26 +213,25 @@ pub struct FenceCost {
 }
 
 impl CudaBackend {
-    /// `fence_cost` at each count of copies in flight (0..=12), `iters` rounds each.
+    /// `fence_cost` at each count of copies in flight (0..=SLOTS), `iters` rounds each.
     pub fn fence_probe(&self, inflight: &[usize], iters: usize, seed: u64) -> Result<Vec<FenceCost>> {
         if iters == 0 || iters > i32::MAX as usize {
             return Err(RocketError::invalid_arg("iters", iters, "must be in 1..=2^31-1"));
         }
-        if let Some(&bad) = inflight.iter().find(|&&n| n > 12) {
-            return Err(RocketError::invalid_arg("inflight", bad, "at most 12 copies (the ring's slots)"));
+        if let Some(&bad) = inflight.iter().find(|&&n| n > SLOTS) {
+            return Err(RocketError::invalid_arg("inflight", bad, format!("at most {SLOTS} copies (the ring's slots)")));
         }
         let inner = self.lock()?;
         let sms = inner.ctx.sm_count as usize;
         let src_bytes = 256usize << 20;
-        let src = DeviceBuffer::alloc(&inner.ctx, src_bytes, "the fence probe's stream")?;
-        src.upload(&inner.stream, 0, &random_words(src_bytes / 8, seed))?;
+        let host = random_words(src_bytes / 8, seed);
+        let src = DeviceBuffer::with_data(&inner.ctx, &inner.stream, &host, "the fence probe's stream")?;
         let chain = chain_words(seed ^ 3);
         let want = walk(&chain, iters) as u64;
-        let chain_buf = DeviceBuffer::alloc(&inner.ctx, chain.len() * 4, "the fence probe's chain")?;
-        chain_buf.upload(&inner.stream, 0, &chain)?;
+        let chain_buf = DeviceBuffer::with_data(&inner.ctx, &inner.stream, &chain, "the fence probe's chain")?;
         let out = DeviceBuffer::alloc(&inner.ctx, sms * 3 * 8, "the fence probe's result")?;
         let counters = DeviceBuffer::alloc(&inner.ctx, (2 * sms + 2) * LINE_WORDS * 4, "the fence probe's counters")?;
-        let smem = 12 * 16384 + 96;
+        let smem = SLOTS * SLOT_BYTES + 96; // the ring, its barriers and the stop flag (latency_probe.cu)
         let f = inner.kernels.module().function("fence_cost")?;
         f.set_max_dynamic_smem(smem)?;
         let mut costs = Vec::new();
@@ -255,7 +251,6 @@ impl CudaBackend {
             inner.stream.sync()?;
             let mut got = vec![0u64; sms * 3];
             out.download(&inner.stream, 0, &mut got)?;
-            inner.stream.sync()?;
             let release: Vec<f64> = got.chunks(3).map(|c| c[0] as f64).collect();
             costs.push(FenceCost {
                 inflight: n,
