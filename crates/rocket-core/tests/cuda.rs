@@ -2,7 +2,7 @@
 //! GPU is present (skips with a message elsewhere). Checkpoints: the committed
 //! tiny Qwen3 fixture, plus every folder in ROCKET_GPU_CHECKPOINTS (comma
 //! separated; exact-shape random checkpoints from benches/make_checkpoint.py).
-#![cfg(feature = "cuda")]
+#![cfg(feature = "diagnostics")]
 
 mod common;
 
