@@ -13,8 +13,8 @@ reports stay beside it; the raw logs can go once the summary is written.
 
 Usage: benches/summarize_results.py [--force] [FOLDER ...]
 (default: every folder under benches/results). A folder that already has a
-summary.json is left alone unless --force: once its raw logs are gone, a new
-summary would have less in it.
+summary.json is left alone unless --force, and always once its raw logs are
+gone (a new summary would have less in it).
 """
 from __future__ import annotations
 
@@ -37,23 +37,23 @@ BENCH_LOAD = re.compile(r"load ([\d.]+) s\s+weights/step ([\d.]+) GB\s+copy band
 BENCH_TTFT = re.compile(r"TTFT ms \(p=(\d+)\)")
 RUN_PREFIX = re.compile(r"^(run\d+)-(.*)$")
 
-# What benches/NOTES.md says each run was, where its files do not record the command
+# The bench notes' entry for each run and its command, where its files do not record it
 # (the bench tables of `gpu_run.sh ab` carry no command line). Key: (folder, run).
 RUNS = {
-    ("2026-12-03-h200-s13", "main"): ("Session 13, run 3", "benches/gpu_final.sh"),
-    ("2026-12-04-h200-s16", "main"): ("Session 16, runs 1 and 4", "MK_TIMEOUT=240 SANITIZE_TOOLS=memcheck benches/gpu_run.sh mk ab long sanitize; BENCH_CONFIGS=default benches/gpu_run.sh bench peer"),
-    ("2026-12-04-h200-s16", "run2"): ("Session 16, run 2", 'POWER_LOG=1 AB_ENV="ROCKET_MK_LM_TILE=8|ROCKET_MK_LM_TILE=2" benches/gpu_run.sh ab abshort'),
-    ("2026-12-04-h200-s16", "run3"): ("Session 16, run 3", "ROCKET_LOG=info ROCKET_MK_TRACE_STEP=100 rocket bench ... --reps 1"),
-    ("2026-12-04-h200-s16", "run5"): ("Session 16, run 5", "AB_ENV=... benches/gpu_run.sh ab (hold per op)"),
-    ("2026-12-04-h200-s16", "run6"): ("Session 16, run 6", "MK_TIMEOUT=200 benches/gpu_run.sh mk ab"),
-    ("2026-12-04-h200-s17", "run1"): ("Session 17, run 1", 'MK_TIMEOUT=220 AB_ENV="ROCKET_MK_FUSED_CONTEXT=0" benches/gpu_run.sh mkfused ab'),
-    ("2026-12-04-h200-s17", "run2"): ("Session 17, run 2", 'MK_TIMEOUT=220 AB_ENV="ROCKET_MK_TAGGED=0" benches/gpu_run.sh mk ab'),
-    ("2026-12-04-h200-s17", "run3"): ("Session 17, run 3", 'POWER_LOG=1 AB_ENV="ROCKET_MK_TAGGED=0" benches/gpu_run.sh ab (plus variants/xu64.xz)'),
-    ("2026-12-04-h200-s17", "run5"): ("Session 17, runs 4-5", "ncu --replay-mode application -k regex:megakernel -c 1 --metrics regex:^smsp__average_warps_issue_stalled_.*"),
-    ("2026-12-04-h200-s17", "run6"): ("Session 17, run 6", "MK_TIMEOUT=220 BENCH_CONFIGS=default benches/gpu_run.sh mk bench peer"),
-    ("2026-12-04-h200-s17", "run7"): ("Session 17, run 7", 'ROCKET_MK_COUNTER_STRIDE=32 MK_TIMEOUT=200 benches/gpu_run.sh mk; AB_ENV="ROCKET_MK_COUNTER_STRIDE=32" benches/gpu_run.sh ab'),
-    ("2026-12-04-h200-s17", "run8"): ("Session 17, runs 8-9", "cuda-test --test-threads=1 --nocapture probe"),
-    ("2026-12-04-h200-s17", "run9"): ("Session 17, runs 8-9", "ROCKET_FIXTURES=... cuda-test --test-threads=1 --nocapture probe"),
+    ("2026-12-03-h200-s13", "main"): ("Session 13 Run 3", "benches/gpu_final.sh"),
+    ("2026-12-04-h200-s16", "main"): ("Session 16 Runs 1 and 4", "MK_TIMEOUT=240 SANITIZE_TOOLS=memcheck benches/gpu_run.sh mk ab long sanitize; BENCH_CONFIGS=default benches/gpu_run.sh bench peer"),
+    ("2026-12-04-h200-s16", "run2"): ("Session 16 Run 2", 'POWER_LOG=1 AB_ENV="ROCKET_MK_LM_TILE=8|ROCKET_MK_LM_TILE=2" benches/gpu_run.sh ab abshort'),
+    ("2026-12-04-h200-s16", "run3"): ("Session 16 Run 3", "ROCKET_LOG=info ROCKET_MK_TRACE_STEP=100 rocket bench ... --reps 1"),
+    ("2026-12-04-h200-s16", "run5"): ("Session 16 Run 5", "AB_ENV=... benches/gpu_run.sh ab (hold per op)"),
+    ("2026-12-04-h200-s16", "run6"): ("Session 16 Run 6", "MK_TIMEOUT=200 benches/gpu_run.sh mk ab"),
+    ("2026-12-04-h200-s17", "run1"): ("Session 17 Run 1", 'MK_TIMEOUT=220 AB_ENV="ROCKET_MK_FUSED_CONTEXT=0" benches/gpu_run.sh mkfused ab'),
+    ("2026-12-04-h200-s17", "run2"): ("Session 17 Run 2", 'MK_TIMEOUT=220 AB_ENV="ROCKET_MK_TAGGED=0" benches/gpu_run.sh mk ab'),
+    ("2026-12-04-h200-s17", "run3"): ("Session 17 Run 3", 'POWER_LOG=1 AB_ENV="ROCKET_MK_TAGGED=0" benches/gpu_run.sh ab (plus variants/xu64.xz)'),
+    ("2026-12-04-h200-s17", "run5"): ("Session 17 Runs 4-5", "ncu --replay-mode application -k regex:megakernel -c 1 --metrics regex:^smsp__average_warps_issue_stalled_.*"),
+    ("2026-12-04-h200-s17", "run6"): ("Session 17 Run 6", "MK_TIMEOUT=220 BENCH_CONFIGS=default benches/gpu_run.sh mk bench peer"),
+    ("2026-12-04-h200-s17", "run7"): ("Session 17 Run 7", 'ROCKET_MK_COUNTER_STRIDE=32 MK_TIMEOUT=200 benches/gpu_run.sh mk; AB_ENV="ROCKET_MK_COUNTER_STRIDE=32" benches/gpu_run.sh ab'),
+    ("2026-12-04-h200-s17", "run8"): ("Session 17 Runs 8-9", "cuda-test --test-threads=1 --nocapture probe"),
+    ("2026-12-04-h200-s17", "run9"): ("Session 17 Runs 8-9", "ROCKET_FIXTURES=... cuda-test --test-threads=1 --nocapture probe"),
 }
 
 
@@ -222,7 +222,6 @@ def summarize(folder: Path) -> dict:
         "date": date.group(0) if date else None,
         "gpu": devices,
         "commits": commits,
-        "notes": "benches/NOTES.md has what each run tested and what it showed",
         "runs": {
             k: ({"notes_entry": RUNS[(folder.name, k)][0], "command": RUNS[(folder.name, k)][1]} if (folder.name, k) in RUNS else {}) | runs[k]
             for k in sorted(runs, key=lambda k: (k != "main", int(k[3:]) if k[3:].isdigit() else 0))
@@ -241,6 +240,9 @@ def main(argv: list[str]) -> int:
         target = folder / "summary.json"
         if target.exists() and not force:
             print(f"{target}: exists, left alone (--force rewrites it)")
+            continue
+        if target.exists() and not any(p.suffix != ".json" for p in folder.iterdir() if p.is_file()):
+            print(f"{target}: left alone, the raw logs it came from are gone")
             continue
         summary = summarize(folder)
         target.write_text(render(summary))
