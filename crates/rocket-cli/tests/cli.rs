@@ -160,7 +160,7 @@ fn chat(extra: &[&str], first: &str, sigint_at_prompt: bool, rest: &str) -> (Vec
     if sigint_at_prompt {
         // SAFETY: signals our own child process.
         assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        std::thread::sleep(std::time::Duration::from_millis(500)); // for the handler thread to see the signal
     }
     stdin.write_all(rest.as_bytes()).unwrap();
     drop(stdin);
