@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds rocket's kernels with the pinned CUDA 13.0 compiler from PyPI (see
-# ../../shared/MACHINES.md; a newer nvcc emits PTX the 13.0 driver cannot load):
+# Builds rocket's kernels with the pinned CUDA 13.0 compiler from PyPI (the pip
+# packages below; no system CUDA install needed). It matches the oldest driver
+# rocket targets, CUDA 13.0 (driver 580, PTX ISA 9.0): PTX from nvcc 13.1 or newer
+# may not load on it.
 #   build/rocket.ptx          PTX for sm_90 (JIT-compiled on other GPUs >= 9.0)
 #   build/rocket.sm_90a.cubin machine code for Hopper, loaded without a JIT
 #   build/diagnostics.*       the same pair for the probes (src/diagnostics.cu),

@@ -1,4 +1,5 @@
-//! `rocket generate`: stream a continuation of a prompt to stdout.
+//! `rocket generate`: stream a continuation of a prompt to stdout (only the
+//! continuation and a final newline; `--echo` puts the prompt before it).
 
 use std::io::{Read, Write};
 
@@ -33,6 +34,10 @@ pub struct GenerateArgs {
     /// Print timing and token counts to stderr when done
     #[arg(long)]
     stats: bool,
+    /// Write the prompt (with --chat: the rendered chat prompt) to stdout before the
+    /// continuation, once the request is accepted
+    #[arg(long)]
+    echo: bool,
     /// The prompt; "-" reads it from stdin
     prompt: String,
 }
@@ -65,13 +70,19 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     engine.generation_config().fill_defaults(&mut params, unset);
     let ids = engine.encode_prompt(&prompt)?;
     let mut stdout = std::io::stdout().lock();
-    if !args.chat {
-        write!(stdout, "{prompt}")?;
-    }
+    // The echo waits for the first token: a request the engine refuses (too long
+    // for the context, bad parameters) writes nothing to stdout.
+    let mut echo = args.echo.then(|| prompt.clone());
     let out = engine.generate_ids(prompt, ids, &params, &mut |delta| {
+        if let Some(p) = echo.take() {
+            let _ = stdout.write_all(p.as_bytes());
+        }
         let _ = stdout.write_all(delta.text.as_bytes());
         stdout.flush().is_ok()
     })?;
+    if let Some(p) = echo.take() {
+        write!(stdout, "{p}")?; // nothing was generated
+    }
     writeln!(stdout)?;
     stdout.flush()?;
     if args.stats {

@@ -167,10 +167,10 @@ fn transposed_down(ctx: &Context, module: &Module, stream: &Stream, spec: &Model
 /// ROCKET_MK_HOLD=N or Q,O,M (each 0..=SLOTS, default 4,8,8): a layer's
 /// matrix-vector instruction (Qkv, OProj, Mlp) keeps its last N ring chunks
 /// until the next one's wait, so fewer weights stream into the SM while it
-/// stores and releases its results (H200, benches/NOTES.md: session 14 run 2,
-/// Llama-3.2-1B 0.836 → 0.777 ms/token from 0 to 8, 12 slower again; session 16
-/// run 5, per op: the Mlp's 8 matters most (4 or 12: +2 to +4%), the Qkv's 4
-/// takes Qwen3-1.7B from 1.143 to 1.134 and leaves the rest as they were).
+/// stores and releases its results: its release fence then waits for fewer
+/// copies in flight. Measured on the H200: holding chunks is clearly faster
+/// than none; per op the Mlp's 8 matters most (4 or 12 are slower), and the
+/// Qkv's 4 helps the largest fuel a little without costing the others.
 const DEFAULT_HOLD_CHUNKS: [i32; 3] = [4, 8, 8];
 fn hold_chunks() -> Result<[i32; 3]> {
     let Ok(v) = std::env::var("ROCKET_MK_HOLD") else { return Ok(DEFAULT_HOLD_CHUNKS) };
@@ -215,8 +215,8 @@ fn parse_count(name: &str, value: Option<&str>, default: usize, max: usize) -> R
 /// ROCKET_MK_COUNTER_STRIDE=N (1..=64, default 32): u32 words from one
 /// dependency counter to the next. At 32 each sits on a 128-byte line of its
 /// own, so the polls of one and the atomic adds to its neighbours do not meet
-/// in one L2 line: H200, benches/NOTES.md session 17 run 7, Llama-3.2-1B 0.734
-/// -> 0.730 and Qwen3-1.7B 1.136 -> 1.131 ms/token, the small fuels as at 1.
+/// in one L2 line (measured ~0.5% faster on the H200's large fuels, the small
+/// ones as at 1).
 const DEFAULT_COUNTER_STRIDE: usize = 32;
 fn counter_stride() -> Result<usize> {
     env_count("ROCKET_MK_COUNTER_STRIDE", DEFAULT_COUNTER_STRIDE, 64)
@@ -323,7 +323,7 @@ impl Megakernel {
             eps: spec.rms_norm_eps as f32,
             // ROCKET_MK_SPIN=1: dependency polls spin instead of sleeping 32 ns (an
             // experiment); ROCKET_MK_EVICT_FIRST=0: weights pass through L2 under the
-            // normal policy instead of evict-first (benches/NOTES.md, session 14).
+            // normal policy instead of evict-first (which keeps activations and K/V cached).
             poll_spin: env_switch("ROCKET_MK_SPIN", false)? as i32,
             weights_evict_first: env_switch("ROCKET_MK_EVICT_FIRST", true)? as i32,
             hold_qkv: hold[0],

@@ -126,10 +126,9 @@ pub enum MatmulMode {
     Auto,
 }
 
-/// H200 (benches/NOTES.md, session 13, `rocket bench --batch 1,2,3,4` with each
-/// kernel forced on the graph path): from 2 rows the tensor cores' decode step is
-/// faster (Llama-3.2-1B 1.201 ms against 1.569 at 2 rows, 1.203 against 2.207 at 4;
-/// Qwen3-0.6B 1.427 against 1.454 at 2), at 1 row the GEMV's (1.148 against 1.197).
+/// Measured on the H200 with each kernel forced on the graph path: from 2 rows
+/// the tensor cores' decode step is faster (it streams the weights once whatever
+/// the row count, the GEMV's time grows with every row); at 1 row the GEMV's is.
 pub const TENSOR_CORE_MIN_ROWS: usize = 2;
 
 impl MatmulMode {
