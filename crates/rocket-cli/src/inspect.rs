@@ -56,7 +56,8 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.export_tokenizer {
         export_tokenizer(&args.model, dir)?;
     }
-    let engine = Engine::load(&args.model, EngineOptions { device: Device::Cpu, ..EngineOptions::default() })?;
+    // The CPU always; the setting variables still apply (ROCKET_PROGRESS).
+    let engine = Engine::load(&args.model, EngineOptions { device: Device::Cpu, ..crate::env_engine_options()? })?;
     let info = engine.info();
     let s = &info.spec;
     let mut rows: Vec<(String, String)> = vec![
