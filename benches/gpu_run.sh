@@ -5,12 +5,12 @@
 # machine) in .device-carry/. Exact-shape random checkpoints for every fuel are
 # made first (kept in $CK across calls while the machine stays warm). Steps:
 #   tests     CUDA backend (kernel per op, CUDA graphs, tensor-core matmul) against the CPU reference
-#   mk        the megakernel against the CPU reference and the graph path (ROCKET_DECODE=megakernel)
+#   mk        the megakernel against the CPU reference and the graph path
 #   bench     `rocket bench` per fuel at batch 1 and 16: the defaults (ROCKET_DECODE and
-#             ROCKET_MATMUL auto), the graph path with the GEMV only, the megakernel (and
-#             with ROCKET_MK_SPIN=1: polls without sleeping); BENCH_CONFIGS="default graph"
-#             runs a subset; "nopdl" / "nofuse" run the defaults with ROCKET_PDL=0 /
-#             ROCKET_FUSE=0 (plain launches / unfused RMSNorm and SiLU) for an A/B
+#             ROCKET_MATMUL auto), the graph path with the GEMV only, the megakernel;
+#             BENCH_CONFIGS="default graph" runs a subset; "nopdl" / "nofuse" run the
+#             defaults with ROCKET_PDL=0 / ROCKET_FUSE=0 (plain launches / unfused RMSNorm
+#             and SiLU) for an A/B
 #   tcb1      the tensor-core matmul at batch 1 (Llama-3.2-1B, Qwen3-0.6B)
 #   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
@@ -31,6 +31,11 @@
 # POWER_LOG=1 samples the GPU's SM clock and power draw every 50 ms into $LOGS/power.csv
 # (each bench's start and end time go to $LOGS/bench.times), to tell a kernel
 # change from the clock moving under it.
+# The test binaries' tests are #[ignore]d (they need a GPU), so they run with
+# --include-ignored. Every check (checkpoints, test binaries, benches, sanitizers)
+# prints PASS or FAIL; the script exits 1 when any failed.
+# Bench settings travel as the CLI's ROCKET_* variables (not flags), which the
+# baseline builds of `ab` read too.
 # Usage: benches/gpu_run.sh [steps...]   (default: tests mk bench)
 # Logs and JSON go to $LOGS and are packed into $OUT/logs.tgz; a summary prints last.
 set -uo pipefail
@@ -52,28 +57,31 @@ TOK=/tmp/rocket-tok
 [[ -d $TOK/tok ]] || { mkdir -p "$TOK" && tar -C "$TOK" -xJf "$CARRY/tok.tar.xz"; }
 tokdir() { case $1 in llama*) echo llama3;; qwen*) echo qwen3;; smol*) echo smollm2;; esac; }
 has() { [[ $STEPS == *" $1 "* ]]; }
+FAILED=()
+check() {  # check NAME RC: one check's outcome, remembered for the exit status
+    if [[ $2 == 0 ]]; then echo "PASS $1"; else echo "FAIL $1 (rc=$2)"; FAILED+=("$1"); fi
+}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total --format=csv | tee "$LOGS/gpu.txt"
 for f in $FUELS; do
     python3 benches/make_checkpoint.py --fuel "$f" --tokenizer-dir "$TOK/tok/$(tokdir "$f")" --out "$CK/$f" --device cuda \
-        >> "$LOGS/checkpoints.log" 2>&1 || { echo "checkpoint $f failed"; tail -5 "$LOGS/checkpoints.log"; }
+        >> "$LOGS/checkpoints.log" 2>&1 || { check "checkpoint $f" 1; tail -5 "$LOGS/checkpoints.log"; }
 done
 
 if has tests; then
-    # The graph path with one matmul kernel: batched output must equal solo bit for bit.
-    ROCKET_DECODE=graph ROCKET_MATMUL=gemv \
+    # The tests pick their paths themselves (the greedy test asserts batched == solo
+    # bit for bit on the graph path with each fixed matmul kernel).
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
-        timeout 300 "$CARRY/cuda-test" --test-threads=1 --nocapture ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
-    echo "cuda tests rc=$?"
+        timeout 300 "$CARRY/cuda-test" --include-ignored --test-threads=1 --nocapture ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
+    check "cuda tests" $?
     grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|test result|FAILED|panicked" "$LOGS/cuda-test.log"
 fi
 
 if has mk; then
-    # ROCKET_MATMUL=gemv: the greedy test's batched comparison runs the graph path's
-    # batch-1 matmul (the tensor cores from 2 rows would round differently).
-    ROCKET_DECODE=megakernel ROCKET_MATMUL=gemv ROCKET_LOOP_SAMPLING=1 ROCKET_GPU_CHECKPOINTS=$CKPTS \
-        timeout "${MK_TIMEOUT:-420}" "$CARRY/cuda-megakernel-test" --test-threads=1 --nocapture > "$LOGS/mk-test.log" 2>&1
-    echo "megakernel tests rc=$?"
+    # The tests load the megakernel (and the GEMV for the graph path's side) themselves.
+    ROCKET_GPU_CHECKPOINTS=$CKPTS \
+        timeout "${MK_TIMEOUT:-420}" "$CARRY/cuda-megakernel-test" --include-ignored --test-threads=1 --nocapture > "$LOGS/mk-test.log" 2>&1
+    check "megakernel tests" $?
     grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | grep -v "MK-PROFILE.*|" | head -40
 fi
 
@@ -81,16 +89,15 @@ bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL [MATMUL]; ROCKET_BIN
     echo "$1 start $(date +%s.%N)" >> "$LOGS/bench.times"
     ROCKET_DECODE=$2 ROCKET_MATMUL=${8:-auto} timeout 180 "${ROCKET_BIN:-$CARRY/bin/rocket}" bench --model "$CK/$7" --device cuda --batch "$3" --prompt-len "$4" \
         --gen-len "$5" --reps "$6" ${BENCH_EXTRA:-} --json "$LOGS/$1.json" > "$LOGS/$1.txt" 2> "$LOGS/$1.err" ||
-        { echo "bench $1 failed"; tail -3 "$LOGS/$1.err"; }
+        { check "bench $1" 1; tail -3 "$LOGS/$1.err"; }
     echo "$1 end $(date +%s.%N)" >> "$LOGS/bench.times"
 }
 if has bench; then
-    configs=" ${BENCH_CONFIGS:-default graph mk mkspin} "  # a subset saves device time
+    configs=" ${BENCH_CONFIGS:-default graph mk} "  # a subset saves device time
     for f in $FUELS; do
         [[ $configs == *" default "* ]] && bench "bench-default-$f" auto 1,16 128 256 5 "$f"
         [[ $configs == *" graph "* ]] && bench "bench-graph-$f" graph 1,16 128 256 5 "$f" gemv
         [[ $configs == *" mk "* ]] && bench "bench-mk-$f" megakernel 1 128 256 5 "$f"
-        [[ $configs == *" mkspin "* ]] && ROCKET_MK_SPIN=1 bench "bench-mkspin-$f" megakernel 1 128 256 5 "$f"
         [[ $configs == *" nopdl "* ]] && ROCKET_PDL=0 bench "bench-nopdl-$f" auto 1,16 128 256 5 "$f"
         [[ $configs == *" nofuse "* ]] && ROCKET_FUSE=0 bench "bench-nofuse-$f" auto 1,16 128 256 5 "$f"
     done
@@ -117,10 +124,15 @@ fi
 if has sanitize; then
     SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
-        ROCKET_DECODE=megakernel ROCKET_WATCHDOG_MS=120000 ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m ROCKET_MK_PROMPTS=1 \
-            timeout "${SANITIZE_TIMEOUT:-150}" "$SAN" --tool "$tool" "$CARRY/cuda-megakernel-test" --test-threads=1 \
+        # ROCKET_WATCHDOG_MS: the megakernel test's watchdog, long enough for the sanitizer's pace.
+        ROCKET_WATCHDOG_MS=120000 ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m ROCKET_MK_PROMPTS=1 \
+            timeout "${SANITIZE_TIMEOUT:-150}" "$SAN" --tool "$tool" "$CARRY/cuda-megakernel-test" --include-ignored --test-threads=1 \
             teacher_forced_top1_agrees > "$LOGS/sanitize-$tool.log" 2>&1
-        echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log" | tail -1)"
+        rc=$?
+        summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log" | tail -1)
+        echo "compute-sanitizer $tool rc=$rc: $summary"
+        [[ $rc == 0 && $summary =~ SUMMARY:\ 0\ (errors|hazards) ]] || { [[ $rc == 0 ]] && rc=1; }
+        check "compute-sanitizer $tool" "$rc"
     done
 fi
 
@@ -151,7 +163,8 @@ fi
 if has ab && [[ -f $CARRY/base/rocket.xz ]]; then
     if [[ -f $CARRY/base/cuda-megakernel-test.xz ]]; then
         xz -dc "$CARRY/base/cuda-megakernel-test.xz" > /tmp/base/mk-test && chmod +x /tmp/base/mk-test
-        ROCKET_DECODE=megakernel ROCKET_GPU_CHECKPOINTS=$CKPTS timeout 120 /tmp/base/mk-test --test-threads=1 --nocapture \
+        # ROCKET_DECODE for baseline builds from before the tests chose their options.
+        ROCKET_DECODE=megakernel ROCKET_GPU_CHECKPOINTS=$CKPTS timeout 120 /tmp/base/mk-test --include-ignored --test-threads=1 --nocapture \
             a_traced_step > "$LOGS/ab-base-profile.log" 2>&1
         grep -c "MK-PROFILE" "$LOGS/ab-base-profile.log"
     fi
@@ -160,7 +173,7 @@ fi
 if has peer; then
     timeout 240 python3 benches/torch_peer.py --model "$CK/llama-3.2-1b" --batch 1,16 --prompt-len 128 --gen-len 256 --reps 2 \
         --json "$LOGS/peer-llama-3.2-1b.json" > "$LOGS/peer-llama-3.2-1b.txt" 2> "$LOGS/peer-llama-3.2-1b.err" ||
-        { echo "peer failed"; tail -5 "$LOGS/peer-llama-3.2-1b.err"; }
+        { check "peer" 1; tail -5 "$LOGS/peer-llama-3.2-1b.err"; }
 fi
 
 if has profile; then
@@ -170,7 +183,7 @@ if has profile; then
         set -- $shape
         ROCKET_DECODE=graph ROCKET_CUDA_GRAPHS=0 timeout 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
             --csv "$CARRY/bin/rocket" bench --model "$CK/$pf" --device cuda --batch "$1" --prompt-len "$2" --gen-len "$3" \
-            --reps 1 > "$LOGS/profile-b$1.csv" 2> "$LOGS/profile-b$1.err" || echo "ncu batch $1 failed: $(tail -2 "$LOGS/profile-b$1.err")"
+            --reps 1 > "$LOGS/profile-b$1.csv" 2> "$LOGS/profile-b$1.err" || { check "ncu batch $1" 1; tail -2 "$LOGS/profile-b$1.err"; }
         echo "--- ncu $pf batch $1 (pass $4: a decode step at batch 16, the 128-token prefill at batch 1)"
         python3 benches/ncu_step.py "$LOGS/profile-b$1.csv" "$4"
     done
@@ -185,4 +198,8 @@ for f in "$LOGS"/ab-*.txt "$LOGS"/abshort-*.txt; do  # one row each
 done
 [[ -f $LOGS/peer-llama-3.2-1b.txt ]] && { echo "--- peer"; tail -12 "$LOGS/peer-llama-3.2-1b.txt"; }
 [[ -f $LOGS/power.csv ]] && { echo "--- SM clock and power per bench"; python3 benches/power_summary.py "$LOGS/power.csv" "$LOGS/bench.times"; }
-true
+if (( ${#FAILED[@]} )); then
+    echo "FAIL: ${#FAILED[@]} check(s) failed: ${FAILED[*]}"
+    exit 1
+fi
+echo "PASS: every check passed"

@@ -11,6 +11,28 @@ FIXTURES = Path(__file__).parent / "parity" / "fixtures"
 DATA = Path(__file__).parent / "parity" / "data"
 
 
+_cuda_reason: list[str | None] = []
+
+
+def _no_cuda_reason() -> str | None:
+    """Why CUDA cannot run here (None where it can): a CUDA load of the tiny fixture."""
+    if not _cuda_reason:
+        try:
+            rocket.LLM(FIXTURES / "tiny-qwen3", device="cuda", progress="off")
+            _cuda_reason.append(None)
+        except rocket.DeviceError as e:
+            _cuda_reason.append(str(e))
+    return _cuda_reason[0]
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # type: ignore[no-untyped-def]
+    # `cuda` tests report skipped (never passed) where no GPU is usable.
+    cuda_items = [item for item in items if item.get_closest_marker("cuda")]
+    if cuda_items and (reason := _no_cuda_reason()):
+        for item in cuda_items:
+            item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU: {reason}"))
+
+
 @pytest.fixture(scope="session")
 def tiny_llama() -> rocket.LLM:
     return rocket.LLM(FIXTURES / "tiny-llama", device="cpu")

@@ -111,3 +111,17 @@ def test_info_and_version(tiny_llama: rocket.LLM) -> None:
     info = tiny_llama.info
     assert info["family"] == "llama" and info["backend"] == "cpu" and info["max_seq_len"] == 256
     assert isinstance(rocket.__version__, str)
+
+
+@pytest.mark.cuda
+def test_gpu_keywords_reach_the_cuda_backend() -> None:
+    from conftest import FIXTURES
+
+    # tiny-qwen3's shapes have no megakernel: asking for one fails the load.
+    with pytest.raises(rocket.DeviceError, match="megakernel"):
+        rocket.LLM(FIXTURES / "tiny-qwen3", device="cuda", decode="megakernel", progress="off")
+    llm = rocket.LLM(FIXTURES / "tiny-qwen3", device="cuda", decode="graph", matmul="gemv", sampler="host", progress="off")
+    assert llm.info["backend"] == "cuda"
+    # The graph path with one matmul kernel: batched greedy equals solo.
+    batch = llm.generate(["hello", "hello there"], GREEDY)
+    assert [o.token_ids for o in batch] == [llm.generate(p, GREEDY)[0].token_ids for p in ["hello", "hello there"]]

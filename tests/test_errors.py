@@ -88,6 +88,42 @@ def test_bad_device_and_missing_cuda() -> None:
         rocket.LLM(FIXTURES / "tiny-llama", device="cuda")
 
 
+@pytest.mark.parametrize(
+    ("keyword", "value", "listed"),
+    [
+        ("decode", "bogus", '"auto", "graph" or "megakernel"'),
+        ("matmul", "cublas", '"auto", "gemv" or "tensor"'),
+        ("sampler", "gpu", '"device" or "host"'),
+        ("progress", "sometimes", '"auto", "off" or "always"'),
+        ("decode", 3, "expected a str"),
+        ("pdl", "yes", "True or False"),
+        ("cuda_graphs", 1, "True or False"),
+        ("watchdog_ms", 0, "from 1 to 3600000"),
+        ("watchdog_ms", True, "expected an int"),
+        ("trace_step", -1, "step number"),
+        ("max_seq_len", 0, "at least 1"),
+    ],
+)
+def test_bad_engine_options_are_named(keyword: str, value: object, listed: str) -> None:
+    # Checked before the model is looked up: model=None needs no default model here.
+    with pytest.raises(rocket.InvalidArgumentError, match=keyword) as info:
+        rocket.LLM(None, **{keyword: value})  # type: ignore[arg-type]
+    assert info.value.parameter == keyword
+    assert listed in str(info.value)
+
+
+def test_engine_options_take_the_environment_below_keywords(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROCKET_DECODE", "bogus")
+    with pytest.raises(rocket.InvalidArgumentError, match="ROCKET_DECODE") as info:
+        rocket.LLM(None)
+    assert info.value.parameter == "ROCKET_DECODE" and info.value.value == "bogus"
+    env = [("ROCKET_DECODE", "megakernel"), ("ROCKET_PDL", "0"), ("ROCKET_WATCHDOG_MS", "5000"), ("HOME", "/x")]
+    shown = repr(rocket._rocket.EngineOptions(env=env))
+    assert "decode: Megakernel" in shown and "pdl: false" in shown and "watchdog: 5s" in shown
+    shown = repr(rocket._rocket.EngineOptions(decode="graph", pdl=True, env=env))
+    assert "decode: Graph" in shown and "pdl: true" in shown and "watchdog: 5s" in shown
+
+
 def test_bad_argument_types(tiny_llama: rocket.LLM) -> None:
     with pytest.raises(ValueError):
         tiny_llama.generate([1, 2])  # type: ignore[list-item]

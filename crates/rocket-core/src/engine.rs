@@ -11,6 +11,7 @@ use crate::backend::{Backend, Chunk, Device, Logits};
 use crate::batch::{BatchEvent, Batcher};
 use crate::error::{Result, RocketError};
 use crate::model::{Format, GenerationConfig, ModelSource, ModelSpec, ModelWeights};
+use crate::options::{GpuOptions, Progress};
 use crate::progress::LoadProgress;
 use crate::sampling::SamplingParams;
 use crate::text::{ChatMessage, ChatTemplate, Tokenizer};
@@ -24,13 +25,15 @@ pub struct EngineOptions {
     /// Context limit (prompt + generated tokens); defaults to the model's
     /// trained maximum. The KV cache is sized per request, not to this.
     pub max_seq_len: Option<usize>,
-    /// Draw a progress bar on stderr for loads over a second (only on a terminal).
-    pub progress: bool,
+    /// Whether loads draw a progress bar on stderr (only on a terminal). Default `Auto`.
+    pub progress: Progress,
+    /// What the CUDA backend does (ignored on the CPU). Default `GpuOptions::default()`.
+    pub gpu: GpuOptions,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { device: Device::Auto, max_seq_len: None, progress: true }
+        EngineOptions { device: Device::Auto, max_seq_len: None, progress: Progress::Auto, gpu: GpuOptions::default() }
     }
 }
 
@@ -131,10 +134,10 @@ pub struct Engine {
 
 /// The backend `device` asks for. `Auto` takes CUDA when this build has it and a
 /// usable GPU is present, else the CPU; `Cuda` fails with the reason instead.
-fn select_backend(device: Device, spec: &ModelSpec, weights: Arc<ModelWeights>, progress: &LoadProgress) -> Result<Box<dyn Backend>> {
+fn select_backend(device: Device, gpu: &GpuOptions, spec: &ModelSpec, weights: Arc<ModelWeights>, progress: &LoadProgress) -> Result<Box<dyn Backend>> {
     #[cfg(feature = "cuda")]
     if device != Device::Cpu {
-        match crate::backend::cuda::CudaBackend::new(spec.clone(), &weights, progress) {
+        match crate::backend::cuda::CudaBackend::with_options(spec.clone(), &weights, progress, gpu.clone()) {
             Ok(b) => return Ok(Box::new(b)),
             Err(e) if device == Device::Cuda => return Err(e),
             Err(e) => tracing::info!("CUDA not used ({e}); running on the CPU"),
@@ -142,7 +145,7 @@ fn select_backend(device: Device, spec: &ModelSpec, weights: Arc<ModelWeights>, 
     }
     #[cfg(not(feature = "cuda"))]
     if device == Device::Cuda {
-        let _ = progress;
+        let _ = (gpu, progress);
         return Err(RocketError::Device("this build of rocket has no CUDA backend; use device=\"cpu\" or \"auto\"".into()));
     }
     Ok(Box::new(CpuBackend::new(spec.clone(), weights)))
@@ -169,7 +172,7 @@ impl Engine {
         let weights = Arc::new(ModelWeights::from_weights(&spec, source.weights)?);
         let dtype_groups = weights.dtype_groups();
         let bytes_per_decode_step = weights.bytes_per_decode_step();
-        let backend = select_backend(options.device, &spec, weights, &progress)?;
+        let backend = select_backend(options.device, &options.gpu, &spec, weights, &progress)?;
         let chat = source
             .chat_template
             .as_deref()

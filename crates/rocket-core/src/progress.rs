@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::options::Progress;
+
 /// Loads faster than this never show a bar.
 const SHOW_AFTER: Duration = Duration::from_secs(1);
 
@@ -20,13 +22,12 @@ pub struct LoadProgress {
 }
 
 impl LoadProgress {
-    /// `enabled` false never draws (embedding, tests, `ROCKET_PROGRESS=0`).
-    pub fn new(enabled: bool) -> Self {
-        // ROCKET_PROGRESS=0 turns the bar off; =always shows it at once (still only on a terminal).
-        let setting = std::env::var("ROCKET_PROGRESS").unwrap_or_default();
-        let show_after = if setting == "always" { Duration::ZERO } else { SHOW_AFTER };
+    /// `Progress::Off` never draws (embedding, tests); `Always` draws from the
+    /// start (still only on a terminal).
+    pub fn new(setting: Progress) -> Self {
+        let show_after = if setting == Progress::Always { Duration::ZERO } else { SHOW_AFTER };
         LoadProgress {
-            enabled: enabled && setting != "0",
+            enabled: setting != Progress::Off,
             show_after,
             started: Instant::now(),
             bar: ProgressBar::hidden(),

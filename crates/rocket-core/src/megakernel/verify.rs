@@ -335,7 +335,7 @@ pub(crate) mod tests {
 
     #[test]
     fn every_lm_head_tile_size_verifies() {
-        // ROCKET_MK_LM_TILE's range, on the fuels whose partial sums cap the tile.
+        // Every tile size the ring holds (1 to SLOTS chunks), on the fuels whose partial sums cap the tile.
         for spec in [spec(576, 1536, 30, 9, 3, 64, 49152), spec(2048, 6144, 28, 16, 8, 128, 151936)] {
             for chunks in 1..=12 {
                 for sms in [7, 132] {

@@ -42,7 +42,7 @@ pub struct ModelSource {
 
 impl ModelSource {
     pub fn open(path: &Path) -> Result<Self> {
-        Self::open_with_progress(path, &LoadProgress::new(false))
+        Self::open_with_progress(path, &LoadProgress::new(crate::options::Progress::Off))
     }
 
     /// `open`, reporting the slow part (dequantizing GGUF tensors) to `progress`.

@@ -327,7 +327,7 @@ impl GgufFile {
     /// Convert every tensor to canonical names: float tensors stay in the map
     /// (copied only where rows must be reordered), quantized ones become bf16.
     pub fn weights(&self, spec: &ModelSpec) -> Result<Weights> {
-        self.weights_with_progress(spec, &LoadProgress::new(false))
+        self.weights_with_progress(spec, &LoadProgress::new(crate::options::Progress::Off))
     }
 
     /// `weights`, advancing `progress` by each tensor's stored bytes.

@@ -180,7 +180,7 @@ pub(crate) struct Kernels {
     head_dim: u32,
     /// Launch every kernel as a programmatic dependent launch (common.cuh
     /// `pdl_wait`): its CTAs start, and the GEMM's weights stream, while the
-    /// previous kernel finishes. ROCKET_PDL=0 turns it off.
+    /// previous kernel finishes. `GpuOptions::pdl` off turns it off.
     pub pdl: bool,
     /// "sm_90a cubin" or "sm_90 PTX (JIT)", and how long loading took.
     pub image: &'static str,

@@ -10,11 +10,9 @@ use super::driver::{grown, Arg, Context, DeviceBuffer, Function, MappedBuffer, M
 use super::weights::DeviceWeights;
 use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
 use super::sampler::sample_row;
-use super::env_switch;
 use crate::backend::{LoopOutcome, LoopRequest, SampleRequest};
 use crate::error::{Result, RocketError};
-use crate::megakernel::abi::{LayerPtrs, Params, RING_EMPTY, RING_FAULT, RING_STOP, RING_TOKENS, SLOTS, SMEM_BYTES, STATE_WORDS, ST_STEPS, THREADS};
-use crate::megakernel::schedule::LM_TILE_CHUNKS;
+use crate::megakernel::abi::{LayerPtrs, Params, RING_EMPTY, RING_FAULT, RING_STOP, RING_TOKENS, SMEM_BYTES, STATE_WORDS, ST_STEPS, THREADS};
 use crate::megakernel::profile::trace_words;
 use crate::megakernel::{verify, MegakernelError, Schedule};
 use crate::model::ModelSpec;
@@ -164,74 +162,29 @@ fn transposed_down(ctx: &Context, module: &Module, stream: &Stream, spec: &Model
     Ok((out, copies))
 }
 
-/// ROCKET_MK_HOLD=N or Q,O,M (each 0..=SLOTS, default 4,8,8): a layer's
-/// matrix-vector instruction (Qkv, OProj, Mlp) keeps its last N ring chunks
-/// until the next one's wait, so fewer weights stream into the SM while it
-/// stores and releases its results: its release fence then waits for fewer
-/// copies in flight. Measured on the H200: holding chunks is clearly faster
-/// than none; per op the Mlp's 8 matters most (4 or 12 are slower), and the
-/// Qkv's 4 helps the largest fuel a little without costing the others.
-const DEFAULT_HOLD_CHUNKS: [i32; 3] = [4, 8, 8];
-fn hold_chunks() -> Result<[i32; 3]> {
-    let Ok(v) = std::env::var("ROCKET_MK_HOLD") else { return Ok(DEFAULT_HOLD_CHUNKS) };
-    parse_hold(&v)
-}
+// The megakernel's tuning, settled by measurement (benches/NOTES.md keeps the
+// figures); the kernel takes them as launch parameters.
 
-fn parse_hold(v: &str) -> Result<[i32; 3]> {
-    if v.is_empty() {
-        return Ok(DEFAULT_HOLD_CHUNKS);
-    }
-    let bad = || RocketError::invalid_arg("ROCKET_MK_HOLD", v, format!("expected N or Q,O,M: whole numbers from 0 to {SLOTS}"));
-    let n: Vec<i32> = v.split(',').map(|x| x.trim().parse::<i32>().ok().filter(|n| (0..=SLOTS as i32).contains(n)).ok_or_else(bad)).collect::<Result<_>>()?;
-    match n[..] {
-        [all] => Ok([all; 3]),
-        [q, o, m] => Ok([q, o, m]),
-        _ => Err(bad()),
-    }
-}
-
-/// ROCKET_MK_LM_TILE=N (1..=SLOTS, default schedule::LM_TILE_CHUNKS): ring
-/// chunks in one claimed LM-head tile (an experiment's knob, like ROCKET_MK_HOLD).
-fn lm_tile_chunks() -> Result<usize> {
-    env_count("ROCKET_MK_LM_TILE", LM_TILE_CHUNKS, SLOTS)
-}
-
-/// A count from the environment variable `name`: `default` when unset or
-/// empty, else a whole number in 1..=`max` (anything else is an error).
-fn env_count(name: &str, default: usize, max: usize) -> Result<usize> {
-    parse_count(name, std::env::var(name).ok().as_deref(), default, max)
-}
-
-fn parse_count(name: &str, value: Option<&str>, default: usize, max: usize) -> Result<usize> {
-    match value {
-        None | Some("") => Ok(default),
-        Some(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=max).contains(&n) => Ok(n),
-            _ => Err(RocketError::invalid_arg(name, v, format!("expected a whole number from 1 to {max}"))),
-        },
-    }
-}
-
-/// ROCKET_MK_COUNTER_STRIDE=N (1..=64, default 32): u32 words from one
-/// dependency counter to the next. At 32 each sits on a 128-byte line of its
-/// own, so the polls of one and the atomic adds to its neighbours do not meet
-/// in one L2 line (measured ~0.5% faster on the H200's large fuels, the small
-/// ones as at 1).
-const DEFAULT_COUNTER_STRIDE: usize = 32;
-fn counter_stride() -> Result<usize> {
-    env_count("ROCKET_MK_COUNTER_STRIDE", DEFAULT_COUNTER_STRIDE, 64)
-}
-
-/// How long a wait on one dependency counter may last before the kernel gives
-/// up (ROCKET_WATCHDOG_MS; raise it under compute-sanitizer).
-fn watchdog() -> Duration {
-    let ms = std::env::var("ROCKET_WATCHDOG_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(2000);
-    Duration::from_millis(ms.max(1))
-}
+/// Ring chunks a layer's Qkv, OProj and Mlp instruction keeps until the next
+/// one's wait, so fewer weights stream into the SM while it stores and releases
+/// its results; more or fewer measured slower.
+const HOLD_CHUNKS: [i32; 3] = [4, 8, 8];
+/// u32 words from one dependency counter to the next: each on a 128-byte line
+/// of its own, so the polls of one and the atomic adds to its neighbours do not
+/// meet in one L2 line.
+const COUNTER_STRIDE: usize = 32;
+/// Dependency polls sleep 32 ns between reads (spinning was an experiment, not adopted).
+const POLL_SPIN: bool = false;
+/// Weight copies pass through L2 as evict-first, so they do not push out
+/// activations, K/V and norm weights.
+const WEIGHTS_EVICT_FIRST: bool = true;
 
 impl Megakernel {
     /// The megakernel for `spec` on this GPU, or an error saying why it cannot run.
-    pub(crate) fn new(ctx: &Context, module: &Module, stream: &Stream, spec: &ModelSpec, w: &DeviceWeights) -> Result<Self> {
+    ///
+    /// `watchdog`: how long a wait on one dependency counter may last before the
+    /// kernel gives up (`GpuOptions::watchdog`).
+    pub(crate) fn new(ctx: &Context, module: &Module, stream: &Stream, spec: &ModelSpec, w: &DeviceWeights, watchdog: Duration) -> Result<Self> {
         let fuel = fuel_for(spec).ok_or_else(|| {
             let names: Vec<&str> = FUELS.iter().map(|f| f.name).collect();
             RocketError::Device(format!("the megakernel has no instantiation for these shapes (fuels: {})", names.join(", ")))
@@ -242,7 +195,7 @@ impl Megakernel {
             return Err(RocketError::Device(format!("{} cannot fit one megakernel CTA ({SMEM_BYTES} bytes of shared memory) per SM", ctx.name)));
         }
         let sms = ctx.sm_count as usize;
-        let schedule = Schedule::compile_with_lm_tiles(spec, sms, lm_tile_chunks()?)?;
+        let schedule = Schedule::compile(spec, sms)?;
         verify(&schedule, spec).map_err(|e| RocketError::Internal(format!("megakernel schedule for {sms} SMs: {e}")))?;
         let (words, starts) = schedule.encode();
         let instrs = DeviceBuffer::with_data(ctx, stream, &words, "the megakernel schedule")?;
@@ -279,13 +232,11 @@ impl Megakernel {
             f(schedule.lm_tiles),
             f(schedule.lm_tiles),
         ];
-        let hold = hold_chunks()?;
         let activations = sizes.iter().map(|&(n, _)| DeviceBuffer::alloc(ctx, n, "megakernel activations")).collect::<Result<Vec<_>>>()?;
         for (a, &(_, poison)) in activations.iter().zip(&sizes) {
             a.fill_u8(stream, poison)?;
         }
-        let stride = counter_stride()?;
-        let counters = DeviceBuffer::alloc(ctx, schedule.counters.count() * stride * 4, "megakernel counters")?;
+        let counters = DeviceBuffer::alloc(ctx, schedule.counters.count() * COUNTER_STRIDE * 4, "megakernel counters")?;
         let state = DeviceBuffer::alloc(ctx, STATE_WORDS * 4, "megakernel state")?;
         let end_ids = DeviceBuffer::alloc(ctx, MAX_END_IDS * 4, "megakernel end ids")?;
         let forced = DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * 4, "megakernel forced tokens")?;
@@ -321,15 +272,12 @@ impl Megakernel {
             lm_tiles: schedule.lm_tiles as i32,
             splits: schedule.splits as i32,
             eps: spec.rms_norm_eps as f32,
-            // ROCKET_MK_SPIN=1: dependency polls spin instead of sleeping 32 ns (an
-            // experiment); ROCKET_MK_EVICT_FIRST=0: weights pass through L2 under the
-            // normal policy instead of evict-first (which keeps activations and K/V cached).
-            poll_spin: env_switch("ROCKET_MK_SPIN", false)? as i32,
-            weights_evict_first: env_switch("ROCKET_MK_EVICT_FIRST", true)? as i32,
-            hold_qkv: hold[0],
-            hold_oproj: hold[1],
-            hold_mlp: hold[2],
-            counter_stride: stride as i32,
+            poll_spin: POLL_SPIN as i32,
+            weights_evict_first: WEIGHTS_EVICT_FIRST as i32,
+            hold_qkv: HOLD_CHUNKS[0],
+            hold_oproj: HOLD_CHUNKS[1],
+            hold_mlp: HOLD_CHUNKS[2],
+            counter_stride: COUNTER_STRIDE as i32,
             ..Params::default()
         };
         stream.sync()?;
@@ -341,7 +289,7 @@ impl Megakernel {
             grid: sms as u32,
             vocab: spec.vocab_size,
             eps: spec.rms_norm_eps as f32,
-            watchdog: watchdog(),
+            watchdog,
             base,
             schedule,
             _instrs: instrs,
@@ -605,28 +553,6 @@ fn thread_cpu_seconds() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hold_takes_one_count_or_one_per_op() {
-        assert_eq!(parse_hold("").unwrap(), [4, 8, 8]);
-        assert_eq!(parse_hold("4").unwrap(), [4; 3]);
-        assert_eq!(parse_hold("0, 8,12").unwrap(), [0, 8, 12]);
-        for bad in ["13", "-1", "8,8", "8,8,8,8", "a", "8,,8"] {
-            assert!(parse_hold(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn counts_from_the_environment_are_whole_numbers_in_range() {
-        assert_eq!(parse_count("ROCKET_MK_COUNTER_STRIDE", None, 32, 64).unwrap(), 32);
-        assert_eq!(parse_count("ROCKET_MK_COUNTER_STRIDE", Some(""), 32, 64).unwrap(), 32);
-        assert_eq!(parse_count("ROCKET_MK_COUNTER_STRIDE", Some("1"), 32, 64).unwrap(), 1);
-        assert_eq!(parse_count("ROCKET_MK_LM_TILE", Some("12"), 4, SLOTS).unwrap(), 12);
-        for bad in ["0", "65", "-1", "x", "3.5"] {
-            let e = parse_count("ROCKET_MK_COUNTER_STRIDE", Some(bad), 32, 64).unwrap_err().to_string();
-            assert!(e.contains("ROCKET_MK_COUNTER_STRIDE") && e.contains("from 1 to 64"), "{bad}: {e}");
-        }
-    }
 
     #[test]
     fn fuels_have_kernels_and_schedules() {

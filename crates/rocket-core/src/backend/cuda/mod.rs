@@ -30,6 +30,7 @@ use super::{check_chunks, own_session, Backend, Chunk, Logits, LoopOutcome, Loop
 use crate::error::{Result, RocketError};
 use crate::megakernel::Profile;
 use crate::model::{ModelSpec, ModelWeights};
+use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
 use crate::progress::LoadProgress;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
 use kernels::{argmax_state_bytes, GemmFusion, GemmPlan, GemmScratch, Kernels};
@@ -59,119 +60,17 @@ pub struct CudaInfo {
     pub weight_bytes: usize,
 }
 
-/// How batch-1 decode runs (ROCKET_DECODE).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DecodeMode {
-    /// Kernel per op, replayed from CUDA graphs (`graph`).
-    Graph,
-    /// The persistent megakernel where the fuel has one, else an error (`megakernel`).
-    Megakernel,
-    /// The default (`auto`): the megakernel for every fuel that has one (it
-    /// measured faster than the CUDA-graph path on each, benches/NOTES.md), else
-    /// the graph path; also the graph path where the megakernel cannot run here.
-    Auto,
-}
-
-impl DecodeMode {
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("ROCKET_DECODE").as_deref() {
-            Err(_) | Ok("") | Ok("auto") => Ok(DecodeMode::Auto),
-            Ok("graph") => Ok(DecodeMode::Graph),
-            Ok("megakernel") => Ok(DecodeMode::Megakernel),
-            Ok(other) => Err(RocketError::invalid_arg("ROCKET_DECODE", other, "expected \"auto\", \"graph\" or \"megakernel\"")),
-        }
-    }
-}
-
-/// Choices of the CUDA backend (from the environment by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CudaOptions {
-    /// ROCKET_DECODE: how batch-1 decode runs.
-    pub decode: DecodeMode,
-    /// ROCKET_MATMUL: which kernel multiplies by the weights.
-    pub matmul: MatmulMode,
-    /// ROCKET_CUDA_GRAPHS=0 launches decode steps kernel by kernel.
-    pub graphs: bool,
-    /// ROCKET_SAMPLER: `device` (default) picks sampled tokens on the GPU
-    /// (kernels/src/sample.cu, the host sampler's choice bit for bit); `host`
-    /// copies each logits row back and samples on the CPU.
-    pub device_sampling: bool,
-    /// ROCKET_LOOP_SAMPLING=1: sampled requests also run as megakernel token
-    /// loops, sampling inside the kernel (kernels/src/megakernel.cu
-    /// `sample_token`). Checked on the H200 (`tests/cuda_megakernel.rs`), but
-    /// off by default until its speed is measured; sampled requests then decode
-    /// with CUDA graphs.
-    pub loop_sampling: bool,
-    /// ROCKET_PDL=0: launch kernels plainly instead of as programmatic
-    /// dependent launches (kernels.rs `Kernels::pdl`), for comparison.
-    pub pdl: bool,
-    /// ROCKET_FUSE=0: run RMSNorm and SiLU·mul as their own kernels instead of
-    /// inside the tensor-core GEMM (gemm_tc.cu's fused prologue and epilogue),
-    /// for comparison.
-    pub fuse: bool,
-}
-
-/// Which kernel multiplies a pass's rows by the weights (ROCKET_MATMUL).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MatmulMode {
-    /// The GEMV (kernels/src/gemv.cu) for every pass (`gemv`).
-    Gemv,
-    /// The tensor-core GEMM (kernels/src/gemm_tc.cu) for every pass (`tensor`).
-    Tensor,
-    /// The default (`auto`): the tensor cores for passes of at least
-    /// `TENSOR_CORE_MIN_ROWS` rows (prefill, large batches), the GEMV below.
-    /// A row's logits then depend (≈1e-3 relative) on how many rows share its
-    /// pass; `gemv` or `tensor` make them batch-independent bit for bit (for
-    /// `tensor`, in passes of up to 256 rows: longer ones do not split K).
-    Auto,
-}
-
 /// Measured on the H200 with each kernel forced on the graph path: from 2 rows
 /// the tensor cores' decode step is faster (it streams the weights once whatever
 /// the row count, the GEMV's time grows with every row); at 1 row the GEMV's is.
 pub const TENSOR_CORE_MIN_ROWS: usize = 2;
 
-impl MatmulMode {
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("ROCKET_MATMUL").as_deref() {
-            Err(_) | Ok("") | Ok("auto") => Ok(MatmulMode::Auto),
-            Ok("gemv") => Ok(MatmulMode::Gemv),
-            Ok("tensor") => Ok(MatmulMode::Tensor),
-            Ok(other) => Err(RocketError::invalid_arg("ROCKET_MATMUL", other, "expected \"auto\", \"gemv\" or \"tensor\"")),
-        }
-    }
-
-    fn tensor_cores_for(self, rows: usize) -> bool {
-        match self {
-            MatmulMode::Gemv => false,
-            MatmulMode::Tensor => true,
-            MatmulMode::Auto => rows >= TENSOR_CORE_MIN_ROWS,
-        }
-    }
-}
-
-/// A "0"/"1" environment switch, `default` when unset or empty; anything else is an error.
-fn env_switch(name: &str, default: bool) -> Result<bool> {
-    match std::env::var(name).as_deref() {
-        Err(_) | Ok("") => Ok(default),
-        Ok("0") => Ok(false),
-        Ok("1") => Ok(true),
-        Ok(other) => Err(RocketError::invalid_arg(name, other, "expected \"0\" or \"1\"")),
-    }
-}
-
-impl CudaOptions {
-    pub fn from_env() -> Result<Self> {
-        let matmul = MatmulMode::from_env()?;
-        let graphs = std::env::var("ROCKET_CUDA_GRAPHS").map_or(true, |v| v != "0");
-        let device_sampling = match std::env::var("ROCKET_SAMPLER").as_deref() {
-            Err(_) | Ok("") | Ok("device") => true,
-            Ok("host") => false,
-            Ok(other) => return Err(RocketError::invalid_arg("ROCKET_SAMPLER", other, "expected \"device\" or \"host\"")),
-        };
-        let loop_sampling = env_switch("ROCKET_LOOP_SAMPLING", false)?;
-        let (pdl, fuse) = (env_switch("ROCKET_PDL", true)?, env_switch("ROCKET_FUSE", true)?);
-        Ok(CudaOptions { decode: DecodeMode::from_env()?, matmul, graphs, device_sampling, loop_sampling, pdl, fuse })
+/// Whether `matmul` multiplies a pass of `rows` rows on the tensor cores.
+fn tensor_cores_for(matmul: MatmulPath, rows: usize) -> bool {
+    match matmul {
+        MatmulPath::Gemv => false,
+        MatmulPath::Tensor => true,
+        MatmulPath::Auto => rows >= TENSOR_CORE_MIN_ROWS,
     }
 }
 
@@ -179,7 +78,7 @@ pub struct CudaBackend {
     spec: ModelSpec,
     info: CudaInfo,
     inner: Mutex<Inner>,
-    options: CudaOptions,
+    options: GpuOptions,
 }
 
 struct Inner {
@@ -346,13 +245,13 @@ struct PassShape {
 }
 
 impl CudaBackend {
-    /// Opens device 0, loads the kernels and uploads the weights.
+    /// Opens device 0 with the default options, loads the kernels and uploads the weights.
     pub fn new(spec: ModelSpec, weights: &ModelWeights, progress: &LoadProgress) -> Result<Self> {
-        Self::with_options(spec, weights, progress, CudaOptions::from_env()?)
+        Self::with_options(spec, weights, progress, GpuOptions::default())
     }
 
-    /// Opens device 0 with explicit options (tests compare paths side by side).
-    pub fn with_options(spec: ModelSpec, weights: &ModelWeights, progress: &LoadProgress, options: CudaOptions) -> Result<Self> {
+    /// Opens device 0 with `options` (`EngineOptions::gpu`; tests compare paths side by side).
+    pub fn with_options(spec: ModelSpec, weights: &ModelWeights, progress: &LoadProgress, options: GpuOptions) -> Result<Self> {
         check_shapes(&spec)?;
         let ctx = Arc::new(Context::open()?);
         let stream = Stream::new()?;
@@ -361,11 +260,12 @@ impl CudaBackend {
         let t = Instant::now();
         let dev_weights = DeviceWeights::upload(&ctx, &stream, &spec, weights, progress)?;
         let upload_seconds = t.elapsed().as_secs_f64();
+        let new_megakernel = || Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights, options.watchdog);
         let megakernel = match options.decode {
-            DecodeMode::Graph => None,
-            DecodeMode::Megakernel => Some(Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights)?),
-            DecodeMode::Auto => match megakernel::fuel_for(&spec) {
-                Some(_) => match Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights) {
+            DecodePath::Graph => None,
+            DecodePath::Megakernel => Some(new_megakernel()?),
+            DecodePath::Auto => match megakernel::fuel_for(&spec) {
+                Some(_) => match new_megakernel() {
                     Ok(mk) => Some(mk),
                     Err(e) => {
                         tracing::warn!(error = %e, "no megakernel on this device; decoding with CUDA graphs");
@@ -479,7 +379,7 @@ impl CudaBackend {
         }
         scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
-        if decode && self.options.graphs {
+        if decode && self.options.cuda_graphs {
             let key = (rows, splits, argmax);
             if !inner.graphs.contains_key(&key) {
                 inner.stream.begin_capture()?;
@@ -567,7 +467,7 @@ impl CudaBackend {
     /// matmul mode picks it for `rows` and the width allows, else the GEMV.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
-        if self.options.matmul.tensor_cores_for(rows) && k.gemm_tc_fits(width) {
+        if tensor_cores_for(self.options.matmul, rows) && k.gemm_tc_fits(width) {
             k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm, GemmFusion::default())
         } else {
             k.gemv(st, w, x, y, n, width, rows, accumulate)
@@ -581,7 +481,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: u64, y: u64, n: usize, rows: usize, silu: bool) -> Result<()> {
         let (d, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps as f32);
-        let fits = self.options.matmul.tensor_cores_for(rows) && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
+        let fits = tensor_cores_for(self.options.matmul, rows) && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
         if self.options.fuse && fits {
             return k.gemm_tc(st, w, sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
         }
@@ -671,7 +571,7 @@ impl Backend for CudaBackend {
             req: LoopRequest { max_steps, end_ids: &end_ids, mask_end_steps: req.mask_end_steps, sampling: req.sampling },
             forced: &[],
             keep_logits: false,
-            trace_step: traced_decode_step(max_steps),
+            trace_step: self.options.trace_step.filter(|&step| step < max_steps),
         };
         // Counted here so the session keeps the tokens handed on even if the launch fails later.
         let mut handed = 0;
@@ -683,7 +583,7 @@ impl Backend for CudaBackend {
         let (outcome, _) = ran?;
         if let (Some(step), Some(stamps)) = (launch.trace_step, mk.last_trace.take()) {
             match Profile::from_trace(&mk.schedule, &stamps) {
-                Ok(profile) => tracing::info!(step, position = sess.len - handed + step, "megakernel step profile (ROCKET_MK_TRACE_STEP)\n{profile}"),
+                Ok(profile) => tracing::info!(step, position = sess.len - handed + step, "megakernel step profile (GpuOptions::trace_step)\n{profile}"),
                 // A launch that stopped before the step leaves it unstamped.
                 Err(e) => tracing::info!(step, error = %e, "no megakernel step profile"),
             }
@@ -699,7 +599,7 @@ impl Backend for CudaBackend {
         match self.lock().map(|i| i.megakernel.as_ref().is_some_and(Megakernel::in_service)) {
             Ok(true) if batch == 1 && (greedy || self.options.loop_sampling) => "megakernel",
             _ if greedy => "cuda-graph",
-            _ if self.options.device_sampling => "cuda-graph + device sampler",
+            _ if self.options.sampler == SamplerPlacement::Device => "cuda-graph + device sampler",
             _ => "cuda-graph + host sampler",
         }
     }
@@ -712,7 +612,7 @@ impl Backend for CudaBackend {
     }
 
     fn forward_sample(&self, chunks: &mut [Chunk<'_>], requests: &[SampleRequest<'_>]) -> Result<Option<Vec<u32>>> {
-        if !self.options.device_sampling {
+        if self.options.sampler == SamplerPlacement::Host {
             return Ok(None);
         }
         match self.run(chunks, Logits::Last, Pick::Sample(requests))? {
@@ -744,21 +644,6 @@ impl CudaBackend {
         inner.stream.sync()?;
         let ms = start.elapsed_ms(&end)? as f64;
         Ok((2 * bytes * reps) as f64 / (ms / 1e3) / 1e9)
-    }
-}
-
-/// ROCKET_MK_TRACE_STEP=N: every megakernel decode launch of at least N + 1
-/// steps stamps its step N and logs where the time went (at level info:
-/// ROCKET_LOG=info), the same table as the megakernel tests' MK-PROFILE lines,
-/// for a real request instead of a teacher-forced one.
-fn traced_decode_step(max_steps: usize) -> Option<usize> {
-    let v = std::env::var("ROCKET_MK_TRACE_STEP").ok()?;
-    match v.parse::<usize>() {
-        Ok(step) => (step < max_steps).then_some(step),
-        Err(_) => {
-            tracing::warn!(value = %v, "ROCKET_MK_TRACE_STEP is not a step number: no step traced");
-            None
-        }
     }
 }
 

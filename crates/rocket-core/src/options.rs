@@ -1,0 +1,367 @@
+//! The engine's settings as types: how the GPU backend decodes, multiplies and
+//! samples ([`GpuOptions`]) and whether loads draw a progress bar ([`Progress`]).
+//! They exist in every build (a CPU-only build ignores the GPU ones), each with
+//! one default. Every choice parses from the string the CLI flag, the Python
+//! keyword and the environment variable share (`FromStr`, errors list the
+//! accepted values), so the front ends have one parser. The core never reads
+//! the environment: front ends hand their variables to
+//! [`EngineOptions::apply_env`](crate::EngineOptions::apply_env).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::{Result, RocketError};
+
+/// "a", "b" or "c", for error messages.
+fn quoted_list(names: &[&str]) -> String {
+    let q: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+    match q.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => q.concat(),
+    }
+}
+
+/// A closed set of named choices: `NAMES` in declaration order, `FromStr`
+/// taking exactly those names (the error names `$param` and lists them).
+macro_rules! choice {
+    ($(#[$meta:meta])* $name:ident, $param:literal { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl $name {
+            /// The accepted names, in declaration order.
+            pub const NAMES: &'static [&'static str] = &[$($text),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = RocketError;
+            fn from_str(s: &str) -> Result<Self> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    other => Err(RocketError::invalid_arg($param, other, format!("expected {}", quoted_list(Self::NAMES)))),
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+choice! {
+    /// How batch-1 decode runs on the GPU (`decode`).
+    DecodePath, "decode" {
+        /// The megakernel for fuels where it measured faster than the
+        /// CUDA-graph path (`megakernel::Fuel::auto`), else the graph path.
+        Auto = "auto",
+        /// A kernel per op, replayed from CUDA graphs.
+        Graph = "graph",
+        /// The persistent megakernel where the model's shapes have one; loading
+        /// fails for other shapes.
+        Megakernel = "megakernel",
+    }
+}
+
+choice! {
+    /// Which kernel multiplies a pass's rows by the weights (`matmul`).
+    MatmulPath, "matmul" {
+        /// The tensor cores for passes of at least `TENSOR_CORE_MIN_ROWS` rows
+        /// (prefill, large batches), the GEMV below. A row's logits then depend
+        /// (≈1e-3 relative) on how many rows share its pass; `gemv` or `tensor`
+        /// make them batch-independent bit for bit (for `tensor`, in passes of
+        /// up to 256 rows: longer ones do not split K).
+        Auto = "auto",
+        /// The GEMV (kernels/src/gemv.cu) for every pass.
+        Gemv = "gemv",
+        /// The tensor-core GEMM (kernels/src/gemm_tc.cu) for every pass.
+        Tensor = "tensor",
+    }
+}
+
+choice! {
+    /// Where the GPU backend picks sampled tokens (`sampler`).
+    SamplerPlacement, "sampler" {
+        /// On the GPU (kernels/src/sample.cu), the host sampler's choice bit for bit.
+        Device = "device",
+        /// Each logits row is copied back and sampled on the CPU.
+        Host = "host",
+    }
+}
+
+choice! {
+    /// Whether a model load draws a progress bar on stderr (`progress`); never
+    /// when stderr is not a terminal. `FromStr` also takes "0" for `off`.
+    Progress, "progress" {
+        /// Once a load has taken over a second.
+        Auto = "auto",
+        /// Never.
+        Off = "off",
+        /// From the start of the load.
+        Always = "always",
+    }
+}
+
+/// An on/off setting's accepted spellings (`parse_switch`).
+pub const SWITCH_NAMES: &[&str] = &["on", "off", "1", "0", "true", "false"];
+
+/// An on/off setting named `param`: "on", "1" or "true"; "off", "0" or "false".
+pub fn parse_switch(param: &str, value: &str) -> Result<bool> {
+    match value {
+        "on" | "1" | "true" => Ok(true),
+        "off" | "0" | "false" => Ok(false),
+        other => Err(RocketError::invalid_arg(param, other, format!("expected {}", quoted_list(SWITCH_NAMES)))),
+    }
+}
+
+/// The longest megakernel watchdog (an hour): longer waits are a hang, not a slow step.
+pub const MAX_WATCHDOG: Duration = Duration::from_secs(3600);
+
+/// A watchdog limit in whole milliseconds (1 ms up to `MAX_WATCHDOG`), named `param`.
+pub fn parse_watchdog_ms(param: &str, value: &str) -> Result<Duration> {
+    let max = MAX_WATCHDOG.as_millis();
+    match value.parse::<u64>() {
+        Ok(ms) if (1..=max as u64).contains(&ms) => Ok(Duration::from_millis(ms)),
+        _ => Err(RocketError::invalid_arg(param, value, format!("expected whole milliseconds from 1 to {max}"))),
+    }
+}
+
+/// A megakernel step number to trace, named `param`.
+pub fn parse_trace_step(param: &str, value: &str) -> Result<usize> {
+    value.parse::<usize>().map_err(|_| RocketError::invalid_arg(param, value, "expected a step number (0, 1, ...)"))
+}
+
+/// What the CUDA backend does (ignored by the CPU backend). Tests and benches
+/// pick paths here; `Default` is what users get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// How batch-1 decode runs. Default `Auto`.
+    pub decode: DecodePath,
+    /// Which kernel multiplies by the weights. Default `Auto`.
+    pub matmul: MatmulPath,
+    /// Replay decode steps from CUDA graphs (off: launch kernel by kernel, for
+    /// profilers that time kernels one by one). Default on.
+    pub cuda_graphs: bool,
+    /// Where sampled tokens are picked. Default `Device`.
+    pub sampler: SamplerPlacement,
+    /// Sampled requests also run as megakernel token loops, sampling inside the
+    /// kernel (kernels/src/megakernel.cu `sample_token`); off, they decode with
+    /// CUDA graphs. Checked on the H200 (`tests/cuda_megakernel.rs`) but its
+    /// speed is not yet measured, so default off.
+    pub loop_sampling: bool,
+    /// Launch the forward pass's kernels as programmatic dependent launches, so
+    /// each starts before the previous one ends (kernels.rs `Kernels::pdl`).
+    /// Default on; off is for comparison.
+    pub pdl: bool,
+    /// Run RMSNorm and SiLU·mul inside the tensor-core GEMM (gemm_tc.cu's fused
+    /// prologue and epilogue) instead of as their own kernels. Default on; off
+    /// is for comparison.
+    pub fuse: bool,
+    /// How long a megakernel wait on one dependency may last before the launch
+    /// ends with an error (raise it under compute-sanitizer). Default 2 s.
+    pub watchdog: Duration,
+    /// A diagnostic: every megakernel decode launch of more than N steps stamps
+    /// its step N and logs where the time went (at level info), the table
+    /// `megakernel::Profile` prints. Default `None` (no tracing).
+    pub trace_step: Option<usize>,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions {
+            decode: DecodePath::Auto,
+            matmul: MatmulPath::Auto,
+            cuda_graphs: true,
+            sampler: SamplerPlacement::Device,
+            loop_sampling: false,
+            pdl: true,
+            fuse: true,
+            watchdog: Duration::from_millis(2000),
+            trace_step: None,
+        }
+    }
+}
+
+/// The environment variables front ends may pass to `EngineOptions::apply_env`,
+/// with the option each sets (README's settings table lists the same).
+pub const ENV_SETTINGS: &[(&str, &str)] = &[
+    ("ROCKET_DECODE", "decode"),
+    ("ROCKET_MATMUL", "matmul"),
+    ("ROCKET_CUDA_GRAPHS", "cuda_graphs"),
+    ("ROCKET_SAMPLER", "sampler"),
+    ("ROCKET_LOOP_SAMPLING", "loop_sampling"),
+    ("ROCKET_PDL", "pdl"),
+    ("ROCKET_FUSE", "fuse"),
+    ("ROCKET_WATCHDOG_MS", "watchdog_ms"),
+    ("ROCKET_MK_TRACE_STEP", "trace_step"),
+    ("ROCKET_PROGRESS", "progress"),
+];
+
+/// `value` parsed as `T`, an error naming `name` (the variable or flag that carried it).
+fn named<T: FromStr<Err = RocketError>>(name: &str, value: &str) -> Result<T> {
+    value.parse().map_err(|e| match e {
+        RocketError::InvalidArgument { value, message, .. } => RocketError::InvalidArgument { parameter: name.to_string(), value, message },
+        other => other,
+    })
+}
+
+impl crate::EngineOptions {
+    /// Sets what the variables of `ENV_SETTINGS` among `vars` ask for; other
+    /// names are ignored and empty values leave a setting as it is. A bad value
+    /// is an error naming its variable. Front ends pass their environment's
+    /// (name, value) pairs here, then apply their explicit flags or keywords,
+    /// which so win over the variables.
+    pub fn apply_env<K: AsRef<str>, V: AsRef<str>>(&mut self, vars: impl IntoIterator<Item = (K, V)>) -> Result<()> {
+        for (name, value) in vars {
+            let (name, v) = (name.as_ref(), value.as_ref());
+            if v.is_empty() {
+                continue;
+            }
+            let gpu = &mut self.gpu;
+            match name {
+                "ROCKET_DECODE" => gpu.decode = named(name, v)?,
+                "ROCKET_MATMUL" => gpu.matmul = named(name, v)?,
+                "ROCKET_CUDA_GRAPHS" => gpu.cuda_graphs = parse_switch(name, v)?,
+                "ROCKET_SAMPLER" => gpu.sampler = named(name, v)?,
+                "ROCKET_LOOP_SAMPLING" => gpu.loop_sampling = parse_switch(name, v)?,
+                "ROCKET_PDL" => gpu.pdl = parse_switch(name, v)?,
+                "ROCKET_FUSE" => gpu.fuse = parse_switch(name, v)?,
+                "ROCKET_WATCHDOG_MS" => gpu.watchdog = parse_watchdog_ms(name, v)?,
+                "ROCKET_MK_TRACE_STEP" => gpu.trace_step = Some(parse_trace_step(name, v)?),
+                "ROCKET_PROGRESS" => self.progress = if v == "0" { Progress::Off } else { named(name, v)? },
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EngineOptions;
+
+    fn message(e: RocketError) -> String {
+        e.to_string()
+    }
+
+    #[test]
+    fn choices_parse_their_names_and_list_them_when_wrong() {
+        for (i, name) in DecodePath::NAMES.iter().enumerate() {
+            let d: DecodePath = name.parse().unwrap();
+            assert_eq!(d.as_str(), *name);
+            assert_eq!(DecodePath::NAMES[i], d.to_string());
+        }
+        assert_eq!("megakernel".parse::<DecodePath>().unwrap(), DecodePath::Megakernel);
+        assert_eq!("graph".parse::<DecodePath>().unwrap(), DecodePath::Graph);
+        assert_eq!("tensor".parse::<MatmulPath>().unwrap(), MatmulPath::Tensor);
+        assert_eq!("gemv".parse::<MatmulPath>().unwrap(), MatmulPath::Gemv);
+        assert_eq!("host".parse::<SamplerPlacement>().unwrap(), SamplerPlacement::Host);
+        assert_eq!("always".parse::<Progress>().unwrap(), Progress::Always);
+        let e = message("bogus".parse::<DecodePath>().unwrap_err());
+        assert_eq!(e, "invalid value for decode: bogus (expected \"auto\", \"graph\" or \"megakernel\")");
+        let e = message("Graph".parse::<DecodePath>().unwrap_err());
+        assert!(e.contains("decode"), "{e}");
+        let e = message("".parse::<MatmulPath>().unwrap_err());
+        assert_eq!(e, "invalid value for matmul:  (expected \"auto\", \"gemv\" or \"tensor\")");
+        let e = message("gpu".parse::<SamplerPlacement>().unwrap_err());
+        assert_eq!(e, "invalid value for sampler: gpu (expected \"device\" or \"host\")");
+        assert!(message("0".parse::<Progress>().unwrap_err()).contains("\"auto\", \"off\" or \"always\""));
+    }
+
+    #[test]
+    fn switches_and_numbers_take_their_documented_forms() {
+        for on in ["on", "1", "true"] {
+            assert!(parse_switch("pdl", on).unwrap());
+        }
+        for off in ["off", "0", "false"] {
+            assert!(!parse_switch("pdl", off).unwrap());
+        }
+        for bad in ["", "yes", "2", "ON"] {
+            let e = message(parse_switch("pdl", bad).unwrap_err());
+            assert!(e.starts_with("invalid value for pdl") && e.contains("\"on\", \"off\""), "{bad}: {e}");
+        }
+        assert_eq!(parse_watchdog_ms("watchdog_ms", "1").unwrap(), Duration::from_millis(1));
+        assert_eq!(parse_watchdog_ms("watchdog_ms", "120000").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_watchdog_ms("watchdog_ms", "3600000").unwrap(), MAX_WATCHDOG);
+        for bad in ["0", "-5", "2.5", "x", "", "3600001"] {
+            let e = message(parse_watchdog_ms("watchdog_ms", bad).unwrap_err());
+            assert!(e.contains("watchdog_ms") && e.contains("from 1 to 3600000"), "{bad}: {e}");
+        }
+        assert_eq!(parse_trace_step("trace_step", "100").unwrap(), 100);
+        assert!(parse_trace_step("trace_step", "-1").is_err());
+    }
+
+    #[test]
+    fn the_environment_sets_options_and_bad_values_name_the_variable() {
+        let mut o = EngineOptions::default();
+        assert_eq!(o.gpu, GpuOptions::default());
+        o.apply_env([
+            ("ROCKET_DECODE", "megakernel"),
+            ("ROCKET_MATMUL", "gemv"),
+            ("ROCKET_CUDA_GRAPHS", "0"),
+            ("ROCKET_SAMPLER", "host"),
+            ("ROCKET_LOOP_SAMPLING", "1"),
+            ("ROCKET_PDL", "0"),
+            ("ROCKET_FUSE", "off"),
+            ("ROCKET_WATCHDOG_MS", "120000"),
+            ("ROCKET_MK_TRACE_STEP", "100"),
+            ("ROCKET_PROGRESS", "0"),
+            ("ROCKET_MK_HOLD", "not a setting any more: ignored"),
+            ("PATH", "/bin"),
+        ])
+        .unwrap();
+        let want = GpuOptions {
+            decode: DecodePath::Megakernel,
+            matmul: MatmulPath::Gemv,
+            cuda_graphs: false,
+            sampler: SamplerPlacement::Host,
+            loop_sampling: true,
+            pdl: false,
+            fuse: false,
+            watchdog: Duration::from_secs(120),
+            trace_step: Some(100),
+        };
+        assert_eq!(o.gpu, want);
+        assert_eq!(o.progress, Progress::Off);
+        // Empty values leave settings as they are.
+        o.apply_env([("ROCKET_DECODE", ""), ("ROCKET_PROGRESS", "")]).unwrap();
+        assert_eq!((o.gpu.decode, o.progress), (DecodePath::Megakernel, Progress::Off));
+        for (var, bad) in [
+            ("ROCKET_DECODE", "bogus"),
+            ("ROCKET_MATMUL", "cublas"),
+            ("ROCKET_CUDA_GRAPHS", "no"),
+            ("ROCKET_SAMPLER", "gpu"),
+            ("ROCKET_LOOP_SAMPLING", "2"),
+            ("ROCKET_PDL", "x"),
+            ("ROCKET_FUSE", "yes"),
+            ("ROCKET_WATCHDOG_MS", "0"),
+            ("ROCKET_MK_TRACE_STEP", "last"),
+            ("ROCKET_PROGRESS", "sometimes"),
+        ] {
+            let e = EngineOptions::default().apply_env([(var, bad)]).unwrap_err();
+            match e {
+                RocketError::InvalidArgument { ref parameter, ref value, .. } => {
+                    assert_eq!((parameter.as_str(), value.as_str()), (var, bad), "{e}");
+                }
+                other => panic!("{var}={bad}: {other}"),
+            }
+        }
+        // Every documented variable is handled (a bad value must fail, not be ignored).
+        for (var, _) in ENV_SETTINGS {
+            assert!(EngineOptions::default().apply_env([(*var, "?bad?")]).is_err(), "{var}");
+        }
+    }
+}

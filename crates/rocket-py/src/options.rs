@@ -1,0 +1,117 @@
+//! `rocket.LLM(...)`'s engine keywords → `rocket_core::EngineOptions`: the
+//! environment's `ROCKET_*` settings first (Python hands `os.environ`'s pairs
+//! over; the core parses them), then every keyword that is not None. Bad
+//! values are `InvalidArgumentError`s naming the keyword or variable.
+
+use std::str::FromStr;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt, PyString};
+use rocket_core::options::{parse_trace_step, parse_watchdog_ms};
+use rocket_core::{EngineOptions, RocketError};
+
+use crate::errors::to_py_err;
+
+/// Validated engine options; made once per `rocket.LLM` before the model path
+/// is resolved, so a bad keyword fails before any lookup or load.
+#[pyclass(module = "rocket._rocket", name = "EngineOptions", frozen)]
+pub struct EngineOptions_ {
+    pub options: EngineOptions,
+}
+
+fn bad(name: &str, value: &Bound<'_, PyAny>, message: &str) -> RocketError {
+    let shown = value.repr().map(|r| r.to_string()).unwrap_or_else(|_| "?".into());
+    RocketError::invalid_arg(name, shown, message)
+}
+
+/// A str keyword parsed by the core's `FromStr` (whose error names `name`).
+fn choice<T: FromStr<Err = RocketError>>(name: &str, value: &Bound<'_, PyAny>) -> Result<T, RocketError> {
+    let s = value.cast::<PyString>().map_err(|_| bad(name, value, "expected a str"))?;
+    s.to_str().map_err(|_| bad(name, value, "expected a str"))?.parse()
+}
+
+fn switch(name: &str, value: &Bound<'_, PyAny>) -> Result<bool, RocketError> {
+    let b = value.cast::<PyBool>().map_err(|_| bad(name, value, "expected True or False"))?;
+    Ok(b.is_true())
+}
+
+/// A whole number as text for the core's parsers (bools are not numbers here).
+fn whole(name: &str, value: &Bound<'_, PyAny>) -> Result<String, RocketError> {
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        return Err(bad(name, value, "expected an int"));
+    }
+    Ok(value.str().map_err(|_| bad(name, value, "expected an int"))?.to_string())
+}
+
+#[pymethods]
+impl EngineOptions_ {
+    #[new]
+    #[pyo3(signature = (*, device=None, max_seq_len=None, progress=None, decode=None, matmul=None, sampler=None, cuda_graphs=None, loop_sampling=None, pdl=None, fuse=None, watchdog_ms=None, trace_step=None, env=Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        device: Option<Bound<'_, PyAny>>,
+        max_seq_len: Option<Bound<'_, PyAny>>,
+        progress: Option<Bound<'_, PyAny>>,
+        decode: Option<Bound<'_, PyAny>>,
+        matmul: Option<Bound<'_, PyAny>>,
+        sampler: Option<Bound<'_, PyAny>>,
+        cuda_graphs: Option<Bound<'_, PyAny>>,
+        loop_sampling: Option<Bound<'_, PyAny>>,
+        pdl: Option<Bound<'_, PyAny>>,
+        fuse: Option<Bound<'_, PyAny>>,
+        watchdog_ms: Option<Bound<'_, PyAny>>,
+        trace_step: Option<Bound<'_, PyAny>>,
+        env: Vec<(String, String)>,
+    ) -> PyResult<Self> {
+        let build = || -> Result<EngineOptions, RocketError> {
+            let mut o = EngineOptions::default();
+            o.apply_env(env)?;
+            if let Some(v) = &device {
+                o.device = choice("device", v)?;
+            }
+            if let Some(v) = &max_seq_len {
+                let n: i64 = whole("max_seq_len", v)?.parse().map_err(|_| bad("max_seq_len", v, "out of range"))?;
+                if n < 1 {
+                    return Err(RocketError::invalid_arg("max_seq_len", n, "must be at least 1"));
+                }
+                o.max_seq_len = Some(n as usize);
+            }
+            if let Some(v) = &progress {
+                o.progress = choice("progress", v)?;
+            }
+            let g = &mut o.gpu;
+            if let Some(v) = &decode {
+                g.decode = choice("decode", v)?;
+            }
+            if let Some(v) = &matmul {
+                g.matmul = choice("matmul", v)?;
+            }
+            if let Some(v) = &sampler {
+                g.sampler = choice("sampler", v)?;
+            }
+            for (name, value, field) in [
+                ("cuda_graphs", &cuda_graphs, &mut g.cuda_graphs),
+                ("loop_sampling", &loop_sampling, &mut g.loop_sampling),
+                ("pdl", &pdl, &mut g.pdl),
+                ("fuse", &fuse, &mut g.fuse),
+            ] {
+                if let Some(v) = value {
+                    *field = switch(name, v)?;
+                }
+            }
+            if let Some(v) = &watchdog_ms {
+                g.watchdog = parse_watchdog_ms("watchdog_ms", &whole("watchdog_ms", v)?)?;
+            }
+            if let Some(v) = &trace_step {
+                g.trace_step = Some(parse_trace_step("trace_step", &whole("trace_step", v)?)?);
+            }
+            Ok(o)
+        };
+        build().map(|options| EngineOptions_ { options }).map_err(|e| to_py_err(py, e))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.options)
+    }
+}
