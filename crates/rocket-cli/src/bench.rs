@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
-use rocket_core::{Engine, SamplingParams};
+use rocket_core::{Engine, RequestKind, SamplingOptions, SamplingParams};
 use serde_json::json;
 
+use crate::sampling_args::SamplingArgs;
 use crate::ModelArgs;
 
 #[derive(clap::Args)]
@@ -25,15 +26,10 @@ pub struct BenchArgs {
     /// Tokens generated per sequence (EOS ignored)
     #[arg(long, default_value_t = 256)]
     gen_len: usize,
-    /// Sampling temperature (0 = greedy, the default); sampled runs use a fixed seed
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Nucleus sampling threshold for sampled runs (1 = off)
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// Keep only the k most likely tokens in sampled runs (0 = off)
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
+    /// Sampling, as for `generate`, except: unset --temperature means greedy (0),
+    /// unset --seed 1234, and EOS is always ignored
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Timed repetitions per batch size (after one warm-up)
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -129,16 +125,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.prompt_len == 0 || args.gen_len < 2 || args.reps == 0 {
         bail!("--prompt-len must be >= 1, --gen-len >= 2 and --reps >= 1");
     }
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        top_k: args.top_k,
-        seed: Some(1234),
-        ignore_eos: true,
-        ..SamplingParams::greedy(args.gen_len)
-    };
-    sampling.validate()?;
-    let greedy = sampling.temperature == 0.0;
     let t = Instant::now();
     let engine = args.model.load().context("loading the model")?;
     let load_s = t.elapsed().as_secs_f64();
@@ -147,6 +133,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let device = engine.device_description();
     eprintln!("bench: {} on {device}, load {load_s:.3} s", info.path.display());
     let vocab = info.spec.vocab_size.min(info.tokenizer_size.max(1));
+    // Benchmarks compare runs: greedy and a fixed seed unless asked otherwise.
+    let options = SamplingOptions {
+        max_tokens: Some(args.gen_len),
+        temperature: Some(args.sampling.temperature.unwrap_or(0.0)),
+        seed: Some(args.sampling.seed.unwrap_or(1234)),
+        ignore_eos: true,
+        ..args.sampling.options()
+    };
+    let sampling = engine.resolve(&options, RequestKind::Completion, args.prompt_len)?;
+    let greedy = sampling.temperature == 0.0;
 
     let mut rows = Vec::new();
     for &b in &args.batch {
@@ -197,7 +193,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "load_seconds": load_s,
             "prompt_len": args.prompt_len,
             "gen_len": args.gen_len,
-            "sampling": { "temperature": as_typed(args.temperature), "top_p": as_typed(args.top_p), "top_k": args.top_k },
+            "sampling": {
+                "temperature": as_typed(sampling.temperature), "top_p": as_typed(sampling.top_p), "top_k": sampling.top_k,
+                "min_p": as_typed(sampling.min_p), "repetition_penalty": as_typed(sampling.repetition_penalty),
+                "presence_penalty": as_typed(sampling.presence_penalty), "frequency_penalty": as_typed(sampling.frequency_penalty),
+                "seed": sampling.seed, "logprobs": sampling.logprobs,
+            },
             "reps": args.reps,
             "results": rows.iter().map(|r| json!({
                 "batch": r.batch,

@@ -6,24 +6,20 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rocket_core::model::UnsetFields;
-use rocket_core::{ChatMessage, SamplingParams};
+use rocket_core::{ChatMessage, RequestKind, SamplingOptions};
 
+use crate::sampling_args::{count, SamplingArgs};
 use crate::ModelArgs;
 
 #[derive(clap::Args)]
 pub struct ChatArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Tokens per answer at most
-    #[arg(long, short = 'n', default_value_t = 512)]
-    max_tokens: usize,
-    /// 0 = greedy [default: generation_config when it sets do_sample, else 0]
-    #[arg(long, short = 't')]
-    temperature: Option<f32>,
-    /// Seed for sampling
-    #[arg(long)]
-    seed: Option<u64>,
+    /// Tokens per answer at most [default: until the context is full]
+    #[arg(long, short = 'n', allow_negative_numbers = true, value_parser = count)]
+    max_tokens: Option<usize>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// A system message to start the conversation with
     #[arg(long)]
     system: Option<String>,
@@ -33,14 +29,12 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     let engine = args.model.load()?;
     // Fail now, not after the first question, if the model cannot chat.
     engine.apply_chat_template(&[ChatMessage { role: "user".into(), content: "hi".into() }], true)?;
-    let mut params = SamplingParams {
-        max_tokens: args.max_tokens,
-        temperature: args.temperature.unwrap_or_default(),
-        seed: args.seed,
-        ..SamplingParams::default()
-    };
-    let unset = UnsetFields { temperature: args.temperature.is_none(), ..UnsetFields::ALL };
-    engine.generation_config().fill_defaults(&mut params, unset);
+    if args.sampling.logprobs.is_some() {
+        anyhow::bail!("--logprobs is shown by `rocket generate` only");
+    }
+    let options = SamplingOptions { max_tokens: args.max_tokens, ..args.sampling.options() };
+    // Refuse bad values now, not after the first question.
+    engine.resolve(&options, RequestKind::Chat, 1)?;
 
     let interrupted = Arc::new(AtomicBool::new(false));
     let flag = interrupted.clone();
@@ -77,6 +71,7 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         messages.push(ChatMessage { role: "user".into(), content: question.to_string() });
         let result = engine.apply_chat_template(&messages, true).and_then(|prompt| {
             let ids = engine.encode_prompt(&prompt)?;
+            let params = engine.resolve(&options, RequestKind::Chat, ids.len())?;
             engine.generate_ids(prompt, ids, &params, &mut |delta| {
                 let _ = stdout.write_all(delta.text.as_bytes());
                 let _ = stdout.flush();

@@ -5,6 +5,7 @@ mod bench;
 mod chat;
 mod generate;
 mod inspect;
+mod sampling_args;
 mod serve;
 
 use std::ffi::OsString;
