@@ -64,3 +64,20 @@ def test_rust_door(smollm2_path: str, python_door: rocket.RequestOutput) -> None
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["token_ids"] == python_door.token_ids
     assert out["text"] == python_door.text
+
+
+def test_server_default_max_tokens_caps_requests_that_set_none(smollm2_path: str) -> None:
+    from test_serve import Server
+
+    server = Server(smollm2_path, "--default-max-tokens", "5")
+    try:
+        chat = [{"role": "user", "content": "Tell me a long story."}]
+        for path, body in [("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": chat})]:
+            status, r = server.post(path, {**body, "ignore_eos": True})
+            assert status == 200, r
+            assert r["usage"]["completion_tokens"] == 5, path
+            # A request that sets max_tokens is not capped.
+            status, r = server.post(path, {**body, "ignore_eos": True, "max_tokens": 7})
+            assert status == 200 and r["usage"]["completion_tokens"] == 7, r
+    finally:
+        server.stop()
