@@ -125,3 +125,27 @@ def test_gpu_keywords_reach_the_cuda_backend() -> None:
     # The graph path with one matmul kernel: batched greedy equals solo.
     batch = llm.generate(["hello", "hello there"], GREEDY)
     assert [o.token_ids for o in batch] == [llm.generate(p, GREEDY)[0].token_ids for p in ["hello", "hello there"]]
+
+
+def test_sampling_params_repr_is_python() -> None:
+    p = rocket.SamplingParams(max_tokens=16, temperature=0.7, stop="x", stop_token_ids=[3], ignore_eos=True)
+    assert repr(p) == (
+        "SamplingParams(max_tokens=16, min_tokens=None, temperature=0.7, top_k=None, top_p=None, min_p=None, "
+        "repetition_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None, stop=['x'], "
+        "stop_token_ids=[3], ignore_eos=True, logprobs=None, skip_special_tokens=None)"
+    )
+    assert eval(repr(p), {"SamplingParams": rocket.SamplingParams}) == p
+    q = rocket.SamplingParams(top_p=1, seed=5, skip_special_tokens=False)
+    assert eval(repr(q), {"SamplingParams": rocket.SamplingParams}) == q
+    assert "top_p=1.0" in repr(q) and "skip_special_tokens=False" in repr(q)
+    assert rocket.SamplingParams().max_tokens is None and rocket.SamplingParams().temperature is None
+
+
+def test_max_tokens_default_depends_on_the_request(smollm2_path: str) -> None:
+    llm = rocket.LLM(smollm2_path, device="cpu", max_seq_len=64)
+    params = rocket.SamplingParams(ignore_eos=True)
+    # A completion: 16 tokens (OpenAI's and vLLM's default).
+    assert len(llm.generate("The capital of France is", params)[0].token_ids) == 16
+    # A chat turn: until the context is full.
+    out = llm.chat([{"role": "user", "content": "Hi"}], params)
+    assert len(out.prompt_token_ids) + len(out.token_ids) == 64 and out.finish_reason == "length"

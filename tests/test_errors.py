@@ -129,3 +129,67 @@ def test_bad_argument_types(tiny_llama: rocket.LLM) -> None:
         tiny_llama.generate([1, 2])  # type: ignore[list-item]
     with pytest.raises(ValueError):
         tiny_llama.generate("x", {"max_tokens": 3})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": "7"}, "seed"),
+        ({"max_tokens": "8"}, "max_tokens"),
+        ({"max_tokens": 2.5}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"stop": 3}, "stop"),
+        ({"stop": [""]}, "stop"),
+        ({"stop_token_ids": [1, -2]}, "stop_token_ids"),
+        ({"stop_token_ids": "12"}, "stop_token_ids"),
+        ({"stop_token_ids": [2**32]}, "stop_token_ids"),
+        ({"ignore_eos": 1}, "ignore_eos"),
+        ({"skip_special_tokens": "no"}, "skip_special_tokens"),
+        ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"),
+    ],
+)
+def test_bad_sampling_arguments_name_the_parameter(kwargs: dict[str, object], parameter: str) -> None:
+    with pytest.raises(rocket.InvalidArgumentError) as info:
+        rocket.SamplingParams(**kwargs)  # type: ignore[arg-type]
+    assert info.value.parameter == parameter and parameter in str(info.value)
+
+
+def test_params_of_the_wrong_type_are_named(tiny_llama: rocket.LLM) -> None:
+    with pytest.raises(rocket.InvalidArgumentError, match="got dict"):
+        tiny_llama.generate("x", {"max_tokens": 3})  # type: ignore[arg-type]
+    with pytest.raises(rocket.InvalidArgumentError, match="got int"):
+        tiny_llama.generate("x", [3])  # type: ignore[list-item]
+
+
+def test_token_ids_are_checked(tiny_llama: rocket.LLM) -> None:
+    vocab = tiny_llama.info["vocab_size"]
+    with pytest.raises(rocket.InvalidArgumentError) as info:
+        tiny_llama.tokenizer.decode([10**8])
+    assert info.value.parameter == "ids"
+    with pytest.raises(rocket.InvalidArgumentError) as info:
+        tiny_llama.tokenizer.decode([-1])
+    assert info.value.parameter == "ids"
+    with pytest.raises(rocket.InvalidArgumentError) as info:
+        tiny_llama.generate_from_ids([1, -2])
+    assert info.value.parameter == "prompt_token_ids"
+    with pytest.raises(rocket.InvalidArgumentError) as info:
+        tiny_llama.generate_from_ids([1, vocab])
+    assert info.value.parameter == "prompt_token_ids"
+    with pytest.raises(rocket.InvalidArgumentError) as info:
+        tiny_llama.teacher_forced_logits([vocab + 5])
+    assert info.value.parameter == "token_ids"
+    # stop_token_ids beyond the model's vocabulary are refused when the request is resolved.
+    params = rocket.SamplingParams(max_tokens=2, stop_token_ids=[vocab])
+    with pytest.raises(rocket.InvalidArgumentError) as info:
+        tiny_llama.generate("hello", params)
+    assert info.value.parameter == "stop_token_ids" and str(vocab) in str(info.value)
+    tiny_llama.generate("hello", rocket.SamplingParams(max_tokens=2, stop_token_ids=[vocab - 1]))

@@ -143,6 +143,10 @@ class LLM:
                 raise InvalidArgumentError("prompts must be a str or a list of str")
         if params is None or isinstance(params, SamplingParams):
             return self._engine.generate(prompts, [_check_params(params)])
+        if not isinstance(params, (list, tuple)):
+            raise InvalidArgumentError(
+                f"params must be a rocket.SamplingParams or a list of them, got {type(params).__name__}"
+            )
         per_prompt = [_check_params(p) for p in params]
         if len(per_prompt) != len(prompts):
             raise InvalidArgumentError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
@@ -157,12 +161,14 @@ class LLM:
         return self._engine.stream(prompt, _check_params(params))
 
     def chat(self, messages: Sequence[Mapping[str, str]], params: SamplingParams | None = None) -> RequestOutput:
-        """Render ``messages`` with the chat template (generation prompt added) and generate."""
-        return self.generate(self.apply_chat_template(messages, add_generation_prompt=True), params)[0]
+        """Render ``messages`` with the chat template (generation prompt added) and generate;
+        an unset ``max_tokens`` means until the context is full (as OpenAI's chat API)."""
+        prompt = self.apply_chat_template(messages, add_generation_prompt=True)
+        return self._engine.generate([prompt], [_check_params(params)], True)[0]
 
     def generate_from_ids(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> RequestOutput:
         """Generate from already-tokenised input."""
-        return self._engine.generate_from_ids(list(prompt_token_ids), params or SamplingParams())
+        return self._engine.generate_from_ids(prompt_token_ids, _check_params(params))
 
     def apply_chat_template(
         self,
@@ -180,7 +186,7 @@ class LLM:
 
     def teacher_forced_logits(self, token_ids: Sequence[int]):  # -> numpy.ndarray
         """Logits at every position, shape ``(len(token_ids), vocab_size)``, float32."""
-        return self._engine.teacher_forced_logits(list(token_ids))
+        return self._engine.teacher_forced_logits(token_ids)
 
 
 def _check_params(params: object) -> SamplingParams:

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
-use rocket_core::{Engine, SamplingParams};
+use rocket_core::{Engine, RequestKind, SamplingOptions, SamplingParams};
 use serde_json::json;
 
+use crate::sampling_args::SamplingArgs;
 use crate::ModelArgs;
 
 #[derive(clap::Args)]
@@ -28,15 +29,11 @@ pub struct BenchArgs {
     /// Tokens generated per sequence (EOS ignored)
     #[arg(long, default_value_t = 256)]
     gen_len: usize,
-    /// Sampling temperature (0 = greedy, the default); sampled runs use a fixed seed
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Nucleus sampling threshold for sampled runs (1 = off)
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// Keep only the k most likely tokens in sampled runs (0 = off)
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
+    /// Sampling, as for `generate`, except: unset flags are off (greedy, no
+    /// filters; not the model's generation_config), unset --seed is 1234, and EOS
+    /// is always ignored
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Timed repetitions per batch size (after one warm-up)
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -48,6 +45,28 @@ pub struct BenchArgs {
 /// An f32 setting as the user wrote it (0.8, not its f64 widening 0.800000011920929).
 fn as_typed(v: f32) -> f64 {
     v.to_string().parse().unwrap_or(v as f64)
+}
+
+/// The sampling settings of a report: temperature, top_p and top_k always, the
+/// other fields when they are on.
+fn sampling_report(p: &SamplingParams) -> serde_json::Value {
+    let mut r = json!({ "temperature": as_typed(p.temperature), "top_p": as_typed(p.top_p), "top_k": p.top_k });
+    let extra = [
+        ("min_p", p.min_p != 0.0, json!(as_typed(p.min_p))),
+        ("repetition_penalty", p.repetition_penalty != 1.0, json!(as_typed(p.repetition_penalty))),
+        ("presence_penalty", p.presence_penalty != 0.0, json!(as_typed(p.presence_penalty))),
+        ("frequency_penalty", p.frequency_penalty != 0.0, json!(as_typed(p.frequency_penalty))),
+        ("min_tokens", p.min_tokens != 0, json!(p.min_tokens)),
+        ("logprobs", p.logprobs.is_some(), json!(p.logprobs)),
+        ("stop", !p.stop.is_empty(), json!(p.stop)),
+        ("stop_token_ids", !p.stop_token_ids.is_empty(), json!(p.stop_token_ids)),
+    ];
+    for (name, on, v) in extra {
+        if on {
+            r[name] = v;
+        }
+    }
+    r
 }
 
 /// mean ± std of repeated timings.
@@ -133,16 +152,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.prompt_len == 0 || args.gen_len < 2 || args.reps == 0 {
         bail!("--prompt-len must be >= 1, --gen-len >= 2 and --reps >= 1");
     }
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        top_k: args.top_k,
-        seed: Some(1234),
-        ignore_eos: true,
-        ..SamplingParams::greedy(args.gen_len)
-    };
-    sampling.validate()?;
-    let greedy = sampling.temperature == 0.0;
     let t = Instant::now();
     let engine = args.model.load().context("loading the model")?;
     let load_s = t.elapsed().as_secs_f64();
@@ -151,6 +160,21 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let device = engine.device_description();
     eprintln!("bench: {} on {device}, load {load_s:.3} s", info.path.display());
     let vocab = info.spec.vocab_size.min(info.tokenizer_size.max(1));
+    // Benchmarks compare runs and models: unset flags are off (greedy, no filters,
+    // a fixed seed), not the model's generation_config.
+    let given = args.sampling.options();
+    let options = SamplingOptions {
+        max_tokens: Some(args.gen_len),
+        temperature: Some(given.temperature.unwrap_or(0.0)),
+        top_k: Some(given.top_k.unwrap_or(0)),
+        top_p: Some(given.top_p.unwrap_or(1.0)),
+        repetition_penalty: Some(given.repetition_penalty.unwrap_or(1.0)),
+        seed: Some(given.seed.unwrap_or(1234)),
+        ignore_eos: true,
+        ..given
+    };
+    let sampling = engine.resolve(&options, RequestKind::Completion, args.prompt_len)?;
+    let greedy = sampling.temperature == 0.0;
 
     let mut rows = Vec::new();
     for &b in &args.batch {
@@ -195,7 +219,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "load_seconds": load_s,
             "prompt_len": args.prompt_len,
             "gen_len": args.gen_len,
-            "sampling": { "temperature": as_typed(args.temperature), "top_p": as_typed(args.top_p), "top_k": args.top_k },
+            "sampling": sampling_report(&sampling),
             "reps": args.reps,
             "results": rows.iter().map(|r| json!({
                 "batch": r.batch,

@@ -9,24 +9,20 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rocket_core::model::UnsetFields;
-use rocket_core::{ChatMessage, SamplingParams};
+use rocket_core::{ChatMessage, RequestKind, SamplingOptions};
 
+use crate::sampling_args::{count, SamplingArgs};
 use crate::ModelArgs;
 
 #[derive(clap::Args)]
 pub struct ChatArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Tokens per answer at most
-    #[arg(long, short = 'n', default_value_t = 512)]
-    max_tokens: usize,
-    /// 0 = greedy [default: generation_config when it sets do_sample, else 0]
-    #[arg(long, short = 't')]
-    temperature: Option<f32>,
-    /// Seed for sampling
-    #[arg(long)]
-    seed: Option<u64>,
+    /// Tokens per answer at most [default: until the context is full]
+    #[arg(long, short = 'n', allow_negative_numbers = true, value_parser = count)]
+    max_tokens: Option<usize>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// A system message to start the conversation with
     #[arg(long)]
     system: Option<String>,
@@ -75,14 +71,12 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     let engine = args.model.load()?;
     // Fail now, not after the first question, if the model cannot chat.
     engine.apply_chat_template(&[ChatMessage { role: "user".into(), content: "hi".into() }], true)?;
-    let mut params = SamplingParams {
-        max_tokens: args.max_tokens,
-        temperature: args.temperature.unwrap_or_default(),
-        seed: args.seed,
-        ..SamplingParams::default()
-    };
-    let unset = UnsetFields { temperature: args.temperature.is_none(), ..UnsetFields::ALL };
-    engine.generation_config().fill_defaults(&mut params, unset);
+    if args.sampling.logprobs.is_some() {
+        anyhow::bail!("--logprobs is shown by `rocket generate` only");
+    }
+    let options = SamplingOptions { max_tokens: args.max_tokens, ..args.sampling.options() };
+    // Refuse bad values now, not after the first question.
+    engine.resolve(&options, RequestKind::Chat, 1)?;
 
     let interactive = std::io::stdin().is_terminal();
     // `answering` is set while an answer streams: Ctrl-C then sets `interrupted`,
@@ -129,22 +123,26 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         messages.push(ChatMessage { role: "user".into(), content: question.to_string() });
         let limit = engine.info().max_seq_len;
         let mut count = |m: &[ChatMessage]| Ok(engine.encode_prompt(&engine.apply_chat_template(m, true)?)?.len());
-        let result = fit_turn(&messages, args.system.is_some(), params.max_tokens, limit, &mut count).and_then(|fit| {
+        // Room kept for the answer: max_tokens when set; without it the answer may
+        // use the context left, and old exchanges go once less than a quarter is left.
+        let wanted = options.max_tokens.unwrap_or(limit / 4).max(1);
+        let result = fit_turn(&messages, args.system.is_some(), wanted, limit, &mut count).and_then(|fit| {
             if fit.drop > 0 {
                 let first = usize::from(args.system.is_some());
                 messages.drain(first..first + fit.drop);
                 eprintln!("chat: the conversation outgrew the context ({limit} tokens); dropped its {} oldest messages", fit.drop);
             }
-            if fit.max_tokens < params.max_tokens {
+            if fit.max_tokens < wanted {
                 eprintln!("chat: this answer is limited to {} tokens by the context ({limit} tokens)", fit.max_tokens);
             }
-            let turn = SamplingParams { max_tokens: fit.max_tokens, ..params.clone() };
+            let turn = SamplingOptions { max_tokens: options.max_tokens.map(|_| fit.max_tokens), ..options.clone() };
             let prompt = engine.apply_chat_template(&messages, true)?;
             let ids = engine.encode_prompt(&prompt)?;
+            let params = engine.resolve(&turn, RequestKind::Chat, ids.len())?;
             // A Ctrl-C that came before this answer does not stop it.
             interrupted.store(false, Ordering::SeqCst);
             answering.store(true, Ordering::SeqCst);
-            let out = engine.generate_ids(prompt, ids, &turn, &mut |delta| {
+            let out = engine.generate_ids(prompt, ids, &params, &mut |delta| {
                 let _ = stdout.write_all(delta.text.as_bytes());
                 let _ = stdout.flush();
                 !interrupted.load(Ordering::SeqCst)

@@ -4,30 +4,20 @@
 use std::io::{Read, Write};
 
 use anyhow::Context;
-use rocket_core::model::UnsetFields;
-use rocket_core::{ChatMessage, SamplingParams};
+use rocket_core::{ChatMessage, RequestKind, SamplingOptions};
 
+use crate::sampling_args::{count, SamplingArgs};
 use crate::ModelArgs;
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Tokens to generate at most
-    #[arg(long, short = 'n', default_value_t = 64)]
-    max_tokens: usize,
-    /// 0 = greedy [default: generation_config when it sets do_sample, else 0]
-    #[arg(long, short = 't')]
-    temperature: Option<f32>,
-    /// Keep the k most likely tokens (0 = off) [default: generation_config, else 0]
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Nucleus sampling threshold in (0, 1] [default: generation_config, else 1]
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Seed for sampling (same seed, same output)
-    #[arg(long)]
-    seed: Option<u64>,
+    /// Tokens to generate at most [default: 16; with --chat, until the context is full]
+    #[arg(long, short = 'n', allow_negative_numbers = true, value_parser = count)]
+    max_tokens: Option<usize>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Wrap PROMPT as a user message in the model's chat template
     #[arg(long)]
     chat: bool,
@@ -53,22 +43,10 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         let messages = [ChatMessage { role: "user".into(), content: prompt }];
         prompt = engine.apply_chat_template(&messages, true)?;
     }
-    let mut params = SamplingParams {
-        max_tokens: args.max_tokens,
-        temperature: args.temperature.unwrap_or_default(),
-        top_k: args.top_k.unwrap_or_default(),
-        top_p: args.top_p.unwrap_or(1.0),
-        seed: args.seed,
-        ..SamplingParams::default()
-    };
-    let unset = UnsetFields {
-        temperature: args.temperature.is_none(),
-        top_k: args.top_k.is_none(),
-        top_p: args.top_p.is_none(),
-        repetition_penalty: true,
-    };
-    engine.generation_config().fill_defaults(&mut params, unset);
     let ids = engine.encode_prompt(&prompt)?;
+    let kind = if args.chat { RequestKind::Chat } else { RequestKind::Completion };
+    let options = SamplingOptions { max_tokens: args.max_tokens, ..args.sampling.options() };
+    let params = engine.resolve(&options, kind, ids.len())?;
     let mut stdout = std::io::stdout().lock();
     // The echo waits for the first token: a request the engine refuses (too long
     // for the context, bad parameters) writes nothing to stdout.
@@ -85,6 +63,14 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     }
     writeln!(stdout)?;
     stdout.flush()?;
+    if let Some(items) = &out.logprobs {
+        let tokenizer = engine.tokenizer();
+        for lp in items {
+            let text = tokenizer.decode(&[lp.token_id], false).unwrap_or_default();
+            let top: Vec<String> = lp.top.iter().map(|(id, l)| format!("{id}:{l:.4}")).collect();
+            eprintln!("{:>8} {:>10.4} {text:?} [{}]", lp.token_id, lp.logprob, top.join(" "));
+        }
+    }
     if args.stats {
         let m = &out.metrics;
         eprintln!(

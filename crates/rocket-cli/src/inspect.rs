@@ -55,7 +55,7 @@ fn human(n: f64, unit: &str) -> String {
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     let model = match &args.model {
         Some(p) => p.clone(),
-        None => rocket_core::default_model::locate()?,
+        None => rocket_core::default_model::locate(crate::environment().default_model)?,
     };
     if let Some(dir) = &args.export_tokenizer {
         export_tokenizer(&model, dir)?;

@@ -5,6 +5,7 @@ mod bench;
 mod chat;
 mod generate;
 mod inspect;
+mod sampling_args;
 mod serve;
 
 use std::ffi::OsString;
@@ -156,7 +157,7 @@ struct Environment {
     settings: Vec<(String, String)>,
 }
 
-fn environment() -> Environment {
+pub(crate) fn environment() -> Environment {
     let var = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
     Environment {
         log: var("ROCKET_LOG").unwrap_or_else(|| "warn".into()),

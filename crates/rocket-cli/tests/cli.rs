@@ -120,6 +120,19 @@ fn usage_errors_exit_2() {
     let out = rocket().args(["generate", "--model", &fixture("tiny-llama"), "--temperature=-1", "hi"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("temperature"));
+    // A negative number after a flag is its value: the range error, not clap's `-- -1` tip.
+    for (args, field, range) in [
+        (&["-t", "-1"][..], "temperature", ">= 0"),
+        (&["--presence-penalty", "-3"][..], "presence_penalty", "[-2, 2]"),
+        (&["--top-k", "-2"][..], "top-k", ">= 0"),
+        (&["-n", "-1"][..], "max-tokens", ">= 0"),
+        (&["--stop-token-ids", "9999"][..], "stop_token_ids", "vocabulary"),
+    ] {
+        let out = rocket().args(["generate", "--model", &fixture("tiny-llama")]).args(args).arg("hi").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(matches!(out.status.code(), Some(1 | 2)), "{args:?}: {err}");
+        assert!(err.contains(field) && err.contains(range) && !err.contains("-- -"), "{args:?}: {err}");
+    }
 }
 
 #[test]

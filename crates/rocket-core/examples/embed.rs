@@ -8,7 +8,7 @@
 
 use std::io::Write;
 
-use rocket_core::{default_model, ChatMessage, Engine, EngineOptions, SamplingParams};
+use rocket_core::{default_model, ChatMessage, Engine, EngineOptions, RequestKind, SamplingOptions};
 
 fn main() -> Result<(), rocket_core::RocketError> {
     let mut args = std::env::args().skip(1);
@@ -27,8 +27,11 @@ fn main() -> Result<(), rocket_core::RocketError> {
     let messages = [ChatMessage { role: "user".into(), content: question.clone() }];
     let prompt = engine.apply_chat_template(&messages, true).unwrap_or(question);
 
-    let params = SamplingParams { max_tokens: 48, temperature: 0.0, ..SamplingParams::default() };
+    // Unset fields take the model's generation_config defaults (greedy unless it
+    // sets do_sample); resolving also checks the request against the model.
+    let options = SamplingOptions { max_tokens: Some(48), ..SamplingOptions::default() };
     let ids = engine.encode_prompt(&prompt)?;
+    let params = engine.resolve(&options, RequestKind::Chat, ids.len())?;
     let out = engine.generate_ids(prompt, ids, &params, &mut |delta| {
         print!("{}", delta.text);
         std::io::stdout().flush().is_ok()

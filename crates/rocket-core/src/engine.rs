@@ -14,6 +14,7 @@ use crate::model::{Format, GenerationConfig, ModelSource, ModelSpec, ModelWeight
 use crate::options::{GpuOptions, Progress};
 use crate::progress::LoadProgress;
 use crate::sampling::SamplingParams;
+use crate::sampling_options::{RequestKind, SamplingOptions, DEFAULT_COMPLETION_MAX_TOKENS};
 use crate::text::{ChatMessage, ChatTemplate, Tokenizer};
 
 /// Most requests `generate_many` runs in one pass.
@@ -230,23 +231,58 @@ impl Engine {
         Ok(ids)
     }
 
-    pub fn generate(&self, prompt: &str, params: &SamplingParams) -> Result<RequestOutput> {
-        let ids = self.encode_prompt(prompt)?;
-        self.generate_ids(prompt.to_string(), ids, params, &mut |_| true)
+    /// `max_tokens` for a request of `kind` with `prompt_tokens` that sets none:
+    /// [`DEFAULT_COMPLETION_MAX_TOKENS`] for a completion, the room the context
+    /// has left (at least 1) for a chat turn.
+    pub fn default_max_tokens(&self, kind: RequestKind, prompt_tokens: usize) -> usize {
+        match kind {
+            RequestKind::Completion => DEFAULT_COMPLETION_MAX_TOKENS,
+            RequestKind::Chat => self.info.max_seq_len.saturating_sub(prompt_tokens).max(1),
+        }
     }
 
-    /// Several prompts with one set of params, run together (see [`Batcher`]).
-    pub fn generate_batch(&self, prompts: &[String], params: &SamplingParams) -> Result<Vec<RequestOutput>> {
+    /// The one place a request's sampling is settled: unset fields from the
+    /// model's generation_config and the `max_tokens` default of `kind` (see
+    /// [`crate::sampling_options`]), then every check, each error naming the
+    /// field: ranges, `stop_token_ids` within the vocabulary, and prompt +
+    /// max_tokens within the context (`ContextOverflow`).
+    pub fn resolve(&self, options: &SamplingOptions, kind: RequestKind, prompt_tokens: usize) -> Result<SamplingParams> {
+        let params = options.fill(&self.generation, self.default_max_tokens(kind, prompt_tokens));
+        params.validate()?;
+        let vocab = self.info.spec.vocab_size;
+        if let Some(&id) = params.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(RocketError::invalid_arg("stop_token_ids", id, format!("token ids must be below the vocabulary size ({vocab})")));
+        }
+        self.check_fits(prompt_tokens, params.max_tokens)?;
+        Ok(params)
+    }
+
+    /// Continue `prompt` (a completion: unset `max_tokens` means 16; sampling
+    /// defaults from the model's generation_config). Takes `&SamplingOptions`,
+    /// or a `&SamplingParams` with every field set.
+    pub fn generate(&self, prompt: &str, options: impl Into<SamplingOptions>) -> Result<RequestOutput> {
+        let ids = self.encode_prompt(prompt)?;
+        let params = self.resolve(&options.into(), RequestKind::Completion, ids.len())?;
+        self.generate_ids(prompt.to_string(), ids, &params, &mut |_| true)
+    }
+
+    /// Several prompts with one set of options, run together (see [`Batcher`]).
+    pub fn generate_batch(&self, prompts: &[String], options: impl Into<SamplingOptions>) -> Result<Vec<RequestOutput>> {
+        let options = options.into();
         let requests = prompts
             .iter()
-            .map(|p| Ok((p.clone(), self.encode_prompt(p)?, params.clone())))
+            .map(|p| {
+                let ids = self.encode_prompt(p)?;
+                let params = self.resolve(&options, RequestKind::Completion, ids.len())?;
+                Ok((p.clone(), ids, params))
+            })
             .collect::<Result<Vec<_>>>()?;
         self.generate_many(requests)
     }
 
-    /// (prompt, prompt ids, params) requests run as one continuous batch; outputs
-    /// in input order, each identical to what the request gives alone. Every
-    /// request is validated before any runs.
+    /// (prompt, prompt ids, resolved params) requests run as one continuous
+    /// batch; outputs in input order, each identical to what the request gives
+    /// alone. Every request is checked before any runs.
     pub fn generate_many(&self, requests: Vec<(String, Vec<u32>, SamplingParams)>) -> Result<Vec<RequestOutput>> {
         let n = requests.len();
         let results: Vec<std::cell::RefCell<Option<Result<RequestOutput>>>> = (0..n).map(|_| Default::default()).collect();
@@ -269,7 +305,7 @@ impl Engine {
             .collect()
     }
 
-    /// Generate from token ids. `on_delta` receives every generated token with the
+    /// Generate from token ids with resolved params (see [`Engine::resolve`]). `on_delta` receives every generated token with the
     /// text it completes; the deltas' text concatenates to the output's `text`.
     /// Text that could still turn into a stop string, or an incomplete UTF-8
     /// sequence, is held back until it is settled. Returning false from
@@ -333,6 +369,13 @@ impl Engine {
     #[cfg(test)]
     pub(crate) fn wrap_backend(mut self, wrap: impl FnOnce(Box<dyn Backend>) -> Box<dyn Backend>) -> Self {
         self.backend = wrap(self.backend);
+        self
+    }
+
+    /// Replaces the model's generation_config (tests of the defaults).
+    #[cfg(test)]
+    pub(crate) fn with_generation_config(mut self, generation: GenerationConfig) -> Self {
+        self.generation = generation;
         self
     }
 

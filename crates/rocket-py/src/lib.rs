@@ -10,9 +10,8 @@ use std::sync::Arc;
 
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
-use rocket_core::model::UnsetFields;
-use rocket_core::{ChatMessage, Engine, RocketError};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
+use rocket_core::{ChatMessage, Engine, RequestKind, RocketError};
 
 use errors::to_py_err;
 use options::EngineOptions_;
@@ -32,118 +31,163 @@ fn run_detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, RocketErr
     result.map_err(|e| to_py_err(py, e))
 }
 
-/// Accepts `None`, one string, or a list of strings (`stop=`).
-#[derive(FromPyObject)]
-enum StopArg {
-    One(String),
-    Many(Vec<String>),
+fn bad_arg(py: Python<'_>, name: &str, value: impl ToString, message: impl Into<String>) -> PyErr {
+    to_py_err(py, RocketError::invalid_arg(name, value, message))
 }
 
+fn type_name(v: &Bound<'_, PyAny>) -> String {
+    v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// A Python int (not a bool) within `[min, max]`, or InvalidArgumentError naming `name`.
+fn int_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>, min: i128, max: i128, range: &str) -> PyResult<i128> {
+    if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
+        return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be an int, got {}", type_name(v))));
+    }
+    match v.extract::<i128>() {
+        Ok(i) if (min..=max).contains(&i) => Ok(i),
+        _ => Err(bad_arg(py, name, v, range)),
+    }
+}
+
+/// A count (`max_tokens`, `top_k`, ...): an int >= `min`.
+fn count_arg(py: Python<'_>, name: &str, v: Option<&Bound<'_, PyAny>>, min: usize) -> PyResult<Option<usize>> {
+    v.filter(|v| !v.is_none())
+        .map(|v| int_arg(py, name, v, min as i128, usize::MAX as i128, &format!("must be an int >= {min}")).map(|i| i as usize))
+        .transpose()
+}
+
+/// A real number (int or float, not a bool).
+fn float_arg(py: Python<'_>, name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<f32>> {
+    let Some(v) = v.filter(|v| !v.is_none()) else { return Ok(None) };
+    if v.is_instance_of::<PyBool>() || !(v.is_instance_of::<PyFloat>() || v.is_instance_of::<PyInt>()) {
+        return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be a number, got {}", type_name(v))));
+    }
+    Ok(Some(v.extract::<f64>()? as f32))
+}
+
+fn bool_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if !v.is_instance_of::<PyBool>() {
+        return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be a bool, got {}", type_name(v))));
+    }
+    v.extract()
+}
+
+/// A list of token ids (ints in [0, 2^32)), or InvalidArgumentError naming `name`.
+fn token_ids_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
+        return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), "must be a list of token ids (ints >= 0)"));
+    }
+    let items = v
+        .try_iter()
+        .map_err(|_| bad_arg(py, name, type_name(v), format!("must be a list of token ids (ints >= 0), got {}", type_name(v))))?;
+    let mut ids = Vec::new();
+    for (i, item) in items.enumerate() {
+        let item = item?;
+        let id = int_arg(py, &format!("{name}[{i}]"), &item, 0, u32::MAX as i128, "must be a token id (an int in [0, 2**32))")
+            .map_err(|_| bad_arg(py, name, item.repr().map(|r| r.to_string()).unwrap_or_default(), format!("{name}[{i}] must be a token id (an int in [0, 2**32))")))?;
+        ids.push(id as u32);
+    }
+    Ok(ids)
+}
+
+/// Sampling options as given; unset fields are None until the engine resolves
+/// them (the model's generation_config, the request kind's max_tokens).
 #[pyclass(module = "rocket._rocket", frozen, eq)]
 #[derive(Clone, PartialEq)]
 pub struct SamplingParams {
-    /// Unset fields hold the neutral values until `resolve` fills them.
-    inner: rocket_core::SamplingParams,
-    unset: UnsetFields,
-}
-
-impl SamplingParams {
-    /// As given, unset fields at their neutral values (for the bare sampler).
-    fn to_core(&self) -> rocket_core::SamplingParams {
-        self.inner.clone()
-    }
-
-    /// Unset fields filled from the model's generation_config.json.
-    fn resolve(&self, py: Python<'_>, engine: &Engine) -> PyResult<rocket_core::SamplingParams> {
-        let mut p = self.inner.clone();
-        engine.generation_config().fill_defaults(&mut p, self.unset);
-        p.validate().map_err(|e| to_py_err(py, e))?;
-        Ok(p)
-    }
+    inner: rocket_core::SamplingOptions,
 }
 
 #[pymethods]
 impl SamplingParams {
     #[new]
     #[pyo3(signature = (
-        max_tokens=16, min_tokens=0, temperature=None, top_k=None, top_p=None, min_p=0.0,
-        repetition_penalty=None, presence_penalty=0.0, frequency_penalty=0.0, seed=None,
-        stop=None, stop_token_ids=None, ignore_eos=false, logprobs=None, skip_special_tokens=true
+        max_tokens=None, min_tokens=None, temperature=None, top_k=None, top_p=None, min_p=None,
+        repetition_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None,
+        stop=None, stop_token_ids=None, ignore_eos=None, logprobs=None, skip_special_tokens=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        max_tokens: i64,
-        min_tokens: i64,
-        temperature: Option<f64>,
-        top_k: Option<i64>,
-        top_p: Option<f64>,
-        min_p: f64,
-        repetition_penalty: Option<f64>,
-        presence_penalty: f64,
-        frequency_penalty: f64,
-        seed: Option<u64>,
-        stop: Option<StopArg>,
-        stop_token_ids: Option<Vec<u32>>,
-        ignore_eos: bool,
-        logprobs: Option<i64>,
-        skip_special_tokens: bool,
+        max_tokens: Option<Bound<'_, PyAny>>,
+        min_tokens: Option<Bound<'_, PyAny>>,
+        temperature: Option<Bound<'_, PyAny>>,
+        top_k: Option<Bound<'_, PyAny>>,
+        top_p: Option<Bound<'_, PyAny>>,
+        min_p: Option<Bound<'_, PyAny>>,
+        repetition_penalty: Option<Bound<'_, PyAny>>,
+        presence_penalty: Option<Bound<'_, PyAny>>,
+        frequency_penalty: Option<Bound<'_, PyAny>>,
+        seed: Option<Bound<'_, PyAny>>,
+        stop: Option<Bound<'_, PyAny>>,
+        stop_token_ids: Option<Bound<'_, PyAny>>,
+        ignore_eos: Option<Bound<'_, PyAny>>,
+        logprobs: Option<Bound<'_, PyAny>>,
+        skip_special_tokens: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let bad = |p: &str, v: i64, m: &str| to_py_err(py, RocketError::invalid_arg(p, v, m));
-        let non_negative = |p: &str, v: i64| if v < 0 { Err(bad(p, v, "must be >= 0")) } else { Ok(v as usize) };
-        if max_tokens < 1 {
-            return Err(bad("max_tokens", max_tokens, "must be at least 1"));
-        }
-        let inner = rocket_core::SamplingParams {
-            max_tokens: max_tokens as usize,
-            min_tokens: non_negative("min_tokens", min_tokens)?,
-            temperature: temperature.unwrap_or(1.0) as f32,
-            top_k: non_negative("top_k", top_k.unwrap_or(0))?,
-            top_p: top_p.unwrap_or(1.0) as f32,
-            min_p: min_p as f32,
-            repetition_penalty: repetition_penalty.unwrap_or(1.0) as f32,
-            presence_penalty: presence_penalty as f32,
-            frequency_penalty: frequency_penalty as f32,
+        let stop = match stop.as_ref().filter(|v| !v.is_none()) {
+            None => Vec::new(),
+            Some(v) if v.is_instance_of::<PyString>() => vec![v.extract()?],
+            Some(v) => v.extract::<Vec<String>>().map_err(|_| {
+                bad_arg(py, "stop", v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be a str or a list of str, got {}", type_name(v)))
+            })?,
+        };
+        let seed = seed
+            .as_ref()
+            .filter(|v| !v.is_none())
+            .map(|v| int_arg(py, "seed", v, 0, u64::MAX as i128, "must be an int in [0, 2**64)").map(|i| i as u64))
+            .transpose()?;
+        let inner = rocket_core::SamplingOptions {
+            max_tokens: count_arg(py, "max_tokens", max_tokens.as_ref(), 1)?,
+            min_tokens: count_arg(py, "min_tokens", min_tokens.as_ref(), 0)?,
+            temperature: float_arg(py, "temperature", temperature.as_ref())?,
+            top_k: count_arg(py, "top_k", top_k.as_ref(), 0)?,
+            top_p: float_arg(py, "top_p", top_p.as_ref())?,
+            min_p: float_arg(py, "min_p", min_p.as_ref())?,
+            repetition_penalty: float_arg(py, "repetition_penalty", repetition_penalty.as_ref())?,
+            presence_penalty: float_arg(py, "presence_penalty", presence_penalty.as_ref())?,
+            frequency_penalty: float_arg(py, "frequency_penalty", frequency_penalty.as_ref())?,
             seed,
-            stop: match stop {
+            stop,
+            stop_token_ids: match stop_token_ids.as_ref().filter(|v| !v.is_none()) {
                 None => Vec::new(),
-                Some(StopArg::One(s)) => vec![s],
-                Some(StopArg::Many(v)) => v,
+                Some(v) => token_ids_arg(py, "stop_token_ids", v)?,
             },
-            stop_token_ids: stop_token_ids.unwrap_or_default(),
-            ignore_eos,
-            logprobs: logprobs.map(|n| non_negative("logprobs", n)).transpose()?,
-            skip_special_tokens,
+            ignore_eos: ignore_eos.as_ref().filter(|v| !v.is_none()).map(|v| bool_arg(py, "ignore_eos", v)).transpose()?.unwrap_or(false),
+            logprobs: count_arg(py, "logprobs", logprobs.as_ref(), 0)?,
+            skip_special_tokens: skip_special_tokens
+                .as_ref()
+                .filter(|v| !v.is_none())
+                .map(|v| bool_arg(py, "skip_special_tokens", v))
+                .transpose()?,
         };
-        inner.validate().map_err(|e| to_py_err(py, e))?;
-        let unset = UnsetFields {
-            temperature: temperature.is_none(),
-            top_k: top_k.is_none(),
-            top_p: top_p.is_none(),
-            repetition_penalty: repetition_penalty.is_none(),
-        };
-        Ok(SamplingParams { inner, unset })
+        // Refuse a bad value where it is written; what needs the model is
+        // checked when a request is resolved.
+        inner.check_ranges().map_err(|e| to_py_err(py, e))?;
+        Ok(SamplingParams { inner })
     }
 
+    /// None: the request kind's default (16 for a completion, the context left for a chat).
     #[getter]
-    fn max_tokens(&self) -> usize { self.inner.max_tokens }
+    fn max_tokens(&self) -> Option<usize> { self.inner.max_tokens }
     #[getter]
-    fn min_tokens(&self) -> usize { self.inner.min_tokens }
+    fn min_tokens(&self) -> Option<usize> { self.inner.min_tokens }
     /// None when unset (the model's generation_config decides).
     #[getter]
-    fn temperature(&self) -> Option<f32> { (!self.unset.temperature).then_some(self.inner.temperature) }
+    fn temperature(&self) -> Option<f32> { self.inner.temperature }
     #[getter]
-    fn top_k(&self) -> Option<usize> { (!self.unset.top_k).then_some(self.inner.top_k) }
+    fn top_k(&self) -> Option<usize> { self.inner.top_k }
     #[getter]
-    fn top_p(&self) -> Option<f32> { (!self.unset.top_p).then_some(self.inner.top_p) }
+    fn top_p(&self) -> Option<f32> { self.inner.top_p }
     #[getter]
-    fn min_p(&self) -> f32 { self.inner.min_p }
+    fn min_p(&self) -> Option<f32> { self.inner.min_p }
     #[getter]
-    fn repetition_penalty(&self) -> Option<f32> { (!self.unset.repetition_penalty).then_some(self.inner.repetition_penalty) }
+    fn repetition_penalty(&self) -> Option<f32> { self.inner.repetition_penalty }
     #[getter]
-    fn presence_penalty(&self) -> f32 { self.inner.presence_penalty }
+    fn presence_penalty(&self) -> Option<f32> { self.inner.presence_penalty }
     #[getter]
-    fn frequency_penalty(&self) -> f32 { self.inner.frequency_penalty }
+    fn frequency_penalty(&self) -> Option<f32> { self.inner.frequency_penalty }
     #[getter]
     fn seed(&self) -> Option<u64> { self.inner.seed }
     #[getter]
@@ -155,10 +199,42 @@ impl SamplingParams {
     #[getter]
     fn logprobs(&self) -> Option<usize> { self.inner.logprobs }
     #[getter]
-    fn skip_special_tokens(&self) -> bool { self.inner.skip_special_tokens }
+    fn skip_special_tokens(&self) -> Option<bool> { self.inner.skip_special_tokens }
 
-    fn __repr__(&self) -> String {
-        format!("SamplingParams({:?}, unset={:?})", self.inner, self.unset)
+    /// Python-style, every field, unset ones as None.
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let o = &self.inner;
+        fn opt<T: ToString>(v: Option<T>) -> String {
+            v.map_or_else(|| "None".to_string(), |x| x.to_string())
+        }
+        // Floats as Python writes them (0.7, not 0.699999988079071); bools as True/False.
+        let float = |v: Option<f32>| {
+            v.map_or_else(|| "None".to_string(), |x| {
+                let t = x.to_string();
+                if t.contains(['.', 'e', 'N', 'i']) { t } else { format!("{t}.0") }
+            })
+        };
+        let boolean = |b: bool| if b { "True" } else { "False" };
+        let stop = pyo3::types::PyList::new(py, &o.stop)?.repr()?.to_string();
+        Ok(format!(
+            "SamplingParams(max_tokens={}, min_tokens={}, temperature={}, top_k={}, top_p={}, min_p={}, repetition_penalty={}, \
+             presence_penalty={}, frequency_penalty={}, seed={}, stop={stop}, stop_token_ids={:?}, ignore_eos={}, logprobs={}, \
+             skip_special_tokens={})",
+            opt(o.max_tokens),
+            opt(o.min_tokens),
+            float(o.temperature),
+            opt(o.top_k),
+            float(o.top_p),
+            float(o.min_p),
+            float(o.repetition_penalty),
+            float(o.presence_penalty),
+            float(o.frequency_penalty),
+            opt(o.seed),
+            o.stop_token_ids,
+            boolean(o.ignore_eos),
+            opt(o.logprobs),
+            o.skip_special_tokens.map_or("None", boolean),
+        ))
     }
 }
 
@@ -230,6 +306,9 @@ fn output_to_py(py: Python<'_>, out: rocket_core::RequestOutput) -> PyResult<Req
 #[pyclass(module = "rocket._rocket", frozen)]
 pub struct Tokenizer {
     inner: Arc<rocket_core::text::Tokenizer>,
+    /// Ids below this decode (an engine's model may have more ids than its
+    /// tokenizer, e.g. padded embeddings; those decode to nothing).
+    id_limit: usize,
 }
 
 #[pymethods]
@@ -238,7 +317,8 @@ impl Tokenizer {
     #[staticmethod]
     fn from_file(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         let inner = run_detached(py, move || rocket_core::text::Tokenizer::from_file(&path))?;
-        Ok(Tokenizer { inner: Arc::new(inner) })
+        let id_limit = inner.vocab_size();
+        Ok(Tokenizer { inner: Arc::new(inner), id_limit })
     }
 
     #[pyo3(signature = (text, add_special_tokens=false))]
@@ -249,7 +329,12 @@ impl Tokenizer {
     }
 
     #[pyo3(signature = (ids, skip_special_tokens=false))]
-    fn decode(&self, py: Python<'_>, ids: Vec<u32>, skip_special_tokens: bool) -> PyResult<String> {
+    fn decode(&self, py: Python<'_>, ids: &Bound<'_, PyAny>, skip_special_tokens: bool) -> PyResult<String> {
+        let ids = token_ids_arg(py, "ids", ids)?;
+        let vocab = self.id_limit;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(bad_arg(py, "ids", id, format!("token ids must be below the vocabulary size ({vocab})")));
+        }
         let t = self.inner.clone();
         run_detached(py, move || t.decode(&ids, skip_special_tokens))
     }
@@ -294,16 +379,21 @@ impl Engine_ {
 
     /// Generate for each prompt, all in one continuous batch; `params` holds one
     /// SamplingParams for every prompt or one per prompt. Outputs in input order.
-    fn generate(&self, py: Python<'_>, prompts: Vec<String>, params: Vec<PyRef<'_, SamplingParams>>) -> PyResult<Vec<RequestOutput>> {
+    /// `chat`: the prompts are rendered chat turns (max_tokens defaults to the
+    /// context left instead of 16).
+    #[pyo3(signature = (prompts, params, chat=false))]
+    fn generate(&self, py: Python<'_>, prompts: Vec<String>, params: Vec<PyRef<'_, SamplingParams>>, chat: bool) -> PyResult<Vec<RequestOutput>> {
         if params.len() != 1 && params.len() != prompts.len() {
             let msg = format!("got {} SamplingParams for {} prompts", params.len(), prompts.len());
             return Err(to_py_err(py, RocketError::invalid_arg("params", params.len(), msg)));
         }
-        let resolved = params.iter().map(|p| p.resolve(py, &self.engine)).collect::<PyResult<Vec<_>>>()?;
+        let kind = if chat { RequestKind::Chat } else { RequestKind::Completion };
         let mut requests = Vec::with_capacity(prompts.len());
         for (i, prompt) in prompts.into_iter().enumerate() {
             let ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
-            requests.push((prompt, ids, resolved[if resolved.len() == 1 { 0 } else { i }].clone()));
+            let options = &params[if params.len() == 1 { 0 } else { i }].inner;
+            let resolved = self.engine.resolve(options, kind, ids.len()).map_err(|e| to_py_err(py, e))?;
+            requests.push((prompt, ids, resolved));
         }
         let e = self.engine.clone();
         let outs = run_detached(py, move || e.generate_many(requests))?;
@@ -311,9 +401,14 @@ impl Engine_ {
     }
 
     /// Generate from token ids (no tokenisation of the prompt).
-    fn generate_from_ids(&self, py: Python<'_>, prompt_token_ids: Vec<u32>, params: &SamplingParams) -> PyResult<RequestOutput> {
+    fn generate_from_ids(&self, py: Python<'_>, prompt_token_ids: &Bound<'_, PyAny>, params: &SamplingParams) -> PyResult<RequestOutput> {
+        let prompt_token_ids = token_ids_arg(py, "prompt_token_ids", prompt_token_ids)?;
+        let vocab = self.engine.spec().vocab_size;
+        if let Some(&id) = prompt_token_ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(bad_arg(py, "prompt_token_ids", id, format!("token ids must be below the vocabulary size ({vocab})")));
+        }
         let e = self.engine.clone();
-        let p = params.resolve(py, &e)?;
+        let p = e.resolve(&params.inner, RequestKind::Completion, prompt_token_ids.len()).map_err(|err| to_py_err(py, err))?;
         let out = run_detached(py, move || {
             let prompt = e.tokenizer().decode(&prompt_token_ids, false)?;
             e.generate_ids(prompt, prompt_token_ids, &p, &mut |_| true)
@@ -324,7 +419,7 @@ impl Engine_ {
     /// Start generating in a background thread; iterate the result for deltas.
     fn stream(&self, py: Python<'_>, prompt: String, params: &SamplingParams) -> PyResult<Stream> {
         let ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
-        let p = params.resolve(py, &self.engine)?;
+        let p = self.engine.resolve(&params.inner, RequestKind::Completion, ids.len()).map_err(|e| to_py_err(py, e))?;
         let (tx, rx) = std::sync::mpsc::sync_channel::<StreamItem>(64);
         let engine = self.engine.clone();
         std::thread::spawn(move || {
@@ -353,7 +448,12 @@ impl Engine_ {
     }
 
     /// Logits at every position, shape (len(ids), vocab_size), float32.
-    fn teacher_forced_logits<'py>(&self, py: Python<'py>, ids: Vec<u32>) -> PyResult<Bound<'py, numpy::PyArray2<f32>>> {
+    fn teacher_forced_logits<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, numpy::PyArray2<f32>>> {
+        let ids = token_ids_arg(py, "token_ids", ids)?;
+        let vocab = self.engine.spec().vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(bad_arg(py, "token_ids", id, format!("token ids must be below the vocabulary size ({vocab})")));
+        }
         let e = self.engine.clone();
         let n = ids.len();
         let logits = run_detached(py, move || e.teacher_forced_logits(&ids))?;
@@ -363,7 +463,9 @@ impl Engine_ {
 
     #[getter]
     fn tokenizer(&self) -> Tokenizer {
-        Tokenizer { inner: self.engine.tokenizer().clone() }
+        let inner = self.engine.tokenizer().clone();
+        let id_limit = inner.vocab_size().max(self.engine.spec().vocab_size);
+        Tokenizer { inner, id_limit }
     }
 
     /// Model facts as a dict (path, format, family, shapes, backend, limits).
@@ -475,7 +577,7 @@ fn sample_token(py: Python<'_>, logits: Vec<f32>, params: &SamplingParams, seed:
     if logits.is_empty() {
         return Err(to_py_err(py, RocketError::invalid_arg("logits", "[]", "must not be empty")));
     }
-    let p = params.to_core();
+    let p = params.inner.without_model();
     Ok(py.detach(move || rocket_core::sampling::sample(&logits, &p, seed, step)))
 }
 

@@ -60,6 +60,10 @@ pub struct ServeArgs {
     /// Most requests admitted at once (running + waiting); beyond it requests get 429
     #[arg(long, default_value = "64", value_parser = positive)]
     max_queue: usize,
+    /// Cap on max_tokens for requests that set none (their default is 16 for a
+    /// completion, the context left for a chat) [default: no cap]
+    #[arg(long, value_parser = positive)]
+    default_max_tokens: Option<usize>,
     /// Seconds in-flight requests may run after SIGTERM/Ctrl-C before they are cancelled
     #[arg(long, default_value = "30", value_parser = seconds)]
     shutdown_timeout: f64,
@@ -74,6 +78,8 @@ pub struct Ready {
 /// State shared by every handler.
 pub struct AppState {
     pub model_name: String,
+    /// `--default-max-tokens`: caps the default max_tokens of requests that set none.
+    pub default_max_tokens: Option<usize>,
     /// Unix time the server started (the model card's `created`).
     pub created: u64,
     ready: OnceLock<Ready>,
@@ -83,9 +89,10 @@ pub struct AppState {
 }
 
 impl AppState {
-    fn new(model_name: String) -> Self {
+    fn new(model_name: String, default_max_tokens: Option<usize>) -> Self {
         AppState {
             model_name,
+            default_max_tokens,
             created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             ready: OnceLock::new(),
             shutting_down: AtomicBool::new(false),
@@ -165,7 +172,7 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let addr: SocketAddr = listener.local_addr()?;
     let name = args.served_model_name.clone().unwrap_or_else(|| default_name(&path));
-    let app = Arc::new(AppState::new(name));
+    let app = Arc::new(AppState::new(name, args.default_max_tokens));
     eprintln!("rocket serve: listening on http://{addr} (loading {})", path.display());
 
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -14,13 +14,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
-use rocket_core::{BatchEvent, Engine, FinishReason, RequestOutput, SamplingParams};
+use rocket_core::{BatchEvent, Engine, FinishReason, RequestKind, RequestOutput, SamplingOptions, SamplingParams};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::errors::ApiError;
 use super::response::{self, ChunkWriter, Endpoint, TokenText};
-use super::schema::{ChatRequest, CompletionRequest, Prompt, Sampling, DEFAULT_COMPLETION_MAX_TOKENS};
+use super::schema::{ChatRequest, CompletionRequest, Prompt};
 use super::{AppState, Ready};
 
 pub fn router(app: Arc<AppState>) -> Router {
@@ -108,34 +108,22 @@ fn check_ids(engine: &Engine, param: &str, ids: &[u32]) -> Result<(), ApiError> 
     }
 }
 
-/// Resolve sampling against the model and check that everything fits.
+/// The request's sampling resolved by the engine (defaults, every check);
+/// `default_max_tokens` (`rocket serve --default-max-tokens`) caps the
+/// kind's default for requests that set no max_tokens.
 fn engine_params(
     engine: &Engine,
-    sampling: &Sampling,
+    options: &SamplingOptions,
+    kind: RequestKind,
     prompt_param: &str,
     prompt_tokens: usize,
     default_max_tokens: Option<usize>,
-    logprobs: Option<usize>,
 ) -> Result<SamplingParams, ApiError> {
-    check_ids(engine, "stop_token_ids", &sampling.stop_token_ids)?;
-    let limit = engine.info().max_seq_len;
-    let max_tokens = sampling
-        .max_tokens
-        .or(default_max_tokens)
-        // Chat's default is whatever room the context has left.
-        .unwrap_or_else(|| limit.saturating_sub(prompt_tokens).max(1));
-    if prompt_tokens + max_tokens > limit {
-        return Err(ApiError::context_length(prompt_param, prompt_tokens, max_tokens, limit));
+    let mut options = options.clone();
+    if let (None, Some(cap)) = (options.max_tokens, default_max_tokens) {
+        options.max_tokens = Some(engine.default_max_tokens(kind, prompt_tokens).min(cap));
     }
-    if sampling.min_tokens > max_tokens {
-        return Err(ApiError::invalid_value(
-            "min_tokens",
-            format!("'min_tokens' ({}) must not exceed max_tokens ({max_tokens})", sampling.min_tokens),
-        ));
-    }
-    let params = sampling.to_params(max_tokens, logprobs, engine.generation_config());
-    params.validate().map_err(|e| ApiError::from_engine(&e, prompt_param))?;
-    Ok(params)
+    engine.resolve(&options, kind, prompt_tokens).map_err(|e| ApiError::from_engine(&e, prompt_param))
 }
 
 /// Wait for a request's result (non-streamed responses).
@@ -229,7 +217,7 @@ async fn completions_inner(app: &AppState, body: Result<Bytes, BytesRejection>) 
             (text, ids)
         }
     };
-    let params = engine_params(engine, &req.sampling, "prompt", ids.len(), Some(DEFAULT_COMPLETION_MAX_TOKENS), req.logprobs)?;
+    let params = engine_params(engine, &req.sampling, RequestKind::Completion, "prompt", ids.len(), app.default_max_tokens)?;
     let rx = ready.scheduler.submit(prompt.clone(), ids, params)?;
     let meta = app.meta("cmpl");
     if req.stream {
@@ -255,7 +243,7 @@ async fn chat_inner(app: &AppState, body: Result<Bytes, BytesRejection>) -> Resu
     let engine = &ready.engine;
     let prompt = engine.apply_chat_template(&req.messages, true).map_err(|e| ApiError::from_engine(&e, "messages"))?;
     let ids = engine.encode_prompt(&prompt).map_err(|e| ApiError::from_engine(&e, "messages"))?;
-    let params = engine_params(engine, &req.sampling, "messages", ids.len(), None, req.engine_logprobs())?;
+    let params = engine_params(engine, &req.sampling, RequestKind::Chat, "messages", ids.len(), app.default_max_tokens)?;
     let rx = ready.scheduler.submit(prompt, ids, params)?;
     let meta = app.meta("chatcmpl");
     if req.stream {

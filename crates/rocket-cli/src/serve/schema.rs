@@ -1,19 +1,22 @@
-//! Request bodies of `/v1/completions` and `/v1/chat/completions`: parsed from
-//! JSON by hand so that every type or range error names the field at fault.
-//! Fields rocket does not know are ignored (as vLLM does); OpenAI features it
-//! does not implement (n > 1, tools, logit_bias, ...) are refused with a 400.
+//! Request bodies of `/v1/completions` and `/v1/chat/completions`: typed
+//! structs deserialized with serde, through `serde_path_to_error` so that a
+//! type error names the field at fault (`param`). Fields rocket does not know
+//! are ignored (as vLLM does); OpenAI features it does not implement (n > 1,
+//! tools, logit_bias, ...) are refused with a 400. Value ranges of the sampling
+//! fields are checked once, by `Engine::resolve`; here only what the JSON
+//! itself decides (types, signs of counts, which field names the length).
 
-use rocket_core::model::{GenerationConfig, UnsetFields};
+use std::fmt;
+
 use rocket_core::sampling::MAX_LOGPROBS;
-use rocket_core::{ChatMessage, SamplingParams};
+use rocket_core::{ChatMessage, SamplingOptions};
+use serde::de::{self, DeserializeOwned, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::errors::ApiError;
 
 type Result<T> = std::result::Result<T, ApiError>;
-
-/// OpenAI's default `max_tokens` for the legacy completions endpoint.
-pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
 
 fn type_name(v: &Value) -> &'static str {
     match v {
@@ -38,112 +41,8 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>> {
     }
 }
 
-/// Typed access to a request object's fields; `null` counts as absent.
-pub struct Fields<'a> {
-    obj: &'a Map<String, Value>,
-}
-
-impl<'a> Fields<'a> {
-    pub fn new(obj: &'a Map<String, Value>) -> Self {
-        Fields { obj }
-    }
-
-    fn get(&self, name: &str) -> Option<&'a Value> {
-        self.obj.get(name).filter(|v| !v.is_null())
-    }
-
-    fn wrong(name: &str, expected: &str, v: &Value) -> ApiError {
-        ApiError::invalid_type(name, format!("'{name}' must be {expected}, not {}", type_name(v)))
-    }
-
-    pub fn bool(&self, name: &str) -> Result<Option<bool>> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(Self::wrong(name, "a boolean", v)),
-        }
-    }
-
-    pub fn string(&self, name: &str) -> Result<Option<&'a str>> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(Self::wrong(name, "a string", v)),
-        }
-    }
-
-    pub fn number(&self, name: &str) -> Result<Option<f64>> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Number(n)) => Ok(n.as_f64()),
-            Some(v) => Err(Self::wrong(name, "a number", v)),
-        }
-    }
-
-    /// A number within `[lo, hi]`.
-    pub fn number_in(&self, name: &str, lo: f64, hi: f64) -> Result<Option<f64>> {
-        let v = self.number(name)?;
-        match v {
-            Some(x) if !(lo..=hi).contains(&x) => {
-                Err(ApiError::invalid_value(name, format!("'{name}' must be between {lo} and {hi}, got {x}")))
-            }
-            _ => Ok(v),
-        }
-    }
-
-    pub fn integer(&self, name: &str) -> Result<Option<i64>> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Number(n)) => match (n.as_i64(), n.as_f64()) {
-                (Some(i), _) => Ok(Some(i)),
-                // Integral floats (`5.0`) are accepted, as Python's pydantic does.
-                (None, Some(f)) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(Some(f as i64)),
-                (None, _) if n.as_u64().is_some() => {
-                    Err(ApiError::invalid_value(name, format!("'{name}' is out of range: {n}")))
-                }
-                _ => Err(ApiError::invalid_type(name, format!("'{name}' must be an integer, not {n}"))),
-            },
-            Some(v) => Err(Self::wrong(name, "an integer", v)),
-        }
-    }
-
-    /// An integer `>= min`.
-    pub fn integer_min(&self, name: &str, min: i64) -> Result<Option<i64>> {
-        let v = self.integer(name)?;
-        match v {
-            Some(x) if x < min => Err(ApiError::invalid_value(name, format!("'{name}' must be at least {min}, got {x}"))),
-            _ => Ok(v),
-        }
-    }
-
-    /// A string or a list of strings (`stop`).
-    pub fn strings(&self, name: &str) -> Result<Vec<String>> {
-        match self.get(name) {
-            None => Ok(Vec::new()),
-            Some(Value::String(s)) => Ok(vec![s.clone()]),
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| match v {
-                    Value::String(s) => Ok(s.clone()),
-                    other => Err(ApiError::invalid_type(
-                        name,
-                        format!("'{name}[{i}]' must be a string, not {}", type_name(other)),
-                    )),
-                })
-                .collect(),
-            Some(v) => Err(Self::wrong(name, "a string or an array of strings", v)),
-        }
-    }
-
-    /// A list of token ids.
-    pub fn token_ids(&self, name: &str) -> Result<Vec<u32>> {
-        match self.get(name) {
-            None => Ok(Vec::new()),
-            Some(Value::Array(items)) => token_id_list(name, items),
-            Some(v) => Err(Self::wrong(name, "an array of token ids", v)),
-        }
-    }
+fn wrong(name: &str, expected: &str, v: &Value) -> ApiError {
+    ApiError::invalid_type(name, format!("'{name}' must be {expected}, not {}", type_name(v)))
 }
 
 fn token_id_list(name: &str, items: &[Value]) -> Result<Vec<u32>> {
@@ -157,155 +56,225 @@ fn token_id_list(name: &str, items: &[Value]) -> Result<Vec<u32>> {
         .collect()
 }
 
-/// Sampling fields shared by both endpoints, as given (unset ones are `None`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Sampling {
-    pub max_tokens: Option<usize>,
-    pub min_tokens: usize,
-    pub temperature: Option<f32>,
-    pub top_k: Option<usize>,
-    pub top_p: Option<f32>,
-    pub min_p: f32,
-    pub repetition_penalty: Option<f32>,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub seed: Option<u64>,
-    pub stop: Vec<String>,
-    pub stop_token_ids: Vec<u32>,
-    pub ignore_eos: bool,
-    pub skip_special_tokens: bool,
+/// The typed view of a body: a type error names the top-level field it is
+/// in (`param`), and its message the full path (`'stop[1]': ...`).
+fn typed<T: DeserializeOwned>(obj: &Value) -> Result<T> {
+    serde_path_to_error::deserialize(obj).map_err(|e| {
+        let path = e.path().to_string();
+        let param = e.path().iter().next().map(|s| match s {
+            serde_path_to_error::Segment::Map { key } => key.clone(),
+            other => other.to_string(),
+        });
+        let message = format!("'{path}': {}", e.inner());
+        match param {
+            Some(p) => ApiError::invalid_type(&p, message),
+            None => ApiError::invalid_json(message),
+        }
+    })
 }
 
-impl Sampling {
-    /// `max_tokens_fields` are the names that set max_tokens, in priority order.
-    fn parse(f: &Fields<'_>, max_tokens_fields: &[&str]) -> Result<Self> {
-        let mut max_tokens = None;
-        for name in max_tokens_fields {
-            if let Some(n) = f.integer_min(name, 1)? {
-                max_tokens.get_or_insert(n as usize);
-            }
-        }
-        let min_tokens = f.integer_min("min_tokens", 0)?.unwrap_or(0) as usize;
-        if let Some(max) = max_tokens.filter(|&m| min_tokens > m) {
-            return Err(ApiError::invalid_value(
-                "min_tokens",
-                format!("'min_tokens' ({min_tokens}) must not exceed max_tokens ({max})"),
-            ));
-        }
-        let temperature = f.number("temperature")?;
-        if let Some(t) = temperature.filter(|t| *t < 0.0) {
-            return Err(ApiError::invalid_value("temperature", format!("'temperature' must be >= 0 (0 = greedy), got {t}")));
-        }
-        let top_p = f.number("top_p")?;
-        if let Some(p) = top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
-            return Err(ApiError::invalid_value("top_p", format!("'top_p' must be in (0, 1], got {p}")));
-        }
-        // vLLM spells "off" as -1; rocket as 0.
-        let top_k = f.integer_min("top_k", -1)?.map(|k| k.max(0) as usize);
-        let repetition_penalty = f.number("repetition_penalty")?;
-        if let Some(r) = repetition_penalty.filter(|r| *r <= 0.0) {
-            return Err(ApiError::invalid_value(
-                "repetition_penalty",
-                format!("'repetition_penalty' must be > 0 (1 = off), got {r}"),
-            ));
-        }
-        let seed = f.integer("seed")?.map(|s| s as u64);
-        let stop = f.strings("stop")?;
-        if stop.iter().any(String::is_empty) {
-            return Err(ApiError::invalid_value("stop", "stop strings must not be empty"));
-        }
-        Ok(Sampling {
-            max_tokens,
-            min_tokens,
-            temperature: temperature.map(|t| t as f32),
-            top_k,
-            top_p: top_p.map(|p| p as f32),
-            min_p: f.number_in("min_p", 0.0, 1.0)?.unwrap_or(0.0) as f32,
-            repetition_penalty: repetition_penalty.map(|r| r as f32),
-            presence_penalty: f.number_in("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
-            frequency_penalty: f.number_in("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
-            seed,
-            stop,
-            stop_token_ids: f.token_ids("stop_token_ids")?,
-            ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
-            skip_special_tokens: f.bool("skip_special_tokens")?.unwrap_or(true),
-        })
-    }
+/// A JSON integer; integral floats (`5.0`) are accepted, as Python's pydantic does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Int(i128);
 
-    /// Engine parameters: unset fields from the model's generation_config, as
-    /// `rocket generate` and the Python API do.
-    pub fn to_params(&self, max_tokens: usize, logprobs: Option<usize>, generation: &GenerationConfig) -> SamplingParams {
-        let mut params = SamplingParams {
-            max_tokens,
-            min_tokens: self.min_tokens,
-            temperature: self.temperature.unwrap_or_default(),
-            top_k: self.top_k.unwrap_or_default(),
-            top_p: self.top_p.unwrap_or(1.0),
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            seed: self.seed,
-            stop: self.stop.clone(),
-            stop_token_ids: self.stop_token_ids.clone(),
-            ignore_eos: self.ignore_eos,
-            logprobs,
-            skip_special_tokens: self.skip_special_tokens,
-        };
-        let unset = UnsetFields {
-            temperature: self.temperature.is_none(),
-            top_k: self.top_k.is_none(),
-            top_p: self.top_p.is_none(),
-            repetition_penalty: self.repetition_penalty.is_none(),
-        };
-        generation.fill_defaults(&mut params, unset);
-        params
-    }
-}
-
-/// `stream` and `stream_options.include_usage`.
-fn parse_stream(f: &Fields<'_>, obj: &Map<String, Value>) -> Result<(bool, bool)> {
-    let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = match obj.get("stream_options").filter(|v| !v.is_null()) {
-        None => false,
-        Some(Value::Object(o)) => {
-            if !stream {
-                return Err(ApiError::invalid_value("stream_options", "'stream_options' is only allowed when 'stream' is true"));
+impl<'de> Deserialize<'de> for Int {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Int;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an integer")
             }
-            match o.get("include_usage").filter(|v| !v.is_null()) {
-                None => false,
-                Some(Value::Bool(b)) => *b,
-                Some(v) => {
-                    return Err(ApiError::invalid_type(
-                        "stream_options",
-                        format!("'stream_options.include_usage' must be a boolean, not {}", type_name(v)),
-                    ))
+            fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Int, E> {
+                Ok(Int(v as i128))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Int, E> {
+                Ok(Int(v as i128))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Int, E> {
+                if v.fract() == 0.0 && v.abs() < 9.0e15 {
+                    Ok(Int(v as i128))
+                } else {
+                    Err(E::invalid_type(de::Unexpected::Float(v), &self))
                 }
             }
         }
-        Some(v) => return Err(Fields::wrong("stream_options", "an object", v)),
+        d.deserialize_any(V)
+    }
+}
+
+/// An integer field within i64 (as OpenAI's schema), or `invalid_value`.
+fn int(name: &str, v: Option<Int>) -> Result<Option<i64>> {
+    match v {
+        None => Ok(None),
+        Some(Int(i)) => i64::try_from(i).map(Some).map_err(|_| ApiError::invalid_value(name, format!("'{name}' is out of range: {i}"))),
+    }
+}
+
+/// An integer field `>= min`.
+fn int_min(name: &str, v: Option<Int>, min: i64) -> Result<Option<i64>> {
+    match int(name, v)? {
+        Some(x) if x < min => Err(ApiError::invalid_value(name, format!("'{name}' must be at least {min}, got {x}"))),
+        v => Ok(v),
+    }
+}
+
+/// A token id: an integer in [0, 2^32).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct TokenId(u32);
+
+impl<'de> Deserialize<'de> for TokenId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        match Int::deserialize(d) {
+            Ok(Int(i)) if (0..=u32::MAX as i128).contains(&i) => Ok(TokenId(i as u32)),
+            Ok(Int(i)) => Err(de::Error::custom(format!("must be a token id (an integer >= 0), not {i}"))),
+            Err(e) => Err(de::Error::custom(format!("must be a token id (an integer >= 0): {e}"))),
+        }
+    }
+}
+
+/// A string or an array of strings (`stop`).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Strings(Vec<String>);
+
+impl<'de> Deserialize<'de> for Strings {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Strings;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Strings, E> {
+                Ok(Strings(vec![v.to_string()]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Strings, A::Error> {
+                let mut out = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    out.push(s);
+                }
+                Ok(Strings(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The sampling fields both endpoints share (`null` counts as absent).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct SamplingBody {
+    max_tokens: Option<Int>,
+    max_completion_tokens: Option<Int>,
+    min_tokens: Option<Int>,
+    temperature: Option<f64>,
+    top_k: Option<Int>,
+    top_p: Option<f64>,
+    min_p: Option<f64>,
+    repetition_penalty: Option<f64>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    seed: Option<Int>,
+    stop: Option<Strings>,
+    stop_token_ids: Option<Vec<TokenId>>,
+    ignore_eos: Option<bool>,
+    skip_special_tokens: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// Fields both endpoints share besides sampling.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CommonBody {
+    model: Option<String>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    n: Option<Int>,
+    logit_bias: Option<Map<String, Value>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CompletionBody {
+    prompt: Option<Value>,
+    best_of: Option<Int>,
+    suffix: Option<String>,
+    logprobs: Option<Int>,
+    echo: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ChatBody {
+    messages: Option<Value>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    response_format: Option<Value>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<Int>,
+}
+
+/// Sampling options as given; `max_tokens_fields` are the names that set
+/// max_tokens, in priority order. Ranges are `Engine::resolve`'s to check.
+fn sampling(b: SamplingBody, max_tokens_fields: &[&str]) -> Result<SamplingOptions> {
+    let mut max_tokens = None;
+    for &name in max_tokens_fields {
+        let v = if name == "max_completion_tokens" { b.max_completion_tokens } else { b.max_tokens };
+        if let Some(n) = int_min(name, v, 1)? {
+            max_tokens.get_or_insert(n as usize);
+        }
+    }
+    // vLLM spells "off" as -1; rocket as 0.
+    let top_k = int_min("top_k", b.top_k, -1)?.map(|k| k.max(0) as usize);
+    Ok(SamplingOptions {
+        max_tokens,
+        min_tokens: int_min("min_tokens", b.min_tokens, 0)?.map(|n| n as usize),
+        temperature: b.temperature.map(|t| t as f32),
+        top_k,
+        top_p: b.top_p.map(|p| p as f32),
+        min_p: b.min_p.map(|p| p as f32),
+        repetition_penalty: b.repetition_penalty.map(|r| r as f32),
+        presence_penalty: b.presence_penalty.map(|p| p as f32),
+        frequency_penalty: b.frequency_penalty.map(|p| p as f32),
+        // A negative seed is a valid OpenAI seed: its bits are the seed.
+        seed: int("seed", b.seed)?.map(|s| s as u64),
+        stop: b.stop.unwrap_or_default().0,
+        stop_token_ids: b.stop_token_ids.unwrap_or_default().into_iter().map(|t| t.0).collect(),
+        ignore_eos: b.ignore_eos.unwrap_or(false),
+        logprobs: None,
+        skip_special_tokens: b.skip_special_tokens,
+    })
+}
+
+/// `stream` and `stream_options.include_usage`.
+fn parse_stream(c: &CommonBody) -> Result<(bool, bool)> {
+    let stream = c.stream.unwrap_or(false);
+    let include_usage = match &c.stream_options {
+        None => false,
+        Some(_) if !stream => {
+            return Err(ApiError::invalid_value("stream_options", "'stream_options' is only allowed when 'stream' is true"))
+        }
+        Some(o) => o.include_usage.unwrap_or(false),
     };
     Ok((stream, include_usage))
 }
 
 /// Refuse what rocket does not implement rather than silently ignore it.
-fn refuse_unsupported(f: &Fields<'_>, obj: &Map<String, Value>) -> Result<()> {
-    if let Some(n) = f.integer("n")? {
+fn refuse_unsupported(c: &CommonBody) -> Result<()> {
+    if let Some(n) = int("n", c.n)? {
         if n != 1 {
             return Err(ApiError::unsupported("n", format!("only n=1 is supported, got {n}")));
         }
     }
-    match obj.get("logit_bias") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(m)) if m.is_empty() => {}
-        Some(Value::Object(_)) => return Err(ApiError::unsupported("logit_bias", "'logit_bias' is not supported")),
-        Some(v) => return Err(Fields::wrong("logit_bias", "an object", v)),
+    if c.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+        return Err(ApiError::unsupported("logit_bias", "'logit_bias' is not supported"));
     }
     Ok(())
-}
-
-fn parse_model(f: &Fields<'_>) -> Result<Option<String>> {
-    Ok(f.string("model")?.map(str::to_string))
 }
 
 /// A completions prompt: text, or token ids.
@@ -324,7 +293,8 @@ pub struct CompletionRequest {
     pub echo: bool,
     /// Legacy `logprobs: N`: the chosen token's and N alternatives' log-probabilities.
     pub logprobs: Option<usize>,
-    pub sampling: Sampling,
+    /// As given (`logprobs` included); unset fields are the resolver's to fill.
+    pub sampling: SamplingOptions,
 }
 
 fn parse_prompt(v: Option<&Value>) -> Result<Prompt> {
@@ -343,42 +313,43 @@ fn parse_prompt(v: Option<&Value>) -> Result<Prompt> {
                 format!("'prompt' must be a string, an array of token ids, or a one-element array of either; found {}", type_name(other)),
             )),
         },
-        Some(v) => Err(Fields::wrong("prompt", "a string or an array of token ids", v)),
+        Some(v) => Err(wrong("prompt", "a string or an array of token ids", v)),
     }
 }
 
 impl CompletionRequest {
     pub fn parse(body: &[u8]) -> Result<Self> {
-        let obj = parse_object(body)?;
-        let f = Fields::new(&obj);
-        let model = parse_model(&f)?;
-        let prompt = parse_prompt(obj.get("prompt"))?;
-        refuse_unsupported(&f, &obj)?;
-        if let Some(b) = f.integer("best_of")? {
-            if b != 1 {
-                return Err(ApiError::unsupported("best_of", format!("only best_of=1 is supported, got {b}")));
+        let obj = Value::Object(parse_object(body)?);
+        let common: CommonBody = typed(&obj)?;
+        let b: CompletionBody = typed(&obj)?;
+        let prompt = parse_prompt(b.prompt.as_ref())?;
+        refuse_unsupported(&common)?;
+        if let Some(n) = int("best_of", b.best_of)? {
+            if n != 1 {
+                return Err(ApiError::unsupported("best_of", format!("only best_of=1 is supported, got {n}")));
             }
         }
-        if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
+        if b.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
             return Err(ApiError::unsupported("suffix", "'suffix' is not supported"));
         }
-        let logprobs = f.integer_min("logprobs", 0)?;
+        let logprobs = int_min("logprobs", b.logprobs, 0)?;
         if let Some(n) = logprobs.filter(|&n| n > MAX_LOGPROBS as i64) {
             return Err(ApiError::invalid_value("logprobs", format!("'logprobs' must be between 0 and {MAX_LOGPROBS}, got {n}")));
         }
-        let echo = f.bool("echo")?.unwrap_or(false);
+        let echo = b.echo.unwrap_or(false);
         if echo && logprobs.is_some() {
             return Err(ApiError::unsupported("echo", "'echo' together with 'logprobs' (prompt logprobs) is not supported"));
         }
-        let (stream, include_usage) = parse_stream(&f, &obj)?;
+        let (stream, include_usage) = parse_stream(&common)?;
         if stream && logprobs.is_some_and(|n| n > 0) {
             return Err(ApiError::unsupported(
                 "logprobs",
                 "with 'stream': true only 'logprobs': 0 (the chosen tokens) is supported; use stream=false for alternatives",
             ));
         }
-        let sampling = Sampling::parse(&f, &["max_tokens"])?;
-        Ok(CompletionRequest { model, prompt, stream, include_usage, echo, logprobs: logprobs.map(|n| n as usize), sampling })
+        let logprobs = logprobs.map(|n| n as usize);
+        let sampling = SamplingOptions { logprobs, ..sampling(typed(&obj)?, &["max_tokens"])? };
+        Ok(CompletionRequest { model: common.model, prompt, stream, include_usage, echo, logprobs, sampling })
     }
 }
 
@@ -390,7 +361,8 @@ pub struct ChatRequest {
     pub include_usage: bool,
     pub logprobs: bool,
     pub top_logprobs: usize,
-    pub sampling: Sampling,
+    /// As given (`logprobs` included); unset fields are the resolver's to fill.
+    pub sampling: SamplingOptions,
 }
 
 /// Message content: a string, or text parts `[{"type": "text", "text": ...}]`.
@@ -434,7 +406,7 @@ fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>> {
     let items = match v {
         None | Some(Value::Null) => return Err(ApiError::missing("messages")),
         Some(Value::Array(items)) => items,
-        Some(v) => return Err(Fields::wrong("messages", "an array of messages", v)),
+        Some(v) => return Err(wrong("messages", "an array of messages", v)),
     };
     if items.is_empty() {
         return Err(ApiError::invalid_value("messages", "'messages' must contain at least one message"));
@@ -479,28 +451,28 @@ fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>> {
 
 impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<Self> {
-        let obj = parse_object(body)?;
-        let f = Fields::new(&obj);
-        let model = parse_model(&f)?;
-        let messages = parse_messages(obj.get("messages"))?;
-        refuse_unsupported(&f, &obj)?;
-        if obj.get("tools").is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()) || t.is_object()) {
+        let obj = Value::Object(parse_object(body)?);
+        let common: CommonBody = typed(&obj)?;
+        let b: ChatBody = typed(&obj)?;
+        let messages = parse_messages(b.messages.as_ref())?;
+        refuse_unsupported(&common)?;
+        if b.tools.as_ref().is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()) || t.is_object()) {
             return Err(ApiError::unsupported("tools", "tool calling is not supported"));
         }
-        match obj.get("tool_choice") {
-            None | Some(Value::Null) => {}
+        match &b.tool_choice {
+            None => {}
             Some(Value::String(s)) if s == "none" || s == "auto" => {}
             Some(_) => return Err(ApiError::unsupported("tool_choice", "tool calling is not supported")),
         }
-        match obj.get("response_format") {
-            None | Some(Value::Null) => {}
+        match &b.response_format {
+            None => {}
             Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("text") => {}
             Some(_) => {
                 return Err(ApiError::unsupported("response_format", "only response_format {\"type\": \"text\"} is supported"))
             }
         }
-        let logprobs = f.bool("logprobs")?.unwrap_or(false);
-        let top_logprobs = f.integer_min("top_logprobs", 0)?;
+        let logprobs = b.logprobs.unwrap_or(false);
+        let top_logprobs = int_min("top_logprobs", b.top_logprobs, 0)?;
         if let Some(n) = top_logprobs {
             if n > MAX_LOGPROBS as i64 {
                 return Err(ApiError::invalid_value(
@@ -512,28 +484,26 @@ impl ChatRequest {
                 return Err(ApiError::invalid_value("top_logprobs", "'top_logprobs' requires 'logprobs' to be true"));
             }
         }
-        let (stream, include_usage) = parse_stream(&f, &obj)?;
+        let (stream, include_usage) = parse_stream(&common)?;
         if stream && top_logprobs.is_some_and(|n| n > 0) {
             return Err(ApiError::unsupported(
                 "top_logprobs",
                 "with 'stream': true only 'top_logprobs': 0 (the chosen tokens) is supported; use stream=false for alternatives",
             ));
         }
-        let sampling = Sampling::parse(&f, &["max_completion_tokens", "max_tokens"])?;
-        Ok(ChatRequest {
-            model,
-            messages,
-            stream,
-            include_usage,
-            logprobs,
-            top_logprobs: top_logprobs.unwrap_or(0) as usize,
-            sampling,
-        })
+        let top_logprobs = top_logprobs.unwrap_or(0) as usize;
+        let engine_logprobs = logprobs.then_some(top_logprobs);
+        let sampling = SamplingOptions {
+            logprobs: engine_logprobs,
+            ..sampling(typed(&obj)?, &["max_completion_tokens", "max_tokens"])?
+        };
+        Ok(ChatRequest { model: common.model, messages, stream, include_usage, logprobs, top_logprobs, sampling })
     }
 
     /// The `logprobs` value the engine takes.
+    #[cfg(test)]
     pub fn engine_logprobs(&self) -> Option<usize> {
-        self.logprobs.then_some(self.top_logprobs)
+        self.sampling.logprobs
     }
 }
 
@@ -542,12 +512,18 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Parsed, then the ranges `Engine::resolve` checks (those that need no model),
+    /// as the server answers them.
     fn completion(v: Value) -> Result<CompletionRequest> {
-        CompletionRequest::parse(v.to_string().as_bytes())
+        let r = CompletionRequest::parse(v.to_string().as_bytes())?;
+        r.sampling.check_ranges().map_err(|e| ApiError::from_engine(&e, "prompt"))?;
+        Ok(r)
     }
 
     fn chat(v: Value) -> Result<ChatRequest> {
-        ChatRequest::parse(v.to_string().as_bytes())
+        let r = ChatRequest::parse(v.to_string().as_bytes())?;
+        r.sampling.check_ranges().map_err(|e| ApiError::from_engine(&e, "messages"))?;
+        Ok(r)
     }
 
     fn param_of(r: Result<impl std::fmt::Debug>) -> (u16, String, String) {
@@ -571,7 +547,7 @@ mod tests {
         let s = &r.sampling;
         assert_eq!(r.prompt, Prompt::Text("one".into()));
         assert_eq!((s.max_tokens, s.temperature, s.top_p, s.top_k, s.seed), (Some(8), Some(0.0), Some(0.9), Some(0), Some(7)));
-        assert_eq!((s.stop.clone(), s.stop_token_ids.clone(), s.ignore_eos, s.min_tokens), (vec!["\n".to_string()], vec![2, 3], true, 2));
+        assert_eq!((s.stop.clone(), s.stop_token_ids.clone(), s.ignore_eos, s.min_tokens), (vec!["\n".to_string()], vec![2, 3], true, Some(2)));
         assert_eq!((r.logprobs, r.stream, r.include_usage), (Some(0), true, true));
         assert_eq!(completion(json!({"prompt": [1, 2, 3]})).unwrap().prompt, Prompt::Ids(vec![1, 2, 3]));
         assert_eq!(completion(json!({"prompt": [[4, 5]]})).unwrap().prompt, Prompt::Ids(vec![4, 5]));
@@ -706,13 +682,15 @@ mod tests {
     }
 
     #[test]
-    fn unset_fields_come_from_generation_config() {
-        let cfg = GenerationConfig::from_json(&json!({"do_sample": true, "temperature": 0.6, "top_p": 0.9}));
-        let s = Sampling { temperature: None, top_p: Some(0.5), ..Sampling::default() };
-        let p = s.to_params(7, Some(1), &cfg);
-        assert_eq!((p.max_tokens, p.temperature, p.top_p, p.top_k, p.logprobs), (7, 0.6, 0.5, 0, Some(1)));
-        assert!(p.validate().is_ok());
-        let greedy = Sampling { temperature: Some(0.0), ..Sampling::default() }.to_params(3, None, &cfg);
-        assert_eq!(greedy.temperature, 0.0);
+    fn type_errors_name_the_path() {
+        let e = completion(json!({"prompt": "x", "stop": ["a", 1]})).unwrap_err();
+        assert!(e.message.contains("'stop[1]'"), "{}", e.message);
+        let e = chat(json!({"messages": [{"role": "user", "content": "x"}], "stream": true, "stream_options": {"include_usage": "y"}})).unwrap_err();
+        assert!(e.message.contains("'stream_options.include_usage'"), "{}", e.message);
+        // Integral floats are integers; a seed's bits are the seed; null is absent.
+        let r = completion(json!({"prompt": "x", "max_tokens": 5.0, "seed": -1, "temperature": null, "skip_special_tokens": false})).unwrap();
+        assert_eq!((r.sampling.max_tokens, r.sampling.seed, r.sampling.temperature), (Some(5), Some(u64::MAX), None));
+        assert_eq!(r.sampling.skip_special_tokens, Some(false));
+        assert_eq!(param_of(completion(json!({"prompt": "x", "seed": 1u64 << 63}))), (400, "seed".into(), "invalid_value".into()));
     }
 }

@@ -6,7 +6,7 @@ pub mod rope;
 pub mod source;
 pub mod spec;
 
-pub use generation_config::{GenerationConfig, UnsetFields};
+pub use generation_config::GenerationConfig;
 pub use layout::{LayerWeights, ModelWeights};
 pub use source::{Format, ModelSource, SpecialTokens};
 pub use spec::{Family, Llama3RopeScaling, ModelSpec, SUPPORTED_MODEL_TYPES};
