@@ -56,7 +56,10 @@ def default_model_path() -> str:
 
 
 class LLM:
-    """A loaded model. Thread-safe; the GIL is released while it works."""
+    """A loaded model. Thread-safe; the GIL is released while it works.
+
+    One continuous-batching scheduler runs the model: requests from every thread
+    (``generate``, ``chat``, ``stream``) share its forward passes."""
 
     def __init__(
         self,
@@ -83,7 +86,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate a continuation for each prompt; outputs come in input order.
 
-        ``params`` is one SamplingParams for all prompts or one per prompt."""
+        ``params`` is one SamplingParams for all prompts or one per prompt.
+        Ctrl-C cancels the generation and raises KeyboardInterrupt."""
         if isinstance(prompts, str):
             prompts = [prompts]
         else:

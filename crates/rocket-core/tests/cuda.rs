@@ -12,7 +12,7 @@ use common::*;
 use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, DecodeMode, MatmulFusion, MatmulKernel, MatmulMode};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
-use rocket_core::{Engine, EngineOptions, SamplingParams};
+use rocket_core::{Engine, EngineOptions, EngineRequest, SamplingParams};
 
 fn gpu_or_skip() -> bool {
     match unavailable_reason() {
@@ -88,7 +88,7 @@ fn greedy_decode_is_repeatable_batch_independent_and_follows_the_reference() {
             let again = gpu.generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true).unwrap();
             assert_eq!(again.token_ids, solo[0], "{}: greedy output changed between runs", path.display());
         }
-        let batch = gpu.generate_many(prompts.iter().map(|ids| (String::new(), ids.clone(), p.clone())).collect()).unwrap();
+        let batch = gpu.generate_many(prompts.iter().map(|ids| EngineRequest { prompt: String::new(), prompt_ids: ids.clone(), params: p.clone() }).collect()).unwrap();
         // Batched equals solo bit for bit only where one kernel serves every pass:
         // the graph path with a fixed matmul (the megakernel and ROCKET_MATMUL=auto
         // change the summation order with the batch).
