@@ -90,7 +90,7 @@ def test_ctrl_c_interrupts_generate(smollm2: rocket.LLM, smollm2_path: str) -> N
         time.sleep(1.0)
         child.send_signal(signal.SIGINT)
         sent = time.monotonic()
-        out, err = child.communicate(timeout=max(30.0, would_take))
+        out, err = child.communicate(timeout=30.0)
         ended = time.monotonic()
     finally:
         if child.poll() is None:
