@@ -68,6 +68,10 @@ def _settings_env() -> list[tuple[str, str]]:
 class LLM:
     """A loaded model. Thread-safe; the GIL is released while it works.
 
+    One continuous-batching scheduler runs the model: requests from every thread
+    (``generate``, ``chat``, ``stream``) share its forward passes.
+
+
     The engine keywords (GPU ones are ignored on the CPU) default to the
     ``ROCKET_*`` variable of the same setting when it is set, else to the
     engine's default; a bad value raises :class:`InvalidArgumentError` naming
@@ -134,7 +138,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate a continuation for each prompt; outputs come in input order.
 
-        ``params`` is one SamplingParams for all prompts or one per prompt."""
+        ``params`` is one SamplingParams for all prompts or one per prompt.
+        Ctrl-C cancels the generation and raises KeyboardInterrupt."""
         if isinstance(prompts, str):
             prompts = [prompts]
         else:

@@ -89,6 +89,8 @@ class RequestOutput:
     finish_reason: Final[str]
     stop_reason: Final[int | str | None]
     logprobs: Final[list[dict[str, object]] | None]
+    # time_to_first_token, decode_tokens_per_second, prompt_tokens, output_tokens,
+    # total_seconds, max_batch_size (most requests in one forward pass with this one)
     metrics: Final[dict[str, float | int]]
 
 @final

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
-use rocket_core::{Engine, RequestKind, SamplingOptions, SamplingParams};
+use rocket_core::{Engine, EngineRequest, RequestKind, SamplingOptions, SamplingParams};
 use serde_json::json;
 
 use crate::sampling_args::SamplingArgs;
@@ -115,7 +115,7 @@ struct Run {
 
 fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize, sampling: &SamplingParams) -> anyhow::Result<Run> {
     let params = SamplingParams { max_tokens: gen_len, ..sampling.clone() };
-    let requests = |max_tokens| prompts.iter().map(|p| (String::new(), p.clone(), SamplingParams { max_tokens, ..params.clone() })).collect();
+    let requests = |max_tokens| prompts.iter().map(|p| EngineRequest { prompt: String::new(), prompt_ids: p.clone(), params: SamplingParams { max_tokens, ..params.clone() } }).collect();
     // The prefill (and first token) alone, so the decode's host CPU time can be told apart.
     let cpu = thread_cpu_seconds();
     engine.generate_many(requests(1))?;

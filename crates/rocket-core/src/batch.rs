@@ -5,11 +5,49 @@
 
 use std::collections::VecDeque;
 
-use crate::backend::{Chunk, Logits, LoopRequest, Session};
-use crate::engine::{Engine, RequestOutput, StreamDelta};
+use crate::backend::{Backend, Chunk, Logits, LoopRequest, Session};
 use crate::error::{Result, RocketError};
-use crate::request::{LoopSampling, RequestState};
-use crate::sampling::SamplingParams;
+use crate::output::{RequestOutput, StreamDelta};
+use crate::request::{EngineRequest, LoopSampling, RequestState};
+use crate::text::Tokenizer;
+
+/// What the batcher needs of a loaded model. The engine lends it
+/// (`Batcher::new(&engine, ..)` converts), so batching sits below the engine.
+#[derive(Clone, Copy)]
+pub struct BatchModel<'a> {
+    pub(crate) backend: &'a dyn Backend,
+    pub(crate) tokenizer: &'a Tokenizer,
+    /// The model's end-of-sequence ids.
+    pub(crate) eos_ids: &'a [u32],
+    pub(crate) vocab_size: usize,
+    /// Context limit: prompt + max_tokens must fit in it.
+    pub(crate) max_seq_len: usize,
+}
+
+impl BatchModel<'_> {
+    /// Whether `request` can run: valid params, a non-empty prompt of known
+    /// token ids, and room in the context for the prompt and max_tokens.
+    pub fn check(&self, request: &EngineRequest) -> Result<()> {
+        request.params.validate()?;
+        self.check_fits(request.prompt_ids.len(), request.params.max_tokens)?;
+        let vocab = self.vocab_size;
+        if let Some(&bad) = request.prompt_ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(RocketError::invalid_arg("prompt token id", bad, format!("must be < vocab size {vocab}")));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_fits(&self, prompt_tokens: usize, max_tokens: usize) -> Result<()> {
+        if prompt_tokens == 0 {
+            return Err(RocketError::EmptyPrompt);
+        }
+        let limit = self.max_seq_len;
+        if prompt_tokens + max_tokens > limit {
+            return Err(RocketError::ContextOverflow { prompt_tokens, max_tokens, limit });
+        }
+        Ok(())
+    }
+}
 
 /// What a request's sink receives: deltas as tokens arrive, then exactly one
 /// `Finished` or `Failed`.
@@ -88,7 +126,7 @@ struct Active<'a> {
 }
 
 pub struct Batcher<'a> {
-    engine: &'a Engine,
+    model: BatchModel<'a>,
     max_batch: usize,
     prefill_chunk: usize,
     next_id: RequestId,
@@ -98,9 +136,9 @@ pub struct Batcher<'a> {
 
 impl<'a> Batcher<'a> {
     /// At most `max_batch` requests run in one pass; the rest wait their turn.
-    pub fn new(engine: &'a Engine, max_batch: usize) -> Self {
+    pub fn new(model: impl Into<BatchModel<'a>>, max_batch: usize) -> Self {
         Batcher {
-            engine,
+            model: model.into(),
             max_batch: max_batch.max(1),
             prefill_chunk: PREFILL_CHUNK,
             next_id: 0,
@@ -116,18 +154,13 @@ impl<'a> Batcher<'a> {
         self.prefill_chunk = tokens.max(1);
     }
 
-    /// Queues a request. Validates `params` and the context fit first; on error
+    /// Queues a request. Checks it first ([`BatchModel::check`]); on error
     /// nothing is queued and the sink is never called.
-    pub fn add(&mut self, prompt: String, prompt_ids: Vec<u32>, params: SamplingParams, sink: Sink<'a>) -> Result<RequestId> {
-        params.validate()?;
-        self.engine.check_fits(prompt_ids.len(), params.max_tokens)?;
-        let vocab = self.engine.spec().vocab_size;
-        if let Some(&bad) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(RocketError::invalid_arg("prompt token id", bad, format!("must be < vocab size {vocab}")));
-        }
+    pub fn add(&mut self, request: EngineRequest, sink: Sink<'a>) -> Result<RequestId> {
+        self.model.check(&request)?;
         let id = self.next_id;
         self.next_id += 1;
-        let state = RequestState::new(prompt, prompt_ids, params, &self.engine.info().eos_token_ids);
+        let state = RequestState::new(request, self.model.eos_ids);
         self.waiting.push_back(Active { id, state, sink, session: None });
         Ok(id)
     }
@@ -161,6 +194,10 @@ impl<'a> Batcher<'a> {
         if self.running.is_empty() {
             return Ok(self.pending());
         }
+        let rows = self.running.len();
+        for a in &mut self.running {
+            a.state.ran_in_batch(rows);
+        }
         if let Some(done) = self.device_loop() {
             return done;
         }
@@ -192,7 +229,7 @@ impl<'a> Batcher<'a> {
             };
             chunks.push(Chunk { session, tokens });
         }
-        let backend = self.engine.backend();
+        let backend = self.model.backend;
         let on_device = if all_greedy {
             backend.forward_argmax(&mut chunks)
         } else if device_sampling {
@@ -215,8 +252,8 @@ impl<'a> Batcher<'a> {
                 return Err(e);
             }
         };
-        let vocab = self.engine.spec().vocab_size;
-        let tokenizer = self.engine.tokenizer();
+        let vocab = self.model.vocab_size;
+        let tokenizer = self.model.tokenizer;
         let mut still_running = Vec::with_capacity(self.running.len());
         for (i, mut a) in self.running.drain(..).enumerate() {
             if !picks[i] {
@@ -249,7 +286,7 @@ impl<'a> Batcher<'a> {
             return None;
         }
         let end_ids = state.end_ids().to_vec();
-        if !state.plain_greedy() && !self.engine.backend().loops_sampling() {
+        if !state.plain_greedy() && !self.model.backend.loops_sampling() {
             return None;
         }
         let sampling = state.loop_sampling();
@@ -260,9 +297,9 @@ impl<'a> Batcher<'a> {
             sampling: sampling.as_ref().map(LoopSampling::request),
         };
         let session = session.as_deref_mut().expect("running requests hold a session");
-        let tokenizer = self.engine.tokenizer();
+        let tokenizer = self.model.tokenizer;
         let mut after = After::Running;
-        let ran = self.engine.backend().decode_loop(session, first, &req, &mut |token| {
+        let ran = self.model.backend.decode_loop(session, first, &req, &mut |token| {
             after = after_token(sink, state.accept_picked(tokenizer, token));
             matches!(after, After::Running)
         });
@@ -293,7 +330,7 @@ impl<'a> Batcher<'a> {
     fn admit(&mut self) {
         while self.running.len() < self.max_batch {
             let Some(mut a) = self.waiting.pop_front() else { break };
-            match self.engine.backend().new_session(a.state.capacity()) {
+            match self.model.backend.new_session(a.state.capacity()) {
                 Ok(session) => {
                     a.session = Some(session);
                     self.running.push(a);
@@ -303,198 +340,5 @@ impl<'a> Batcher<'a> {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    //! The batcher's device-loop path, driven through a backend whose
-    //! `decode_loop` keeps the trait's contract by stepping the CPU reference
-    //! (greedy argmax, end ids masked for `mask_end_steps`, stop at an end id, at
-    //! `max_steps` or when `on_token` says so): every request must come out
-    //! exactly as it does without a loop.
-
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
-    use super::*;
-    use crate::backend::{Backend, LoopOutcome, SampleRequest};
-    use crate::engine::{EngineOptions, FinishReason};
-    use crate::megakernel::{MegakernelError, StallSite};
-    use crate::sampling::argmax;
-    use crate::Device;
-
-    struct SteppingLoop {
-        inner: Box<dyn Backend>,
-        launches: Arc<AtomicUsize>,
-        /// Fail the first launch after handing on this many tokens, then leave
-        /// the loop out of service (as the megakernel after its watchdog fires).
-        fail_after: Option<usize>,
-    }
-
-    impl Backend for SteppingLoop {
-        fn name(&self) -> &'static str {
-            "cpu"
-        }
-        fn new_session(&self, capacity: usize) -> Result<Box<dyn Session>> {
-            self.inner.new_session(capacity)
-        }
-        fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
-            self.inner.forward(chunks, logits)
-        }
-        fn loops_sampling(&self) -> bool {
-            true
-        }
-        fn decode_loop(
-            &self,
-            session: &mut dyn Session,
-            first: u32,
-            req: &LoopRequest<'_>,
-            on_token: &mut dyn FnMut(u32) -> bool,
-        ) -> Result<Option<LoopOutcome>> {
-            let launch = self.launches.fetch_add(1, Ordering::Relaxed);
-            if self.fail_after.is_some() && launch > 0 {
-                return Ok(None);
-            }
-            let (mut token, mut accepted) = (first, 0);
-            let mut history = req.sampling.map(|s| s.history.clone());
-            for step in 0..req.max_steps.min(session.capacity() - session.len()) {
-                if self.fail_after == Some(accepted) {
-                    let stall = MegakernelError::Watchdog { sm: 0, site: StallSite::StepStart, step: accepted as u32, value: 0, target: 1, watchdog_ms: 0 };
-                    return Err(stall.into());
-                }
-                let mut logits = self.inner.forward(&mut [Chunk { session: &mut *session, tokens: &[token] }], Logits::Last)?;
-                token = match (&req.sampling, history.as_mut()) {
-                    (Some(s), Some(h)) => {
-                        // The request's sampler with its step and history advanced (the trait's contract).
-                        let t = SampleRequest { step: s.step + step as u64, history: h, ..*s }.sample_on_host(&logits);
-                        h.push(t);
-                        t
-                    }
-                    _ => {
-                        if step < req.mask_end_steps {
-                            for &e in req.end_ids {
-                                logits[e as usize] = f32::NEG_INFINITY;
-                            }
-                        }
-                        argmax(&logits)
-                    }
-                };
-                accepted += 1;
-                if !on_token(token) || req.end_ids.contains(&token) {
-                    break;
-                }
-            }
-            Ok(Some(LoopOutcome { accepted, device_steps: accepted, host_cpu_seconds: 0.0 }))
-        }
-    }
-
-    fn engines_failing_after(fail_after: Option<usize>) -> (Engine, Engine, Arc<AtomicUsize>) {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
-        let opts = EngineOptions { device: Device::Cpu, progress: crate::options::Progress::Off, ..EngineOptions::default() };
-        let launches = Arc::new(AtomicUsize::new(0));
-        let counter = launches.clone();
-        let looping =
-            Engine::load(path, opts.clone()).unwrap().wrap_backend(|inner| Box::new(SteppingLoop { inner, launches: counter, fail_after }));
-        (Engine::load(path, opts).unwrap(), looping, launches)
-    }
-
-    fn engines() -> (Engine, Engine, Arc<AtomicUsize>) {
-        engines_failing_after(None)
-    }
-
-    #[test]
-    fn a_failed_device_loop_goes_on_step_by_step() {
-        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(60) };
-        for fail_after in [0, 1, 17] {
-            let (plain, looping, launches) = engines_failing_after(Some(fail_after));
-            let want = plain.generate("hello world", &params).unwrap();
-            let got = looping.generate("hello world", &params).unwrap();
-            assert_eq!(got.token_ids, want.token_ids, "failing after {fail_after} tokens");
-            assert_eq!(got.text, want.text);
-            // Later requests skip the out-of-service loop and are still right.
-            assert_eq!(looping.generate("hello world", &params).unwrap().token_ids, want.token_ids);
-            assert!(launches.load(Ordering::Relaxed) >= 2);
-        }
-    }
-
-    #[test]
-    fn a_device_loop_gives_the_same_outputs_as_steps() {
-        let (plain, looping, launches) = engines();
-        let eos = plain.info().eos_token_ids.clone();
-        let cases = [
-            SamplingParams { ignore_eos: true, ..SamplingParams::greedy(240) }, // two launches of LOOP_STEPS
-            SamplingParams::greedy(40),
-            SamplingParams { min_tokens: 30, ..SamplingParams::greedy(60) },
-            SamplingParams { stop: vec!["e".into(), "the".into()], ignore_eos: true, ..SamplingParams::greedy(50) },
-            SamplingParams { stop_token_ids: vec![5, 9, 17], ..SamplingParams::greedy(50) },
-        ];
-        for params in cases {
-            for prompt in ["hello world", "the quick brown fox"] {
-                let want = plain.generate(prompt, &params).unwrap();
-                let got = looping.generate(prompt, &params).unwrap();
-                assert_eq!(got.token_ids, want.token_ids, "{params:?} {prompt:?}");
-                assert_eq!((got.text, got.finish_reason, got.stop_reason), (want.text, want.finish_reason, want.stop_reason));
-            }
-        }
-        assert!(launches.load(Ordering::Relaxed) >= 10, "the greedy requests ran as device loops");
-        assert!(!eos.is_empty());
-
-        // A stop id the free run reaches at its 4th token ends the loop there, and
-        // min_tokens masks it on the device exactly as the host sampler does.
-        let free = plain.generate("hello world", &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(30) }).unwrap();
-        let end = free.token_ids[3];
-        let first = free.token_ids.iter().position(|&t| t == end).unwrap();
-        for min_tokens in [0, first + 2] {
-            let params = SamplingParams { stop_token_ids: vec![end], min_tokens, ignore_eos: true, ..SamplingParams::greedy(30) };
-            let want = plain.generate("hello world", &params).unwrap();
-            let got = looping.generate("hello world", &params).unwrap();
-            assert_eq!(got.token_ids, want.token_ids, "min_tokens {min_tokens}");
-            assert_eq!(got.finish_reason, want.finish_reason);
-            if min_tokens == 0 {
-                assert_eq!(got.token_ids.len(), first + 1);
-            } else {
-                assert!(got.token_ids.len() > first + 1 && !got.token_ids[..min_tokens].contains(&end));
-            }
-        }
-    }
-
-    #[test]
-    fn sampled_requests_loop_with_the_same_tokens_as_steps() {
-        let (plain, looping, launches) = engines();
-        let cases = [
-            SamplingParams { temperature: 0.8, seed: Some(3), ignore_eos: true, ..SamplingParams::greedy(150) },
-            SamplingParams { temperature: 1.1, top_k: 20, top_p: 0.9, min_p: 0.02, seed: Some(9), ..SamplingParams::greedy(60) },
-            SamplingParams { repetition_penalty: 1.3, presence_penalty: 0.4, frequency_penalty: 0.3, ..SamplingParams::greedy(40) },
-            SamplingParams { temperature: 0.7, repetition_penalty: 1.2, min_tokens: 20, seed: Some(1), ..SamplingParams::greedy(50) },
-        ];
-        for params in cases {
-            let want = plain.generate("the quick brown fox", &params).unwrap();
-            let got = looping.generate("the quick brown fox", &params).unwrap();
-            assert_eq!(got.token_ids, want.token_ids, "{params:?}");
-            assert_eq!((got.text, got.finish_reason), (want.text, want.finish_reason));
-        }
-        assert!(launches.load(Ordering::Relaxed) >= 5, "sampled requests ran as device loops");
-    }
-
-    #[test]
-    fn logprobs_and_batched_requests_do_not_loop_and_a_closed_stream_stops_one() {
-        let (_, looping, launches) = engines();
-        let with_logprobs = SamplingParams { temperature: 0.8, seed: Some(3), logprobs: Some(2), ..SamplingParams::greedy(20) };
-        looping.generate("hello", &with_logprobs).unwrap();
-        let two = [("a".to_string(), looping.encode_prompt("a").unwrap(), SamplingParams::greedy(20)), ("b".to_string(), looping.encode_prompt("b").unwrap(), SamplingParams::greedy(20))];
-        looping.generate_many(two.to_vec()).unwrap();
-        assert_eq!(launches.load(Ordering::Relaxed), 0);
-
-        let mut deltas = 0;
-        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(100) };
-        let out = looping.generate_ids("x".into(), looping.encode_prompt("hello").unwrap(), &params, &mut |_| {
-            deltas += 1;
-            deltas < 5
-        });
-        let out = out.unwrap();
-        assert_eq!(out.finish_reason, FinishReason::Cancelled);
-        assert_eq!(out.token_ids.len(), 5);
-        assert_eq!(launches.load(Ordering::Relaxed), 1);
     }
 }

@@ -8,17 +8,19 @@ use std::time::Instant;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Chunk, Device, Logits};
-use crate::batch::{BatchEvent, Batcher};
+use crate::batch::{BatchEvent, BatchModel, Batcher};
 use crate::error::{Result, RocketError};
 use crate::model::{Format, GenerationConfig, ModelSource, ModelSpec, ModelWeights};
 use crate::options::{GpuOptions, Progress};
+use crate::output::{RequestOutput, StreamDelta};
 use crate::progress::LoadProgress;
+use crate::request::EngineRequest;
 use crate::sampling::SamplingParams;
 use crate::sampling_options::{RequestKind, SamplingOptions, DEFAULT_COMPLETION_MAX_TOKENS};
 use crate::text::{ChatMessage, ChatTemplate, Tokenizer};
 
 /// Most requests `generate_many` runs in one pass.
-const MAX_BATCH: usize = 64;
+pub const MAX_BATCH: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -36,77 +38,6 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions { device: Device::Auto, max_seq_len: None, progress: Progress::Auto, gpu: GpuOptions::default() }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// An end-of-sequence token was generated.
-    Stop,
-    /// max_tokens was reached.
-    Length,
-    /// The caller asked to stop (a stream was dropped, Ctrl-C, a disconnect).
-    Cancelled,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Cancelled => "cancelled",
-        }
-    }
-}
-
-/// Why generation stopped early.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StopReason {
-    /// An end-of-sequence or stop_token_ids token (kept in token_ids).
-    Token(u32),
-    /// A stop string (cut from the text).
-    String(String),
-}
-
-/// One generated token as streamed.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StreamDelta {
-    /// New settled text (may be empty while text is held back).
-    pub text: String,
-    pub token_id: u32,
-    /// Log-probability of the token when logprobs were requested.
-    pub logprob: Option<f32>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprob {
-    pub token_id: u32,
-    pub logprob: f32,
-    /// The most likely alternatives, most likely first.
-    pub top: Vec<(u32, f32)>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Metrics {
-    /// Seconds from the call to the first generated token (prefill included).
-    pub time_to_first_token: f64,
-    /// Generated tokens after the first, per second of decoding.
-    pub decode_tokens_per_second: f64,
-    pub prompt_tokens: usize,
-    pub output_tokens: usize,
-    pub total_seconds: f64,
-}
-
-#[derive(Debug, Clone)]
-pub struct RequestOutput {
-    pub prompt: String,
-    pub prompt_token_ids: Vec<u32>,
-    pub text: String,
-    pub token_ids: Vec<u32>,
-    pub finish_reason: FinishReason,
-    pub stop_reason: Option<StopReason>,
-    /// Per generated token, when `SamplingParams::logprobs` was set.
-    pub logprobs: Option<Vec<TokenLogprob>>,
-    pub metrics: Metrics,
 }
 
 /// Information about the loaded model, for `inspect` and callers.
@@ -253,7 +184,7 @@ impl Engine {
         if let Some(&id) = params.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(RocketError::invalid_arg("stop_token_ids", id, format!("token ids must be below the vocabulary size ({vocab})")));
         }
-        self.check_fits(prompt_tokens, params.max_tokens)?;
+        self.batch_model().check_fits(prompt_tokens, params.max_tokens)?;
         Ok(params)
     }
 
@@ -266,29 +197,18 @@ impl Engine {
         self.generate_ids(prompt.to_string(), ids, &params, &mut |_| true)
     }
 
-    /// Several prompts with one set of options, run together (see [`Batcher`]).
-    pub fn generate_batch(&self, prompts: &[String], options: impl Into<SamplingOptions>) -> Result<Vec<RequestOutput>> {
-        let options = options.into();
-        let requests = prompts
-            .iter()
-            .map(|p| {
-                let ids = self.encode_prompt(p)?;
-                let params = self.resolve(&options, RequestKind::Completion, ids.len())?;
-                Ok((p.clone(), ids, params))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        self.generate_many(requests)
-    }
-
-    /// (prompt, prompt ids, resolved params) requests run as one continuous
-    /// batch; outputs in input order, each identical to what the request gives
-    /// alone. Every request is checked before any runs.
-    pub fn generate_many(&self, requests: Vec<(String, Vec<u32>, SamplingParams)>) -> Result<Vec<RequestOutput>> {
+    /// Requests run as one continuous batch; outputs in input order, each
+    /// identical to what the request gives alone. Every request is checked
+    /// before any runs.
+    pub fn generate_many(&self, requests: Vec<EngineRequest>) -> Result<Vec<RequestOutput>> {
         let n = requests.len();
         let results: Vec<std::cell::RefCell<Option<Result<RequestOutput>>>> = (0..n).map(|_| Default::default()).collect();
+        for r in &requests {
+            self.check_request(r)?;
+        }
         let mut batcher = Batcher::new(self, MAX_BATCH);
-        for ((prompt, ids, params), slot) in requests.into_iter().zip(&results) {
-            batcher.add(prompt, ids, params, Box::new(move |event| {
+        for (request, slot) in requests.into_iter().zip(&results) {
+            batcher.add(request, Box::new(move |event| {
                 match event {
                     BatchEvent::Delta(_) => {}
                     BatchEvent::Finished(out) => *slot.borrow_mut() = Some(Ok(out)),
@@ -305,6 +225,23 @@ impl Engine {
             .collect()
     }
 
+    /// Whether `request` can run here (params, prompt ids, context fit);
+    /// the batcher and the scheduler check the same before queueing it.
+    pub fn check_request(&self, request: &EngineRequest) -> Result<()> {
+        self.batch_model().check(request)
+    }
+
+    /// What the batcher needs of this engine.
+    pub fn batch_model(&self) -> BatchModel<'_> {
+        BatchModel {
+            backend: self.backend.as_ref(),
+            tokenizer: &self.tokenizer,
+            eos_ids: &self.info.eos_token_ids,
+            vocab_size: self.info.spec.vocab_size,
+            max_seq_len: self.info.max_seq_len,
+        }
+    }
+
     /// Generate from token ids with resolved params (see [`Engine::resolve`]). `on_delta` receives every generated token with the
     /// text it completes; the deltas' text concatenates to the output's `text`.
     /// Text that could still turn into a stop string, or an incomplete UTF-8
@@ -319,7 +256,7 @@ impl Engine {
     ) -> Result<RequestOutput> {
         let mut result = None;
         let mut batcher = Batcher::new(self, 1);
-        batcher.add(prompt, prompt_ids, params.clone(), Box::new(|event| match event {
+        batcher.add(EngineRequest { prompt, prompt_ids, params: params.clone() }, Box::new(|event| match event {
             BatchEvent::Delta(d) => on_delta(&d),
             BatchEvent::Finished(out) => {
                 result = Some(Ok(out));
@@ -340,7 +277,7 @@ impl Engine {
         if ids.is_empty() {
             return Err(RocketError::EmptyPrompt);
         }
-        self.check_fits(ids.len(), 0)?;
+        self.batch_model().check_fits(ids.len(), 0)?;
         let mut session = self.backend.new_session(ids.len())?;
         self.backend.forward(&mut [Chunk { session: session.as_mut(), tokens: ids }], Logits::All)
     }
@@ -361,10 +298,6 @@ impl Engine {
         self.backend.copy_bandwidth_gbs()
     }
 
-    pub(crate) fn backend(&self) -> &dyn Backend {
-        self.backend.as_ref()
-    }
-
     /// Wraps the backend (tests put a backend with a device loop around the CPU one).
     #[cfg(test)]
     pub(crate) fn wrap_backend(mut self, wrap: impl FnOnce(Box<dyn Backend>) -> Box<dyn Backend>) -> Self {
@@ -378,15 +311,10 @@ impl Engine {
         self.generation = generation;
         self
     }
+}
 
-    pub(crate) fn check_fits(&self, prompt_tokens: usize, max_tokens: usize) -> Result<()> {
-        if prompt_tokens == 0 {
-            return Err(RocketError::EmptyPrompt);
-        }
-        let limit = self.info.max_seq_len;
-        if prompt_tokens + max_tokens > limit {
-            return Err(RocketError::ContextOverflow { prompt_tokens, max_tokens, limit });
-        }
-        Ok(())
+impl<'a> From<&'a Engine> for BatchModel<'a> {
+    fn from(engine: &'a Engine) -> Self {
+        engine.batch_model()
     }
 }

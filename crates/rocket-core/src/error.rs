@@ -64,6 +64,12 @@ pub enum RocketError {
     #[error("no default model: {0}")]
     NoDefaultModel(String),
 
+    #[error("the scheduler is at its limit of {max_queue} queued requests; retry later")]
+    QueueFull { max_queue: usize },
+
+    #[error("the scheduler is shutting down; it takes no new requests")]
+    ShuttingDown,
+
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -100,6 +106,7 @@ impl RocketError {
             InvalidArgument { .. } | EmptyPrompt => ErrorKind::InvalidArgument,
             ContextOverflow { .. } => ErrorKind::ContextLength,
             Device(_) | Megakernel(_) => ErrorKind::Device,
+            QueueFull { .. } | ShuttingDown => ErrorKind::Unavailable,
             Internal(_) => ErrorKind::Internal,
         }
     }
@@ -112,5 +119,7 @@ pub enum ErrorKind {
     InvalidArgument,
     ContextLength,
     Device,
+    /// The request was fine but cannot be taken now (queue full, shutting down).
+    Unavailable,
     Internal,
 }

@@ -13,7 +13,11 @@
 //!
 //! Layers: [`model`] (spec, sources, tensor layout), [`weights`] (safetensors,
 //! GGUF), [`text`] (tokenizer, chat templates), [`backend`] (the CPU reference),
-//! [`sampling`], [`sampling_options`] (requests and their defaults), and [`engine`] which ties them together.
+//! [`sampling`], [`sampling_options`] (requests and their defaults), and [`engine`]
+//! which ties them together. Generation runs in a chain: [`engine`] → [`batch`]
+//! (continuous batching) → the per-request policy → [`output`]; [`scheduler`]
+//! runs an engine's batcher on a thread of its own for callers on many threads
+//! (the server, Python).
 
 pub mod backend;
 pub mod batch;
@@ -23,17 +27,25 @@ pub mod error;
 pub mod megakernel;
 pub mod model;
 pub mod options;
+pub mod output;
 pub mod progress;
 mod request;
 pub mod portable_exp;
 pub mod sampling;
 pub mod sampling_options;
+pub mod scheduler;
 pub mod text;
 pub mod weights;
 
+#[cfg(test)]
+mod device_loop_tests;
+
 pub use backend::Device;
-pub use batch::{BatchEvent, Batcher, RequestId};
-pub use engine::{Engine, EngineOptions, FinishReason, Metrics, ModelInfo, RequestOutput, StopReason, StreamDelta, TokenLogprob};
+pub use batch::{BatchEvent, BatchModel, Batcher, RequestId};
+pub use engine::{Engine, EngineOptions, ModelInfo};
+pub use output::{FinishReason, Metrics, RequestOutput, StopReason, StreamDelta, TokenLogprob};
+pub use request::EngineRequest;
+pub use scheduler::{EventSink, RequestHandle, Scheduler, SchedulerOptions};
 pub use error::{ErrorKind, Result, RocketError};
 pub use model::ModelSpec;
 pub use options::{DecodePath, GpuOptions, MatmulPath, Progress, SamplerPlacement};

@@ -5,11 +5,20 @@
 
 use std::time::Instant;
 
-use crate::engine::{FinishReason, Metrics, RequestOutput, StopReason, StreamDelta, TokenLogprob};
-use crate::error::Result;
 use crate::backend::SampleRequest;
+use crate::error::Result;
+use crate::output::{FinishReason, Metrics, RequestOutput, StopReason, StreamDelta, TokenLogprob};
 use crate::sampling::{fresh_seed, logprobs, SamplingParams, TokenHistory};
 use crate::text::Tokenizer;
+
+/// One request for the engine: the prompt text (echoed in the output), its
+/// token ids (what runs), and how to sample.
+#[derive(Debug, Clone)]
+pub struct EngineRequest {
+    pub prompt: String,
+    pub prompt_ids: Vec<u32>,
+    pub params: SamplingParams,
+}
 
 /// An owned copy of what `RequestState::sample_request` lends.
 pub(crate) struct LoopSampling {
@@ -42,11 +51,13 @@ pub(crate) struct RequestState {
     finish: (FinishReason, Option<StopReason>),
     started: Instant,
     first_token_at: Option<f64>,
+    max_batch_size: usize,
 }
 
 impl RequestState {
     /// `params` must already be validated; `eos_ids` are the model's end ids.
-    pub(crate) fn new(prompt: String, prompt_ids: Vec<u32>, params: SamplingParams, eos_ids: &[u32]) -> Self {
+    pub(crate) fn new(request: EngineRequest, eos_ids: &[u32]) -> Self {
+        let EngineRequest { prompt, prompt_ids, params } = request;
         let seed = params.seed.unwrap_or_else(fresh_seed);
         let mut end_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
@@ -63,6 +74,7 @@ impl RequestState {
             finish: (FinishReason::Length, None),
             started: Instant::now(),
             first_token_at: None,
+            max_batch_size: 0,
             prompt,
             prompt_ids,
             params,
@@ -79,6 +91,11 @@ impl RequestState {
     /// KV room the request needs.
     pub(crate) fn capacity(&self) -> usize {
         self.prompt_ids.len() + self.params.max_tokens
+    }
+
+    /// Records that a forward pass of `rows` requests included this one.
+    pub(crate) fn ran_in_batch(&mut self, rows: usize) {
+        self.max_batch_size = self.max_batch_size.max(rows);
     }
 
     /// Takes the logits for the next position: samples a token, updates the text
@@ -216,6 +233,7 @@ impl RequestState {
             prompt_tokens: self.prompt_ids.len(),
             output_tokens: self.token_ids.len(),
             total_seconds: total,
+            max_batch_size: self.max_batch_size,
         };
         RequestOutput {
             prompt: self.prompt,

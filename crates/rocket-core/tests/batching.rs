@@ -9,10 +9,14 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use common::*;
-use rocket_core::{BatchEvent, Batcher, Engine, EngineOptions, FinishReason, RequestOutput, SamplingParams};
+use rocket_core::{BatchEvent, Batcher, Engine, EngineOptions, EngineRequest, FinishReason, RequestOutput, SamplingParams};
 
 fn engine(name: &str) -> Engine {
     Engine::load(fixture(name), EngineOptions::default()).unwrap()
+}
+
+fn req(prompt: impl Into<String>, prompt_ids: Vec<u32>, params: SamplingParams) -> EngineRequest {
+    EngineRequest { prompt: prompt.into(), prompt_ids, params }
 }
 
 fn sampled(max_tokens: usize, seed: u64) -> SamplingParams {
@@ -40,7 +44,7 @@ fn batch_outputs_equal_solo_runs_with_mixed_params_and_lengths() {
         let requests = prompts
             .iter()
             .zip(&params)
-            .map(|(p, sp)| (p.to_string(), e.encode_prompt(p).unwrap(), sp.clone()))
+            .map(|(p, sp)| req(*p, e.encode_prompt(p).unwrap(), sp.clone()))
             .collect();
         let batched = e.generate_many(requests).unwrap();
         for ((p, sp), b) in prompts.iter().zip(&params).zip(&batched) {
@@ -88,14 +92,14 @@ fn requests_join_between_steps_and_cancelled_ones_leave() {
     let events: Events = Default::default();
     let mut b = Batcher::new(&e, 2);
     let ids = |s: &str| e.encode_prompt(s).unwrap();
-    b.add("hello world".into(), ids("hello world"), p.clone(), recording_sink(&events, 0, None)).unwrap();
-    b.add("stop me".into(), ids("stop me"), p.clone(), recording_sink(&events, 1, Some(3))).unwrap();
+    b.add(req("hello world", ids("hello world"), p.clone()), recording_sink(&events, 0, None)).unwrap();
+    b.add(req("stop me", ids("stop me"), p.clone()), recording_sink(&events, 1, Some(3))).unwrap();
     // Over max_batch: waits until a slot frees.
-    b.add("third one".into(), ids("third one"), p.clone(), recording_sink(&events, 2, None)).unwrap();
+    b.add(req("third one", ids("third one"), p.clone()), recording_sink(&events, 2, None)).unwrap();
     assert_eq!(b.step().unwrap(), 3);
     b.step().unwrap();
     // Joins while the others are mid-decode.
-    let late = b.add("late".into(), ids("late"), p.clone(), recording_sink(&events, 3, None)).unwrap();
+    let late = b.add(req("late", ids("late"), p.clone()), recording_sink(&events, 3, None)).unwrap();
     b.step().unwrap();
     b.cancel(late);
     b.run_to_completion().unwrap();
@@ -133,11 +137,11 @@ fn invalid_requests_are_refused_without_running() {
     let mut b = Batcher::new(&e, 4);
     let never = |_: BatchEvent| -> bool { panic!("a refused request's sink must not be called") };
     let bad_temp = SamplingParams { temperature: -1.0, ..SamplingParams::greedy(4) };
-    assert!(b.add("x".into(), vec![5, 6], bad_temp, Box::new(never)).is_err());
-    assert!(b.add("x".into(), vec![5; 30], SamplingParams::greedy(4), Box::new(never)).is_err());
-    assert!(b.add("x".into(), vec![], SamplingParams::greedy(4), Box::new(never)).is_err());
+    assert!(b.add(req("x", vec![5, 6], bad_temp), Box::new(never)).is_err());
+    assert!(b.add(req("x", vec![5; 30], SamplingParams::greedy(4)), Box::new(never)).is_err());
+    assert!(b.add(req("x", vec![], SamplingParams::greedy(4)), Box::new(never)).is_err());
     let vocab = e.spec().vocab_size as u32;
-    assert!(b.add("x".into(), vec![vocab], SamplingParams::greedy(4), Box::new(never)).is_err());
+    assert!(b.add(req("x", vec![vocab], SamplingParams::greedy(4)), Box::new(never)).is_err());
     assert_eq!(b.pending(), 0);
     assert_eq!(b.step().unwrap(), 0);
 }
@@ -155,7 +159,7 @@ fn long_prompts_prefill_in_pieces_without_changing_any_output() {
                 b.set_prefill_chunk(c);
             }
             for (tag, (p, sp)) in prompts.iter().zip(&params).enumerate() {
-                b.add(p.to_string(), e.encode_prompt(p).unwrap(), sp.clone(), recording_sink(&events, tag, None)).unwrap();
+                b.add(req(p.to_string(), e.encode_prompt(p).unwrap(), sp.clone()), recording_sink(&events, tag, None)).unwrap();
             }
             let mut passes = 0;
             while b.step().unwrap() > 0 {

@@ -12,7 +12,7 @@ use common::*;
 use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, MatmulFusion, MatmulKernel};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
-use rocket_core::{DecodePath, Engine, EngineOptions, GpuOptions, MatmulPath, Progress, SamplingParams};
+use rocket_core::{DecodePath, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, SamplingParams};
 
 /// Every test here carries `#[ignore]`: without a GPU `cargo test` reports them
 /// ignored, never passed. Run with `--include-ignored` on the GPU machine, where
@@ -103,7 +103,7 @@ fn greedy_decode_is_repeatable_batch_independent_and_follows_the_reference() {
                 let again = gpu.generate_ids(String::new(), prompts[0].clone(), &p, &mut |_| true).unwrap();
                 assert_eq!(again.token_ids, solo[0], "{at}: greedy output changed between runs");
             }
-            let batch = gpu.generate_many(prompts.iter().map(|ids| (String::new(), ids.clone(), p.clone())).collect()).unwrap();
+            let batch = gpu.generate_many(prompts.iter().map(|ids| EngineRequest { prompt: String::new(), prompt_ids: ids.clone(), params: p.clone() }).collect()).unwrap();
             let equal = batch.iter().zip(&solo).filter(|(b, s)| &b.token_ids == *s).count();
             println!("GREEDY {at}: batched equal to solo for {equal}/{} prompts", solo.len());
             if invariant {

@@ -17,7 +17,7 @@ use rocket_core::progress::LoadProgress;
 use rocket_core::megakernel::{MegakernelError, Op, StallSite};
 use rocket_core::sampling::argmax;
 use rocket_core::options::parse_watchdog_ms;
-use rocket_core::{DecodePath, Engine, EngineOptions, GpuOptions, MatmulPath, Progress, SamplingParams};
+use rocket_core::{DecodePath, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, SamplingParams};
 
 use common::{open_weights, random_ids, rel_l2};
 
@@ -140,7 +140,7 @@ fn greedy_generation_runs_on_the_device_loop_and_stops_where_asked() {
         let runs: Vec<Vec<u32>> = (0..3).map(|_| e.generate_ids(String::new(), prompt.clone(), &p, &mut |_| true).unwrap().token_ids).collect();
         assert!(runs.iter().all(|r| r == &runs[0] && r.len() == 300), "{name}: greedy output differs between runs");
         // The batched (CUDA-graph) path on the same prompt: report how long they agree.
-        let pair = e.generate_many(vec![(String::new(), prompt.clone(), p.clone()), (String::new(), prompt.clone(), p.clone())]).unwrap();
+        let pair = e.generate_many(vec![EngineRequest { prompt: String::new(), prompt_ids: prompt.clone(), params: p.clone() }; 2]).unwrap();
         let same = pair[0].token_ids.iter().zip(&runs[0]).take_while(|(a, b)| a == b).count();
         println!("MK-GREEDY {name}: 3 runs identical; first {same}/300 tokens equal to the CUDA-graph path");
         // A stop id ends the loop on the device at its first occurrence; min_tokens masks it.

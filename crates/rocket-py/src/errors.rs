@@ -12,6 +12,8 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::InvalidArgument => "InvalidArgumentError",
         ErrorKind::ContextLength => "ContextLengthError",
         ErrorKind::Device => "DeviceError",
+        // The scheduler refused (queue full, shutting down): no narrower class fits.
+        ErrorKind::Unavailable => "RocketError",
         ErrorKind::Internal => "InternalError",
     }
 }

@@ -6,12 +6,15 @@ mod options;
 
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
-use rocket_core::{ChatMessage, Engine, RequestKind, RocketError};
+use rocket_core::{BatchEvent, ChatMessage, Engine, EngineRequest, RequestHandle, RequestKind, RocketError, Scheduler, SchedulerOptions};
 
 use errors::to_py_err;
 use options::EngineOptions_;
@@ -33,6 +36,45 @@ fn run_detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, RocketErr
 
 fn bad_arg(py: Python<'_>, name: &str, value: impl ToString, message: impl Into<String>) -> PyErr {
     to_py_err(py, RocketError::invalid_arg(name, value, message))
+}
+
+/// How long a wait for results runs without the GIL before Python's signal
+/// handlers get a turn: Ctrl-C interrupts a generation within this.
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// Waits without the GIL for the result of every request in `handles` (events
+/// tagged with the request's index), in `WAIT_SLICE`s with Python's signal
+/// handlers run between them. On KeyboardInterrupt or any other error the
+/// handles are dropped, which cancels the requests still running, and the
+/// error is raised. Outputs in index order.
+fn wait_all(
+    py: Python<'_>,
+    handles: Vec<RequestHandle>,
+    mut rx: mpsc::Receiver<(usize, BatchEvent)>,
+) -> PyResult<Vec<rocket_core::RequestOutput>> {
+    let mut results: Vec<Option<rocket_core::RequestOutput>> = (0..handles.len()).map(|_| None).collect();
+    let mut left = handles.len();
+    while left > 0 {
+        let (back, got) = py.detach(move || {
+            let got = rx.recv_timeout(WAIT_SLICE);
+            (rx, got)
+        });
+        rx = back;
+        match got {
+            Ok((i, BatchEvent::Finished(out))) => {
+                left -= usize::from(results[i].is_none());
+                results[i] = Some(out);
+            }
+            Ok((_, BatchEvent::Failed(e))) => return Err(to_py_err(py, e)),
+            Ok((_, BatchEvent::Delta(_))) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(to_py_err(py, RocketError::Internal("the scheduler stopped before the request finished".into())))
+            }
+        }
+        py.check_signals()?;
+    }
+    drop(handles);
+    Ok(results.into_iter().flatten().collect())
 }
 
 fn type_name(v: &Bound<'_, PyAny>) -> String {
@@ -249,7 +291,8 @@ pub struct RequestOutput {
     stop_reason: Py<PyAny>,
     /// Per token: {"token_id", "logprob", "top": [(id, logprob), ...]}, when requested.
     logprobs: Py<PyAny>,
-    /// time_to_first_token (s), decode_tokens_per_second, prompt_tokens, output_tokens, total_seconds
+    /// time_to_first_token (s), decode_tokens_per_second, prompt_tokens, output_tokens, total_seconds,
+    /// max_batch_size (most requests in one forward pass with this one)
     metrics: Py<PyDict>,
 }
 
@@ -272,6 +315,7 @@ fn output_to_py(py: Python<'_>, out: rocket_core::RequestOutput) -> PyResult<Req
     m.set_item("prompt_tokens", out.metrics.prompt_tokens)?;
     m.set_item("output_tokens", out.metrics.output_tokens)?;
     m.set_item("total_seconds", out.metrics.total_seconds)?;
+    m.set_item("max_batch_size", out.metrics.max_batch_size)?;
     let stop_reason = match &out.stop_reason {
         None => py.None(),
         Some(rocket_core::StopReason::Token(id)) => id.into_pyobject(py)?.into_any().unbind(),
@@ -363,9 +407,36 @@ fn render_chat_template(
     })
 }
 
+/// A loaded model and the scheduler that runs it: every generation of this
+/// engine, from any Python thread, goes through the one scheduler, so
+/// concurrent calls share forward passes.
 #[pyclass(module = "rocket._rocket", frozen)]
 pub struct Engine_ {
     engine: Arc<Engine>,
+    scheduler: Scheduler,
+}
+
+impl Engine_ {
+    /// Submit every request (after checking them all, so a bad one runs none)
+    /// and wait for their outputs, in order.
+    fn run(&self, py: Python<'_>, requests: Vec<EngineRequest>) -> PyResult<Vec<rocket_core::RequestOutput>> {
+        for r in &requests {
+            self.engine.check_request(r).map_err(|e| to_py_err(py, e))?;
+        }
+        let (tx, rx) = mpsc::channel();
+        let mut handles = Vec::with_capacity(requests.len());
+        for (i, request) in requests.into_iter().enumerate() {
+            let tx = tx.clone();
+            let sink = Box::new(move |event: BatchEvent| match event {
+                BatchEvent::Delta(_) => true,
+                end => tx.send((i, end)).is_ok(),
+            });
+            // On error the handles submitted so far drop, cancelling them.
+            handles.push(self.scheduler.submit(request, sink).map_err(|e| to_py_err(py, e))?);
+        }
+        drop(tx);
+        wait_all(py, handles, rx)
+    }
 }
 
 #[pymethods]
@@ -373,14 +444,17 @@ impl Engine_ {
     #[new]
     fn new(py: Python<'_>, model: PathBuf, options: PyRef<'_, EngineOptions_>) -> PyResult<Self> {
         let options = options.options.clone();
-        let engine = run_detached(py, move || Engine::load(&model, options))?;
-        Ok(Engine_ { engine: Arc::new(engine) })
+        let engine = Arc::new(run_detached(py, move || Engine::load(&model, options))?);
+        let scheduler = Scheduler::start(engine.clone(), SchedulerOptions::default()).map_err(|e| to_py_err(py, e))?;
+        Ok(Engine_ { engine, scheduler })
     }
 
-    /// Generate for each prompt, all in one continuous batch; `params` holds one
-    /// SamplingParams for every prompt or one per prompt. Outputs in input order.
-    /// `chat`: the prompts are rendered chat turns (max_tokens defaults to the
-    /// context left instead of 16).
+    /// Generate for each prompt through the engine's scheduler (they run
+    /// together, and with other threads' requests); `params` holds one
+    /// SamplingParams for every prompt or one per prompt. Outputs in input
+    /// order. `chat`: the prompts are rendered chat turns (max_tokens defaults
+    /// to the context left instead of 16). Ctrl-C cancels the requests and
+    /// raises KeyboardInterrupt.
     #[pyo3(signature = (prompts, params, chat=false))]
     fn generate(&self, py: Python<'_>, prompts: Vec<String>, params: Vec<PyRef<'_, SamplingParams>>, chat: bool) -> PyResult<Vec<RequestOutput>> {
         if params.len() != 1 && params.len() != prompts.len() {
@@ -390,13 +464,12 @@ impl Engine_ {
         let kind = if chat { RequestKind::Chat } else { RequestKind::Completion };
         let mut requests = Vec::with_capacity(prompts.len());
         for (i, prompt) in prompts.into_iter().enumerate() {
-            let ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
+            let prompt_ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
             let options = &params[if params.len() == 1 { 0 } else { i }].inner;
-            let resolved = self.engine.resolve(options, kind, ids.len()).map_err(|e| to_py_err(py, e))?;
-            requests.push((prompt, ids, resolved));
+            let params = self.engine.resolve(options, kind, prompt_ids.len()).map_err(|e| to_py_err(py, e))?;
+            requests.push(EngineRequest { prompt, prompt_ids, params });
         }
-        let e = self.engine.clone();
-        let outs = run_detached(py, move || e.generate_many(requests))?;
+        let outs = self.run(py, requests)?;
         outs.into_iter().map(|o| output_to_py(py, o)).collect()
     }
 
@@ -408,35 +481,34 @@ impl Engine_ {
             return Err(bad_arg(py, "prompt_token_ids", id, format!("token ids must be below the vocabulary size ({vocab})")));
         }
         let e = self.engine.clone();
-        let p = e.resolve(&params.inner, RequestKind::Completion, prompt_token_ids.len()).map_err(|err| to_py_err(py, err))?;
-        let out = run_detached(py, move || {
-            let prompt = e.tokenizer().decode(&prompt_token_ids, false)?;
-            e.generate_ids(prompt, prompt_token_ids, &p, &mut |_| true)
-        })?;
-        output_to_py(py, out)
+        let params = e.resolve(&params.inner, RequestKind::Completion, prompt_token_ids.len()).map_err(|err| to_py_err(py, err))?;
+        let ids = prompt_token_ids.clone();
+        let prompt = run_detached(py, move || e.tokenizer().decode(&ids, false))?;
+        let out = self.run(py, vec![EngineRequest { prompt, prompt_ids: prompt_token_ids, params }])?;
+        output_to_py(py, out.into_iter().next().expect("one request, one output"))
     }
 
-    /// Start generating in a background thread; iterate the result for deltas.
+    /// Submit to the scheduler; iterate the result for deltas.
     fn stream(&self, py: Python<'_>, prompt: String, params: &SamplingParams) -> PyResult<Stream> {
-        let ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
-        let p = self.engine.resolve(&params.inner, RequestKind::Completion, ids.len()).map_err(|e| to_py_err(py, e))?;
-        let (tx, rx) = std::sync::mpsc::sync_channel::<StreamItem>(64);
-        let engine = self.engine.clone();
-        std::thread::spawn(move || {
-            let sender = tx.clone();
-            let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                engine.generate_ids(prompt, ids, &p, &mut |d| sender.send(StreamItem::Delta(d.clone())).is_ok())
-            }))
-            .unwrap_or_else(|_| Err(RocketError::Internal("rocket panicked while streaming".into())));
-            let _ = tx.send(match result {
-                Ok(out) => StreamItem::Done(out.finish_reason.as_str()),
-                Err(e) => StreamItem::Failed(e),
-            });
+        let prompt_ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
+        let params = self.engine.resolve(&params.inner, RequestKind::Completion, prompt_ids.len()).map_err(|e| to_py_err(py, e))?;
+        // Unbounded: the sink runs on the scheduler thread and must never wait
+        // for a slow reader (the whole batch would wait with it).
+        let (tx, rx) = mpsc::channel::<StreamItem>();
+        let sink = Box::new(move |event: BatchEvent| {
+            tx.send(match event {
+                BatchEvent::Delta(d) => StreamItem::Delta(d),
+                BatchEvent::Finished(out) => StreamItem::Done(out.finish_reason.as_str()),
+                BatchEvent::Failed(e) => StreamItem::Failed(e),
+            })
+            .is_ok()
         });
+        let handle = self.scheduler.submit(EngineRequest { prompt, prompt_ids, params }, sink).map_err(|e| to_py_err(py, e))?;
         Ok(Stream {
-            rx: std::sync::Mutex::new(Some(rx)),
-            finish_reason: std::sync::Mutex::new(None),
-            closed: std::sync::atomic::AtomicBool::new(false),
+            rx: Mutex::new(Some(rx)),
+            handle: Mutex::new(Some(handle)),
+            finish_reason: Mutex::new(None),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -497,12 +569,14 @@ enum StreamItem {
     Failed(RocketError),
 }
 
-/// Iterator of `StreamDelta`s; dropping it cancels the generation.
+/// Iterator of `StreamDelta`s; closing or dropping it cancels the generation.
 #[pyclass(module = "rocket._rocket", frozen)]
 pub struct Stream {
-    rx: std::sync::Mutex<Option<std::sync::mpsc::Receiver<StreamItem>>>,
-    finish_reason: std::sync::Mutex<Option<&'static str>>,
-    closed: std::sync::atomic::AtomicBool,
+    rx: Mutex<Option<mpsc::Receiver<StreamItem>>>,
+    /// Dropped by `close` (or with the stream), which cancels the request.
+    handle: Mutex<Option<RequestHandle>>,
+    finish_reason: Mutex<Option<&'static str>>,
+    closed: AtomicBool,
 }
 
 #[pyclass(module = "rocket._rocket", frozen, get_all)]
@@ -527,31 +601,43 @@ impl Stream {
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<StreamDelta>> {
         // Take the receiver out so no lock is held while waiting without the GIL.
-        let Some(rx) = self.rx.lock().ok().and_then(|mut g| g.take()) else { return Ok(None) };
-        let (rx, item) = py.detach(move || {
-            let item = rx.recv();
-            (rx, item)
-        });
-        let put_back = || {
-            if !self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+        let Some(mut rx) = self.rx.lock().ok().and_then(|mut g| g.take()) else { return Ok(None) };
+        let put_back = |rx| {
+            if !self.closed.load(Ordering::SeqCst) {
                 if let Ok(mut g) = self.rx.lock() {
                     *g = Some(rx);
                 }
             }
         };
-        match item {
-            Ok(StreamItem::Delta(d)) => {
-                put_back();
-                Ok(Some(StreamDelta { text: d.text, token_id: d.token_id, logprob: d.logprob }))
-            }
-            Ok(StreamItem::Done(reason)) => {
-                if let Ok(mut f) = self.finish_reason.lock() {
-                    *f = Some(reason);
+        loop {
+            let (back, item) = py.detach(move || {
+                let item = rx.recv_timeout(WAIT_SLICE);
+                (rx, item)
+            });
+            rx = back;
+            match item {
+                Ok(StreamItem::Delta(d)) => {
+                    put_back(rx);
+                    return Ok(Some(StreamDelta { text: d.text, token_id: d.token_id, logprob: d.logprob }));
                 }
-                Ok(None)
+                Ok(StreamItem::Done(reason)) => {
+                    if let Ok(mut f) = self.finish_reason.lock() {
+                        *f = Some(reason);
+                    }
+                    return Ok(None);
+                }
+                Ok(StreamItem::Failed(e)) => return Err(to_py_err(py, e)),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(to_py_err(py, RocketError::Internal("the scheduler stopped before the stream finished".into())))
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    // Ctrl-C raises here; the stream stays usable (or is closed by its owner).
+                    if let Err(e) = py.check_signals() {
+                        put_back(rx);
+                        return Err(e);
+                    }
+                }
             }
-            Ok(StreamItem::Failed(e)) => Err(to_py_err(py, e)),
-            Err(_) => Ok(None),
         }
     }
 
@@ -561,9 +647,12 @@ impl Stream {
         self.finish_reason.lock().ok().and_then(|f| *f)
     }
 
-    /// Stop generating now (the worker sees the closed channel and cancels).
+    /// Stop generating now (the request is cancelled before its next pass).
     fn close(&self) {
-        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.closed.store(true, Ordering::SeqCst);
+        if let Ok(mut g) = self.handle.lock() {
+            g.take();
+        }
         if let Ok(mut g) = self.rx.lock() {
             *g = None;
         }
@@ -590,6 +679,9 @@ fn default_model_path(py: Python<'_>, chosen: Option<PathBuf>) -> PyResult<Strin
 }
 
 /// Run the `rocket` command line with `argv` (program name first); returns the exit code.
+/// The wheel's `rocket` console script calls this: maturin cannot put a Rust
+/// binary in a pyo3 wheel (PyO3/maturin#368), so the CLI is linked in here and
+/// `rocket_cli::run` is the one item of it the bindings use.
 #[pyfunction]
 fn run_cli(py: Python<'_>, argv: Vec<String>) -> i32 {
     py.detach(|| rocket_cli::run(argv))

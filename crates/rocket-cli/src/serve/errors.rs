@@ -124,6 +124,8 @@ impl ApiError {
             }
             // Chat templates reject some conversations (raise_exception), tokenizers odd input.
             RocketError::ChatTemplate(m) | RocketError::Tokenizer(m) => Self::invalid_value(prompt_param, m.clone()),
+            RocketError::QueueFull { max_queue } => Self::overloaded(*max_queue),
+            RocketError::ShuttingDown => Self::shutting_down(),
             other => Self::internal(other.to_string()),
         }
     }

@@ -1,7 +1,7 @@
 //! `rocket serve`: an OpenAI-compatible HTTP server (axum on tokio).
 //!
 //! The port is bound first and the model loads in the background (`/health`
-//! answers 503 until it is ready). One scheduler thread runs the engine's
+//! answers 503 until it is ready). The core scheduler's thread runs the engine's
 //! continuous batcher; handlers validate requests, hand them over, and answer
 //! JSON or server-sent events. SIGTERM / Ctrl-C stop accepting connections and
 //! let in-flight requests finish for `--shutdown-timeout` seconds (a second
@@ -10,7 +10,6 @@
 mod errors;
 mod response;
 mod routes;
-mod scheduler;
 mod schema;
 
 use std::net::SocketAddr;
@@ -20,12 +19,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use rocket_core::Engine;
+use rocket_core::{Engine, Scheduler, SchedulerOptions};
 use tokio::sync::watch;
 
 use crate::ModelArgs;
 use response::Meta;
-use scheduler::Scheduler;
 
 fn positive(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
@@ -191,7 +189,7 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
             let failure = match loaded {
                 Ok(Ok(engine)) if !app.is_shutting_down() => {
                     let engine = Arc::new(engine);
-                    match Scheduler::start(engine.clone(), max_batch, max_queue) {
+                    match Scheduler::start(engine.clone(), SchedulerOptions { max_batch, max_queue }) {
                         Ok(scheduler) => {
                             let info = engine.info();
                             eprintln!(
@@ -204,7 +202,7 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
                             let _ = app.ready.set(Ready { engine, scheduler });
                             None
                         }
-                        Err(e) => Some(anyhow::Error::new(e).context("starting the scheduler thread")),
+                        Err(e) => Some(anyhow::Error::new(e).context("starting the scheduler")),
                     }
                 }
                 Ok(Ok(_)) => None,

@@ -14,9 +14,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
-use rocket_core::{BatchEvent, Engine, FinishReason, RequestKind, RequestOutput, SamplingOptions, SamplingParams};
+use rocket_core::{BatchEvent, Engine, EngineRequest, FinishReason, RequestHandle, RequestKind, RequestOutput, SamplingOptions, SamplingParams};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::errors::ApiError;
 use super::response::{self, ChunkWriter, Endpoint, TokenText};
@@ -48,7 +48,7 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
     let mut body = json!({"status": state, "model": app.model_name});
     if let Some(r) = app.ready() {
         body["requests_in_flight"] = json!(r.scheduler.in_flight());
-        body["max_queue"] = json!(r.scheduler.max_queue());
+        body["max_queue"] = json!(r.scheduler.options().max_queue);
     }
     (status, Json(body)).into_response()
 }
@@ -126,8 +126,27 @@ fn engine_params(
     engine.resolve(&options, kind, prompt_tokens).map_err(|e| ApiError::from_engine(&e, prompt_param))
 }
 
+/// A request handed to the scheduler: its events, and its handle, whose drop
+/// (the response future or stream dropped when the client goes away) cancels it.
+struct Submitted {
+    rx: UnboundedReceiver<BatchEvent>,
+    _handle: RequestHandle,
+}
+
+/// Queue a request with the core scheduler; its events arrive on a tokio channel
+/// (the sink never blocks the scheduler thread; a closed channel cancels).
+fn submit(ready: &Ready, request: EngineRequest, prompt_param: &str) -> Result<Submitted, ApiError> {
+    let (tx, rx) = unbounded_channel();
+    let handle = ready
+        .scheduler
+        .submit(request, Box::new(move |event| tx.send(event).is_ok()))
+        .map_err(|e| ApiError::from_engine(&e, prompt_param))?;
+    Ok(Submitted { rx, _handle: handle })
+}
+
 /// Wait for a request's result (non-streamed responses).
-async fn collect(mut rx: UnboundedReceiver<BatchEvent>, prompt_param: &str) -> Result<RequestOutput, ApiError> {
+async fn collect(submitted: Submitted, prompt_param: &str) -> Result<RequestOutput, ApiError> {
+    let Submitted { mut rx, _handle } = submitted;
     while let Some(event) = rx.recv().await {
         match event {
             BatchEvent::Delta(_) => {}
@@ -147,24 +166,24 @@ fn data(v: &Value) -> Result<Event, Infallible> {
 
 /// Server-sent events for one request: chunks as tokens settle, then the
 /// closing chunk, optional usage, and `data: [DONE]`. Dropping the stream (the
-/// client went away) drops the receiver, which cancels the generation.
+/// client went away) drops the request's handle, which cancels the generation.
 fn sse_stream(
     engine: Arc<Engine>,
-    rx: UnboundedReceiver<BatchEvent>,
+    submitted: Submitted,
     mut writer: ChunkWriter,
     echo: Option<String>,
     prompt_param: &'static str,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let first: Vec<Value> = writer.start(&TokenText::new(engine.tokenizer()), echo.as_deref());
     let head = stream::iter(first.iter().map(data).collect::<Vec<_>>());
-    let body = stream::unfold(Some((rx, writer)), move |state| {
+    let body = stream::unfold(Some((submitted, writer)), move |state| {
         let engine = engine.clone();
         async move {
-            let (mut rx, mut writer) = state?;
+            let (mut submitted, mut writer) = state?;
             let tt = TokenText::new(engine.tokenizer());
             let mut events = Vec::new();
             let mut done = true;
-            match rx.recv().await {
+            match submitted.rx.recv().await {
                 Some(BatchEvent::Delta(d)) => {
                     done = false;
                     if let Some(chunk) = writer.token(&tt, d.token_id, d.logprob, &d.text) {
@@ -181,7 +200,7 @@ fn sse_stream(
             if done {
                 events.push(Ok(Event::default().data("[DONE]")));
             }
-            Some((stream::iter(events), (!done).then_some((rx, writer))))
+            Some((stream::iter(events), (!done).then_some((submitted, writer))))
         }
     });
     head.chain(body.flatten())
@@ -218,7 +237,7 @@ async fn completions_inner(app: &AppState, body: Result<Bytes, BytesRejection>) 
         }
     };
     let params = engine_params(engine, &req.sampling, RequestKind::Completion, "prompt", ids.len(), app.default_max_tokens)?;
-    let rx = ready.scheduler.submit(prompt.clone(), ids, params)?;
+    let rx = submit(ready, EngineRequest { prompt: prompt.clone(), prompt_ids: ids, params }, "prompt")?;
     let meta = app.meta("cmpl");
     if req.stream {
         let writer = ChunkWriter::new(meta, Endpoint::Completions, req.logprobs.is_some(), req.include_usage);
@@ -244,7 +263,7 @@ async fn chat_inner(app: &AppState, body: Result<Bytes, BytesRejection>) -> Resu
     let prompt = engine.apply_chat_template(&req.messages, true).map_err(|e| ApiError::from_engine(&e, "messages"))?;
     let ids = engine.encode_prompt(&prompt).map_err(|e| ApiError::from_engine(&e, "messages"))?;
     let params = engine_params(engine, &req.sampling, RequestKind::Chat, "messages", ids.len(), app.default_max_tokens)?;
-    let rx = ready.scheduler.submit(prompt, ids, params)?;
+    let rx = submit(ready, EngineRequest { prompt, prompt_ids: ids, params }, "messages")?;
     let meta = app.meta("chatcmpl");
     if req.stream {
         let writer = ChunkWriter::new(meta, Endpoint::Chat, req.logprobs, req.include_usage);
