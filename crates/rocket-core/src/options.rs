@@ -64,8 +64,9 @@ macro_rules! choice {
 choice! {
     /// How batch-1 decode runs on the GPU (`decode`).
     DecodePath, "decode" {
-        /// The megakernel for fuels where it measured faster than the
-        /// CUDA-graph path (`megakernel::Fuel::auto`), else the graph path.
+        /// The megakernel where the model's shapes have one (it measured faster
+        /// than the CUDA-graph path on every fuel), else the graph path; also
+        /// the graph path where the megakernel cannot load on this GPU.
         Auto = "auto",
         /// A kernel per op, replayed from CUDA graphs.
         Graph = "graph",
