@@ -4,6 +4,8 @@
 #   bin/rocket                  the CLI (rocket bench), release build
 #   cuda-test                   crates/rocket-core/tests/cuda.rs (CUDA backend vs CPU reference)
 #   cuda-megakernel-test        crates/rocket-core/tests/cuda_megakernel.rs
+#                               (both built with rocket-core's `diagnostics` feature: the probes,
+#                               the matmul check and the megakernel's test entry points)
 #   tok.tar.xz                  the fuels' real tokenizers (benches/export_tokenizers.py):
 #                               tok/{llama3,qwen3,smollm2}, compressed to leave room under the limit
 # The GPU machine has no cargo, and its glibc (2.39) runs binaries built here (2.36).
@@ -19,7 +21,7 @@ cp target/release/rocket "$OUT/bin/rocket"
 
 # The path of a test binary, from cargo's JSON messages.
 test_binary() {
-    cargo test --release --locked -p rocket-core --features cuda --test "$1" --no-run --message-format=json 2>/dev/null |
+    cargo test --release --locked -p rocket-core --features diagnostics --test "$1" --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU-machine session, run from the repo root there (see benches/NOTES.md).
+# One GPU-machine session, run from the repo root there (what it measured goes
+# into the bench notes; benches/summarize_results.py condenses its logs).
 # Binaries and tokenizers come from benches/gpu_pack.sh (built on the CPU
 # machine) in .device-carry/. Exact-shape random checkpoints for every fuel are
 # made first (kept in $CK across calls while the machine stays warm). Steps:

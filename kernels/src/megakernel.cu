@@ -273,8 +273,8 @@ __device__ __forceinline__ const float* norm_weights(const Params& p, const Inst
 // chunks (`held`) past its release, so that fewer weights stream into this SM
 // while it stores and releases its results (none at hold 12); the caller gives
 // them back before the next matrix-vector instruction's wait (they stay held
-// through an attention instruction: given back before its wait, they cost
-// Llama-3.2-1B 3% and Qwen3-1.7B 4%, benches/NOTES.md session 16).
+// through an attention instruction: given back before its wait, they were
+// measured slower on the H200, the stream refilling during attention).
 template <class F>
 __device__ __forceinline__ void run_matvec(const Params& p, const Smem& s, const Instr& in, int t, uint32_t& chunk,
                                            float (&nw)[Matvec<F::D>::PER_LANE][8], HeldChunks& held) {

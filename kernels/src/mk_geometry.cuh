@@ -1,5 +1,7 @@
 // The megakernel's fixed geometry. Mirrored by crates/rocket-core/src/megakernel/
-// geometry.rs (a Rust test reads the `constexpr int` lines below and compares).
+// abi.rs: a Rust test reads every namespace-level `constexpr` below (one
+// declaration per line; values of numbers, earlier names, + and *) and compares
+// names, values, order and types.
 #pragma once
 #include <stdint.h>
 
@@ -17,7 +19,7 @@ constexpr int SPLIT_POSITIONS = 64;                   // context positions a use
 constexpr int MAX_GROUP = 4;                          // query heads per KV head
 constexpr int INSTR_WORDS = 8;                        // u32 words per encoded instruction
 
-// Opcodes (schedule.rs `Op`).
+// Opcodes (schedule.rs `Op`; 5 is unused).
 constexpr uint32_t OP_QKV = 1, OP_ATTN = 2, OP_OPROJ = 3, OP_MLP = 4, OP_LMHEAD = 6;
 // Counter 0 counts steps whose input is embedded; the sampler sets this bit in it to end the loop.
 constexpr uint32_t STEP_COUNTER = 0;

@@ -1,6 +1,8 @@
 // What one megakernel launch is given (built by backend/cuda/megakernel.rs, passed
-// by value as the kernel's only parameter), the instruction decoding
-// (megakernel/schedule.rs `Instr::encode`), and the CTA's view of its shared memory.
+// by value as the kernel's only parameter), the instruction decoding, and the
+// CTA's view of its shared memory. `LayerPtrs`, `Params`, `Instr` and `load_instr`
+// are mirrored by crates/rocket-core/src/megakernel/abi.rs, whose tests read them
+// here (field names, order, sizes; where each instruction field sits).
 #pragma once
 #include "common.cuh"
 #include "mk_geometry.cuh"
@@ -9,7 +11,7 @@
 
 namespace mk {
 
-// One layer's weights on the device (cuda/weights.rs `LayerPtrs`, same order).
+// One layer's weights on the device (abi.rs `LayerPtrs`, same order).
 struct LayerPtrs {
     const float* attn_norm;
     const uint16_t* qkv;      // [q_dim + 2 kv_dim][hidden]
@@ -69,7 +71,7 @@ struct Params {
     int counter_stride;        // u32 words from one dependency counter to the next (ROCKET_MK_COUNTER_STRIDE)
 };
 
-static_assert(sizeof(Params) == 296, "Params is shared with backend/cuda/megakernel.rs");
+static_assert(sizeof(Params) == 296, "Params is shared with megakernel/abi.rs");
 
 struct Instr {
     uint32_t op, layer, signal, wait, per_step, a, b, c, d;

@@ -1,4 +1,5 @@
-// The one module rocket loads: every op, compiled together (one PTX, one cubin).
+// The module rocket loads: every op, compiled together (one PTX, one cubin).
+// The measurement probes are a module of their own (diagnostics.cu).
 #include "embed.cu"
 #include "rms_norm.cu"
 #include "gemv.cu"
@@ -10,5 +11,3 @@
 #include "argmax.cu"
 #include "sample.cu"
 #include "megakernel.cu"
-#include "stream_probe.cu"
-#include "latency_probe.cu"

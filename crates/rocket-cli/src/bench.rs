@@ -14,6 +14,9 @@ use crate::sampling_args::SamplingArgs;
 use crate::ModelArgs;
 
 #[derive(clap::Args)]
+#[command(after_help = "The last column is the CPU time the host thread spends per decoded token while a GPU \
+decodes (scheduling, launches, polling); on the CPU backend that thread does the computing itself, so the column \
+shows \"-\" (null in --json).")]
 pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -132,7 +135,8 @@ fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize, sampling: &S
 struct Row {
     batch: usize,
     path: &'static str,
-    host_us_per_token: f64,
+    /// None on the CPU backend, where the host thread is the one computing.
+    host_us_per_token: Option<f64>,
     ttft: (f64, f64),
     prefill_tps: f64,
     step_ms: (f64, f64),
@@ -179,14 +183,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let (mut ttfts, mut steps, mut host) = (Vec::new(), Vec::new(), Vec::new());
         for rep in 0..args.reps {
             let r = run_batch(&engine, &prompts, args.gen_len, &sampling)?;
-            eprintln!(
-                "bench: batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step, host CPU {:.1} µs/token",
-                rep + 1,
-                args.reps,
-                r.ttft * 1e3,
-                r.step * 1e3,
-                r.host_cpu_per_token * 1e6
-            );
+            let host_cpu = if info.backend == "cpu" { String::new() } else { format!(", host CPU {:.1} µs/token", r.host_cpu_per_token * 1e6) };
+            eprintln!("bench: batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step{host_cpu}", rep + 1, args.reps, r.ttft * 1e3, r.step * 1e3);
             ttfts.push(r.ttft);
             steps.push(r.step);
             host.push(r.host_cpu_per_token);
@@ -197,7 +195,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         rows.push(Row {
             batch: b,
             path: engine.decode_path(b, greedy),
-            host_us_per_token: stats(&host).0 * 1e6,
+            host_us_per_token: (info.backend != "cpu").then(|| stats(&host).0 * 1e6),
             ttft: (ttft.0 * 1e3, ttft.1 * 1e3),
             prefill_tps: (b * args.prompt_len) as f64 / ttft.0,
             step_ms: (step.0 * 1e3, step.1 * 1e3),
@@ -251,7 +249,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     println!("|------:|:------------|---------------:|--------------:|---------------:|------:|-----:|----------:|----------------:|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.2} ± {:.2} | {:.0} | {:.3} ± {:.3} | {:.1} | {:.0} | {} | {:.1} |",
+            "| {} | {} | {:.2} ± {:.2} | {:.0} | {:.3} ± {:.3} | {:.1} | {:.0} | {} | {} |",
             r.batch,
             r.path,
             r.ttft.0,
@@ -262,7 +260,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             r.tokens_per_s,
             r.gbs,
             r.pct_copy.map_or("n/a".into(), |p| format!("{p:.1}%")),
-            r.host_us_per_token
+            r.host_us_per_token.map_or("-".into(), |h| format!("{h:.1}"))
         );
     }
     Ok(())

@@ -1,6 +1,9 @@
 //! `rocket chat`: an interactive multi-turn conversation. Ctrl-D ends it;
 //! Ctrl-C stops the answer being generated (the partial answer stays in the
-//! conversation) and returns to the prompt.
+//! conversation) and returns to the prompt; at the prompt, Ctrl-C drops the
+//! line being typed and shows a fresh prompt, as a shell does. When the
+//! conversation outgrows the context, the oldest exchanges are dropped (the
+//! system message stays) and stderr says so.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +28,45 @@ pub struct ChatArgs {
     system: Option<String>,
 }
 
+/// How the newest turn of a conversation fits the context: drop the first
+/// `drop` messages after the system message, and answer in at most `max_tokens`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Fit {
+    pub drop: usize,
+    pub max_tokens: usize,
+}
+
+/// Makes room for the answer to the last message of `messages` (the new
+/// question): drops whole exchanges, oldest first, while the rendered prompt
+/// (`prompt_tokens`) plus `max_tokens` exceeds `limit`. The system message
+/// (the first, when `has_system`) and the new question are always kept; when
+/// they alone leave less than `max_tokens`, the answer gets what is left. A
+/// question that leaves no room at all is a context-length error.
+pub(crate) fn fit_turn(
+    messages: &[ChatMessage],
+    has_system: bool,
+    max_tokens: usize,
+    limit: usize,
+    prompt_tokens: &mut dyn FnMut(&[ChatMessage]) -> rocket_core::Result<usize>,
+) -> rocket_core::Result<Fit> {
+    let first = usize::from(has_system).min(messages.len());
+    let history = &messages[first..];
+    // An exchange starts at a user message; the new question is the last one.
+    let starts = (0..history.len()).filter(|&k| k == 0 || history[k].role == "user");
+    let mut tokens = 0;
+    for drop in starts {
+        let kept: Vec<ChatMessage> = messages[..first].iter().chain(&history[drop..]).cloned().collect();
+        tokens = prompt_tokens(&kept)?;
+        if tokens + max_tokens <= limit {
+            return Ok(Fit { drop, max_tokens });
+        }
+    }
+    if tokens < limit {
+        return Ok(Fit { drop: history.len().saturating_sub(1), max_tokens: limit - tokens });
+    }
+    Err(rocket_core::RocketError::ContextOverflow { prompt_tokens: tokens, max_tokens, limit })
+}
+
 pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     let engine = args.model.load()?;
     // Fail now, not after the first question, if the model cannot chat.
@@ -36,12 +78,23 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     // Refuse bad values now, not after the first question.
     engine.resolve(&options, RequestKind::Chat, 1)?;
 
-    let interrupted = Arc::new(AtomicBool::new(false));
-    let flag = interrupted.clone();
-    // Without a handler (e.g. one is already installed) Ctrl-C simply ends the process.
-    let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
-
     let interactive = std::io::stdin().is_terminal();
+    // `answering` is set while an answer streams: Ctrl-C then sets `interrupted`,
+    // which stops that answer. At the prompt the terminal has already dropped the
+    // typed line; the handler only draws a new prompt, so nothing carries over
+    // into the next answer.
+    let answering = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let (busy, flag) = (answering.clone(), interrupted.clone());
+    // Without a handler (e.g. one is already installed) Ctrl-C simply ends the process.
+    let _ = ctrlc::set_handler(move || {
+        if busy.load(Ordering::SeqCst) {
+            flag.store(true, Ordering::SeqCst);
+        } else if interactive {
+            eprint!("\n> ");
+        }
+    });
+
     if interactive {
         eprintln!("rocket chat — {} (Ctrl-D to quit, Ctrl-C stops an answer)", engine.info().path.display());
     }
@@ -57,7 +110,6 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
             eprint!("> ");
         }
         line.clear();
-        interrupted.store(false, Ordering::SeqCst);
         if stdin.lock().read_line(&mut line)? == 0 {
             if interactive {
                 eprintln!();
@@ -69,14 +121,33 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
             continue;
         }
         messages.push(ChatMessage { role: "user".into(), content: question.to_string() });
-        let result = engine.apply_chat_template(&messages, true).and_then(|prompt| {
+        let limit = engine.info().max_seq_len;
+        let mut count = |m: &[ChatMessage]| Ok(engine.encode_prompt(&engine.apply_chat_template(m, true)?)?.len());
+        // Without --max-tokens an answer takes the context left; it needs room for one token.
+        let wanted = args.max_tokens.unwrap_or(1);
+        let result = fit_turn(&messages, args.system.is_some(), wanted, limit, &mut count).and_then(|fit| {
+            if fit.drop > 0 {
+                let first = usize::from(args.system.is_some());
+                messages.drain(first..first + fit.drop);
+                eprintln!("chat: the conversation outgrew the context ({limit} tokens); dropped its {} oldest messages", fit.drop);
+            }
+            if fit.max_tokens < wanted {
+                eprintln!("chat: this answer is limited to {} tokens by the context ({limit} tokens)", fit.max_tokens);
+            }
+            let turn = SamplingOptions { max_tokens: args.max_tokens.map(|_| fit.max_tokens), ..options.clone() };
+            let prompt = engine.apply_chat_template(&messages, true)?;
             let ids = engine.encode_prompt(&prompt)?;
-            let params = engine.resolve(&options, RequestKind::Chat, ids.len())?;
-            engine.generate_ids(prompt, ids, &params, &mut |delta| {
+            let params = engine.resolve(&turn, RequestKind::Chat, ids.len())?;
+            // A Ctrl-C that came before this answer does not stop it.
+            interrupted.store(false, Ordering::SeqCst);
+            answering.store(true, Ordering::SeqCst);
+            let out = engine.generate_ids(prompt, ids, &params, &mut |delta| {
                 let _ = stdout.write_all(delta.text.as_bytes());
                 let _ = stdout.flush();
                 !interrupted.load(Ordering::SeqCst)
-            })
+            });
+            answering.store(false, Ordering::SeqCst);
+            out
         });
         writeln!(stdout)?;
         match result {
@@ -87,5 +158,74 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
                 eprintln!("error: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(role: &str, content: &str) -> ChatMessage {
+        ChatMessage { role: role.into(), content: content.into() }
+    }
+
+    /// A stand-in for the chat template and tokenizer: one token per byte, plus 2 per message.
+    fn tokens(m: &[ChatMessage]) -> rocket_core::Result<usize> {
+        Ok(m.iter().map(|m| m.content.len() + 2).sum())
+    }
+
+    fn conversation() -> Vec<ChatMessage> {
+        vec![
+            msg("system", "be brief"),   // 10
+            msg("user", "first"),        // 7
+            msg("assistant", "answer1"), // 9
+            msg("user", "second"),       // 8
+            msg("assistant", "answer2"), // 9
+            msg("user", "third"),        // 7: 50 in all
+        ]
+    }
+
+    #[test]
+    fn a_turn_that_fits_keeps_the_whole_conversation() {
+        assert_eq!(fit_turn(&conversation(), true, 10, 60, &mut tokens).unwrap(), Fit { drop: 0, max_tokens: 10 });
+    }
+
+    #[test]
+    fn the_oldest_exchanges_go_first_and_the_system_message_stays() {
+        let fit = |limit| fit_turn(&conversation(), true, 10, limit, &mut tokens).unwrap();
+        // 50 + 10 > 59: the first exchange (16 tokens) goes.
+        assert_eq!(fit(59), Fit { drop: 2, max_tokens: 10 });
+        assert_eq!(fit(44), Fit { drop: 2, max_tokens: 10 });
+        // 34 + 10 > 43: the second exchange (17) goes too; system + question = 17.
+        assert_eq!(fit(43), Fit { drop: 4, max_tokens: 10 });
+        assert_eq!(fit(27), Fit { drop: 4, max_tokens: 10 });
+        // System + question leave less than max_tokens: the answer gets what is left.
+        assert_eq!(fit(20), Fit { drop: 4, max_tokens: 3 });
+        assert_eq!(fit(18), Fit { drop: 4, max_tokens: 1 });
+    }
+
+    #[test]
+    fn without_a_system_message_the_first_exchange_can_go() {
+        let convo = &conversation()[1..]; // 40 tokens
+        assert_eq!(fit_turn(convo, false, 10, 50, &mut tokens).unwrap(), Fit { drop: 0, max_tokens: 10 });
+        assert_eq!(fit_turn(convo, false, 10, 49, &mut tokens).unwrap(), Fit { drop: 2, max_tokens: 10 });
+        assert_eq!(fit_turn(convo, false, 10, 12, &mut tokens).unwrap(), Fit { drop: 4, max_tokens: 5 });
+    }
+
+    #[test]
+    fn an_exchange_is_dropped_whole() {
+        // Two answers in a row (a cut answer then a retry) belong to one exchange.
+        let mut convo = conversation();
+        convo.insert(3, msg("assistant", "more")); // 6: 56 in all
+        assert_eq!(fit_turn(&convo, true, 10, 60, &mut tokens).unwrap(), Fit { drop: 3, max_tokens: 10 });
+    }
+
+    #[test]
+    fn a_question_longer_than_the_context_is_a_context_length_error() {
+        let err = fit_turn(&conversation(), true, 10, 17, &mut tokens).unwrap_err();
+        assert!(matches!(err, rocket_core::RocketError::ContextOverflow { prompt_tokens: 17, limit: 17, .. }), "{err}");
+        // The counter's own errors pass through.
+        let mut failing = |_: &[ChatMessage]| Err(rocket_core::RocketError::EmptyPrompt);
+        assert!(matches!(fit_turn(&conversation(), true, 10, 60, &mut failing), Err(rocket_core::RocketError::EmptyPrompt)));
     }
 }

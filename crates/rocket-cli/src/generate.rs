@@ -1,4 +1,5 @@
-//! `rocket generate`: stream a continuation of a prompt to stdout.
+//! `rocket generate`: stream a continuation of a prompt to stdout (only the
+//! continuation and a final newline; `--echo` puts the prompt before it).
 
 use std::io::{Read, Write};
 
@@ -23,6 +24,10 @@ pub struct GenerateArgs {
     /// Print timing and token counts to stderr when done
     #[arg(long)]
     stats: bool,
+    /// Write the prompt (with --chat: the rendered chat prompt) to stdout before the
+    /// continuation, once the request is accepted
+    #[arg(long)]
+    echo: bool,
     /// The prompt; "-" reads it from stdin
     prompt: String,
 }
@@ -43,13 +48,19 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let options = SamplingOptions { max_tokens: args.max_tokens, ..args.sampling.options() };
     let params = engine.resolve(&options, kind, ids.len())?;
     let mut stdout = std::io::stdout().lock();
-    if !args.chat {
-        write!(stdout, "{prompt}")?;
-    }
+    // The echo waits for the first token: a request the engine refuses (too long
+    // for the context, bad parameters) writes nothing to stdout.
+    let mut echo = args.echo.then(|| prompt.clone());
     let out = engine.generate_ids(prompt, ids, &params, &mut |delta| {
+        if let Some(p) = echo.take() {
+            let _ = stdout.write_all(p.as_bytes());
+        }
         let _ = stdout.write_all(delta.text.as_bytes());
         stdout.flush().is_ok()
     })?;
+    if let Some(p) = echo.take() {
+        write!(stdout, "{p}")?; // nothing was generated
+    }
     writeln!(stdout)?;
     stdout.flush()?;
     if let Some(items) = &out.logprobs {

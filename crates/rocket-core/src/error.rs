@@ -56,6 +56,11 @@ pub enum RocketError {
     #[error("device error: {0}")]
     Device(String),
 
+    /// A megakernel launch failed (watchdog, copy fault, hang); decoding goes
+    /// on with CUDA graphs where the device still works.
+    #[error("device error: {0}")]
+    Megakernel(#[from] crate::megakernel::MegakernelError),
+
     #[error("no default model: {0}")]
     NoDefaultModel(String),
 
@@ -94,7 +99,7 @@ impl RocketError {
             Tokenizer(_) | ChatTemplate(_) => ErrorKind::Tokenizer,
             InvalidArgument { .. } | EmptyPrompt => ErrorKind::InvalidArgument,
             ContextOverflow { .. } => ErrorKind::ContextLength,
-            Device(_) => ErrorKind::Device,
+            Device(_) | Megakernel(_) => ErrorKind::Device,
             Internal(_) => ErrorKind::Internal,
         }
     }

@@ -2,7 +2,7 @@
 //! GPU is present (skips with a message elsewhere). Checkpoints: the committed
 //! tiny Qwen3 fixture, plus every folder in ROCKET_GPU_CHECKPOINTS (comma
 //! separated; exact-shape random checkpoints from benches/make_checkpoint.py).
-#![cfg(feature = "cuda")]
+#![cfg(feature = "diagnostics")]
 
 mod common;
 
@@ -413,7 +413,7 @@ fn streaming_probe_reads_every_byte_and_reports_its_rate() {
 }
 
 /// What one dependent L2 load costs on this GPU, idle and while every other SM
-/// streams HBM: the unit of the megakernel's hand-offs (benches/NOTES.md session 17).
+/// streams HBM: the unit of the megakernel's hand-offs.
 #[test]
 fn l2_latency_probe_walks_the_chain_and_reports_the_cost_of_a_load() {
     if !gpu_or_skip() {
@@ -506,7 +506,7 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
                         c.kernel, c.plan, c.rel_l2, c.checked, c.micros, c.gbs, 100.0 * c.gbs / copy
                     );
                     assert!(c.all_written, "{fuel} {name} rows {rows} {kernel:?}{label}: an output was never written");
-                    // hi+lo inputs keep ~16 bits (2^-17 ≈ 7.6e-6 each) and f32 sums run 8192 terms
+                    // hi+lo inputs keep ~16 bits (2^-17 ≈ 7.6e-6 each) and f32 sums over 8192 terms
                     // deep: ~2e-5 at worst; a wrong or missing term shows as 1e-3 or more.
                     assert!(c.rel_l2 <= 1e-4, "{fuel} {name} rows {rows} {kernel:?}{label}: rel L2 {}", c.rel_l2);
                 }

@@ -3,7 +3,7 @@
 //! ROCKET_GPU_CHECKPOINTS whose shapes are a fuel's (exact-shape random
 //! checkpoints from benches/make_checkpoint.py). Each test prints a line the GPU
 //! run script collects (MK-...).
-#![cfg(feature = "cuda")]
+#![cfg(feature = "diagnostics")]
 
 mod common;
 
@@ -13,6 +13,7 @@ use std::time::Instant;
 use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, CudaOptions, MatmulMode};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
+use rocket_core::megakernel::{MegakernelError, Op, StallSite};
 use rocket_core::sampling::argmax;
 use rocket_core::{Engine, EngineOptions, SamplingParams};
 
@@ -170,10 +171,12 @@ fn the_watchdog_turns_a_stall_into_an_error() {
     }
     let f = fuels().remove(0);
     let t = Instant::now();
-    let msg = f.gpu.megakernel_watchdog_probe().unwrap().unwrap();
+    let err = f.gpu.megakernel_watchdog_probe().unwrap().unwrap();
     let secs = t.elapsed().as_secs_f64();
-    println!("MK-WATCHDOG {}: {msg} ({secs:.2} s)", f.name);
-    assert!(msg.contains("megakernel watchdog") && msg.contains("Mlp of layer"), "{msg}");
+    println!("MK-WATCHDOG {}: {err} ({secs:.2} s)", f.name);
+    // The probe's impossible wait is on the last layer's Mlp instructions.
+    let MegakernelError::Watchdog { site: StallSite::Instr { instr, .. }, .. } = &err else { panic!("not the watchdog's report: {err}") };
+    assert_eq!(instr.op, Op::Mlp, "{err}");
     assert!(secs < 10.0);
     // The device and the megakernel still work afterwards.
     let ids = random_ids(3, 16, f.vocab);

@@ -1,33 +1,16 @@
-//! The megakernel's fixed geometry, shared with `kernels/src/megakernel/geometry.cuh`
-//! (a test reads that header and compares): how a CTA is split into warps, how
-//! big the shared-memory weight ring is, and how a matrix-vector instruction
-//! walks its weights through that ring.
+//! The megakernel's fixed geometry (its constants are the kernel's, from
+//! `abi`, which a test checks against kernels/src/mk_geometry.cuh): how a CTA
+//! is split into warps, how big the shared-memory weight ring is, and how a
+//! matrix-vector instruction walks its weights through that ring.
 
+pub use super::abi::{CONSUMER_WARPS, MAX_SPLITS, PART_CAP, SLOTS, SLOT_BYTES, SPLIT_POSITIONS};
 use crate::model::ModelSpec;
-
-/// Warps that compute (warp 8 of the CTA is the weight producer).
-pub const CONSUMER_WARPS: usize = 8;
-/// Bytes of one weight ring slot: each slot holds whole rows of one matrix.
-pub const SLOT_BYTES: usize = 16384;
-/// Slots in the ring (192 KiB of shared memory).
-pub const SLOTS: usize = 12;
-/// Per-instruction partial sums a CTA keeps in shared memory: rows × segments
-/// (× 2 for gate|up) of one matrix-vector instruction must fit.
-pub const PART_CAP: usize = 2048;
-/// Attention splits per KV head at most (partials are sized for this).
-pub const MAX_SPLITS: usize = 64;
-/// Context positions each attention split the step uses takes at least: a
-/// short context is not cut into slivers whose merge costs more than their work.
-pub const SPLIT_POSITIONS: usize = 64;
 
 /// Of an attention op's `splits` splits, how many a step with `context`
 /// positions uses (the first ones; none of them is empty, the rest are).
 pub fn used_splits(context: usize, splits: usize) -> usize {
     splits.min(context.div_ceil(SPLIT_POSITIONS))
 }
-
-/// Query heads per KV head at most (registers of the attention instruction).
-pub const MAX_GROUP: usize = 4;
 
 /// How a matrix with rows of `k` bf16 weights goes through the ring: `rows` whole
 /// rows per slot, each row cut into `segments` equal column segments so that
@@ -58,11 +41,6 @@ impl MatvecShape {
             return None;
         }
         Some(MatvecShape { k, rows, segments })
-    }
-
-    /// Bytes of a full slot (the last chunk of a tile may hold fewer rows).
-    pub fn chunk_bytes(&self) -> usize {
-        self.rows * self.k * 2
     }
 }
 
@@ -118,7 +96,7 @@ mod tests {
         ] {
             let s = MatvecShape::of(k).unwrap();
             assert_eq!((s.rows, s.segments), (rows, segments), "k = {k}");
-            assert!(s.chunk_bytes() <= SLOT_BYTES);
+            assert!(s.rows * k * 2 <= SLOT_BYTES, "k = {k}: a full chunk overflows its slot");
             // A lane's share of a segment is at most 4 groups of 8 columns.
             assert!((k / segments).div_ceil(8 * 32) <= 4, "k = {k}");
         }

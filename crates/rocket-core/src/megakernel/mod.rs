@@ -2,8 +2,8 @@
 //! the static schedule rocket-core compiles from a [`ModelSpec`](crate::ModelSpec)
 //! (per-SM instruction lists with dependency counters), a verifier that proves
 //! a schedule complete and deadlock-free, and a CPU twin that runs a schedule
-//! the way the kernel does. The kernel itself is `kernels/src/megakernel/`; its
-//! host side is `backend::cuda::megakernel`.
+//! the way the kernel does. The kernel itself is `kernels/src/megakernel.cu`,
+//! its contract with the host `abi`, its host side `backend::cuda::megakernel`.
 //!
 //! One launch runs the whole token loop: one CTA per SM, eight consumer warps
 //! executing the SM's instructions and one producer warp streaming the weights
@@ -12,12 +12,15 @@
 //! boundaries while the consumers wait on activations). The last LM-head tile
 //! picks the token, publishes it to the host and embeds the next input.
 
+pub mod abi;
+mod error;
 pub mod geometry;
 pub mod profile;
 pub mod schedule;
 pub mod twin;
 pub mod verify;
 
+pub use error::{MegakernelError, StallSite};
 pub use profile::Profile;
 pub use schedule::{Counters, Instr, Op, Schedule, Wait, Work};
 pub use verify::verify;

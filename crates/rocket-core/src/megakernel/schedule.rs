@@ -17,6 +17,7 @@
 //! picks the token and writes the next step's embedding. Every SM's list follows
 //! this global order, which is what makes the schedule deadlock-free (see `verify`).
 
+use super::abi::{OP_ATTN, OP_LMHEAD, OP_MLP, OP_OPROJ, OP_QKV, STEP_COUNTER};
 use super::geometry::{MatvecShape, MAX_SPLITS, PART_CAP};
 use crate::error::{Result, RocketError};
 use crate::model::ModelSpec;
@@ -24,12 +25,12 @@ use crate::model::ModelSpec;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]
 pub enum Op {
-    Qkv = 1,
-    Attn = 2,
-    OProj = 3,
+    Qkv = OP_QKV as u8,
+    Attn = OP_ATTN as u8,
+    OProj = OP_OPROJ as u8,
     /// Rows of gate and up (act rows), and the down-projection's columns.
-    Mlp = 4,
-    LmHead = 6,
+    Mlp = OP_MLP as u8,
+    LmHead = OP_LMHEAD as u8,
 }
 
 impl Op {
@@ -74,34 +75,6 @@ pub struct Instr {
     pub work: Work,
 }
 
-/// u32 words per encoded instruction (kernels/src/megakernel/geometry.cuh `INSTR_WORDS`).
-pub const INSTR_WORDS: usize = 8;
-
-impl Instr {
-    /// The device encoding (kernels/src/mk_params.cuh `load_instr`):
-    /// `[op | layer << 8 | signal << 16, wait.counter | wait.per_step << 16, a, b, c, d, 0, 0]`
-    /// with (a, b, c, d) = (begin, end, tile, 0) for rows,
-    /// (kv_head, split, splits, 0) for attention and (tile_rows, tiles, claims, 0)
-    /// for claimed tiles; `d` and the last two words are reserved (0).
-    pub fn encode(&self) -> [u32; INSTR_WORDS] {
-        let (a, b, c, d) = match self.work {
-            Work::Rows { begin, end, tile } => (begin, end, tile, 0),
-            Work::Attn { kv_head, split, splits } => (kv_head, split, splits, 0),
-            Work::Claimed { tile_rows, tiles, claims } => (tile_rows, tiles, claims as u32, 0),
-        };
-        [
-            self.op as u32 | (self.layer as u32) << 8 | (self.signal as u32) << 16,
-            self.wait.counter as u32 | (self.wait.per_step as u32) << 16,
-            a,
-            b,
-            c,
-            d,
-            0,
-            0,
-        ]
-    }
-}
-
 /// Where each dependency counter lives in the counter array.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counters {
@@ -110,7 +83,7 @@ pub struct Counters {
 
 impl Counters {
     /// Steps whose input embedding is in place: `t + 1` once step `t` may start.
-    pub const STEP: u16 = 0;
+    pub const STEP: u16 = STEP_COUNTER as u16;
 
     fn base(&self, layer: usize) -> usize {
         1 + layer * Op::LAYER_OPS.len()
@@ -274,6 +247,7 @@ impl Schedule {
     /// The device form: every SM's encoded instructions back to back, and where
     /// each SM's list starts (in instructions; `sm_count + 1` entries).
     pub fn encode(&self) -> (Vec<u32>, Vec<u32>) {
+        use super::abi::INSTR_WORDS;
         let mut words = Vec::with_capacity(self.len() * INSTR_WORDS);
         let mut starts = Vec::with_capacity(self.sm_count + 1);
         for list in &self.per_sm {
@@ -294,52 +268,11 @@ impl Schedule {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// Weight bytes each SM streams through its ring per step (the load balance;
-    /// claimed tiles count as the SM's even share).
-    pub fn weight_bytes_per_sm(&self, spec: &ModelSpec) -> Vec<usize> {
-        let n = self.sm_count;
-        (0..n)
-            .map(|sm| {
-                self.per_sm[sm]
-                    .iter()
-                    .map(|i| match i.work {
-                        Work::Attn { .. } => 0,
-                        Work::Claimed { .. } => {
-                            let all = spec.vocab_size * spec.hidden_size * 2;
-                            all * (sm + 1) / n - all * sm / n
-                        }
-                        Work::Rows { begin, end, .. } => {
-                            let k = if i.op == Op::OProj { spec.q_dim() } else { spec.hidden_size };
-                            let matrices = if i.op == Op::Mlp { 3 } else { 1 }; // gate, up, down^T
-                            (end - begin) as usize * k * 2 * matrices
-                        }
-                    })
-                    .sum()
-            })
-            .collect()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn encoding_packs_fields_where_the_kernel_reads_them() {
-        let i = Instr {
-            op: Op::Attn,
-            layer: 7,
-            signal: 300,
-            wait: Wait { counter: 12, per_step: 132 },
-            work: Work::Attn { kv_head: 3, split: 5, splits: 16 },
-        };
-        assert_eq!(i.encode(), [2 | 7 << 8 | 300 << 16, 12 | 132 << 16, 3, 5, 16, 0, 0, 0]);
-        let r = Instr { op: Op::LmHead, layer: 16, signal: 9, wait: Wait { counter: 8, per_step: 1 }, work: Work::Rows { begin: 10, end: 20, tile: 4 } };
-        assert_eq!(r.encode()[2..6], [10, 20, 4, 0]);
-        let c = Instr { work: Work::Claimed { tile_rows: 32, tiles: 4748, claims: 115 }, ..r };
-        assert_eq!(c.encode()[2..6], [32, 4748, 115, 0]);
-    }
 
     #[test]
     fn tiles_come_in_whole_rounds_of_the_sm_count() {

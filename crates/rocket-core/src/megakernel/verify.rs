@@ -347,11 +347,36 @@ pub(crate) mod tests {
         assert!(Schedule::compile_with_lm_tiles(&spec(576, 1536, 30, 9, 3, 64, 49152), 132, 0).is_err());
     }
 
+    /// Weight bytes each SM streams through its ring per step (the load balance;
+    /// claimed tiles count as the SM's even share).
+    fn weight_bytes_per_sm(s: &Schedule, spec: &ModelSpec) -> Vec<usize> {
+        let n = s.sm_count;
+        (0..n)
+            .map(|sm| {
+                s.per_sm[sm]
+                    .iter()
+                    .map(|i| match i.work {
+                        Work::Attn { .. } => 0,
+                        Work::Claimed { .. } => {
+                            let all = spec.vocab_size * spec.hidden_size * 2;
+                            all * (sm + 1) / n - all * sm / n
+                        }
+                        Work::Rows { begin, end, .. } => {
+                            let k = if i.op == Op::OProj { spec.q_dim() } else { spec.hidden_size };
+                            let matrices = if i.op == Op::Mlp { 3 } else { 1 }; // gate, up, down^T
+                            (end - begin) as usize * k * 2 * matrices
+                        }
+                    })
+                    .sum()
+            })
+            .collect()
+    }
+
     #[test]
     fn h200_schedule_balances_the_weight_bytes() {
         let llama = spec(2048, 8192, 16, 32, 8, 64, 128256);
         let s = Schedule::compile(&llama, 132).unwrap();
-        let bytes = s.weight_bytes_per_sm(&llama);
+        let bytes = weight_bytes_per_sm(&s, &llama);
         let (min, max) = (*bytes.iter().min().unwrap(), *bytes.iter().max().unwrap());
         assert!(max as f64 / (min as f64) < 1.02, "SM weight bytes {min}..{max}");
         assert_eq!(bytes.iter().sum::<usize>(), 2 * (llama.weight_elements_per_step() - 2048 - llama_norms(&llama)));

@@ -361,18 +361,15 @@ unsafe impl Sync for Function {}
 /// One kernel argument: its bytes, passed by pointer as cuLaunchKernel expects.
 pub(crate) enum Arg {
     Ptr(u64),
+    /// Only the probes (feature `diagnostics`) pass a 64-bit count.
+    #[cfg(feature = "diagnostics")]
     U64(u64),
     I32(i32),
     F32(f32),
 }
 
 impl Function {
-    /// A plain launch with `smem` bytes of dynamic shared memory.
-    pub(crate) fn launch_with_smem(&self, stream: &Stream, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
-        self.launch_ex(stream, grid, block, smem, false, args)
-    }
-
-    /// As `launch_with_smem`; with `early`, a programmatic dependent launch
+    /// A launch with `smem` bytes of dynamic shared memory; with `early`, a programmatic dependent launch
     /// (sm_90): the kernel's CTAs may start while the previous kernel in the
     /// stream still runs, so the kernel must call `pdl_wait()` (common.cuh)
     /// before it touches anything an earlier kernel writes. Graph capture
@@ -383,7 +380,9 @@ impl Function {
             .map(|a| {
                 let mut b = [0u8; 8];
                 match a {
-                    Arg::Ptr(p) | Arg::U64(p) => b.copy_from_slice(&p.to_ne_bytes()),
+                    Arg::Ptr(p) => b.copy_from_slice(&p.to_ne_bytes()),
+                    #[cfg(feature = "diagnostics")]
+                    Arg::U64(p) => b.copy_from_slice(&p.to_ne_bytes()),
                     Arg::I32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
                     Arg::F32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
                 }

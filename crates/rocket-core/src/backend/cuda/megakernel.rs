@@ -13,10 +13,10 @@ use super::sampler::sample_row;
 use super::env_switch;
 use crate::backend::{LoopOutcome, LoopRequest, SampleRequest};
 use crate::error::{Result, RocketError};
-use crate::megakernel::geometry::{CONSUMER_WARPS, SLOTS, SLOT_BYTES};
-use crate::megakernel::schedule::{INSTR_WORDS, LM_TILE_CHUNKS};
+use crate::megakernel::abi::{LayerPtrs, Params, RING_EMPTY, RING_FAULT, RING_STOP, RING_TOKENS, SLOTS, SMEM_BYTES, STATE_WORDS, ST_STEPS, THREADS};
+use crate::megakernel::schedule::LM_TILE_CHUNKS;
 use crate::megakernel::profile::trace_words;
-use crate::megakernel::{verify, Op, Schedule, Work};
+use crate::megakernel::{verify, MegakernelError, Schedule};
 use crate::model::ModelSpec;
 
 /// A fuel the megakernel is instantiated for (kernels/src/megakernel.cu `MEGAKERNEL`).
@@ -31,16 +31,13 @@ pub struct Fuel {
     kv_heads: usize,
     head_dim: usize,
     vocab: usize,
-    /// Whether `ROCKET_DECODE=auto` picks the megakernel: where it measured
-    /// faster than the CUDA-graph path (benches/NOTES.md, H200, 2026-12-03).
-    pub auto: bool,
 }
 
 pub const FUELS: [Fuel; 4] = [
-    Fuel { name: "Llama-3.2-1B", kernel: "megakernel_llama_3_2_1b", hidden: 2048, ff: 8192, layers: 16, heads: 32, kv_heads: 8, head_dim: 64, vocab: 128256, auto: true },
-    Fuel { name: "Qwen3-0.6B", kernel: "megakernel_qwen3_0_6b", hidden: 1024, ff: 3072, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936, auto: true },
-    Fuel { name: "Qwen3-1.7B", kernel: "megakernel_qwen3_1_7b", hidden: 2048, ff: 6144, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936, auto: true },
-    Fuel { name: "SmolLM2-135M", kernel: "megakernel_smollm2_135m", hidden: 576, ff: 1536, layers: 30, heads: 9, kv_heads: 3, head_dim: 64, vocab: 49152, auto: true },
+    Fuel { name: "Llama-3.2-1B", kernel: "megakernel_llama_3_2_1b", hidden: 2048, ff: 8192, layers: 16, heads: 32, kv_heads: 8, head_dim: 64, vocab: 128256 },
+    Fuel { name: "Qwen3-0.6B", kernel: "megakernel_qwen3_0_6b", hidden: 1024, ff: 3072, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936 },
+    Fuel { name: "Qwen3-1.7B", kernel: "megakernel_qwen3_1_7b", hidden: 2048, ff: 6144, layers: 28, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151936 },
+    Fuel { name: "SmolLM2-135M", kernel: "megakernel_smollm2_135m", hidden: 576, ff: 1536, layers: 30, heads: 9, kv_heads: 3, head_dim: 64, vocab: 49152 },
 ];
 
 /// The fuel whose shapes `spec` has exactly, if any.
@@ -51,85 +48,10 @@ pub fn fuel_for(spec: &ModelSpec) -> Option<&'static Fuel> {
     })
 }
 
-/// kernels/src/mk_geometry.cuh: threads per CTA, shared memory, ring and state layout.
-const THREADS: u32 = (CONSUMER_WARPS as u32 + 2) * 32;
-const VEC_CAP: usize = 2048;
-const SMEM_BYTES: usize = SLOTS * SLOT_BYTES + 2 * SLOTS * 8 + VEC_CAP * 4 + crate::megakernel::geometry::PART_CAP * 4 + 64 * 4;
-const STATE_WORDS: usize = 16;
-const ST_ERROR: usize = 1;
-const ST_ERR_SM: usize = 2;
-const ST_ERR_INSTR: usize = 3;
-const ST_ERR_STEP: usize = 4;
-const ST_ERR_VALUE: usize = 5;
-const ST_ERR_TARGET: usize = 6;
-const ST_STEPS: usize = 7;
-#[cfg_attr(not(test), allow(dead_code))] // only the kernel uses it; the mirror test checks it
-const ST_HOST_STOP: usize = 8;
-const RING_STOP: usize = 1;
-const RING_FAULT: usize = 2;
-const RING_TOKENS: usize = 4;
-const RING_EMPTY: u32 = u32::MAX;
-const RING_FAULT_COPY: u32 = 0xc0de_0000;
 /// End ids one launch can check (requests with more take the CUDA-graph path).
 pub const MAX_END_IDS: usize = 64;
 /// Steps one launch may run (the ring's size); longer generations relaunch.
 pub const MAX_LOOP_STEPS: usize = 4096;
-
-/// The kernel's only parameter (kernels/src/mk_params.cuh `Params`, same order).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct Params {
-    instrs: u64,
-    sm_start: u64,
-    counters: u64,
-    state: u64,
-    layers: u64,
-    embed: u64,
-    lm_head: u64,
-    final_norm: u64,
-    inv_freq: u64,
-    x: u64,
-    qkv: u64,
-    mlp_acc: u64,
-    logits: u64,
-    part_o: u64,
-    part_ml: u64,
-    lm_max: u64,
-    lm_idx: u64,
-    kv: u64,
-    forced: u64,
-    logits_out: u64,
-    ring: u64,
-    end_ids: u64,
-    trace: u64,
-    sample: u64,
-    seen_bits: u64,
-    gen_counts: u64,
-    sample_items: u64,
-    tokens: u64,
-    watchdog_ns: u64,
-    pos0: i32,
-    first_token: u32,
-    max_steps: i32,
-    n_forced: i32,
-    n_end: i32,
-    mask_end_steps: i32,
-    lm_tiles: i32,
-    splits: i32,
-    eps: f32,
-    trace_step: i32,
-    poll_spin: i32,
-    weights_evict_first: i32,
-    hold_qkv: i32,
-    hold_oproj: i32,
-    hold_mlp: i32,
-    counter_stride: i32,
-}
-
-// mk_params.cuh asserts the same size.
-const _: () = assert!(std::mem::size_of::<Params>() == 296);
-// Hopper gives a CTA at most 227 KiB of shared memory.
-const _: () = assert!(SMEM_BYTES <= 227 * 1024);
 
 /// One launch's inputs beyond the session.
 pub(crate) struct Launch<'a> {
@@ -187,6 +109,8 @@ impl LoopSampler {
 }
 
 pub(crate) struct Megakernel {
+    /// Which fuel this is (the diagnostics report it).
+    #[cfg(feature = "diagnostics")]
     pub fuel: &'static Fuel,
     function: Function,
     pub schedule: Schedule,
@@ -243,10 +167,10 @@ fn transposed_down(ctx: &Context, module: &Module, stream: &Stream, spec: &Model
 /// ROCKET_MK_HOLD=N or Q,O,M (each 0..=SLOTS, default 4,8,8): a layer's
 /// matrix-vector instruction (Qkv, OProj, Mlp) keeps its last N ring chunks
 /// until the next one's wait, so fewer weights stream into the SM while it
-/// stores and releases its results (H200, benches/NOTES.md: session 14 run 2,
-/// Llama-3.2-1B 0.836 → 0.777 ms/token from 0 to 8, 12 slower again; session 16
-/// run 5, per op: the Mlp's 8 matters most (4 or 12: +2 to +4%), the Qkv's 4
-/// takes Qwen3-1.7B from 1.143 to 1.134 and leaves the rest as they were).
+/// stores and releases its results: its release fence then waits for fewer
+/// copies in flight. Measured on the H200: holding chunks is clearly faster
+/// than none; per op the Mlp's 8 matters most (4 or 12 are slower), and the
+/// Qkv's 4 helps the largest fuel a little without costing the others.
 const DEFAULT_HOLD_CHUNKS: [i32; 3] = [4, 8, 8];
 fn hold_chunks() -> Result<[i32; 3]> {
     let Ok(v) = std::env::var("ROCKET_MK_HOLD") else { return Ok(DEFAULT_HOLD_CHUNKS) };
@@ -291,8 +215,8 @@ fn parse_count(name: &str, value: Option<&str>, default: usize, max: usize) -> R
 /// ROCKET_MK_COUNTER_STRIDE=N (1..=64, default 32): u32 words from one
 /// dependency counter to the next. At 32 each sits on a 128-byte line of its
 /// own, so the polls of one and the atomic adds to its neighbours do not meet
-/// in one L2 line: H200, benches/NOTES.md session 17 run 7, Llama-3.2-1B 0.734
-/// -> 0.730 and Qwen3-1.7B 1.136 -> 1.131 ms/token, the small fuels as at 1.
+/// in one L2 line (measured ~0.5% faster on the H200's large fuels, the small
+/// ones as at 1).
 const DEFAULT_COUNTER_STRIDE: usize = 32;
 fn counter_stride() -> Result<usize> {
     env_count("ROCKET_MK_COUNTER_STRIDE", DEFAULT_COUNTER_STRIDE, 64)
@@ -314,7 +238,7 @@ impl Megakernel {
         })?;
         let function = module.function(fuel.kernel)?;
         function.set_max_dynamic_smem(SMEM_BYTES)?;
-        if function.max_active_blocks(THREADS, SMEM_BYTES)? < 1 {
+        if function.max_active_blocks(THREADS as u32, SMEM_BYTES)? < 1 {
             return Err(RocketError::Device(format!("{} cannot fit one megakernel CTA ({SMEM_BYTES} bytes of shared memory) per SM", ctx.name)));
         }
         let sms = ctx.sm_count as usize;
@@ -324,11 +248,20 @@ impl Megakernel {
         let instrs = DeviceBuffer::with_data(ctx, stream, &words, "the megakernel schedule")?;
         let sm_start = DeviceBuffer::with_data(ctx, stream, &starts, "the megakernel schedule")?;
         let (down_t, down_t_layers) = transposed_down(ctx, module, stream, spec, w)?;
-        let table: Vec<u64> = w
+        let table: Vec<LayerPtrs> = w
             .layers
             .iter()
             .zip(&down_t_layers)
-            .flat_map(|(l, &down_t)| [l.attn_norm, l.qkv, l.q_norm, l.k_norm, l.o, l.mlp_norm, l.gate_up, down_t])
+            .map(|(l, &down_t)| LayerPtrs {
+                attn_norm: l.attn_norm,
+                qkv: l.qkv,
+                q_norm: l.q_norm,
+                k_norm: l.k_norm,
+                o: l.o,
+                mlp_norm: l.mlp_norm,
+                gate_up: l.gate_up,
+                down_t,
+            })
             .collect();
         let layers = DeviceBuffer::with_data(ctx, stream, &table, "the megakernel layer table")?;
 
@@ -390,7 +323,7 @@ impl Megakernel {
             eps: spec.rms_norm_eps as f32,
             // ROCKET_MK_SPIN=1: dependency polls spin instead of sleeping 32 ns (an
             // experiment); ROCKET_MK_EVICT_FIRST=0: weights pass through L2 under the
-            // normal policy instead of evict-first (benches/NOTES.md, session 14).
+            // normal policy instead of evict-first (which keeps activations and K/V cached).
             poll_spin: env_switch("ROCKET_MK_SPIN", false)? as i32,
             weights_evict_first: env_switch("ROCKET_MK_EVICT_FIRST", true)? as i32,
             hold_qkv: hold[0],
@@ -402,6 +335,7 @@ impl Megakernel {
         stream.sync()?;
         tracing::info!(fuel = fuel.name, sms, instructions = schedule.len(), splits = schedule.splits, "megakernel ready");
         Ok(Megakernel {
+            #[cfg(feature = "diagnostics")]
             fuel,
             function,
             grid: sms as u32,
@@ -453,7 +387,7 @@ impl Megakernel {
         on_token: &mut dyn FnMut(usize, u32) -> bool,
     ) -> Result<(LoopOutcome, Option<Vec<f32>>)> {
         if let Some(why) = &self.broken {
-            return Err(RocketError::Device(format!("the megakernel is out of service: {why}")));
+            return Err(MegakernelError::OutOfService { reason: why.clone() }.into());
         }
         // Work queued before this launch (a new session's KV poison fill, uploads)
         // must land before the host resets the mapped ring the kernel reads.
@@ -526,7 +460,7 @@ impl Megakernel {
         };
         self.last_trace = None;
         let cpu_start = thread_cpu_seconds();
-        self.function.launch_cooperative(stream, self.grid, THREADS, SMEM_BYTES, &params)?;
+        self.function.launch_cooperative(stream, self.grid, THREADS as u32, SMEM_BYTES, &params)?;
 
         // Poll: hand tokens on as they land; sleep between looks so the host stays idle.
         // A launch that publishes nothing for longer than the device's own watchdog
@@ -563,33 +497,27 @@ impl Megakernel {
             }
             if last_progress.elapsed() > stall_limit && !stream.is_idle().unwrap_or(false) {
                 self.ring.write(RING_STOP, 1);
-                let why = format!(
-                    "it published no token for {:.1} s after step {seen} (its watchdog should have ended the launch \
-                     after {} ms); the device may be hung",
-                    stall_limit.as_secs_f64(),
-                    self.watchdog.as_millis()
-                );
-                self.broken = Some(why.clone());
+                let e = MegakernelError::Hung { silent_seconds: stall_limit.as_secs_f64(), step: seen, watchdog_ms: self.watchdog_ms() };
+                self.broken = Some(e.to_string());
                 self.hung = true;
-                return Err(RocketError::Device(format!("megakernel: {why}")));
+                return Err(e.into());
             }
             std::thread::sleep(Duration::from_micros(50));
         }
         stream.sync().map_err(|e| self.fault_error(e))?;
         let mut state = [0u32; STATE_WORDS];
         self.state.download(stream, 0, &mut state)?;
-        if state[ST_ERROR] != 0 {
+        if let Some(e) = MegakernelError::from_state(&state, &self.schedule, self.watchdog_ms()) {
             // A stall is a device or schedule fault that would come back: later
             // requests decode with CUDA graphs (see `in_service`).
-            let e = self.watchdog_error(&state);
             self.broken = Some(e.to_string());
-            return Err(e);
+            return Err(e.into());
         }
         let device_steps = state[ST_STEPS] as usize;
         if seen != device_steps {
-            let why = format!("the megakernel ran {device_steps} steps but published {seen} tokens");
-            self.broken = Some(why.clone());
-            return Err(RocketError::Internal(why));
+            let e = MegakernelError::LostTokens { device_steps, published: seen };
+            self.broken = Some(e.to_string());
+            return Err(e.into());
         }
         let logits = match (&self.logits_out, launch.keep_logits) {
             (Some(b), true) => {
@@ -612,41 +540,25 @@ impl Megakernel {
     /// that never landed (the CUDA context is lost then).
     fn fault_error(&mut self, e: RocketError) -> RocketError {
         self.broken = Some(format!("a launch failed: {e}"));
-        let fault = self.ring.read(RING_FAULT);
-        if fault & 0xffff_0000 == RING_FAULT_COPY {
-            return RocketError::Device(format!(
-                "megakernel watchdog: SM {} waited over {} ms for weights the copy engine never delivered; the CUDA \
-                 context is lost ({e})",
-                fault & 0xffff,
-                self.watchdog.as_millis()
-            ));
+        match MegakernelError::from_fault_word(self.ring.read(RING_FAULT), self.watchdog_ms(), &e) {
+            Some(fault) => fault.into(),
+            None => e,
         }
-        e
     }
 
-    /// A watchdog report in words: which SM waited where, for what.
-    fn watchdog_error(&self, state: &[u32; STATE_WORDS]) -> RocketError {
-        let sm = state[ST_ERR_SM] as usize;
-        let at = match self.schedule.per_sm.get(sm).and_then(|l| l.get(state[ST_ERR_INSTR] as usize)) {
-            Some(i) => describe(i),
-            None => "the start of the step".to_string(),
-        };
-        RocketError::Device(format!(
-            "megakernel watchdog: SM {sm} waited over {} ms at {at} of step {}: its counter stayed at {} < {}",
-            self.watchdog.as_millis(),
-            state[ST_ERR_STEP],
-            state[ST_ERR_VALUE],
-            state[ST_ERR_TARGET]
-        ))
+    fn watchdog_ms(&self) -> u64 {
+        self.watchdog.as_millis() as u64
     }
 
     /// Launches a copy of the schedule in which one wait can never be met, with a
-    /// short watchdog (`kv` must hold 2 positions), and returns the error it must end with (a hang would be a
-    /// failure of the watchdog). The real schedule is restored afterwards.
-    pub(crate) fn watchdog_probe(&mut self, ctx: &Context, stream: &Stream, kv: u64) -> Result<String> {
+    /// short watchdog (`kv` must hold 2 positions), and returns the error it must
+    /// end with (a hang would be a failure of the watchdog). The real schedule is
+    /// restored afterwards.
+    #[cfg(feature = "diagnostics")]
+    pub(crate) fn watchdog_probe(&mut self, ctx: &Context, stream: &Stream, kv: u64) -> Result<MegakernelError> {
         let mut broken = self.schedule.clone();
         let last = self.schedule.counters.layers - 1;
-        for i in broken.per_sm.iter_mut().flatten().filter(|i| i.op == Op::Mlp && i.layer as usize == last) {
+        for i in broken.per_sm.iter_mut().flatten().filter(|i| i.op == crate::megakernel::Op::Mlp && i.layer as usize == last) {
             i.wait.per_step += 1;
         }
         let (words, _) = broken.encode();
@@ -669,22 +581,14 @@ impl Megakernel {
         self.schedule = real_schedule;
         self.watchdog = real_watchdog;
         match outcome {
-            Err(RocketError::Device(msg)) if msg.starts_with("megakernel watchdog") && msg.contains("its counter stayed") => {
+            Err(RocketError::Megakernel(e @ MegakernelError::Watchdog { .. })) => {
                 self.broken = None; // the stall was the probe's own
-                Ok(msg)
+                Ok(e)
             }
-            Err(RocketError::Device(msg)) => Ok(msg),
+            Err(RocketError::Megakernel(e)) => Ok(e),
             Err(e) => Err(e),
             Ok(_) => Err(RocketError::Internal("a schedule with an impossible wait ran to the end".into())),
         }
-    }
-}
-
-fn describe(i: &crate::megakernel::Instr) -> String {
-    match i.work {
-        Work::Attn { kv_head, split, .. } => format!("attention of layer {} (KV head {kv_head}, split {split})", i.layer),
-        Work::Claimed { tiles, .. } => format!("the LM head (claimed tiles, {tiles} per step)"),
-        Work::Rows { begin, end, .. } => format!("{:?} of layer {} (rows {begin}..{end})", i.op, i.layer),
     }
 }
 
@@ -698,79 +602,9 @@ fn thread_cpu_seconds() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-/// Encoded words per instruction must match the kernel's uint4 pairs.
-const _: () = assert!(INSTR_WORDS == 8);
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The constants above and in geometry.rs against kernels/src/mk_geometry.cuh.
-    #[test]
-    fn geometry_matches_the_kernel_header() {
-        let header = include_str!("../../../../../kernels/src/mk_geometry.cuh");
-        let value = |name: &str| -> i64 {
-            let line = header
-                .lines()
-                .find(|l| l.contains(&format!(" {name} = ")))
-                .unwrap_or_else(|| panic!("{name} not in mk_geometry.cuh"));
-            let v = line.split('=').nth(1).unwrap().split(';').next().unwrap().trim();
-            v.trim_end_matches('u').parse().unwrap_or_else(|_| panic!("{name} = {v} is not a plain number"))
-        };
-        use crate::megakernel::geometry as g;
-        assert_eq!(value("CONSUMER_WARPS"), g::CONSUMER_WARPS as i64);
-        assert_eq!(value("SLOT_BYTES"), g::SLOT_BYTES as i64);
-        assert_eq!(value("SLOTS"), g::SLOTS as i64);
-        assert_eq!(value("PART_CAP"), g::PART_CAP as i64);
-        assert_eq!(value("VEC_CAP"), VEC_CAP as i64);
-        assert_eq!(value("MAX_SPLITS"), g::MAX_SPLITS as i64);
-        assert_eq!(value("MAX_GROUP"), g::MAX_GROUP as i64);
-        assert_eq!(value("SPLIT_POSITIONS"), g::SPLIT_POSITIONS as i64);
-        assert_eq!(value("INSTR_WORDS"), INSTR_WORDS as i64);
-        assert_eq!(value("STATE_WORDS"), STATE_WORDS as i64);
-        assert_eq!(value("SMEM_SCALAR_WORDS"), 64);
-        for (name, v) in [("ST_ERROR", ST_ERROR), ("ST_ERR_SM", ST_ERR_SM), ("ST_ERR_INSTR", ST_ERR_INSTR), ("ST_ERR_STEP", ST_ERR_STEP), ("ST_ERR_VALUE", ST_ERR_VALUE), ("ST_ERR_TARGET", ST_ERR_TARGET), ("ST_STEPS", ST_STEPS), ("ST_HOST_STOP", ST_HOST_STOP)] {
-            assert_eq!(value(name), v as i64, "{name}");
-        }
-        let ring = format!("constexpr int RING_STOP = {RING_STOP}, RING_FAULT = {RING_FAULT}, RING_TOKENS = {RING_TOKENS};");
-        assert!(header.contains(&ring), "mk_geometry.cuh lacks `{ring}`");
-        for (name, v) in [("RING_EMPTY", RING_EMPTY), ("RING_FAULT_COPY", RING_FAULT_COPY)] {
-            let line = format!("constexpr uint32_t {name} = {v:#010x}u;");
-            assert!(header.contains(&line), "mk_geometry.cuh lacks `{line}`");
-        }
-    }
-
-    /// Params crosses to the kernel as raw bytes: every field must sit where
-    /// mk_params.cuh's struct puts it (same names, same order, same widths).
-    #[test]
-    fn params_layout_matches_the_kernels() {
-        let header = include_str!("../../../../../kernels/src/mk_params.cuh");
-        let body = &header[header.find("struct Params {").expect("Params in mk_params.cuh")..];
-        let body = &body[..body.find("};").expect("end of Params")];
-        let mut offset = 0usize;
-        let mut kernel_fields = Vec::new();
-        for line in body.lines().skip(1) {
-            let decl = line.split("//").next().unwrap_or("").trim();
-            let Some(decl) = decl.strip_suffix(';') else { continue };
-            let (ty, name) = decl.rsplit_once([' ', '*']).expect("a field declaration");
-            let size = if ty.contains('*') || decl.contains('*') || ty.contains("long long") { 8 } else { 4 };
-            offset = offset.next_multiple_of(size);
-            kernel_fields.push((name.trim().to_string(), offset));
-            offset += size;
-        }
-        macro_rules! rust_fields {
-            ($($f:ident),* $(,)?) => { vec![$((stringify!($f).to_string(), std::mem::offset_of!(Params, $f))),*] };
-        }
-        let rust = rust_fields![
-            instrs, sm_start, counters, state, layers, embed, lm_head, final_norm, inv_freq, x, qkv, mlp_acc, logits,
-            part_o, part_ml, lm_max, lm_idx, kv, forced, logits_out, ring, end_ids, trace, sample, seen_bits,
-            gen_counts, sample_items, tokens, watchdog_ns, pos0, first_token, max_steps, n_forced, n_end,
-            mask_end_steps, lm_tiles, splits, eps, trace_step, poll_spin, weights_evict_first, hold_qkv, hold_oproj,
-            hold_mlp, counter_stride,
-        ];
-        assert_eq!(kernel_fields, rust);
-        assert_eq!(offset.next_multiple_of(8), std::mem::size_of::<Params>());
-    }
 
     #[test]
     fn hold_takes_one_count_or_one_per_op() {

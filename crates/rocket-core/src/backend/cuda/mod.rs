@@ -6,12 +6,18 @@
 //! The driver is loaded at run time (cudarc dynamic loading), so builds need no
 //! CUDA install and machines without a GPU get a clear error, never a panic.
 
+#[cfg(feature = "diagnostics")]
+mod diagnostics;
 mod driver;
 mod kernels;
+#[cfg(feature = "diagnostics")]
 mod matmul_check;
+#[cfg(feature = "diagnostics")]
 pub use matmul_check::{MatmulCheck, MatmulFusion, MatmulKernel};
 pub mod megakernel;
+#[cfg(feature = "diagnostics")]
 mod probe;
+#[cfg(feature = "diagnostics")]
 pub use probe::{FenceCost, L2Latency, StreamRate};
 mod sampler;
 mod weights;
@@ -60,8 +66,9 @@ pub enum DecodeMode {
     Graph,
     /// The persistent megakernel where the fuel has one, else an error (`megakernel`).
     Megakernel,
-    /// The default (`auto`): the megakernel for fuels where it measured faster
-    /// than the CUDA-graph path (`megakernel::Fuel::auto`), else the graph path.
+    /// The default (`auto`): the megakernel for every fuel that has one (it
+    /// measured faster than the CUDA-graph path on each, benches/NOTES.md), else
+    /// the graph path; also the graph path where the megakernel cannot run here.
     Auto,
 }
 
@@ -119,10 +126,9 @@ pub enum MatmulMode {
     Auto,
 }
 
-/// H200 (benches/NOTES.md, session 13, `rocket bench --batch 1,2,3,4` with each
-/// kernel forced on the graph path): from 2 rows the tensor cores' decode step is
-/// faster (Llama-3.2-1B 1.201 ms against 1.569 at 2 rows, 1.203 against 2.207 at 4;
-/// Qwen3-0.6B 1.427 against 1.454 at 2), at 1 row the GEMV's (1.148 against 1.197).
+/// Measured on the H200 with each kernel forced on the graph path: from 2 rows
+/// the tensor cores' decode step is faster (it streams the weights once whatever
+/// the row count, the GEMV's time grows with every row); at 1 row the GEMV's is.
 pub const TENSOR_CORE_MIN_ROWS: usize = 2;
 
 impl MatmulMode {
@@ -359,14 +365,14 @@ impl CudaBackend {
             DecodeMode::Graph => None,
             DecodeMode::Megakernel => Some(Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights)?),
             DecodeMode::Auto => match megakernel::fuel_for(&spec) {
-                Some(fuel) if fuel.auto => match Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights) {
+                Some(_) => match Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights) {
                     Ok(mk) => Some(mk),
                     Err(e) => {
                         tracing::warn!(error = %e, "no megakernel on this device; decoding with CUDA graphs");
                         None
                     }
                 },
-                _ => None,
+                None => None,
             },
         };
         let info = CudaInfo {
@@ -407,115 +413,6 @@ impl CudaBackend {
         &self.spec
     }
 
-    /// The fuel whose megakernel decodes at batch 1, or None (CUDA-graph path).
-    pub fn megakernel_fuel(&self) -> Result<Option<&'static str>> {
-        Ok(self.lock()?.megakernel.as_ref().map(|m| m.fuel.name))
-    }
-
-    /// Teacher forcing through the megakernel: feeds `ids` one per step into a
-    /// fresh sequence and returns each step's argmax and logits ([len][vocab]).
-    /// None when no megakernel is loaded.
-    pub fn megakernel_teacher_forced(&self, ids: &[u32]) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
-        self.megakernel_forced(ids, None, (&[], 0), true, None, |_, tokens, logits| Ok((tokens, logits.expect("asked for logits"))))
-    }
-
-    /// A sampled token loop in the megakernel: teacher-forces `prompt`, then
-    /// samples up to `steps` tokens with `sampling` (its history, step, end ids
-    /// and min_tokens as a request in the middle of its generation would have
-    /// them), stopping after an end id. Returns the sampled tokens and each
-    /// one's raw logits ([tokens][vocab]), for checking against the host
-    /// sampler. None when no megakernel is loaded.
-    pub fn megakernel_sampled(&self, prompt: &[u32], sampling: &SampleRequest<'_>, steps: usize) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
-        if prompt.is_empty() || steps == 0 {
-            return Err(RocketError::invalid_arg("prompt", prompt.len(), "needs a prompt and at least one step"));
-        }
-        let forced = prompt.len() - 1;
-        let mut ids = prompt.to_vec();
-        ids.resize(prompt.len() + steps - 1, 0); // room for the sampled steps (their inputs are the samples)
-        // Step t samples with counter step + t: the first sampled step (t = forced) draws with counter 0.
-        let shifted = SampleRequest { step: sampling.step.wrapping_sub(forced as u64), ..*sampling };
-        let vocab = self.spec.vocab_size;
-        // The device counts min_tokens' masked steps from the launch's first (forced) step.
-        let masked = forced + sampling.params.min_tokens.saturating_sub(sampling.history.generated_len());
-        self.megakernel_forced(&ids, Some((forced, shifted)), (sampling.end_ids, masked), true, None, |_, tokens, logits| {
-            let logits = logits.expect("asked for logits");
-            Ok((tokens[forced..].to_vec(), logits[forced * vocab..].to_vec()))
-        })
-    }
-
-    /// Where the megakernel's time goes: teacher-forces `ids` and reads the
-    /// kernel's timestamps of step `step` (see `megakernel::profile`). None when
-    /// no megakernel is loaded.
-    pub fn megakernel_profile(&self, ids: &[u32], step: usize) -> Result<Option<Profile>> {
-        if step >= ids.len() {
-            return Err(RocketError::invalid_arg("step", step, format!("must be < the {} steps of the run", ids.len())));
-        }
-        self.megakernel_forced(ids, None, (&[], 0), false, Some(step), |mk, _, _| {
-            let stamps = mk.last_trace.take().ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
-            Profile::from_trace(&mk.schedule, &stamps)
-        })
-    }
-
-    /// One megakernel launch over a fresh sequence fed `ids` one per step (all
-    /// of them, or with `sampled = (n, request)` the first n + 1, then the
-    /// request's samples), ending at `end.0` ids after the first `end.1` steps;
-    /// `finish` gets the megakernel, each step's token and (with `keep_logits`)
-    /// the logits. None when no megakernel is loaded.
-    #[allow(clippy::too_many_arguments)]
-    fn megakernel_forced<T>(
-        &self,
-        ids: &[u32],
-        sampled: Option<(usize, SampleRequest<'_>)>,
-        end: (&[u32], usize),
-        keep_logits: bool,
-        trace_step: Option<usize>,
-        finish: impl FnOnce(&mut Megakernel, Vec<u32>, Option<Vec<f32>>) -> Result<T>,
-    ) -> Result<Option<T>> {
-        if ids.is_empty() || ids.len() > MAX_LOOP_STEPS {
-            return Err(RocketError::invalid_arg("ids", ids.len(), format!("need 1..={MAX_LOOP_STEPS} tokens")));
-        }
-        let mut session = self.new_session(ids.len())?;
-        let kv = own_session::<CudaSession>(session.as_mut(), "cuda")?.kv.ptr;
-        let mut guard = self.lock()?;
-        let inner = &mut *guard;
-        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
-        let forced = sampled.map_or(ids.len() - 1, |(n, _)| n);
-        let req = LoopRequest { max_steps: ids.len(), end_ids: end.0, mask_end_steps: end.1, sampling: sampled.map(|(_, s)| s) };
-        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..=forced], keep_logits, trace_step };
-        let mut tokens = Vec::with_capacity(ids.len());
-        let (_, logits) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
-            tokens.push(t);
-            true
-        })?;
-        finish(mk, tokens, logits).map(Some)
-    }
-
-    /// The device sampler on given logits rows (`requests.len()` rows of vocab):
-    /// what `forward_sample` runs after a pass, for checking it against
-    /// `SampleRequest::sample_on_host`.
-    pub fn sample_on_device(&self, logits: &[f32], requests: &[SampleRequest<'_>]) -> Result<Vec<u32>> {
-        let vocab = self.spec.vocab_size;
-        if logits.len() != requests.len() * vocab {
-            return Err(RocketError::invalid_arg("logits", logits.len(), format!("need {} rows of {vocab}", requests.len())));
-        }
-        let mut guard = self.lock()?;
-        let inner = &mut *guard;
-        let rows = DeviceBuffer::alloc(&inner.ctx, logits.len().max(1) * 4, "logits to sample")?;
-        rows.upload(&inner.stream, 0, logits)?;
-        inner.sampler.sample(&inner.ctx, &inner.stream, &inner.kernels, rows.ptr, vocab, requests)
-    }
-
-    /// Runs the megakernel on a schedule with a wait that can never be met and
-    /// returns the watchdog's error message (a hang here is the failure).
-    pub fn megakernel_watchdog_probe(&self) -> Result<Option<String>> {
-        let mut session = self.new_session(2)?;
-        let kv = own_session::<CudaSession>(session.as_mut(), "cuda")?.kv.ptr;
-        let mut guard = self.lock()?;
-        let inner = &mut *guard;
-        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
-        mk.watchdog_probe(&inner.ctx, &inner.stream, kv).map(Some)
-    }
-
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
         let inner = self.inner.lock().map_err(|_| RocketError::Internal("the CUDA backend lock is poisoned".into()))?;
         inner.ctx.bind()?;
@@ -546,7 +443,7 @@ impl CudaBackend {
         let inner = &mut *guard;
         if inner.megakernel.as_ref().is_some_and(Megakernel::hung) {
             // Work queued behind a launch that never ended would wait forever.
-            return Err(RocketError::Device("the GPU is held by a megakernel launch that never ended; restart the process".into()));
+            return Err(crate::megakernel::MegakernelError::GpuHeld.into());
         }
         let grow = inner.scratch.as_ref().is_none_or(|sc| sc.rows < rows || sc.splits < splits);
         if grow {

@@ -4,12 +4,31 @@
 //! buffer's xor computed here. What a dependent L2 load and a release cost, idle
 //! and beside a weight stream (kernels/src/latency_probe.cu), each walk checked
 //! against the host's walk of the same random chain.
+//!
+//! The probe kernels are an image of their own (kernels/src/diagnostics.cu),
+//! embedded and loaded only here: the shipped rocket image carries none of them.
 
-use super::driver::{self, Arg, DeviceBuffer};
+use super::driver::{self, Arg, Context, DeviceBuffer, Module};
 use super::CudaBackend;
 use crate::error::{Result, RocketError};
 use crate::megakernel::geometry::{SLOTS, SLOT_BYTES};
 use crate::sampling::splitmix64;
+
+static CUBIN: &[u8] = include_bytes!("../../../../../kernels/build/diagnostics.sm_90a.cubin");
+static PTX: &[u8] = include_bytes!("../../../../../kernels/build/diagnostics.ptx");
+
+/// The probe kernels for this GPU: the sm_90a cubin on Hopper, else the PTX
+/// (JIT), as `Kernels::load` picks the product's image. Loaded per probe call
+/// (a few ms), so a backend that never probes never holds the module.
+fn probe_module(ctx: &Context) -> Result<Module> {
+    if ctx.compute_capability == (9, 0) {
+        Module::load(CUBIN)
+    } else {
+        let mut ptx = PTX.to_vec();
+        ptx.push(0);
+        Module::load(&ptx)
+    }
+}
 
 /// One streaming kernel's rate.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,7 +84,7 @@ impl CudaBackend {
         let expected = [lo as u32, (lo >> 32) as u32, hi as u32, (hi >> 32) as u32];
         let src = DeviceBuffer::with_data(&inner.ctx, &inner.stream, &host, "the stream probe")?;
         let sink = DeviceBuffer::alloc(&inner.ctx, sms * 16, "the stream probe's sink")?;
-        let module = inner.kernels.module();
+        let module = probe_module(&inner.ctx)?;
 
         let mut kernels: Vec<(String, driver::Function, u32, u32)> = Vec::new();
         for (name, slot, slots) in RINGS {
@@ -85,7 +104,7 @@ impl CudaBackend {
                 sink.fill_u8(&inner.stream, 0)?;
                 let (start, end) = (driver::TimedEvent::new()?, driver::TimedEvent::new()?);
                 start.record(&inner.stream)?;
-                f.launch_with_smem(&inner.stream, (sms as u32, 1, 1), block, smem, &args)?;
+                f.launch_ex(&inner.stream, (sms as u32, 1, 1), block, smem, false, &args)?;
                 end.record(&inner.stream)?;
                 inner.stream.sync()?;
                 let mut sinks = vec![0u32; sms * 4];
@@ -168,7 +187,8 @@ impl CudaBackend {
         let out = DeviceBuffer::alloc(&inner.ctx, 16, "the latency probe's result")?;
         let flags = DeviceBuffer::alloc(&inner.ctx, 8, "the latency probe's flags")?;
         let sink = DeviceBuffer::alloc(&inner.ctx, sms * 4, "the latency probe's sink")?;
-        let f = inner.kernels.module().function("l2_latency")?;
+        let module = probe_module(&inner.ctx)?;
+        let f = module.function("l2_latency")?;
         let mut ns = [0f64; 2];
         let mut chain_ok = true;
         for (stream, ns) in ns.iter_mut().enumerate() {
@@ -232,7 +252,8 @@ impl CudaBackend {
         let out = DeviceBuffer::alloc(&inner.ctx, sms * 3 * 8, "the fence probe's result")?;
         let counters = DeviceBuffer::alloc(&inner.ctx, (2 * sms + 2) * LINE_WORDS * 4, "the fence probe's counters")?;
         let smem = SLOTS * SLOT_BYTES + 96; // the ring, its barriers and the stop flag (latency_probe.cu)
-        let f = inner.kernels.module().function("fence_cost")?;
+        let module = probe_module(&inner.ctx)?;
+        let f = module.function("fence_cost")?;
         f.set_max_dynamic_smem(smem)?;
         let mut costs = Vec::new();
         for &n in inflight {

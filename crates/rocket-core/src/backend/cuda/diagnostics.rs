@@ -1,0 +1,123 @@
+//! Entry points of the CUDA backend for tests and measurements (feature
+//! `diagnostics`): megakernel runs with teacher forcing, kept logits, a traced
+//! step or a forced stall, and the device sampler on given logits. The product
+//! decodes through `Backend::decode_loop` and `forward_sample` instead.
+
+use super::driver::DeviceBuffer;
+use super::megakernel::{Launch, Megakernel, MAX_LOOP_STEPS};
+use super::{own_session, CudaBackend, CudaSession};
+use crate::backend::{Backend, LoopRequest, SampleRequest};
+use crate::error::{Result, RocketError};
+use crate::megakernel::{MegakernelError, Profile};
+
+impl CudaBackend {
+    /// The fuel whose megakernel decodes at batch 1, or None (CUDA-graph path).
+    pub fn megakernel_fuel(&self) -> Result<Option<&'static str>> {
+        Ok(self.lock()?.megakernel.as_ref().map(|m| m.fuel.name))
+    }
+
+    /// Teacher forcing through the megakernel: feeds `ids` one per step into a
+    /// fresh sequence and returns each step's argmax and logits ([len][vocab]).
+    /// None when no megakernel is loaded.
+    pub fn megakernel_teacher_forced(&self, ids: &[u32]) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
+        self.megakernel_forced(ids, None, (&[], 0), true, None, |_, tokens, logits| Ok((tokens, logits.expect("asked for logits"))))
+    }
+
+    /// A sampled token loop in the megakernel: teacher-forces `prompt`, then
+    /// samples up to `steps` tokens with `sampling` (its history, step, end ids
+    /// and min_tokens as a request in the middle of its generation would have
+    /// them), stopping after an end id. Returns the sampled tokens and each
+    /// one's raw logits ([tokens][vocab]), for checking against the host
+    /// sampler. None when no megakernel is loaded.
+    pub fn megakernel_sampled(&self, prompt: &[u32], sampling: &SampleRequest<'_>, steps: usize) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
+        if prompt.is_empty() || steps == 0 {
+            return Err(RocketError::invalid_arg("prompt", prompt.len(), "needs a prompt and at least one step"));
+        }
+        let forced = prompt.len() - 1;
+        let mut ids = prompt.to_vec();
+        ids.resize(prompt.len() + steps - 1, 0); // room for the sampled steps (their inputs are the samples)
+        // Step t samples with counter step + t: the first sampled step (t = forced) draws with counter 0.
+        let shifted = SampleRequest { step: sampling.step.wrapping_sub(forced as u64), ..*sampling };
+        let vocab = self.spec.vocab_size;
+        // The device counts min_tokens' masked steps from the launch's first (forced) step.
+        let masked = forced + sampling.params.min_tokens.saturating_sub(sampling.history.generated_len());
+        self.megakernel_forced(&ids, Some((forced, shifted)), (sampling.end_ids, masked), true, None, |_, tokens, logits| {
+            let logits = logits.expect("asked for logits");
+            Ok((tokens[forced..].to_vec(), logits[forced * vocab..].to_vec()))
+        })
+    }
+
+    /// Where the megakernel's time goes: teacher-forces `ids` and reads the
+    /// kernel's timestamps of step `step` (see `megakernel::profile`). None when
+    /// no megakernel is loaded.
+    pub fn megakernel_profile(&self, ids: &[u32], step: usize) -> Result<Option<Profile>> {
+        if step >= ids.len() {
+            return Err(RocketError::invalid_arg("step", step, format!("must be < the {} steps of the run", ids.len())));
+        }
+        self.megakernel_forced(ids, None, (&[], 0), false, Some(step), |mk, _, _| {
+            let stamps = mk.last_trace.take().ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
+            Profile::from_trace(&mk.schedule, &stamps)
+        })
+    }
+
+    /// One megakernel launch over a fresh sequence fed `ids` one per step (all
+    /// of them, or with `sampled = (n, request)` the first n + 1, then the
+    /// request's samples), ending at `end.0` ids after the first `end.1` steps;
+    /// `finish` gets the megakernel, each step's token and (with `keep_logits`)
+    /// the logits. None when no megakernel is loaded.
+    #[allow(clippy::too_many_arguments)]
+    fn megakernel_forced<T>(
+        &self,
+        ids: &[u32],
+        sampled: Option<(usize, SampleRequest<'_>)>,
+        end: (&[u32], usize),
+        keep_logits: bool,
+        trace_step: Option<usize>,
+        finish: impl FnOnce(&mut Megakernel, Vec<u32>, Option<Vec<f32>>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        if ids.is_empty() || ids.len() > MAX_LOOP_STEPS {
+            return Err(RocketError::invalid_arg("ids", ids.len(), format!("need 1..={MAX_LOOP_STEPS} tokens")));
+        }
+        let mut session = self.new_session(ids.len())?;
+        let kv = own_session::<CudaSession>(session.as_mut(), "cuda")?.kv.ptr;
+        let mut guard = self.lock()?;
+        let inner = &mut *guard;
+        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
+        let forced = sampled.map_or(ids.len() - 1, |(n, _)| n);
+        let req = LoopRequest { max_steps: ids.len(), end_ids: end.0, mask_end_steps: end.1, sampling: sampled.map(|(_, s)| s) };
+        let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..=forced], keep_logits, trace_step };
+        let mut tokens = Vec::with_capacity(ids.len());
+        let (_, logits) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
+            tokens.push(t);
+            true
+        })?;
+        finish(mk, tokens, logits).map(Some)
+    }
+
+    /// The device sampler on given logits rows (`requests.len()` rows of vocab):
+    /// what `forward_sample` runs after a pass, for checking it against
+    /// `SampleRequest::sample_on_host`.
+    pub fn sample_on_device(&self, logits: &[f32], requests: &[SampleRequest<'_>]) -> Result<Vec<u32>> {
+        let vocab = self.spec.vocab_size;
+        if logits.len() != requests.len() * vocab {
+            return Err(RocketError::invalid_arg("logits", logits.len(), format!("need {} rows of {vocab}", requests.len())));
+        }
+        let mut guard = self.lock()?;
+        let inner = &mut *guard;
+        let rows = DeviceBuffer::alloc(&inner.ctx, logits.len().max(1) * 4, "logits to sample")?;
+        rows.upload(&inner.stream, 0, logits)?;
+        inner.sampler.sample(&inner.ctx, &inner.stream, &inner.kernels, rows.ptr, vocab, requests)
+    }
+
+    /// Runs the megakernel on a schedule with a wait that can never be met and
+    /// returns the error it ended with: the watchdog's, unless something else
+    /// went wrong (a hang here is the failure). None when no megakernel is loaded.
+    pub fn megakernel_watchdog_probe(&self) -> Result<Option<MegakernelError>> {
+        let mut session = self.new_session(2)?;
+        let kv = own_session::<CudaSession>(session.as_mut(), "cuda")?.kv.ptr;
+        let mut guard = self.lock()?;
+        let inner = &mut *guard;
+        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
+        mk.watchdog_probe(&inner.ctx, &inner.stream, kv).map(Some)
+    }
+}
