@@ -1,5 +1,5 @@
 //! GGUF reader (versions 2 and 3): metadata, tensor directory, and conversion of
-//! llama-architecture tensors to canonical HF names. Every read is bounds-checked
+//! llama and qwen3 architecture tensors to canonical HF names. Every read is bounds-checked
 //! so a truncated or corrupt file is an error, never an out-of-bounds access.
 
 use crate::progress::LoadProgress;
@@ -17,6 +17,9 @@ use crate::error::{Result, RocketError};
 use crate::model::spec::{Family, ModelSpec};
 
 const MAGIC: &[u8; 4] = b"GGUF";
+
+/// `general.architecture` values rocket reads.
+pub const SUPPORTED_GGUF_ARCHITECTURES: [&str; 2] = ["gguf:llama", "gguf:qwen3"];
 const DEFAULT_ALIGNMENT: u64 = 32;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -263,12 +266,14 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// The `ModelSpec` described by the metadata (llama architecture).
+    /// The `ModelSpec` described by the metadata (llama or qwen3 architecture).
     pub fn spec(&self) -> Result<ModelSpec> {
         let arch = self.architecture()?;
-        if arch != "llama" {
-            return Err(RocketError::UnsupportedModelType { found: format!("gguf:{arch}"), supported: vec!["gguf:llama"] });
-        }
+        let family = match arch {
+            "llama" => Family::Llama,
+            "qwen3" => Family::Qwen3,
+            _ => return Err(RocketError::UnsupportedModelType { found: format!("gguf:{arch}"), supported: SUPPORTED_GGUF_ARCHITECTURES.to_vec() }),
+        };
         let need = |k: &str| {
             self.get_u64(&format!("{arch}.{k}"))
                 .map(|v| v as usize)
@@ -302,7 +307,7 @@ impl GgufFile {
                 .ok_or_else(|| RocketError::config(&self.path, "GGUF metadata has no vocab size or token list"))?,
         };
         let spec = ModelSpec {
-            family: Family::Llama,
+            family,
             hidden_size,
             intermediate_size: need("feed_forward_length")?,
             num_layers: need("block_count")?,
@@ -318,7 +323,7 @@ impl GgufFile {
             rope_theta: self.get(&format!("{arch}.rope.freq_base")).and_then(MetaValue::as_f64).unwrap_or(10000.0),
             rope_scaling: None,
             tie_word_embeddings: self.tensor("output.weight").is_none(),
-            qk_norm: false,
+            qk_norm: family == Family::Qwen3,
         };
         spec.validate(&self.path)?;
         Ok(spec)
@@ -340,7 +345,10 @@ impl GgufFile {
                 let Some(name) = canonical_name(&info.name) else { return Ok(None) };
                 let kind = GgmlType::from_id(info.type_id)
                     .map_err(|kind| RocketError::UnsupportedQuant { tensor: info.name.clone(), kind })?;
-                let permute_heads = if name.ends_with("self_attn.q_proj.weight") {
+                // llama.cpp's converter permutes Q/K rows for llama only; qwen3 is stored in HF order.
+                let permute_heads = if spec.family != Family::Llama {
+                    None
+                } else if name.ends_with("self_attn.q_proj.weight") {
                     Some(spec.num_heads)
                 } else if name.ends_with("self_attn.k_proj.weight") {
                     Some(spec.num_kv_heads)
