@@ -254,6 +254,51 @@ fn gguf_qwen3_f16_matches_safetensors_exactly() {
     assert!(worst <= 1e-4, "qwen3 GGUF logits differ from the safetensors ones by {worst}");
 }
 
+/// llama3 rope scaling as llama.cpp's converter writes it: a `rope_freqs` tensor of
+/// per-frequency divisors, computed from the HF config the way the converter does.
+fn rope_freqs_tensor(config: &serde_json::Value) -> GgufTensor {
+    let s = &config["rope_scaling"];
+    let (factor, low, high) = (s["factor"].as_f64().unwrap(), s["low_freq_factor"].as_f64().unwrap(), s["high_freq_factor"].as_f64().unwrap());
+    let old = s["original_max_position_embeddings"].as_f64().unwrap();
+    let dim = config["hidden_size"].as_u64().unwrap() / config["num_attention_heads"].as_u64().unwrap();
+    let base = config["rope_theta"].as_f64().unwrap() as f32;
+    let factors: Vec<f32> = (0..dim / 2)
+        .map(|i| {
+            let freq = (1.0 / base.powf((2 * i) as f32 / dim as f32)) as f64;
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < old / high {
+                1.0
+            } else if wavelen > old / low {
+                factor as f32
+            } else {
+                let smooth = (old / wavelen - low) / (high - low);
+                (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+            }
+        })
+        .collect();
+    assert!(factors.iter().any(|&f| f != 1.0), "the fixture's scaling must change some frequency");
+    GgufTensor { name: "rope_freqs.weight".into(), dims: vec![dim / 2], type_id: 0, data: factors.iter().flat_map(|f| f.to_le_bytes()).collect() }
+}
+
+#[test]
+fn gguf_llama3_rope_freqs_match_safetensors() {
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("tiny-llama").join("config.json")).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tiny_gguf(tmp.path(), "tiny-llama", "llama", 30, Some(rope_freqs_tensor(&config)));
+    let a = load(&fixture("tiny-llama")).unwrap();
+    let b = load(&gguf).unwrap();
+    assert!(b.spec().rope_freq_factors.is_some());
+    let ids = random_ids(5, 200, 512);
+    let (la, lb) = (a.teacher_forced_logits(&ids).unwrap(), b.teacher_forced_logits(&ids).unwrap());
+    let worst = la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "llama3-scaled GGUF logits differ from the safetensors ones by {worst}");
+    // Without the factors the far positions rotate differently: the check can fail.
+    let plain = tiny_gguf(tmp.path(), "tiny-llama", "llama", 30, None);
+    let lc = load(&plain).unwrap().teacher_forced_logits(&ids).unwrap();
+    let unscaled = la.iter().zip(&lc).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(unscaled > 1e-2, "the scaling made no difference ({unscaled})");
+}
+
 #[test]
 fn gguf_unknown_architecture_lists_supported() {
     let tmp = tempfile::tempdir().unwrap();

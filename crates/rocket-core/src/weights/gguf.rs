@@ -287,12 +287,6 @@ impl GgufFile {
                 return Err(RocketError::config(&self.path, format!("GGUF rope scaling {kind:?} is not supported")));
             }
         }
-        if self.tensor("rope_freqs.weight").is_some() {
-            return Err(RocketError::config(
-                &self.path,
-                "GGUF rope_freqs (llama3 rope scaling) is not supported; load the Hugging Face folder instead",
-            ));
-        }
         let head_dim = self
             .get_u64(&format!("{arch}.attention.key_length"))
             .or_else(|| self.get_u64(&format!("{arch}.rope.dimension_count")))
@@ -322,11 +316,26 @@ impl GgufFile {
                 .unwrap_or(1e-5),
             rope_theta: self.get(&format!("{arch}.rope.freq_base")).and_then(MetaValue::as_f64).unwrap_or(10000.0),
             rope_scaling: None,
+            rope_freq_factors: self.rope_freq_factors()?,
             tie_word_embeddings: self.tensor("output.weight").is_none(),
             qk_norm: family == Family::Qwen3,
         };
         spec.validate(&self.path)?;
         Ok(spec)
+    }
+
+    /// llama.cpp's converter writes llama3 rope scaling as the `rope_freqs` tensor:
+    /// one f32 divisor per rotary frequency (`head_dim / 2` of them).
+    fn rope_freq_factors(&self) -> Result<Option<Vec<f32>>> {
+        let Some(info) = self.tensor("rope_freqs.weight") else { return Ok(None) };
+        if info.type_id != 0 || info.dims.len() != 1 {
+            return Err(RocketError::corrupt(
+                &self.path,
+                format!("rope_freqs.weight must be a 1-d F32 tensor, got ggml type {} with dims {:?}", info.type_id, info.dims),
+            ));
+        }
+        let bytes = &self.map[info.start..info.start + info.len];
+        Ok(Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
     }
 
     /// Convert every tensor to canonical names: float tensors stay in the map
