@@ -1,9 +1,12 @@
 //! `rocket inspect`: what a model is, as rocket sees it.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use rocket_core::model::ModelSource;
+use rocket_core::weights::dequant::GgmlType;
+use rocket_core::weights::gguf::GgufFile;
 use rocket_core::{Device, Engine, EngineOptions};
 use serde_json::json;
 
@@ -91,6 +94,16 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     for (group, dtype) in &info.dtype_groups {
         rows.push((format!("dtype: {group}"), dtype.clone()));
     }
+    // GGUF stores each tensor in its own ggml type (a "Q4_K_M" file mixes several).
+    let gguf = if info.format == rocket_core::model::Format::Gguf { Some(GgufFile::open(&info.path)?) } else { None };
+    if let Some(file) = &gguf {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for t in &file.tensors {
+            *counts.entry(stored_type(t.type_id)).or_default() += 1;
+        }
+        let counts: Vec<String> = counts.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+        rows.push(("stored tensor types".into(), counts.join(", ")));
+    }
     rows.push(("tokenizer size".into(), info.tokenizer_size.to_string()));
     rows.push(("eos token ids".into(), format!("{:?}", info.eos_token_ids)));
     rows.push(("chat template".into(), if info.has_chat_template { "present" } else { "absent" }.into()));
@@ -99,5 +112,16 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     for (k, v) in rows {
         println!("{k:<width$}  {v}");
     }
+    if let Some(file) = &gguf {
+        println!("tensors (stored type, ggml dims):");
+        let width = file.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0);
+        for t in &file.tensors {
+            println!("  {:<width$}  {:<7}  {:?}", t.name, stored_type(t.type_id), t.dims);
+        }
+    }
     Ok(())
+}
+
+fn stored_type(id: u32) -> String {
+    GgmlType::from_id(id).map_or_else(|unsupported| unsupported, |t| t.name().to_string())
 }

@@ -118,8 +118,26 @@ fn truncated_safetensors_is_an_error() {
 /// A GGUF file holding the tiny-llama weights (q/k permuted as llama.cpp does)
 /// with `quant` applied to the matrices, plus the tokenizer as metadata.
 fn tiny_llama_gguf(dir: &std::path::Path, quant: u32, extra: Option<GgufTensor>) -> std::path::PathBuf {
-    let src = fixture("tiny-llama");
-    let tensors = read_tensors(&src.join("model.safetensors"));
+    tiny_gguf(dir, "tiny-llama", "llama", quant, extra)
+}
+
+/// A GGUF file of fixture `name` laid out as llama.cpp's converter writes
+/// architecture `arch`: Q/K rows permuted for llama only, q/k norms for qwen3,
+/// the hyper-parameters and tokenizer as metadata.
+fn tiny_gguf(dir: &std::path::Path, name: &str, arch: &str, quant: u32, extra: Option<GgufTensor>) -> std::path::PathBuf {
+    let src = fixture(name);
+    let mut tensors = HashMap::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            tensors.extend(read_tensors(&path));
+        }
+    }
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let cfg = |k: &str| config[k].as_u64().unwrap() as u32;
+    let (heads, kv_heads) = (cfg("num_attention_heads") as usize, cfg("num_key_value_heads") as usize);
+    let head_dim = config["head_dim"].as_u64().map_or(cfg("hidden_size") / heads as u32, |v| v as u32);
+    let theta = config["rope_theta"].as_f64().or_else(|| config["rope_parameters"]["rope_theta"].as_f64()).unwrap();
     let tok: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap()).unwrap();
     let vocab = tok["model"]["vocab"].as_object().unwrap();
     let mut tokens = vec![String::new(); vocab.len()];
@@ -151,6 +169,8 @@ fn tiny_llama_gguf(dir: &std::path::Path, quant: u32, extra: Option<GgufTensor>)
             "self_attn.k_proj.weight" => "attn_k.weight",
             "self_attn.v_proj.weight" => "attn_v.weight",
             "self_attn.o_proj.weight" => "attn_output.weight",
+            "self_attn.q_norm.weight" => "attn_q_norm.weight",
+            "self_attn.k_norm.weight" => "attn_k_norm.weight",
             "post_attention_layernorm.weight" => "ffn_norm.weight",
             "mlp.gate_proj.weight" => "ffn_gate.weight",
             "mlp.up_proj.weight" => "ffn_up.weight",
@@ -164,43 +184,131 @@ fn tiny_llama_gguf(dir: &std::path::Path, quant: u32, extra: Option<GgufTensor>)
     let mut out = Vec::new();
     for name in names {
         let (dtype, shape, data) = &tensors[name];
-        assert_eq!(*dtype, Dtype::BF16);
-        let mut values = bf16_bytes_to_f32(data);
-        let heads = if name.ends_with("q_proj.weight") { Some(4) } else if name.ends_with("k_proj.weight") { Some(2) } else { None };
-        if let Some(h) = heads {
+        let mut values = match dtype {
+            Dtype::BF16 => bf16_bytes_to_f32(data),
+            Dtype::F16 => data.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+            other => panic!("fixture dtype {other:?}"),
+        };
+        let permute = if arch != "llama" {
+            None
+        } else if name.ends_with("q_proj.weight") {
+            Some(heads)
+        } else if name.ends_with("k_proj.weight") {
+            Some(kv_heads)
+        } else {
+            None
+        };
+        if let Some(h) = permute {
             values = permute_rows_like_llama_cpp(&values, shape[0], shape[1], h);
         }
         let (type_id, bytes) = if shape.len() == 1 {
             (0, values.iter().flat_map(|v| v.to_le_bytes()).collect())
         } else if quant == 8 {
             (8, quantize_q8_0(&values))
+        } else if quant == 1 && *dtype == Dtype::F16 {
+            (1, data.clone())
         } else {
             (30, values.iter().flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes()).collect())
         };
         out.push(GgufTensor { name: gguf_name(name), dims: shape.iter().rev().map(|&d| d as u64).collect(), type_id, data: bytes });
     }
     out.extend(extra);
+    let key = |k: &str| -> &'static str { Box::leak(format!("{arch}.{k}").into_boxed_str()) };
     let meta = vec![
-        ("general.architecture", Meta::Str("llama".into())),
-        ("llama.embedding_length", Meta::U32(64)),
-        ("llama.feed_forward_length", Meta::U32(128)),
-        ("llama.block_count", Meta::U32(2)),
-        ("llama.attention.head_count", Meta::U32(4)),
-        ("llama.attention.head_count_kv", Meta::U32(2)),
-        ("llama.context_length", Meta::U32(256)),
-        ("llama.vocab_size", Meta::U32(512)),
-        ("llama.attention.layer_norm_rms_epsilon", Meta::F32(1e-5)),
-        ("llama.rope.freq_base", Meta::F32(500000.0)),
+        ("general.architecture", Meta::Str(arch.into())),
+        (key("embedding_length"), Meta::U32(cfg("hidden_size"))),
+        (key("feed_forward_length"), Meta::U32(cfg("intermediate_size"))),
+        (key("block_count"), Meta::U32(cfg("num_hidden_layers"))),
+        (key("attention.head_count"), Meta::U32(heads as u32)),
+        (key("attention.head_count_kv"), Meta::U32(kv_heads as u32)),
+        (key("attention.key_length"), Meta::U32(head_dim)),
+        (key("context_length"), Meta::U32(cfg("max_position_embeddings"))),
+        (key("vocab_size"), Meta::U32(cfg("vocab_size"))),
+        (key("attention.layer_norm_rms_epsilon"), Meta::F32(config["rms_norm_eps"].as_f64().unwrap() as f32)),
+        (key("rope.freq_base"), Meta::F32(theta as f32)),
         ("tokenizer.ggml.model", Meta::Str("gpt2".into())),
         ("tokenizer.ggml.tokens", Meta::Strs(tokens)),
         ("tokenizer.ggml.token_type", Meta::I32s(types)),
         ("tokenizer.ggml.merges", Meta::Strs(merges)),
-        ("tokenizer.ggml.eos_token_id", Meta::U32(2)),
+        ("tokenizer.ggml.eos_token_id", Meta::U32(cfg("eos_token_id"))),
         ("tokenizer.chat_template", Meta::Str("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}".into())),
     ];
     let path = dir.join("tiny.gguf");
     write_gguf(&path, &meta, &out);
     path
+}
+
+#[test]
+fn gguf_qwen3_f16_matches_safetensors_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tiny_gguf(tmp.path(), "tiny-qwen3", "qwen3", 1, None);
+    let a = load(&fixture("tiny-qwen3")).unwrap();
+    let b = load(&gguf).unwrap();
+    let mut spec_b = b.spec().clone();
+    assert_eq!(spec_b.rms_norm_eps as f32, a.spec().rms_norm_eps as f32);
+    spec_b.rms_norm_eps = a.spec().rms_norm_eps;
+    assert_eq!(a.spec(), &spec_b);
+    let ids = [3u32, 50, 200, 7, 399, 11, 42, 100, 8];
+    let (la, lb) = (a.teacher_forced_logits(&ids).unwrap(), b.teacher_forced_logits(&ids).unwrap());
+    let worst = la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "qwen3 GGUF logits differ from the safetensors ones by {worst}");
+}
+
+/// llama3 rope scaling as llama.cpp's converter writes it: a `rope_freqs` tensor of
+/// per-frequency divisors, computed from the HF config the way the converter does.
+fn rope_freqs_tensor(config: &serde_json::Value) -> GgufTensor {
+    let s = &config["rope_scaling"];
+    let (factor, low, high) = (s["factor"].as_f64().unwrap(), s["low_freq_factor"].as_f64().unwrap(), s["high_freq_factor"].as_f64().unwrap());
+    let old = s["original_max_position_embeddings"].as_f64().unwrap();
+    let dim = config["hidden_size"].as_u64().unwrap() / config["num_attention_heads"].as_u64().unwrap();
+    let base = config["rope_theta"].as_f64().unwrap() as f32;
+    let factors: Vec<f32> = (0..dim / 2)
+        .map(|i| {
+            let freq = (1.0 / base.powf((2 * i) as f32 / dim as f32)) as f64;
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < old / high {
+                1.0
+            } else if wavelen > old / low {
+                factor as f32
+            } else {
+                let smooth = (old / wavelen - low) / (high - low);
+                (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+            }
+        })
+        .collect();
+    assert!(factors.iter().any(|&f| f != 1.0), "the fixture's scaling must change some frequency");
+    GgufTensor { name: "rope_freqs.weight".into(), dims: vec![dim / 2], type_id: 0, data: factors.iter().flat_map(|f| f.to_le_bytes()).collect() }
+}
+
+#[test]
+fn gguf_llama3_rope_freqs_match_safetensors() {
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("tiny-llama").join("config.json")).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tiny_gguf(tmp.path(), "tiny-llama", "llama", 30, Some(rope_freqs_tensor(&config)));
+    let a = load(&fixture("tiny-llama")).unwrap();
+    let b = load(&gguf).unwrap();
+    assert!(b.spec().rope_freq_factors.is_some());
+    let ids = random_ids(5, 200, 512);
+    let (la, lb) = (a.teacher_forced_logits(&ids).unwrap(), b.teacher_forced_logits(&ids).unwrap());
+    let worst = la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "llama3-scaled GGUF logits differ from the safetensors ones by {worst}");
+    // Without the factors the far positions rotate differently: the check can fail.
+    let plain = tiny_gguf(tmp.path(), "tiny-llama", "llama", 30, None);
+    let lc = load(&plain).unwrap().teacher_forced_logits(&ids).unwrap();
+    let unscaled = la.iter().zip(&lc).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(unscaled > 1e-2, "the scaling made no difference ({unscaled})");
+}
+
+#[test]
+fn gguf_unknown_architecture_lists_supported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tiny_gguf(tmp.path(), "tiny-qwen3", "qwen3", 1, None);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.windows(5).position(|w| w == b"qwen3").unwrap();
+    bytes[at..at + 5].copy_from_slice(b"gemma");
+    std::fs::write(&path, &bytes).unwrap();
+    let msg = load(&path).err().unwrap().to_string();
+    assert!(msg.contains("gguf:gemma") && msg.contains("gguf:llama") && msg.contains("gguf:qwen3"), "{msg}");
 }
 
 /// The HF checkpoint with RoPE scaling removed (GGUF here carries none).
@@ -251,12 +359,12 @@ fn gguf_q8_0_is_close_to_bf16() {
 #[test]
 fn gguf_unsupported_quant_is_named() {
     let tmp = tempfile::tempdir().unwrap();
-    // Replace nothing; add a used tensor name in Q4_K (type 12) by shadowing attn_v of layer 0.
-    let q4k = GgufTensor { name: "blk.0.attn_v.weight".into(), dims: vec![256, 32], type_id: 12, data: vec![0; 4608] };
-    let path = tiny_llama_gguf(tmp.path(), 30, Some(q4k));
+    // Replace nothing; add a used tensor name in IQ2_XXS (type 16) by shadowing attn_v of layer 0.
+    let iq2 = GgufTensor { name: "blk.0.attn_v.weight".into(), dims: vec![256, 32], type_id: 16, data: vec![0; 32 * 66] };
+    let path = tiny_llama_gguf(tmp.path(), 30, Some(iq2));
     let e = load(&path).err().unwrap();
     let msg = e.to_string();
-    assert!(matches!(e, RocketError::UnsupportedQuant { .. }) && msg.contains("Q4_K") && msg.contains("blk.0.attn_v.weight"), "{msg}");
+    assert!(matches!(e, RocketError::UnsupportedQuant { .. }) && msg.contains("IQ2_XXS") && msg.contains("blk.0.attn_v.weight"), "{msg}");
 }
 
 #[test]

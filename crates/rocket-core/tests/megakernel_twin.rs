@@ -54,6 +54,7 @@ fn spec(family: Family, d: usize, ff: usize, layers: usize, heads: usize, kv: us
             high_freq_factor: 4.0,
             original_max_position_embeddings: 64,
         }),
+        rope_freq_factors: None,
         tie_word_embeddings: !llama,
         qk_norm: !llama,
     }

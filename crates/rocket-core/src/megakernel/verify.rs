@@ -312,6 +312,7 @@ pub(crate) mod tests {
             rms_norm_eps: 1e-5,
             rope_theta: 10000.0,
             rope_scaling: None,
+            rope_freq_factors: None,
             tie_word_embeddings: true,
             qk_norm: false,
         }

@@ -1,5 +1,6 @@
 //! RoPE inverse frequencies, computed in f32 the way HF transformers does
-//! (`rope_type` default and llama3), shared by every backend.
+//! (`rope_type` default and llama3) or with a GGUF's per-frequency divisors,
+//! shared by every backend.
 
 use super::spec::ModelSpec;
 
@@ -25,6 +26,11 @@ pub fn inv_freq(spec: &ModelSpec) -> Vec<f32> {
             } else {
                 scaled
             };
+        }
+    }
+    if let Some(factors) = &spec.rope_freq_factors {
+        for (f, d) in freqs.iter_mut().zip(factors) {
+            *f /= d;
         }
     }
     freqs

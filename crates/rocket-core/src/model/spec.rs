@@ -59,6 +59,10 @@ pub struct ModelSpec {
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
     pub rope_scaling: Option<Llama3RopeScaling>,
+    /// Per-frequency RoPE divisors (`head_dim / 2` of them), as a GGUF's `rope_freqs`
+    /// tensor stores llama3 scaling: frequency `i` is divided by factor `i`. Applied on
+    /// top of `rope_scaling` (a GGUF carries one or the other, never both).
+    pub rope_freq_factors: Option<Vec<f32>>,
     pub tie_word_embeddings: bool,
     /// Qwen3 normalises q and k per head before RoPE.
     pub qk_norm: bool,
@@ -136,6 +140,11 @@ impl ModelSpec {
                 return fail(format!("invalid llama3 rope_scaling {s:?}"));
             }
         }
+        if let Some(f) = &self.rope_freq_factors {
+            if f.len() != self.head_dim / 2 || !f.iter().all(|x| x.is_finite() && *x > 0.0) {
+                return fail(format!("rope frequency factors must be {} positive numbers, got {f:?}", self.head_dim / 2));
+            }
+        }
         Ok(())
     }
 
@@ -182,6 +191,7 @@ impl ModelSpec {
             rms_norm_eps: cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
+            rope_freq_factors: None,
             tie_word_embeddings: config.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
             qk_norm: family == Family::Qwen3,
         };

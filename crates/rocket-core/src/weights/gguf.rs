@@ -1,5 +1,5 @@
 //! GGUF reader (versions 2 and 3): metadata, tensor directory, and conversion of
-//! llama-architecture tensors to canonical HF names. Every read is bounds-checked
+//! llama and qwen3 architecture tensors to canonical HF names. Every read is bounds-checked
 //! so a truncated or corrupt file is an error, never an out-of-bounds access.
 
 use crate::progress::LoadProgress;
@@ -17,6 +17,9 @@ use crate::error::{Result, RocketError};
 use crate::model::spec::{Family, ModelSpec};
 
 const MAGIC: &[u8; 4] = b"GGUF";
+
+/// `general.architecture` values rocket reads.
+pub const SUPPORTED_GGUF_ARCHITECTURES: [&str; 2] = ["gguf:llama", "gguf:qwen3"];
 const DEFAULT_ALIGNMENT: u64 = 32;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -263,12 +266,14 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// The `ModelSpec` described by the metadata (llama architecture).
+    /// The `ModelSpec` described by the metadata (llama or qwen3 architecture).
     pub fn spec(&self) -> Result<ModelSpec> {
         let arch = self.architecture()?;
-        if arch != "llama" {
-            return Err(RocketError::UnsupportedModelType { found: format!("gguf:{arch}"), supported: vec!["gguf:llama"] });
-        }
+        let family = match arch {
+            "llama" => Family::Llama,
+            "qwen3" => Family::Qwen3,
+            _ => return Err(RocketError::UnsupportedModelType { found: format!("gguf:{arch}"), supported: SUPPORTED_GGUF_ARCHITECTURES.to_vec() }),
+        };
         let need = |k: &str| {
             self.get_u64(&format!("{arch}.{k}"))
                 .map(|v| v as usize)
@@ -281,12 +286,6 @@ impl GgufFile {
             if kind != "none" {
                 return Err(RocketError::config(&self.path, format!("GGUF rope scaling {kind:?} is not supported")));
             }
-        }
-        if self.tensor("rope_freqs.weight").is_some() {
-            return Err(RocketError::config(
-                &self.path,
-                "GGUF rope_freqs (llama3 rope scaling) is not supported; load the Hugging Face folder instead",
-            ));
         }
         let head_dim = self
             .get_u64(&format!("{arch}.attention.key_length"))
@@ -302,7 +301,7 @@ impl GgufFile {
                 .ok_or_else(|| RocketError::config(&self.path, "GGUF metadata has no vocab size or token list"))?,
         };
         let spec = ModelSpec {
-            family: Family::Llama,
+            family,
             hidden_size,
             intermediate_size: need("feed_forward_length")?,
             num_layers: need("block_count")?,
@@ -317,11 +316,26 @@ impl GgufFile {
                 .unwrap_or(1e-5),
             rope_theta: self.get(&format!("{arch}.rope.freq_base")).and_then(MetaValue::as_f64).unwrap_or(10000.0),
             rope_scaling: None,
+            rope_freq_factors: self.rope_freq_factors()?,
             tie_word_embeddings: self.tensor("output.weight").is_none(),
-            qk_norm: false,
+            qk_norm: family == Family::Qwen3,
         };
         spec.validate(&self.path)?;
         Ok(spec)
+    }
+
+    /// llama.cpp's converter writes llama3 rope scaling as the `rope_freqs` tensor:
+    /// one f32 divisor per rotary frequency (`head_dim / 2` of them).
+    fn rope_freq_factors(&self) -> Result<Option<Vec<f32>>> {
+        let Some(info) = self.tensor("rope_freqs.weight") else { return Ok(None) };
+        if info.type_id != 0 || info.dims.len() != 1 {
+            return Err(RocketError::corrupt(
+                &self.path,
+                format!("rope_freqs.weight must be a 1-d F32 tensor, got ggml type {} with dims {:?}", info.type_id, info.dims),
+            ));
+        }
+        let bytes = &self.map[info.start..info.start + info.len];
+        Ok(Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
     }
 
     /// Convert every tensor to canonical names: float tensors stay in the map
@@ -340,7 +354,10 @@ impl GgufFile {
                 let Some(name) = canonical_name(&info.name) else { return Ok(None) };
                 let kind = GgmlType::from_id(info.type_id)
                     .map_err(|kind| RocketError::UnsupportedQuant { tensor: info.name.clone(), kind })?;
-                let permute_heads = if name.ends_with("self_attn.q_proj.weight") {
+                // llama.cpp's converter permutes Q/K rows for llama only; qwen3 is stored in HF order.
+                let permute_heads = if spec.family != Family::Llama {
+                    None
+                } else if name.ends_with("self_attn.q_proj.weight") {
                     Some(spec.num_heads)
                 } else if name.ends_with("self_attn.k_proj.weight") {
                     Some(spec.num_kv_heads)
