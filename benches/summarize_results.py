@@ -54,6 +54,9 @@ RUNS = {
     ("2026-12-04-h200-s17", "run7"): ("Session 17 Run 7", 'ROCKET_MK_COUNTER_STRIDE=32 MK_TIMEOUT=200 benches/gpu_run.sh mk; AB_ENV="ROCKET_MK_COUNTER_STRIDE=32" benches/gpu_run.sh ab'),
     ("2026-12-04-h200-s17", "run8"): ("Session 17 Runs 8-9", "cuda-test --test-threads=1 --nocapture probe"),
     ("2026-12-04-h200-s17", "run9"): ("Session 17 Runs 8-9", "ROCKET_FIXTURES=... cuda-test --test-threads=1 --nocapture probe"),
+    ("2026-12-04-h200-s18", "main"): ("Session 18 Run 1", "BENCH_CONFIGS=default benches/gpu_run.sh tests bench"),
+    ("2026-12-04-h200-s18", "run2"): ("Session 18 Run 2", "MK_TIMEOUT=420 benches/gpu_run.sh mk peer"),
+    ("2026-12-04-h200-s18", "run3"): ("Session 18 Run 3", "SANITIZE_TIMEOUT=250 benches/gpu_run.sh sanitize"),
 }
 
 
