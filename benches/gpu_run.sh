@@ -5,7 +5,7 @@
 # machine) in .device-carry/. Exact-shape random checkpoints for every fuel are
 # made first (kept in $CK across calls while the machine stays warm). Steps:
 #   tests     CUDA backend (kernel per op, CUDA graphs, tensor-core matmul) against the CPU reference
-#   mk        the megakernel against the CPU reference and the graph path
+#   mk        the megakernel against the CPU reference and the graph path (MK_FILTER: a test name filter)
 #   bench     `rocket bench` per fuel at batch 1 and 16: the defaults (ROCKET_DECODE and
 #             ROCKET_MATMUL auto), the graph path with the GEMV only, the megakernel;
 #             BENCH_CONFIGS="default graph" runs a subset; "nopdl" / "nofuse" run the
@@ -82,7 +82,7 @@ fi
 if has mk; then
     # The tests load the megakernel (and the GEMV for the graph path's side) themselves.
     ROCKET_GPU_CHECKPOINTS=$CKPTS \
-        timeout "${MK_TIMEOUT:-420}" "$CARRY/cuda-megakernel-test" --include-ignored --test-threads=1 --nocapture > "$LOGS/mk-test.log" 2>&1
+        timeout "${MK_TIMEOUT:-420}" "$CARRY/cuda-megakernel-test" --include-ignored --test-threads=1 --nocapture ${MK_FILTER:-} > "$LOGS/mk-test.log" 2>&1
     check "megakernel tests" $?
     grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | grep -v "MK-PROFILE.*|" | head -40
 fi

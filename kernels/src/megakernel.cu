@@ -100,16 +100,15 @@ __device__ __forceinline__ void embed_row(const Params& p, uint32_t token) {
 }
 
 // Step t's token by the request's sampler (p.sample): the penalties and the
-// min_tokens mask on the whole logits row (unless `processed`: the LM head
-// stored them so), then sampler.cuh over the consumer threads (the host
-// sampler's token bit for bit). Every consumer gets the token.
+// min_tokens mask on the whole logits row, then sampler.cuh over the consumer
+// threads (the host sampler's token bit for bit). Every consumer gets the token.
 template <class F>
-__device__ __noinline__ uint32_t sample_token(const Params& p, const Smem& s, int t, bool processed) {
+__device__ __noinline__ uint32_t sample_token(const Params& p, const Smem& s, int t) {
     const int tid = threadIdx.x;
     SampleRow r = *p.sample;
     r.step += (uint64_t)t;
     float* row = p.logits;
-    if (has_penalties(r) && !processed) {
+    if (has_penalties(r)) {
         for (int i = tid; i < F::V; i += CONSUMERS) {
             const bool seen = (__ldcg(p.seen_bits + (i >> 5)) >> (i & 31)) & 1u;
             const uint32_t count = __ldcg(p.gen_counts + i);
@@ -117,7 +116,7 @@ __device__ __noinline__ uint32_t sample_token(const Params& p, const Smem& s, in
         }
         consumer_sync();
     }
-    if (t < p.mask_end_steps && !processed) {
+    if (t < p.mask_end_steps) {
         for (int e = tid; e < p.n_end; e += CONSUMERS) {
             const uint32_t id = __ldg(p.end_ids + e);
             if (id < (uint32_t)F::V) __stcg(row + id, -INFINITY);  // the host skips ids past the vocabulary too
@@ -148,7 +147,7 @@ __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, u
     if (p.sample != nullptr) {
         // The SMs' race parts, merged; sample_token where the merge cannot decide.
         token = mode != RACE_NONE ? race_merge<F>(p, s, t) : 0xffffffffu;
-        if (token == 0xffffffffu) token = sample_token<F>(p, s, t, mode == RACE_BINS);
+        if (token == 0xffffffffu) token = sample_token<F>(p, s, t);
         count_token(p, t, token);
     } else {
         // Thread 0's acquire-release arrival and the barrier after it order these reads.
@@ -190,7 +189,7 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     const uint32_t host_stop = tid == 0 ? ld_volatile(p.state + ST_HOST_STOP) : 0u;
     // A sampled request's part of the race (mk_race.cuh); RACE_NONE: the argmax below.
     RacePart race;
-    race.begin<F>(p, s, t);
+    race.begin<F>(p, s);
     // Its norm weights load after the wait, unlike the layers' (once per step;
     // passing them in would put them in local memory: lm_head is not inlined).
     float a[M::PER_LANE][8];
@@ -223,15 +222,13 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
             const uint32_t row = (uint32_t)(begin + i);
             __stcg(p.logits + row, v);
             if (kept) __stcg(kept + row, v);
-            if (race.mode != RACE_NONE) {
-                race.token(p, s, v, row);
-            } else if (v > -INFINITY && !(masked && is_end(p, row))) {
+            if (race.mode == RACE_NONE && v > -INFINITY && !(masked && is_end(p, row))) {
                 // As the host's argmax: -inf and NaN never win (a row of them gives index 0).
                 better(best, idx, v, row);
             }
         }
     }
-    if (race.mode != RACE_NONE) race.finish<F>(p, s, tile_rows);
+    if (race.mode != RACE_NONE) race.finish<F>(p, s, t, tile_rows);
     else consumer_argmax(best, idx, s.sc());
     if (tid == 0) {
         if (race.mode == RACE_NONE) {

@@ -55,29 +55,40 @@ __device__ __forceinline__ int race_level(double a) {
     return (int)((long long)__dmul_rn(a, 1.0 / RACE_ANCHOR_STEP) & (RACE_LEVELS - 1));
 }
 
-// One SM's part of step t's race, carried through its LM-head tiles.
+// A maximum over the consumers through the scalars' double slots (the vector
+// space holds the SM's tile list meanwhile); every consumer gets it.
+__device__ __forceinline__ uint64_t consumer_max_u64(uint64_t v, const Smem& s) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, (uint64_t)__shfl_xor_sync(0xffffffffu, v, o));
+    uint64_t* red = reinterpret_cast<uint64_t*>(s.sc()->dred);
+    if (lane == 0) red[warp] = v;
+    consumer_sync();
+    v = red[0];
+    for (int w = 1; w < CONSUMER_WARPS; w++) v = max(v, red[w]);
+    consumer_sync();  // the slots are free again
+    return v;
+}
+
+// An SM's part that cannot be merged (its tile list overflowed): sample_token decides.
+constexpr uint64_t RACE_GIVE_UP = ~0ull;
+
+// One SM's part of step t's race. Its LM-head loop stores the raw logits and
+// records its tiles; `finish` then works on all of its tokens at once, every
+// consumer thread taking a share (in the loop only a tile's few rows would).
 struct RacePart {
     RaceMode mode;
     SampleRow r;
     double inv_t;
     uint64_t hash;
     bool penalties, masked;
-    uint64_t best;      // ARGMAX / WHOLE: this thread's best key (0: none)
-    double smax;        // BINS: this thread's largest scaled logit
-    uint32_t tiles;     // BINS: tiles recorded in s.vec() (their indices)
+    uint32_t tiles;  // tiles recorded in s.vec() (their indices)
 
+    // Only the mode and the tile count live through the LM-head loop.
     template <class F>
-    __device__ __forceinline__ void begin(const Params& p, const Smem& s, int t) {
+    __device__ __forceinline__ void begin(const Params& p, const Smem& s) {
         mode = race_mode<F>(p);
-        best = 0;
-        smax = -INFINITY;
         tiles = 0;
-        if (mode == RACE_NONE) return;
-        r = *p.sample;
-        inv_t = r.temperature > 0.0f ? __ddiv_rn(1.0, (double)r.temperature) : 0.0;
-        hash = step_hash(r.seed, r.step + (uint64_t)t);
-        penalties = has_penalties(r);
-        masked = t < p.mask_end_steps;
         if (mode == RACE_BINS) {
             // Zeroed before the LM head's input load, whose barriers publish it.
             uint4* z = reinterpret_cast<uint4*>(s.race_keys());
@@ -95,45 +106,49 @@ struct RacePart {
         return masked && is_end(p, row) ? -INFINITY : v;
     }
 
-    // One token of the SM's tiles, as its logit `v` is stored.
-    __device__ __forceinline__ void token(const Params& p, const Smem& s, float v, uint32_t row) {
-        const float l = processed(p, v, row);
-        if (!is_candidate(l)) {
-            if (mode == RACE_BINS) __stcg(p.logits + row, l);
-            return;
-        }
-        if (mode == RACE_ARGMAX) {
-            const uint64_t k = item_key(__fadd_rn(l, 0.0f), row);  // -0.0 ties +0.0: the lower index wins
-            best = k > best ? k : best;
-        } else if (mode == RACE_WHOLE) {
-            const uint64_t k = race_key(race_scaled(l, inv_t), row, hash);
-            best = k > best ? k : best;
-        } else {
-            __stcg(p.logits + row, l);  // the weights' pass (and sample_token, should the merge give up) reads them
-            const double sc = race_scaled(l, inv_t);
-            smax = fmax(smax, sc);
-            // A token this far below one already seen cannot win.
-            if (!(__dsub_rn(sc, smax) < RACE_HOPELESS_BELOW))
-                atomicMax(s.race_keys() + (race_bin(sc) & (RACE_KEY_BINS - 1)), (unsigned long long)race_key(sc, row, hash));
-        }
-    }
-
-    // BINS: tile `tile` is this SM's (thread 0, after a consumer barrier that
-    // follows the input load: s.vec() is free from then on).
+    // Tile `tile` is this SM's (thread 0, after a consumer barrier that follows
+    // the input load: s.vec() is free from then on).
     __device__ __forceinline__ void record_tile(const Smem& s, uint32_t tile) {
-        if (mode == RACE_BINS && threadIdx.x == 0 && tiles < (uint32_t)VEC_CAP) reinterpret_cast<uint32_t*>(s.vec())[tiles] = tile;
+        if (mode != RACE_NONE && threadIdx.x == 0 && tiles < (uint32_t)VEC_CAP) reinterpret_cast<uint32_t*>(s.vec())[tiles] = tile;
         tiles++;
     }
 
-    // After the SM's last tile: publish its part in lm_max/lm_idx[blockIdx.x]
-    // (and, for BINS, the global tables). Ends with a consumer barrier.
+    // After the SM's last tile: its part into lm_max[blockIdx.x] (a u64 key, or
+    // for BINS its maximum as a double) and, for BINS, into the global tables.
+    // Ends with a consumer barrier.
     template <class F>
-    __device__ void finish(const Params& p, const Smem& s, int tile_rows) {
-        uint64_t* keys = reinterpret_cast<uint64_t*>(p.lm_max);
+    __device__ void finish(const Params& p, const Smem& s, int t, int tile_rows) {
+        r = *p.sample;
+        inv_t = r.temperature > 0.0f ? __ddiv_rn(1.0, (double)r.temperature) : 0.0;
+        hash = step_hash(r.seed, r.step + (uint64_t)t);
+        penalties = has_penalties(r);
+        masked = t < p.mask_end_steps;
+        const uint32_t* list = reinterpret_cast<const uint32_t*>(s.vec());
+        const bool listed = tiles <= (uint32_t)VEC_CAP;
+        const uint32_t n = listed ? tiles * (uint32_t)tile_rows : 0;
+        uint64_t best = 0;     // ARGMAX / WHOLE: this thread's best key (0: none)
+        double smax = -INFINITY;  // BINS: this thread's largest scaled logit
+        for (uint32_t j = threadIdx.x; j < n; j += CONSUMERS) {
+            const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
+            if (row >= (uint32_t)F::V) continue;
+            const float v = __ldcg(p.logits + row);
+            const float l = processed(p, v, row);  // p.logits stays raw: sample_token may need it
+            if (!is_candidate(l)) continue;
+            if (mode == RACE_ARGMAX) {
+                best = max(best, item_key(__fadd_rn(l, 0.0f), row));  // -0.0 ties +0.0: the lower index wins
+            } else if (mode == RACE_WHOLE) {
+                best = max(best, race_key(race_scaled(l, inv_t), row, hash));
+            } else {
+                const double sc = race_scaled(l, inv_t);
+                smax = fmax(smax, sc);
+                // A token this far below one already seen cannot win.
+                if (!(__dsub_rn(sc, smax) < RACE_HOPELESS_BELOW))
+                    atomicMax(s.race_keys() + (race_bin(sc) & (RACE_KEY_BINS - 1)), (unsigned long long)race_key(sc, row, hash));
+            }
+        }
         if (mode != RACE_BINS) {
-            SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec());
-            const uint64_t b = ConsumerSampler::block_key_reduce<true>(best, sh);
-            if (threadIdx.x == 0) __stcg(keys + blockIdx.x, b);
+            best = consumer_max_u64(best, s);
+            if (threadIdx.x == 0) __stcg(reinterpret_cast<uint64_t*>(p.lm_max) + blockIdx.x, listed ? best : RACE_GIVE_UP);
             consumer_sync();
             return;
         }
@@ -148,22 +163,20 @@ struct RacePart {
         for (int w = 1; w < CONSUMER_WARPS; w++) m = fmax(m, s.sc()->dred[w]);
         // Weights at the two anchors the global maximum can have (this SM's
         // anchor, or 16 above it: any higher and all of these weigh 0).
-        const bool weighs = isfinite(m) && fabs(m) <= RACE_M_LIMIT && tiles <= (uint32_t)VEC_CAP;
+        const bool weighs = isfinite(m) && fabs(m) <= RACE_M_LIMIT && listed;
         const double a0 = weighs ? race_anchor(m) : 0.0, a1 = __dadd_rn(a0, RACE_ANCHOR_STEP);
         unsigned long long* mass = s.race_mass();
         if (weighs) {
-            const uint32_t* list = reinterpret_cast<const uint32_t*>(s.vec());
-            for (uint32_t k = 0; k < tiles; k++) {
-                const int begin = (int)list[k] * tile_rows, rows = min(tile_rows, F::V - begin);
-                for (int i = threadIdx.x; i < rows; i += CONSUMERS) {
-                    const float l = __ldcg(p.logits + begin + i);
-                    if (!is_candidate(l)) continue;
-                    const double sc = race_scaled(l, inv_t);
-                    const int slot = (int)(race_bin(sc) & (RACE_MASS_BINS - 1));
-                    const uint64_t w0 = race_weight(sc, a0), w1 = race_weight(sc, a1);
-                    if (w0) atomicAdd(mass + slot, (unsigned long long)w0);
-                    if (w1) atomicAdd(mass + RACE_MASS_BINS + slot, (unsigned long long)w1);
-                }
+            for (uint32_t j = threadIdx.x; j < n; j += CONSUMERS) {
+                const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
+                if (row >= (uint32_t)F::V) continue;
+                const float l = processed(p, __ldcg(p.logits + row), row);
+                if (!is_candidate(l)) continue;
+                const double sc = race_scaled(l, inv_t);
+                const int slot = (int)(race_bin(sc) & (RACE_MASS_BINS - 1));
+                const uint64_t w0 = race_weight(sc, a0), w1 = race_weight(sc, a1);
+                if (w0) atomicAdd(mass + slot, (unsigned long long)w0);
+                if (w1) atomicAdd(mass + RACE_MASS_BINS + slot, (unsigned long long)w1);
             }
         }
         consumer_sync();
@@ -181,14 +194,14 @@ struct RacePart {
         }
         if (threadIdx.x == 0) {
             // The maximum (NaN: this SM could not weigh its tokens, the merge gives up).
-            __stcg(reinterpret_cast<double*>(p.lm_max) + blockIdx.x, weighs || m == -INFINITY ? m : (double)NAN);
+            __stcg(reinterpret_cast<double*>(p.lm_max) + blockIdx.x, weighs || (listed && m == -INFINITY) ? m : (double)NAN);
         }
         consumer_sync();
     }
 };
 
 // The merge, on the last SM to arrive. Returns the token, or 0xffffffff when
-// BINS gave up (a maximum it cannot weigh: sample_token decides). Zeroes the
+// it gave up (a part it cannot merge: sample_token decides). Zeroes the
 // global tables it read. Every consumer gets the result.
 template <class F>
 __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
@@ -200,6 +213,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
         uint64_t best = 0;
         for (int i = tid; i < p.lm_tiles; i += CONSUMERS) best = max(best, __ldcg(keys + i));
         best = ConsumerSampler::block_key_reduce<true>(best, sh);
+        if (best == RACE_GIVE_UP) return 0xffffffffu;
         if (best == 0) return 0u;  // no candidate: index 0, as the host's argmax
         return mode == RACE_ARGMAX ? key_id(best) : race_id(best);
     }

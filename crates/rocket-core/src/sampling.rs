@@ -78,12 +78,12 @@ impl SamplingParams {
         SamplingParams { max_tokens, temperature: 0.0, ..Self::default() }
     }
 
-    /// Whether the token is the winner of one race over the whole vocabulary:
-    /// greedy, or sampled with no top-k / top-p / min-p cut. Then every part of
-    /// the vocabulary can find its own winner and a device merges them like an
-    /// argmax (the megakernel's all-SM sampler); a cut needs the whole row first.
-    pub fn races_whole_vocab(&self, vocab: usize) -> bool {
-        self.temperature == 0.0 || !((self.top_k > 0 && self.top_k < vocab) || self.top_p < 1.0 || self.min_p > 0.0)
+    /// Whether every part of the vocabulary can do its share of the pick on its
+    /// own (`crate::race`): greedy, or sampled with no top-k cut (top-p and
+    /// min-p work on bins any part can fill). The megakernel's all-SM sampler
+    /// takes these; an exact top-k needs the whole row first.
+    pub fn races_on_all_sms(&self, vocab: usize) -> bool {
+        self.temperature == 0.0 || !(self.top_k > 0 && self.top_k < vocab)
     }
 
     /// Whether any penalty changes logits at all.

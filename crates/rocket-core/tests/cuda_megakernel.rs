@@ -214,6 +214,8 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
         SamplingParams { temperature: 1.0, ..SamplingParams::default() }, // the race over all SMs
         SamplingParams { temperature: 0.8, repetition_penalty: 1.1, presence_penalty: 0.4, ..SamplingParams::default() }, // raced, penalised
         SamplingParams { temperature: 0.7, top_p: 0.9, ..SamplingParams::default() }, // Llama-3.2-Instruct's defaults
+        SamplingParams { temperature: 0.6, top_p: 0.95, min_p: 0.1, frequency_penalty: 0.5, ..SamplingParams::default() },
+        SamplingParams { temperature: 0.05, top_p: 0.5, ..SamplingParams::default() }, // scaled logits far from 0
         SamplingParams { temperature: 1.3, min_p: 0.05, repetition_penalty: 1.3, presence_penalty: 0.5, frequency_penalty: 0.3, ..SamplingParams::default() },
         SamplingParams { temperature: 0.0, repetition_penalty: 1.5, ..SamplingParams::default() }, // greedy with a penalty
         // Mid-request: earlier generations count for the penalties, min_tokens masks the

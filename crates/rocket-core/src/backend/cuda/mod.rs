@@ -551,7 +551,7 @@ impl Backend for CudaBackend {
             return Ok(None); // a launch failed earlier: CUDA graphs from here on
         }
         if req.sampling.as_ref().is_some_and(|s| !self.loops(mk, s.params)) {
-            return Ok(None); // a cut (top-k, top-p, min-p): one CTA would sample while the others wait
+            return Ok(None); // top-k: one CTA would sample while the others wait
         }
         let mut end_ids = req.end_ids.to_vec();
         end_ids.sort_unstable();
@@ -626,10 +626,10 @@ impl Backend for CudaBackend {
 
 impl CudaBackend {
     /// Whether the megakernel's token loop takes requests sampled with `params`:
-    /// greedy and untruncated ones race over all SMs; the others only when
+    /// all but top-k ones race over all SMs; top-k only when
     /// `GpuOptions::loop_sampling` asks (one CTA samples while the rest wait).
     fn loops(&self, mk: &Megakernel, params: &SamplingParams) -> bool {
-        self.options.loop_sampling || params.races_whole_vocab(mk.vocab())
+        self.options.loop_sampling || params.races_on_all_sms(mk.vocab())
     }
 
     /// Device-to-device copy bandwidth in GB/s (read + write bytes per second),
