@@ -153,9 +153,10 @@ fn default_name(path: &std::path::Path) -> String {
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    // Keys first: a server that would start open by mistake must not start at all.
+    let keys = ApiKeys::load(&args.api_keys, args.api_key_file.as_deref(), crate::environment().api_key.as_deref())?;
     let path = args.model.path()?;
     let options = args.model.engine_options()?;
-    let keys = ApiKeys::load(&args.api_keys, args.api_key_file.as_deref(), crate::environment().api_key.as_deref())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("rocket-http")
