@@ -6,6 +6,7 @@ Every loop is bounded in count and in time; all traffic goes to 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import signal
@@ -36,11 +37,15 @@ _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 class Server:
     """`python -m rocket serve` on a free loopback port, stderr collected."""
 
-    def __init__(self, model: str, *extra: str) -> None:
+    def __init__(self, model: str, *extra: str, env: dict[str, str | None] | None = None) -> None:
         cmd = [sys.executable, "-m", "rocket", "serve", "--model", model, "--device", "cpu",
                "--host", "127.0.0.1", "--port", "0", *extra]
+        # `env` adds to (a None value removes from) this process's environment; a
+        # ROCKET_API_KEY of the caller's does not apply unless `env` sets it.
+        changes = {"ROCKET_API_KEY": None, **(env or {})}
+        full_env = {k: v for k, v in {**os.environ, **changes}.items() if v is not None}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, env=full_env)
         self.log: list[str] = []
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read_stderr, daemon=True)
@@ -102,8 +107,8 @@ class Server:
     def post(self, path: str, body: bytes | dict[str, Any]) -> tuple[int, Any]:
         return self.request("POST", path, body)
 
-    def client(self, timeout: float = 120.0) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base + "/v1", api_key="unused", max_retries=0, timeout=timeout,
+    def client(self, timeout: float = 120.0, api_key: str = "unused") -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=timeout,
                              http_client=openai.DefaultHttpx2Client(trust_env=False))
 
     def in_flight(self) -> int:

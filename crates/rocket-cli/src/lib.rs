@@ -155,6 +155,8 @@ struct Environment {
     /// The engine's setting variables (`rocket_core::options::ENV_SETTINGS`), as
     /// (name, value) for `EngineOptions::apply_env`.
     settings: Vec<(String, String)>,
+    /// ROCKET_API_KEY: the key `rocket serve` requires when no --api-key or --api-key-file is given.
+    api_key: Option<String>,
 }
 
 pub(crate) fn environment() -> Environment {
@@ -163,6 +165,7 @@ pub(crate) fn environment() -> Environment {
         log: var("ROCKET_LOG").unwrap_or_else(|| "warn".into()),
         default_model: std::env::var_os("ROCKET_DEFAULT_MODEL").map(PathBuf::from),
         settings: rocket_core::options::ENV_SETTINGS.iter().filter_map(|(name, _)| Some((name.to_string(), var(name)?))).collect(),
+        api_key: var("ROCKET_API_KEY"),
     }
 }
 

@@ -186,6 +186,16 @@ impl<'a> Batcher<'a> {
         self.running.len() + self.waiting.len()
     }
 
+    /// Requests in the running batch (holding a KV cache).
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Bytes of KV cache the running requests hold.
+    pub fn kv_bytes(&self) -> usize {
+        self.running.iter().filter_map(|a| a.session.as_ref()).map(|s| s.kv_bytes()).sum()
+    }
+
     /// One forward pass over every running request, after admitting waiting ones
     /// up to `max_batch`. A backend failure fails the requests of that pass (their
     /// sinks get `Failed`) and is also returned. Returns `pending()`.

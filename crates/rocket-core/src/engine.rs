@@ -293,6 +293,12 @@ impl Engine {
         self.backend.decode_path(batch, params)
     }
 
+    /// The backend's event counts since load (megakernel launches, watchdog
+    /// events); lock-free, so monitoring may read them during a pass.
+    pub fn backend_counters(&self) -> crate::backend::BackendCounters {
+        self.backend.counters()
+    }
+
     /// The device's measured copy bandwidth in GB/s (None on the CPU backend).
     pub fn copy_bandwidth_gbs(&self) -> Result<Option<f64>> {
         self.backend.copy_bandwidth_gbs()

@@ -41,12 +41,12 @@ pub mod weights;
 #[cfg(test)]
 mod device_loop_tests;
 
-pub use backend::Device;
+pub use backend::{BackendCounters, Device};
 pub use batch::{BatchEvent, BatchModel, Batcher, RequestId};
 pub use engine::{Engine, EngineOptions, ModelInfo};
 pub use output::{FinishReason, Metrics, RequestOutput, StopReason, StreamDelta, TokenLogprob};
 pub use request::EngineRequest;
-pub use scheduler::{EventSink, RequestHandle, Scheduler, SchedulerOptions};
+pub use scheduler::{DecodePaths, EventSink, RequestHandle, Scheduler, SchedulerOptions};
 pub use error::{ErrorKind, Result, RocketError};
 pub use model::ModelSpec;
 pub use options::{DecodePath, GpuOptions, MatmulPath, Progress, SamplerPlacement};

@@ -23,6 +23,7 @@ use crate::batch::{BatchEvent, Batcher, RequestId};
 use crate::engine::{Engine, MAX_BATCH};
 use crate::error::{Result, RocketError};
 use crate::request::EngineRequest;
+use crate::sampling::SamplingParams;
 
 /// Receives a request's events on the scheduler thread: deltas, then exactly
 /// one `Finished` or `Failed`. Returning false cancels the request. It must not
@@ -51,6 +52,34 @@ struct Shared {
     in_flight: AtomicUsize,
     cancel_all: AtomicBool,
     failed: AtomicBool,
+    /// What the thread last saw between passes (for monitoring): requests in
+    /// the running batch, the KV bytes they hold, and the decode paths.
+    running: AtomicUsize,
+    kv_bytes: AtomicUsize,
+    decode_paths: Mutex<DecodePaths>,
+}
+
+/// How a decode step runs (`Engine::decode_path`), per batch shape, as the
+/// scheduler thread last saw it: a megakernel that fails goes out of service.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodePaths {
+    pub single_greedy: &'static str,
+    pub single_sampled: &'static str,
+    pub batch_greedy: &'static str,
+    pub batch_sampled: &'static str,
+}
+
+impl DecodePaths {
+    /// "sampled": at temperature 1 with no cut, a stand-in for every sampled request.
+    fn of(engine: &Engine) -> Self {
+        let (greedy, sampled) = (SamplingParams::greedy(1), SamplingParams { temperature: 1.0, ..SamplingParams::default() });
+        DecodePaths {
+            single_greedy: engine.decode_path(1, &greedy),
+            single_sampled: engine.decode_path(1, &sampled),
+            batch_greedy: engine.decode_path(2, &greedy),
+            batch_sampled: engine.decode_path(2, &sampled),
+        }
+    }
 }
 
 /// One admitted request's place in the queue; dropping it frees the place.
@@ -126,7 +155,7 @@ impl Scheduler {
             return Err(RocketError::invalid_arg("max_queue", 0, "must be at least 1"));
         }
         let (tx, rx) = mpsc::channel();
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared { decode_paths: Mutex::new(DecodePaths::of(&engine)), ..Shared::default() });
         let (thread_engine, thread_shared) = (engine.clone(), shared.clone());
         let thread = std::thread::Builder::new()
             .name("rocket-scheduler".into())
@@ -156,6 +185,21 @@ impl Scheduler {
     /// Requests admitted and not yet finished (running or waiting).
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Requests in the running batch (the rest of `in_flight` waits), as of the last pass.
+    pub fn running(&self) -> usize {
+        self.shared.running.load(Ordering::SeqCst)
+    }
+
+    /// Bytes of KV cache held by running requests, as of the last pass.
+    pub fn kv_bytes(&self) -> usize {
+        self.shared.kv_bytes.load(Ordering::SeqCst)
+    }
+
+    /// How decode steps run, as of the last pass (never waits for one).
+    pub fn decode_paths(&self) -> DecodePaths {
+        *self.shared.decode_paths.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// False once the scheduler thread has died.
@@ -244,6 +288,7 @@ fn run(engine: &Engine, max_batch: usize, jobs: &mpsc::Receiver<Job>, shared: &S
     loop {
         if batcher.pending() == 0 {
             live.clear();
+            publish(engine, &batcher, shared);
             match jobs.recv() {
                 Ok(job) => admit(engine, &mut batcher, &mut live, job),
                 Err(_) => return, // Shut down and nothing left to do.
@@ -271,7 +316,15 @@ fn run(engine: &Engine, max_batch: usize, jobs: &mpsc::Receiver<Job>, shared: &S
             // The requests of that pass got `Failed`; the others carry on.
             tracing::error!("forward pass failed: {e}");
         }
+        publish(engine, &batcher, shared);
     }
+}
+
+/// Monitoring's view of the batch, refreshed between passes.
+fn publish(engine: &Engine, batcher: &Batcher<'_>, shared: &Shared) {
+    shared.running.store(batcher.running(), Ordering::SeqCst);
+    shared.kv_bytes.store(batcher.kv_bytes(), Ordering::SeqCst);
+    *shared.decode_paths.lock().unwrap_or_else(|p| p.into_inner()) = DecodePaths::of(engine);
 }
 
 #[cfg(test)]
@@ -388,6 +441,52 @@ mod tests {
         let _c = scheduler.submit(request(&engine, "third", 8), sink).unwrap();
         assert_eq!(result(&c_events).unwrap().token_ids.len(), 8);
         assert!(Scheduler::start(engine, SchedulerOptions { max_batch: 0, max_queue: 2 }).is_err());
+    }
+
+    /// Polls `f` until it holds (the thread publishes between passes).
+    fn eventually(what: &str, f: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + WAIT;
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn running_count_and_kv_bytes_follow_the_batch() {
+        let engine = Arc::new(engine());
+        let scheduler = Scheduler::start(engine.clone(), SchedulerOptions { max_batch: 1, max_queue: 4 }).unwrap();
+        assert_eq!((scheduler.running(), scheduler.kv_bytes()), (0, 0));
+        assert_eq!(scheduler.decode_paths().single_greedy, "forward passes");
+        // The first request holds the thread at its second token, after the
+        // first pass was published.
+        let (started_tx, started) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let mut deltas = 0;
+        let sink = Box::new(move |event: BatchEvent| {
+            if matches!(event, BatchEvent::Delta(_)) {
+                deltas += 1;
+                if deltas == 2 {
+                    let _ = started_tx.send(());
+                    let _ = release_rx.recv();
+                }
+            }
+            true
+        });
+        let a = scheduler.submit(request(&engine, "hello", 100), sink).unwrap();
+        let (sink, _b_events) = channel_sink();
+        let b = scheduler.submit(request(&engine, "world", 100), sink).unwrap();
+        started.recv_timeout(WAIT).unwrap();
+        // max_batch 1: one runs and the other waits; the runner's KV cache (f32 keys
+        // and values for prompt + max_tokens positions, every layer) is counted.
+        let spec = engine.spec();
+        let per_token = spec.num_layers * 2 * spec.kv_dim() * 4;
+        assert_eq!((scheduler.in_flight(), scheduler.running()), (2, 1));
+        let kv = scheduler.kv_bytes();
+        assert!(kv % per_token == 0 && kv / per_token >= 100, "{kv} bytes, {per_token} per token");
+        drop((a, b));
+        release.send(()).unwrap();
+        eventually("idle", || scheduler.in_flight() == 0 && scheduler.running() == 0 && scheduler.kv_bytes() == 0);
     }
 
     #[test]

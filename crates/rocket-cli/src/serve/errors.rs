@@ -82,6 +82,11 @@ impl ApiError {
         .with_param("model")
     }
 
+    /// 401: no API key, or not one of the server's (OpenAI's type and code).
+    pub fn invalid_api_key(message: &str) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key", message)
+    }
+
     pub fn not_found(path: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", format!("no route for {path}"))
     }

@@ -7,7 +7,10 @@
 //! let in-flight requests finish for `--shutdown-timeout` seconds (a second
 //! signal, or the timeout, cancels them), then the process exits.
 
+mod access;
+mod auth;
 mod errors;
+mod metrics;
 mod response;
 mod routes;
 mod schema;
@@ -23,6 +26,8 @@ use rocket_core::{Engine, Scheduler, SchedulerOptions};
 use tokio::sync::watch;
 
 use crate::ModelArgs;
+use auth::ApiKeys;
+use metrics::ServerMetrics;
 use response::Meta;
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -65,6 +70,18 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may run after SIGTERM/Ctrl-C before they are cancelled
     #[arg(long, default_value = "30", value_parser = seconds)]
     shutdown_timeout: f64,
+    /// API key clients must send as 'Authorization: Bearer KEY' to use /v1/* (repeatable;
+    /// /health and /metrics stay open) [default: ROCKET_API_KEY if no --api-key or
+    /// --api-key-file is given, else no key: anyone who reaches the port may use it]
+    #[arg(long = "api-key", value_name = "KEY")]
+    api_keys: Vec<String>,
+    /// File of API keys, one per line (blank lines and lines starting with # are skipped);
+    /// keeps keys out of the process list
+    #[arg(long, value_name = "PATH")]
+    api_key_file: Option<PathBuf>,
+    /// Include each request's prompt text in its log line (ROCKET_LOG=info) [default: prompts are not logged]
+    #[arg(long)]
+    log_prompts: bool,
 }
 
 /// What exists once the model has loaded.
@@ -80,6 +97,11 @@ pub struct AppState {
     pub default_max_tokens: Option<usize>,
     /// Unix time the server started (the model card's `created`).
     pub created: u64,
+    /// Keys `/v1/*` requires (none: open).
+    pub api_keys: ApiKeys,
+    /// `--log-prompts`: request log lines carry the prompt text.
+    pub log_prompts: bool,
+    pub metrics: Arc<ServerMetrics>,
     ready: OnceLock<Ready>,
     shutting_down: AtomicBool,
     id_salt: u64,
@@ -87,11 +109,14 @@ pub struct AppState {
 }
 
 impl AppState {
-    fn new(model_name: String, default_max_tokens: Option<usize>) -> Self {
+    fn new(model_name: String, default_max_tokens: Option<usize>, api_keys: ApiKeys, log_prompts: bool) -> Self {
         AppState {
             model_name,
             default_max_tokens,
             created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            api_keys,
+            log_prompts,
+            metrics: Arc::new(ServerMetrics::new()),
             ready: OnceLock::new(),
             shutting_down: AtomicBool::new(false),
             id_salt: rocket_core::sampling::fresh_seed(),
@@ -107,11 +132,16 @@ impl AppState {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
-    /// A fresh response id (`cmpl-…`, `chatcmpl-…`) with the model name and time.
-    pub fn meta(&self, prefix: &str) -> Meta {
+    /// A request id for a request that brought none (unique within this process).
+    pub fn new_request_id(&self) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{n:08x}", self.id_salt)
+    }
+
+    /// The response's id (`cmpl-…`, `chatcmpl-…`, after the request id) with the model name and time.
+    pub fn meta(&self, prefix: &str, request_id: &str) -> Meta {
         Meta {
-            id: format!("{prefix}-{:016x}{n:08x}", self.id_salt),
+            id: format!("{prefix}-{request_id}"),
             created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             model: self.model_name.clone(),
         }
@@ -123,6 +153,8 @@ fn default_name(path: &std::path::Path) -> String {
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    // Keys first: a server that would start open by mistake must not start at all.
+    let keys = ApiKeys::load(&args.api_keys, args.api_key_file.as_deref(), crate::environment().api_key.as_deref())?;
     let path = args.model.path()?;
     let options = args.model.engine_options()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -130,7 +162,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         .thread_name("rocket-http")
         .build()
         .context("starting the async runtime")?;
-    let result = runtime.block_on(serve(args, path, options));
+    let result = runtime.block_on(serve(args, path, options, keys));
     // A model still loading when a signal came is not waited for.
     runtime.shutdown_timeout(Duration::from_millis(200));
     result
@@ -164,14 +196,18 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOptions) -> anyhow::Result<()> {
+async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOptions, keys: ApiKeys) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let addr: SocketAddr = listener.local_addr()?;
     let name = args.served_model_name.clone().unwrap_or_else(|| default_name(&path));
-    let app = Arc::new(AppState::new(name, args.default_max_tokens));
-    eprintln!("rocket serve: listening on http://{addr} (loading {})", path.display());
+    if let Some(warning) = auth::exposure_warning(addr, &keys) {
+        eprintln!("{warning}");
+    }
+    let key_note = if keys.is_empty() { String::new() } else { format!("; {} API key(s) required on /v1", keys.len()) };
+    let app = Arc::new(AppState::new(name, args.default_max_tokens, keys, args.log_prompts));
+    eprintln!("rocket serve: listening on http://{addr} (loading {}{key_note})", path.display());
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stop_tx = Arc::new(stop_tx);

@@ -3,22 +3,24 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, Uri};
+use axum::http::{header, StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
 use rocket_core::{BatchEvent, Engine, EngineRequest, FinishReason, RequestHandle, RequestKind, RequestOutput, SamplingOptions, SamplingParams};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use super::access::{self, RequestLog};
 use super::errors::ApiError;
+use super::metrics::{self, ServerMetrics};
 use super::response::{self, ChunkWriter, Endpoint, TokenText};
 use super::schema::{ChatRequest, CompletionRequest, Prompt};
 use super::{AppState, Ready};
@@ -26,13 +28,20 @@ use super::{AppState, Ready};
 pub fn router(app: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(axum::middleware::from_fn_with_state(app.clone(), access::middleware))
         .with_state(app)
+}
+
+/// Prometheus metrics; open like /health (vLLM's choice): counts, not content.
+async fn metrics(State(app): State<Arc<AppState>>) -> Response {
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], app.metrics.render(app.ready())).into_response()
 }
 
 async fn health(State(app): State<Arc<AppState>>) -> Response {
@@ -128,26 +137,74 @@ fn engine_params(
 
 /// A request handed to the scheduler: its events, and its handle, whose drop
 /// (the response future or stream dropped when the client goes away) cancels it.
+/// Its events are timed and counted here (TTFT, inter-token latency, tokens).
 struct Submitted {
     rx: UnboundedReceiver<BatchEvent>,
     _handle: RequestHandle,
+    log: Arc<RequestLog>,
+    metrics: Arc<ServerMetrics>,
+    last_token: Option<Instant>,
+    tokens: usize,
+    ended: bool,
+}
+
+impl Submitted {
+    /// The next event, recorded; None when the channel closed.
+    async fn next(&mut self) -> Option<BatchEvent> {
+        let event = self.rx.recv().await;
+        let now = Instant::now();
+        match &event {
+            Some(BatchEvent::Delta(_)) => {
+                match self.last_token {
+                    None => {
+                        let ttft = now - self.log.arrived;
+                        self.metrics.observe_ttft(ttft.as_secs_f64());
+                        self.log.first_token(ttft);
+                    }
+                    Some(last) => self.metrics.observe_inter_token((now - last).as_secs_f64()),
+                }
+                self.last_token = Some(now);
+                self.tokens += 1;
+            }
+            Some(BatchEvent::Finished(out)) => self.end(response::finish_reason(out), out.token_ids.len()),
+            Some(BatchEvent::Failed(_)) | None => self.end("error", self.tokens),
+        }
+        event
+    }
+
+    fn end(&mut self, finish_reason: &'static str, tokens: usize) {
+        if !self.ended {
+            self.ended = true;
+            self.metrics.add_generation_tokens(tokens);
+            self.log.finished(finish_reason, tokens);
+        }
+    }
+}
+
+impl Drop for Submitted {
+    /// Dropped before its last event: the client went away and the request is cancelled.
+    fn drop(&mut self) {
+        self.end("abort", self.tokens);
+    }
 }
 
 /// Queue a request with the core scheduler; its events arrive on a tokio channel
 /// (the sink never blocks the scheduler thread; a closed channel cancels).
-fn submit(ready: &Ready, request: EngineRequest, prompt_param: &str) -> Result<Submitted, ApiError> {
+fn submit(app: &AppState, ready: &Ready, log: &Arc<RequestLog>, request: EngineRequest, prompt_param: &str) -> Result<Submitted, ApiError> {
     let (tx, rx) = unbounded_channel();
+    let (prompt, prompt_tokens) = (request.prompt.clone(), request.prompt_ids.len());
     let handle = ready
         .scheduler
         .submit(request, Box::new(move |event| tx.send(event).is_ok()))
         .map_err(|e| ApiError::from_engine(&e, prompt_param))?;
-    Ok(Submitted { rx, _handle: handle })
+    app.metrics.add_prompt_tokens(prompt_tokens);
+    log.submitted(&prompt, prompt_tokens);
+    Ok(Submitted { rx, _handle: handle, log: log.clone(), metrics: app.metrics.clone(), last_token: None, tokens: 0, ended: false })
 }
 
 /// Wait for a request's result (non-streamed responses).
-async fn collect(submitted: Submitted, prompt_param: &str) -> Result<RequestOutput, ApiError> {
-    let Submitted { mut rx, _handle } = submitted;
-    while let Some(event) = rx.recv().await {
+async fn collect(mut submitted: Submitted, prompt_param: &str) -> Result<RequestOutput, ApiError> {
+    while let Some(event) = submitted.next().await {
         match event {
             BatchEvent::Delta(_) => {}
             BatchEvent::Finished(out) if out.finish_reason == FinishReason::Cancelled => {
@@ -183,7 +240,7 @@ fn sse_stream(
             let tt = TokenText::new(engine.tokenizer());
             let mut events = Vec::new();
             let mut done = true;
-            match submitted.rx.recv().await {
+            match submitted.next().await {
                 Some(BatchEvent::Delta(d)) => {
                     done = false;
                     if let Some(chunk) = writer.token(&tt, d.token_id, d.logprob, &d.text) {
@@ -210,11 +267,11 @@ fn sse_response(stream: impl Stream<Item = Result<Event, Infallible>> + Send + '
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10))).into_response()
 }
 
-async fn completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    completions_inner(&app, body).await.unwrap_or_else(IntoResponse::into_response)
+async fn completions(State(app): State<Arc<AppState>>, Extension(log): Extension<Arc<RequestLog>>, body: Result<Bytes, BytesRejection>) -> Response {
+    completions_inner(&app, &log, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn completions_inner(app: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn completions_inner(app: &AppState, log: &Arc<RequestLog>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (ready, body) = admit(app, body)?;
     let req = CompletionRequest::parse(&body)?;
     check_model(app, req.model.as_deref())?;
@@ -237,8 +294,8 @@ async fn completions_inner(app: &AppState, body: Result<Bytes, BytesRejection>) 
         }
     };
     let params = engine_params(engine, &req.sampling, RequestKind::Completion, "prompt", ids.len(), app.default_max_tokens)?;
-    let rx = submit(ready, EngineRequest { prompt: prompt.clone(), prompt_ids: ids, params }, "prompt")?;
-    let meta = app.meta("cmpl");
+    let rx = submit(app, ready, log, EngineRequest { prompt: prompt.clone(), prompt_ids: ids, params }, "prompt")?;
+    let meta = app.meta("cmpl", &log.id);
     if req.stream {
         let writer = ChunkWriter::new(meta, Endpoint::Completions, req.logprobs.is_some(), req.include_usage);
         let echo = req.echo.then_some(prompt);
@@ -251,11 +308,11 @@ async fn completions_inner(app: &AppState, body: Result<Bytes, BytesRejection>) 
     Ok(Json(response::completion_body(&meta, text, logprobs, &out)).into_response())
 }
 
-async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    chat_inner(&app, body).await.unwrap_or_else(IntoResponse::into_response)
+async fn chat_completions(State(app): State<Arc<AppState>>, Extension(log): Extension<Arc<RequestLog>>, body: Result<Bytes, BytesRejection>) -> Response {
+    chat_inner(&app, &log, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn chat_inner(app: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn chat_inner(app: &AppState, log: &Arc<RequestLog>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (ready, body) = admit(app, body)?;
     let req = ChatRequest::parse(&body)?;
     check_model(app, req.model.as_deref())?;
@@ -263,8 +320,8 @@ async fn chat_inner(app: &AppState, body: Result<Bytes, BytesRejection>) -> Resu
     let prompt = engine.apply_chat_template(&req.messages, true).map_err(|e| ApiError::from_engine(&e, "messages"))?;
     let ids = engine.encode_prompt(&prompt).map_err(|e| ApiError::from_engine(&e, "messages"))?;
     let params = engine_params(engine, &req.sampling, RequestKind::Chat, "messages", ids.len(), app.default_max_tokens)?;
-    let rx = submit(ready, EngineRequest { prompt, prompt_ids: ids, params }, "messages")?;
-    let meta = app.meta("chatcmpl");
+    let rx = submit(app, ready, log, EngineRequest { prompt, prompt_ids: ids, params }, "messages")?;
+    let meta = app.meta("chatcmpl", &log.id);
     if req.stream {
         let writer = ChunkWriter::new(meta, Endpoint::Chat, req.logprobs, req.include_usage);
         return Ok(sse_response(sse_stream(engine.clone(), rx, writer, None, "messages")));

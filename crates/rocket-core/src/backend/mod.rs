@@ -80,6 +80,19 @@ pub trait Backend: Send + Sync {
     fn copy_bandwidth_gbs(&self) -> Result<Option<f64>> {
         Ok(None)
     }
+    /// Event counts since load, for monitoring (zero where a backend has no such events).
+    fn counters(&self) -> BackendCounters {
+        BackendCounters::default()
+    }
+}
+
+/// What a backend has counted since it loaded (read without waiting on a pass).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendCounters {
+    /// Megakernel token-loop launches.
+    pub megakernel_launches: u64,
+    /// Megakernel launches that ended on its watchdog (device stall, copy fault, or the host's hang limit).
+    pub watchdog_events: u64,
 }
 
 /// What a sampler needs to pick one request's next token.
@@ -117,6 +130,8 @@ pub trait Session: Send + Any {
     }
     /// Tokens the cache has room for.
     fn capacity(&self) -> usize;
+    /// Bytes of memory its KV cache holds (allocated for `capacity` tokens).
+    fn kv_bytes(&self) -> usize;
     /// For the backend that made it, to reach its own session type.
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }

@@ -164,6 +164,10 @@ impl Session for CpuSession {
         self.capacity
     }
 
+    fn kv_bytes(&self) -> usize {
+        self.keys.iter().chain(&self.values).map(|v| v.capacity() * std::mem::size_of::<f32>()).sum()
+    }
+
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
     }

@@ -23,13 +23,14 @@ mod sampler;
 mod weights;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::{check_chunks, own_session, Backend, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest, Session};
+use super::{check_chunks, own_session, Backend, BackendCounters, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest, Session};
 use crate::error::{Result, RocketError};
 use crate::megakernel::abi::RACE_TOPK_MAX;
-use crate::megakernel::Profile;
+use crate::megakernel::{MegakernelError, Profile};
 use crate::model::{ModelSpec, ModelWeights};
 use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
 use crate::progress::LoadProgress;
@@ -81,6 +82,9 @@ pub struct CudaBackend {
     info: CudaInfo,
     inner: Mutex<Inner>,
     options: GpuOptions,
+    /// Outside `inner`: monitoring reads them while a pass holds the lock.
+    megakernel_launches: AtomicU64,
+    watchdog_events: AtomicU64,
 }
 
 struct Inner {
@@ -230,6 +234,9 @@ impl Session for CudaSession {
     fn capacity(&self) -> usize {
         self.capacity
     }
+    fn kv_bytes(&self) -> usize {
+        self.kv.bytes
+    }
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
     }
@@ -293,6 +300,8 @@ impl CudaBackend {
             spec,
             info,
             options,
+            megakernel_launches: AtomicU64::new(0),
+            watchdog_events: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 megakernel,
                 graphs: HashMap::new(),
@@ -577,11 +586,15 @@ impl Backend for CudaBackend {
         };
         // Counted here so the session keeps the tokens handed on even if the launch fails later.
         let mut handed = 0;
+        self.megakernel_launches.fetch_add(1, Ordering::Relaxed);
         let ran = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
             handed += 1;
             on_token(t)
         });
         sess.len += handed;
+        if let Err(RocketError::Megakernel(MegakernelError::Watchdog { .. } | MegakernelError::CopyFault { .. } | MegakernelError::Hung { .. })) = &ran {
+            self.watchdog_events.fetch_add(1, Ordering::Relaxed);
+        }
         let (outcome, _) = ran?;
         if let (Some(step), Some(stamps)) = (launch.trace_step, mk.last_trace.take()) {
             match Profile::from_trace(&mk.schedule, &stamps) {
@@ -591,6 +604,13 @@ impl Backend for CudaBackend {
             }
         }
         Ok(Some(outcome))
+    }
+
+    fn counters(&self) -> BackendCounters {
+        BackendCounters {
+            megakernel_launches: self.megakernel_launches.load(Ordering::Relaxed),
+            watchdog_events: self.watchdog_events.load(Ordering::Relaxed),
+        }
     }
 
     fn loops_sampling(&self, params: &SamplingParams) -> bool {
