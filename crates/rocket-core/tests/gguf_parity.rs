@@ -1,0 +1,89 @@
+//! GGUF files written by someone else's tools: tiny Llama-3 (llama3 rope scaling in the
+//! smoothing band) and Qwen3 checkpoints made with Hugging Face classes and written by
+//! the `gguf` package's GGUFWriter, covering every tensor type rocket reads
+//! (tests/gguf/make_fixtures.py). rocket's CPU reference must give the logits that
+//! transformers gives loading the same files in fp32 (committed next to them, so this
+//! test needs no Python).
+
+use std::path::{Path, PathBuf};
+
+use rocket_core::weights::dequant::READABLE;
+use rocket_core::{Device, Engine, EngineOptions};
+use serde_json::Value;
+
+const FIXTURES: [&str; 4] = ["llama3-legacy", "llama3-kquant-tied", "qwen3-legacy-tied", "qwen3-kquant"];
+const TOLERANCE: f32 = 1e-4;
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/gguf/fixtures")
+}
+
+fn meta(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir().join(format!("{name}.json"))).unwrap()).unwrap()
+}
+
+fn cpu(name: &str) -> Engine {
+    Engine::load(dir().join(format!("{name}.gguf")), EngineOptions { device: Device::Cpu, ..EngineOptions::default() }).unwrap()
+}
+
+#[test]
+fn logits_match_transformers_on_the_same_gguf() {
+    let mut failures = Vec::new();
+    for name in FIXTURES {
+        let m = meta(name);
+        let ids: Vec<u32> = m["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let bytes = std::fs::read(dir().join(format!("{name}.logits.bin"))).unwrap();
+        let want: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let engine = cpu(name);
+        let spec = engine.spec();
+        assert_eq!(spec.family.name(), m["architecture"].as_str().unwrap(), "{name}");
+        assert_eq!(spec.tie_word_embeddings, m["tied"].as_bool().unwrap(), "{name}");
+        assert_eq!(spec.rope_freq_factors.is_some(), spec.family.name() == "llama", "{name}: llama files carry rope_freqs");
+        let got = engine.teacher_forced_logits(&ids).unwrap();
+        assert_eq!(got.len(), want.len(), "{name}: {} tokens × {} vocab", ids.len(), spec.vocab_size);
+        let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+        let types: Vec<&str> = {
+            let mut t: Vec<&str> = m["tensor_types"].as_object().unwrap().values().map(|v| v.as_str().unwrap()).collect();
+            t.sort();
+            t.dedup();
+            t
+        };
+        eprintln!("{name}: max |Δlogit| = {worst:.2e} over {} tokens (|logit| up to {:.2}; types {})", ids.len(), m["logit_abs_max"].as_f64().unwrap(), types.join(" "));
+        if !(worst <= TOLERANCE) {
+            failures.push(format!("{name}: max |Δlogit| {worst} > {TOLERANCE}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The fixtures together exercise every readable type, so a type cannot lose coverage unnoticed.
+#[test]
+fn fixtures_cover_every_readable_type() {
+    let mut seen: Vec<String> = Vec::new();
+    for name in FIXTURES {
+        for t in meta(name)["tensor_types"].as_object().unwrap().values() {
+            seen.push(t.as_str().unwrap().to_string());
+        }
+    }
+    for kind in READABLE {
+        assert!(seen.iter().any(|s| s == kind.name()), "no fixture stores a {} tensor", kind.name());
+    }
+}
+
+#[test]
+fn special_tokens_chat_template_and_sampling_defaults_come_from_metadata() {
+    let llama = cpu("llama3-legacy");
+    let n = llama.spec().vocab_size as u32;
+    // eos (<|end_of_text|>) and eot (<|eot_id|>) both stop generation.
+    assert_eq!(llama.info().eos_token_ids, vec![n - 3, n - 2]);
+    assert_eq!(llama.generation_config().bos_token_id, Some(n - 4));
+    assert_eq!(llama.generation_config().do_sample, None, "no sampling metadata: greedy, as HF's default");
+    let text = llama.apply_chat_template(&[rocket_core::ChatMessage { role: "user".into(), content: "hi".into() }], true).unwrap();
+    assert_eq!(text, "<|begin_of_text|><|start_header_id|>user\n\nhi<|eot_id|><|start_header_id|>assistant\n\n");
+
+    let qwen = cpu("qwen3-kquant");
+    let g = qwen.generation_config();
+    assert_eq!(g.eos_token_ids, vec![n - 2]);
+    assert_eq!((g.do_sample, g.top_k), (Some(true), Some(20)));
+    assert_eq!((g.temperature.unwrap() as f32, g.top_p.unwrap() as f32), (0.6, 0.95));
+}
