@@ -39,7 +39,8 @@ read from the GGUF is the HF model's weight (bit for bit for F32, within f16/bf1
 rounding otherwise).
 
 Outputs in tests/gguf/fixtures/: NAME.gguf, NAME.logits.bin (little-endian f32, tokens ×
-vocab) and NAME.json (prompt ids, shapes, types per tensor, versions).
+vocab) and NAME.json (prompt ids, shapes, types per tensor, how transformers' GGUF tokenizer
+encodes a sample text, versions).
 Run: python tests/gguf/make_fixtures.py   (needs torch, transformers, gguf==0.19.0)
 """
 import json
@@ -53,11 +54,12 @@ import torch
 import gguf
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 OUT = Path(__file__).resolve().parent / "fixtures"
 HIDDEN, INTER, LAYERS = 256, 256, 2
 PROMPT_LEN = 80
+TEXT = " the world, hello wörld!\n  on an inner"
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 256}
@@ -369,6 +371,7 @@ def main():
         floats = check_float_tensors(loaded, hf, written)
         with torch.no_grad():
             hf_logits = hf(torch.tensor([ids])).logits[0].numpy()
+        tok = AutoTokenizer.from_pretrained(str(OUT), gguf_file=path.name)
         logits.astype("<f4").tofile(OUT / f"{name}.logits.bin")
         info = {
             "gguf": path.name, "architecture": arch, "tied": tied, "vocab_size": n, "prompt_ids": ids,
@@ -380,6 +383,7 @@ def main():
             "float_tensors_equal_to_hf": floats,
             "max_abs_logit_diff_vs_hf_float_model": float(np.abs(hf_logits - logits).max()),
             "logit_abs_max": float(np.abs(logits).max()),
+            "tokenized_by_transformers": {"text": TEXT, "ids": tok(TEXT)["input_ids"]},
             "versions": {p: version(p) for p in ["gguf", "transformers", "torch", "numpy"]},
         }
         (OUT / f"{name}.json").write_text(json.dumps(info, indent=1) + "\n")

@@ -39,6 +39,9 @@ fn logits_match_transformers_on_the_same_gguf() {
         assert_eq!(spec.family.name(), m["architecture"].as_str().unwrap(), "{name}");
         assert_eq!(spec.tie_word_embeddings, m["tied"].as_bool().unwrap(), "{name}");
         assert_eq!(spec.rope_freq_factors.is_some(), spec.family.name() == "llama", "{name}: llama files carry rope_freqs");
+        let t = &m["tokenized_by_transformers"];
+        let want_ids: Vec<u32> = t["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(engine.encode_prompt(t["text"].as_str().unwrap()).unwrap(), want_ids, "{name}: tokenization differs from transformers'");
         let got = engine.teacher_forced_logits(&ids).unwrap();
         assert_eq!(got.len(), want.len(), "{name}: {} tokens × {} vocab", ids.len(), spec.vocab_size);
         let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
@@ -80,6 +83,9 @@ fn special_tokens_chat_template_and_sampling_defaults_come_from_metadata() {
     assert_eq!(llama.generation_config().do_sample, None, "no sampling metadata: greedy, as HF's default");
     let text = llama.apply_chat_template(&[rocket_core::ChatMessage { role: "user".into(), content: "hi".into() }], true).unwrap();
     assert_eq!(text, "<|begin_of_text|><|start_header_id|>user\n\nhi<|eot_id|><|start_header_id|>assistant\n\n");
+
+    // add_bos_token true: prompts start with BOS (the logits test compares whole encodings).
+    assert_eq!(llama.encode_prompt(" the world").unwrap()[0], n - 4);
 
     let qwen = cpu("qwen3-kquant");
     let g = qwen.generation_config();
