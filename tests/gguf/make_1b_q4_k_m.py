@@ -51,11 +51,12 @@ def main(path):
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
     byte_tokens = [chr(c) for c in range(0x100, 0x200)]
-    tokens = byte_tokens + [f"<tok{i}>" for i in range(VOCAB - 256 - 2)] + ["<|begin_of_text|>", "<|eot_id|>"]
+    merged = byte_tokens[0] + byte_tokens[1]
+    tokens = byte_tokens + [merged] + [f"<tok{i}>" for i in range(VOCAB - 256 - 3)] + ["<|begin_of_text|>", "<|eot_id|>"]
     w.add_tokenizer_model("gpt2")
     w.add_token_list(tokens)
     w.add_token_types([1] * (VOCAB - 2) + [3, 3])
-    w.add_token_merges([f"{chr(0x100)} {chr(0x101)}"])
+    w.add_token_merges([f"{byte_tokens[0]} {byte_tokens[1]}"])
     w.add_bos_token_id(VOCAB - 2)
     w.add_eos_token_id(VOCAB - 1)
 

@@ -93,3 +93,36 @@ fn special_tokens_chat_template_and_sampling_defaults_come_from_metadata() {
     assert_eq!((g.do_sample, g.top_k), (Some(true), Some(20)));
     assert_eq!((g.temperature.unwrap() as f32, g.top_p.unwrap() as f32), (0.6, 0.95));
 }
+
+/// Load time of a big GGUF (e.g. the Llama-3.2-1B-shaped Q4_K_M file that
+/// tests/gguf/make_1b_q4_k_m.py writes), to bf16 (as for a GPU) and to f32 (the CPU
+/// reference): `ROCKET_GGUF_TIMING_FILE=/path/x.gguf cargo test -p rocket-core --test
+/// gguf_parity load_timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn load_timing() {
+    use rocket_core::weights::gguf::GgufFile;
+    use rocket_core::weights::DType;
+    let path = PathBuf::from(std::env::var_os("ROCKET_GGUF_TIMING_FILE").expect("set ROCKET_GGUF_TIMING_FILE"));
+    // Read once so every timing below starts from the page cache.
+    let start = std::time::Instant::now();
+    let bytes = std::fs::read(&path).unwrap().len();
+    eprintln!("reading {bytes} bytes: {:.2?}", start.elapsed());
+    for dtype in [DType::BF16, DType::F32] {
+        let start = std::time::Instant::now();
+        let file = GgufFile::open(&path).unwrap();
+        let spec = file.spec().unwrap();
+        let weights = file.weights(&spec, dtype).unwrap();
+        let stored: usize = file.tensors.iter().map(|t| t.len).sum();
+        eprintln!(
+            "{}: {} tensors, {:.0} MB stored, quantized → {dtype} in {:.2?} on {} threads ({} cores)",
+            path.display(), weights.len(), stored as f64 / 1e6, start.elapsed(), rayon::current_num_threads(),
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        drop(weights);
+    }
+    // The whole engine load (tokenizer, layout, CPU backend) on the CPU reference.
+    let start = std::time::Instant::now();
+    let engine = Engine::load(&path, EngineOptions { device: Device::Cpu, ..EngineOptions::default() }).unwrap();
+    eprintln!("Engine::load (cpu, f32): {:.2?} (engine reports {:.2} s)", start.elapsed(), engine.info().load_seconds);
+}
