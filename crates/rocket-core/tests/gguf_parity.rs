@@ -126,3 +126,15 @@ fn load_timing() {
     let engine = Engine::load(&path, EngineOptions { device: Device::Cpu, ..EngineOptions::default() }).unwrap();
     eprintln!("Engine::load (cpu, f32): {:.2?} (engine reports {:.2} s)", start.elapsed(), engine.info().load_seconds);
 }
+
+#[test]
+fn quantized_tensors_dequantize_to_f32_or_bf16_only() {
+    use rocket_core::weights::gguf::GgufFile;
+    use rocket_core::weights::DType;
+    let file = GgufFile::open(&dir().join("qwen3-kquant.gguf")).unwrap();
+    let spec = file.spec().unwrap();
+    let msg = file.weights(&spec, DType::F16).err().unwrap().to_string();
+    assert!(msg.contains("quantized_as") && msg.contains("f32 or bf16"), "{msg}");
+    let w = file.weights(&spec, DType::BF16).unwrap();
+    assert!(w.contains("model.layers.0.mlp.up_proj.weight"));
+}

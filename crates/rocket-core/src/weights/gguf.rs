@@ -397,7 +397,9 @@ impl GgufFile {
     /// `weights`, advancing `progress` by each tensor's stored bytes. Tensors are
     /// converted in parallel (and each large one in parallel blocks).
     pub fn weights_with_progress(&self, spec: &ModelSpec, quantized_as: DType, progress: &LoadProgress) -> Result<Weights> {
-        assert!(quantized_as != DType::F16, "quantized GGUF tensors dequantize to f32 or bf16");
+        if quantized_as == DType::F16 {
+            return Err(RocketError::invalid_arg("quantized_as", quantized_as, "must be f32 or bf16"));
+        }
         progress.phase("converting", self.tensors.iter().map(|t| t.len as u64).sum());
         let converted: Vec<Result<Option<(String, Tensor)>>> = self
             .tensors
@@ -420,25 +422,25 @@ impl GgufFile {
                 let bytes = &self.map[info.start..info.start + info.len];
                 let halves = || bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect::<Vec<u16>>();
                 let tensor = match (kind, permute_heads) {
-                    (GgmlType::F32, None) => Tensor::mapped(DType::F32, shape.clone(), self.map.clone(), info.start, info.len),
-                    (GgmlType::F16, None) => Tensor::mapped(DType::F16, shape.clone(), self.map.clone(), info.start, info.len),
-                    (GgmlType::BF16, None) => Tensor::mapped(DType::BF16, shape.clone(), self.map.clone(), info.start, info.len),
+                    (GgmlType::F32, None) => Tensor::mapped(DType::F32, shape, self.map.clone(), info.start, info.len),
+                    (GgmlType::F16, None) => Tensor::mapped(DType::F16, shape, self.map.clone(), info.start, info.len),
+                    (GgmlType::BF16, None) => Tensor::mapped(DType::BF16, shape, self.map.clone(), info.start, info.len),
                     // Float tensors whose rows move keep their type.
-                    (GgmlType::F16, Some(_)) => Tensor::owned_16(DType::F16, shape.clone(), self.unpermute(info, halves(), permute_heads)?),
-                    (GgmlType::BF16, Some(_)) => Tensor::owned_16(DType::BF16, shape.clone(), self.unpermute(info, halves(), permute_heads)?),
+                    (GgmlType::F16, Some(_)) => Tensor::owned_16(DType::F16, shape, self.unpermute(info, halves(), permute_heads)?),
+                    (GgmlType::BF16, Some(_)) => Tensor::owned_16(DType::BF16, shape, self.unpermute(info, halves(), permute_heads)?),
                     (GgmlType::F32, Some(_)) => {
                         let rows = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                        Tensor::owned_f32(shape.clone(), self.unpermute(info, rows, permute_heads)?)
+                        Tensor::owned_f32(shape, self.unpermute(info, rows, permute_heads)?)
                     }
                     _ if quantized_as == DType::F32 => {
                         let mut out = vec![0f32; info.dims.iter().product()];
                         dequantize_to_f32(kind, bytes, &mut out);
-                        Tensor::owned_f32(shape.clone(), self.unpermute(info, out, permute_heads)?)
+                        Tensor::owned_f32(shape, self.unpermute(info, out, permute_heads)?)
                     }
                     _ => {
                         let mut out = vec![0u16; info.dims.iter().product()];
                         dequantize_to_bf16(kind, bytes, &mut out);
-                        Tensor::owned_bf16(shape.clone(), self.unpermute(info, out, permute_heads)?)
+                        Tensor::owned_bf16(shape, self.unpermute(info, out, permute_heads)?)
                     }
                 };
                 progress.advance(info.len as u64);
