@@ -131,7 +131,7 @@ fn tiny_gguf(dir: &std::path::Path, name: &str, arch: &str, quant: u32, extra: O
 /// `tiny_gguf` of the HF folder `src`, with `extra_meta` appended to the metadata.
 fn tiny_gguf_from(dir: &std::path::Path, src: &std::path::Path, arch: &str, quant: u32, extra: Option<GgufTensor>, extra_meta: Vec<(&'static str, Meta)>) -> std::path::PathBuf {
     let mut tensors = HashMap::new();
-    for entry in std::fs::read_dir(&src).unwrap() {
+    for entry in std::fs::read_dir(src).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "safetensors") {
             tensors.extend(read_tensors(&path));
