@@ -16,6 +16,7 @@ use crate::output::{RequestOutput, StreamDelta};
 use crate::progress::LoadProgress;
 use crate::request::EngineRequest;
 use crate::sampling::SamplingParams;
+use crate::weights::DType;
 use crate::sampling_options::{RequestKind, SamplingOptions, DEFAULT_COMPLETION_MAX_TOKENS};
 use crate::text::{ChatMessage, ChatTemplate, Tokenizer};
 
@@ -87,7 +88,10 @@ impl Engine {
     pub fn load(path: impl AsRef<Path>, options: EngineOptions) -> Result<Self> {
         let start = Instant::now();
         let progress = LoadProgress::new(options.progress);
-        let source = ModelSource::open_with_progress(path.as_ref(), &progress)?;
+        // Quantized GGUF tensors: f32 where the CPU reference will compute (exact), bf16
+        // where a GPU may take them (half the host memory; its kernels read bf16).
+        let quantized_as = if options.device == Device::Cpu || !cfg!(feature = "cuda") { DType::F32 } else { DType::BF16 };
+        let source = ModelSource::open_with_progress(path.as_ref(), quantized_as, &progress)?;
         let spec = source.spec.clone();
         let max_seq_len = match options.max_seq_len {
             None => spec.max_position_embeddings,

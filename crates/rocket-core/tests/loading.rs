@@ -125,9 +125,13 @@ fn tiny_llama_gguf(dir: &std::path::Path, quant: u32, extra: Option<GgufTensor>)
 /// architecture `arch`: Q/K rows permuted for llama only, q/k norms for qwen3,
 /// the hyper-parameters and tokenizer as metadata.
 fn tiny_gguf(dir: &std::path::Path, name: &str, arch: &str, quant: u32, extra: Option<GgufTensor>) -> std::path::PathBuf {
-    let src = fixture(name);
+    tiny_gguf_from(dir, &fixture(name), arch, quant, extra, Vec::new())
+}
+
+/// `tiny_gguf` of the HF folder `src`, with `extra_meta` appended to the metadata.
+fn tiny_gguf_from(dir: &std::path::Path, src: &std::path::Path, arch: &str, quant: u32, extra: Option<GgufTensor>, extra_meta: Vec<(&'static str, Meta)>) -> std::path::PathBuf {
     let mut tensors = HashMap::new();
-    for entry in std::fs::read_dir(&src).unwrap() {
+    for entry in std::fs::read_dir(src).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "safetensors") {
             tensors.extend(read_tensors(&path));
@@ -214,7 +218,7 @@ fn tiny_gguf(dir: &std::path::Path, name: &str, arch: &str, quant: u32, extra: O
     }
     out.extend(extra);
     let key = |k: &str| -> &'static str { Box::leak(format!("{arch}.{k}").into_boxed_str()) };
-    let meta = vec![
+    let mut meta = vec![
         ("general.architecture", Meta::Str(arch.into())),
         (key("embedding_length"), Meta::U32(cfg("hidden_size"))),
         (key("feed_forward_length"), Meta::U32(cfg("intermediate_size"))),
@@ -233,6 +237,7 @@ fn tiny_gguf(dir: &std::path::Path, name: &str, arch: &str, quant: u32, extra: O
         ("tokenizer.ggml.eos_token_id", Meta::U32(cfg("eos_token_id"))),
         ("tokenizer.chat_template", Meta::Str("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}".into())),
     ];
+    meta.extend(extra_meta);
     let path = dir.join("tiny.gguf");
     write_gguf(&path, &meta, &out);
     path
@@ -297,6 +302,69 @@ fn gguf_llama3_rope_freqs_match_safetensors() {
     let lc = load(&plain).unwrap().teacher_forced_logits(&ids).unwrap();
     let unscaled = la.iter().zip(&lc).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(unscaled > 1e-2, "the scaling made no difference ({unscaled})");
+}
+
+/// tiny-llama with llama3 `original_max_position_embeddings` 64, which puts its
+/// second rotary frequency (wavelength 32.4) in the smoothing band [16, 64].
+fn llama3_band_hf() -> (tempfile::TempDir, serde_json::Value) {
+    let dir = copy_fixture("tiny-llama");
+    edit_json(&dir.path().join("config.json"), |c| c["rope_scaling"]["original_max_position_embeddings"] = 64.into());
+    let config = serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();
+    (dir, config)
+}
+
+/// llama3 scaling as `llama.rope.scaling.*` metadata (transformers' parameter names).
+fn llama3_meta(config: &serde_json::Value) -> Vec<(&'static str, Meta)> {
+    let s = &config["rope_scaling"];
+    let f = |k: &str| Meta::F32(s[k].as_f64().unwrap() as f32);
+    vec![
+        ("llama.rope.scaling.type", Meta::Str("llama3".into())),
+        ("llama.rope.scaling.factor", f("factor")),
+        ("llama.rope.scaling.original_context_length", Meta::U32(s["original_max_position_embeddings"].as_u64().unwrap() as u32)),
+        ("llama.rope.scaling.low_freq_factor", f("low_freq_factor")),
+        ("llama.rope.scaling.high_freq_factor", f("high_freq_factor")),
+    ]
+}
+
+#[test]
+fn gguf_llama3_rope_metadata_gives_the_rope_freqs_rotation() {
+    let (hf, config) = llama3_band_hf();
+    let tmp = tempfile::tempdir().unwrap();
+    let ids = random_ids(7, 200, 512);
+    // Metadata only: the spec carries the HF parameters.
+    let meta_only = load(&tiny_gguf_from(tmp.path(), hf.path(), "llama", 30, None, llama3_meta(&config))).unwrap();
+    assert_eq!(meta_only.spec().rope_scaling, load(hf.path()).unwrap().spec().rope_scaling);
+    assert!(meta_only.spec().rope_freq_factors.is_none());
+    let la = meta_only.teacher_forced_logits(&ids).unwrap();
+    // The tensor alone (factors computed here as llama.cpp's converter does) rotates alike.
+    let tensor_only = load(&tiny_gguf_from(tmp.path(), hf.path(), "llama", 30, Some(rope_freqs_tensor(&config)), Vec::new())).unwrap();
+    let lb = tensor_only.teacher_forced_logits(&ids).unwrap();
+    let worst = la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "metadata and rope_freqs llama3 scaling differ by {worst}");
+    // Both, agreeing: loads, same logits.
+    let both = load(&tiny_gguf_from(tmp.path(), hf.path(), "llama", 30, Some(rope_freqs_tensor(&config)), llama3_meta(&config))).unwrap();
+    let lc = both.teacher_forced_logits(&ids).unwrap();
+    let worst = la.iter().zip(&lc).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "metadata + rope_freqs differ from metadata alone by {worst}");
+}
+
+#[test]
+fn gguf_llama3_rope_metadata_and_tensor_must_agree() {
+    let (hf, config) = llama3_band_hf();
+    let tmp = tempfile::tempdir().unwrap();
+    // Change the one factor in the smoothing band.
+    let mut t = rope_freqs_tensor(&config);
+    let band = 4..8;
+    let v = f32::from_le_bytes(t.data[band.clone()].try_into().unwrap());
+    assert!(v > 1.0 && v < 8.0, "frequency 1 must be in the band, factor {v}");
+    t.data[band].copy_from_slice(&(v * 1.001).to_le_bytes());
+    let msg = load(&tiny_gguf_from(tmp.path(), hf.path(), "llama", 30, Some(t), llama3_meta(&config))).err().unwrap().to_string();
+    assert!(msg.contains("rope_freqs.weight") && msg.contains("disagrees with the llama3 rope scaling metadata"), "{msg}");
+    // Another scaling type is named with the supported ones.
+    let mut meta = llama3_meta(&config);
+    meta[0].1 = Meta::Str("yarn".into());
+    let msg = load(&tiny_gguf_from(tmp.path(), hf.path(), "llama", 30, None, meta)).err().unwrap().to_string();
+    assert!(msg.contains("llama.rope.scaling.type \"yarn\"") && msg.contains("none, llama3"), "{msg}");
 }
 
 #[test]

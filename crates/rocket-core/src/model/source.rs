@@ -12,7 +12,7 @@ use super::spec::ModelSpec;
 use crate::error::{Result, RocketError};
 use crate::text::tokenizer::Tokenizer;
 use crate::weights::gguf::GgufFile;
-use crate::weights::{safetensors_file, Weights};
+use crate::weights::{safetensors_file, DType, Weights};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -41,12 +41,14 @@ pub struct ModelSource {
 }
 
 impl ModelSource {
+    /// Open for the CPU reference: quantized GGUF tensors become f32.
     pub fn open(path: &Path) -> Result<Self> {
-        Self::open_with_progress(path, &LoadProgress::new(crate::options::Progress::Off))
+        Self::open_with_progress(path, DType::F32, &LoadProgress::new(crate::options::Progress::Off))
     }
 
-    /// `open`, reporting the slow part (dequantizing GGUF tensors) to `progress`.
-    pub fn open_with_progress(path: &Path, progress: &LoadProgress) -> Result<Self> {
+    /// `open`, with quantized GGUF tensors dequantized to `quantized_as` (F32 for the
+    /// CPU reference, BF16 for a GPU), reporting the slow part (dequantizing) to `progress`.
+    pub fn open_with_progress(path: &Path, quantized_as: DType, progress: &LoadProgress) -> Result<Self> {
         let start = Instant::now();
         if !path.exists() {
             return Err(RocketError::ModelNotFound { path: path.to_path_buf() });
@@ -54,7 +56,7 @@ impl ModelSource {
         let mut source = if path.is_dir() {
             open_hf_dir(path)?
         } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-            open_gguf(path, progress)?
+            open_gguf(path, quantized_as, progress)?
         } else {
             return Err(RocketError::config(
                 path,
@@ -147,17 +149,42 @@ fn open_hf_dir(dir: &Path) -> Result<ModelSource> {
     })
 }
 
-fn open_gguf(path: &Path, progress: &LoadProgress) -> Result<ModelSource> {
+/// Stop ids and sampling defaults from GGUF metadata. Generation stops at the end-of-
+/// turn and end-of-message tokens too (as llama.cpp does): they are how instruct models
+/// end an answer. llama.cpp's converter copies generation_config.json's temperature,
+/// top_k, top_p (and repetition_penalty when set) into `general.sampling.*`; a file that
+/// carries them asks for sampling with them, as generation_config's `do_sample` does.
+fn gguf_generation_config(file: &GgufFile) -> GenerationConfig {
+    let id = |key: &str| file.get_u64(key).map(|v| v as u32);
+    let mut eos_token_ids = Vec::new();
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        if let Some(v) = id(key).filter(|v| !eos_token_ids.contains(v)) {
+            eos_token_ids.push(v);
+        }
+    }
+    let float = |key: &str| file.get(key).and_then(|v| v.as_f64());
+    let temperature = float("general.sampling.temp");
+    let top_k = file.get_u64("general.sampling.top_k");
+    let top_p = float("general.sampling.top_p");
+    let repetition_penalty = float("general.sampling.penalty_repeat");
+    let any = temperature.is_some() || top_k.is_some() || top_p.is_some() || repetition_penalty.is_some();
+    GenerationConfig {
+        bos_token_id: id("tokenizer.ggml.bos_token_id"),
+        eos_token_ids,
+        temperature,
+        top_k,
+        top_p,
+        repetition_penalty,
+        do_sample: any.then_some(true),
+    }
+}
+
+fn open_gguf(path: &Path, quantized_as: DType, progress: &LoadProgress) -> Result<ModelSource> {
     let file = GgufFile::open(path)?;
     let spec = file.spec()?;
-    let weights = file.weights_with_progress(&spec, progress)?;
+    let weights = file.weights_with_progress(&spec, quantized_as, progress)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
-    let id = |key: &str| file.get_u64(key).map(|v| v as u32);
-    let generation = GenerationConfig {
-        bos_token_id: id("tokenizer.ggml.bos_token_id"),
-        eos_token_ids: id("tokenizer.ggml.eos_token_id").into_iter().collect(),
-        ..GenerationConfig::default()
-    };
+    let generation = gguf_generation_config(&file);
     let id_string = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
     let special = SpecialTokens {
         bos_token: id_string(generation.bos_token_id),

@@ -123,6 +123,26 @@ fn gguf_tokenizer_json(file: &GgufFile) -> Result<String> {
     let byte_level = |add_prefix_space: bool, trim_offsets: bool| {
         json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": trim_offsets, "use_regex": true})
     };
+    // `tokenizer.ggml.add_bos_token` (llama.cpp's converter copies it from the HF tokenizer,
+    // true for Llama 3): prepend BOS as the HF tokenizer's TemplateProcessing does.
+    let add_bos = file.get("tokenizer.ggml.add_bos_token").and_then(MetaValue::as_bool).unwrap_or(false);
+    let bos = file.get_u64("tokenizer.ggml.bos_token_id").filter(|_| add_bos);
+    let post_processor = match bos {
+        None => byte_level(true, false),
+        Some(id) => {
+            let tok = tokens.get(id as usize).ok_or_else(|| {
+                RocketError::Tokenizer(format!("tokenizer.ggml.bos_token_id {id} is outside the {}-token vocabulary", tokens.len()))
+            })?;
+            let special = |type_id: u32| json!({"SpecialToken": {"id": tok, "type_id": type_id}});
+            let seq = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
+            json!({"type": "Sequence", "processors": [byte_level(true, false), {
+                "type": "TemplateProcessing",
+                "single": [special(0), seq("A", 0)],
+                "pair": [special(0), seq("A", 0), special(1), seq("B", 1)],
+                "special_tokens": {tok.as_str(): {"id": tok, "ids": [id], "tokens": [tok]}},
+            }]})
+        }
+    };
     let tokenizer = json!({
         "version": "1.0",
         "truncation": null,
@@ -130,7 +150,7 @@ fn gguf_tokenizer_json(file: &GgufFile) -> Result<String> {
         "added_tokens": added,
         "normalizer": null,
         "pre_tokenizer": byte_level(false, true),
-        "post_processor": byte_level(true, false),
+        "post_processor": post_processor,
         "decoder": byte_level(true, true),
         "model": {
             "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",

@@ -157,8 +157,16 @@ fn half_at(b: &[u8], i: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
 }
 
+/// f32 → bf16 bits, rounding to nearest even (NaN stays a quiet NaN), as
+/// `half::bf16::from_f32` does, but branch-free for finite values so the
+/// conversion loop vectorizes (it was half the load time of a bf16 load).
+#[inline(always)]
 fn to_bf16(x: f32) -> u16 {
-    bf16::from_f32(x).to_bits()
+    let b = x.to_bits();
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }
 
 /// The 6-bit (scale, min) pair `j` (0..8) of a Q4_K/Q5_K block's 12 packed bytes:
@@ -451,6 +459,17 @@ mod tests {
         let n: usize = out.iter().map(Vec::len).sum();
         eprintln!("Q4_K → bf16: {n} elements in {:.2?} on {} threads", start.elapsed(), rayon::current_num_threads());
         assert_eq!(n, 8 * 2048 * 65536);
+    }
+
+    #[test]
+    fn to_bf16_rounds_like_half() {
+        // Every exponent and sign with a spread of mantissas, plus the edges.
+        let mut bits: Vec<u32> = (0..=u32::MAX / 4099).map(|i| i.wrapping_mul(4099)).collect();
+        bits.extend([0, 0x8000_0000, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0x7f80_0001, 0xffff_ffff, 0x7f7f_ffff, 0x7f7f_8000, 0x3f80_8000, 0x3f81_8000, 0x0000_8000, 0x0001_8000]);
+        for b in bits {
+            let x = f32::from_bits(b);
+            assert_eq!(to_bf16(x), bf16::from_f32(x).to_bits(), "{b:#010x}");
+        }
     }
 
     #[test]

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use memmap2::Mmap;
 use rayon::prelude::*;
 
-use super::dequant::{dequantize_to_bf16, GgmlType};
+use super::dequant::{dequantize_to_bf16, dequantize_to_f32, GgmlType};
 use super::safetensors_file::map_file;
 use super::{DType, Tensor, Weights};
 use crate::error::{Result, RocketError};
-use crate::model::spec::{Family, ModelSpec};
+use crate::model::spec::{Family, Llama3RopeScaling, ModelSpec};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 
@@ -282,11 +282,6 @@ impl GgufFile {
         let hidden_size = need("embedding_length")?;
         let num_heads = need("attention.head_count")?;
         let num_kv_heads = self.get_u64(&format!("{arch}.attention.head_count_kv")).map_or(num_heads, |v| v as usize);
-        if let Some(kind) = self.get_str(&format!("{arch}.rope.scaling.type")) {
-            if kind != "none" {
-                return Err(RocketError::config(&self.path, format!("GGUF rope scaling {kind:?} is not supported")));
-            }
-        }
         let head_dim = self
             .get_u64(&format!("{arch}.attention.key_length"))
             .or_else(|| self.get_u64(&format!("{arch}.rope.dimension_count")))
@@ -316,12 +311,66 @@ impl GgufFile {
                 .unwrap_or(1e-5),
             rope_theta: self.get(&format!("{arch}.rope.freq_base")).and_then(MetaValue::as_f64).unwrap_or(10000.0),
             rope_scaling: None,
-            rope_freq_factors: self.rope_freq_factors()?,
+            rope_freq_factors: None,
             tie_word_embeddings: self.tensor("output.weight").is_none(),
             qk_norm: family == Family::Qwen3,
         };
+        let spec = self.with_rope_scaling(spec)?;
         spec.validate(&self.path)?;
         Ok(spec)
+    }
+
+    /// llama3 RoPE scaling from either place a GGUF may carry it: the `rope_freqs`
+    /// tensor (what llama.cpp's converter writes) or `{arch}.rope.scaling.*` metadata
+    /// (type "llama3", factor, original_context_length, and low/high_freq_factor,
+    /// defaulting to 1 and 4 as in transformers). With metadata the spec carries the
+    /// HF parameters, so inv_freq is computed as transformers computes it; with both,
+    /// the tensor must hold the factors the metadata implies.
+    fn with_rope_scaling(&self, mut spec: ModelSpec) -> Result<ModelSpec> {
+        let arch = self.architecture()?;
+        let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+        let factors = self.rope_freq_factors()?;
+        let kind = match self.get(&key("type")) {
+            None => "none",
+            Some(v) => v.as_str().ok_or_else(|| RocketError::config(&self.path, format!("{} must be a string", key("type"))))?,
+        };
+        match kind {
+            "none" => {
+                spec.rope_freq_factors = factors;
+                Ok(spec)
+            }
+            "llama3" => {
+                let num = |k: &str, default: Option<f64>| {
+                    match self.get(&key(k)) {
+                        Some(v) => v.as_f64(),
+                        None => default,
+                    }
+                    .ok_or_else(|| RocketError::config(&self.path, format!("llama3 rope scaling needs a numeric {}", key(k))))
+                };
+                let scaling = Llama3RopeScaling {
+                    factor: num("factor", None)?,
+                    low_freq_factor: num("low_freq_factor", Some(1.0))?,
+                    high_freq_factor: num("high_freq_factor", Some(4.0))?,
+                    original_max_position_embeddings: num("original_context_length", None)? as usize,
+                };
+                spec.rope_scaling = Some(scaling);
+                if let Some(stored) = factors {
+                    let want = llama3_freq_factors(spec.head_dim, spec.rope_theta, &scaling);
+                    let worst = stored.iter().zip(&want).map(|(&s, &w)| ((s as f64 - w) / w).abs()).fold(0.0, f64::max);
+                    if stored.len() != want.len() || worst > 1e-5 {
+                        return Err(RocketError::config(
+                            &self.path,
+                            format!("rope_freqs.weight {stored:?} disagrees with the llama3 rope scaling metadata {scaling:?}, which implies {want:?}"),
+                        ));
+                    }
+                }
+                Ok(spec)
+            }
+            other => Err(RocketError::config(
+                &self.path,
+                format!("{} {other:?} is not supported (supported: none, llama3)", key("type")),
+            )),
+        }
     }
 
     /// llama.cpp's converter writes llama3 rope scaling as the `rope_freqs` tensor:
@@ -339,13 +388,18 @@ impl GgufFile {
     }
 
     /// Convert every tensor to canonical names: float tensors stay in the map
-    /// (copied only where rows must be reordered), quantized ones become bf16.
-    pub fn weights(&self, spec: &ModelSpec) -> Result<Weights> {
-        self.weights_with_progress(spec, &LoadProgress::new(crate::options::Progress::Off))
+    /// (copied only where rows must be reordered), quantized ones are dequantized
+    /// to `quantized_as` (F32 or BF16).
+    pub fn weights(&self, spec: &ModelSpec, quantized_as: DType) -> Result<Weights> {
+        self.weights_with_progress(spec, quantized_as, &LoadProgress::new(crate::options::Progress::Off))
     }
 
-    /// `weights`, advancing `progress` by each tensor's stored bytes.
-    pub fn weights_with_progress(&self, spec: &ModelSpec, progress: &LoadProgress) -> Result<Weights> {
+    /// `weights`, advancing `progress` by each tensor's stored bytes. Tensors are
+    /// converted in parallel (and each large one in parallel blocks).
+    pub fn weights_with_progress(&self, spec: &ModelSpec, quantized_as: DType, progress: &LoadProgress) -> Result<Weights> {
+        if quantized_as == DType::F16 {
+            return Err(RocketError::invalid_arg("quantized_as", quantized_as, "must be f32 or bf16"));
+        }
         progress.phase("converting", self.tensors.iter().map(|t| t.len as u64).sum());
         let converted: Vec<Result<Option<(String, Tensor)>>> = self
             .tensors
@@ -366,18 +420,27 @@ impl GgufFile {
                 };
                 let shape = info.shape();
                 let bytes = &self.map[info.start..info.start + info.len];
+                let halves = || bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect::<Vec<u16>>();
                 let tensor = match (kind, permute_heads) {
                     (GgmlType::F32, None) => Tensor::mapped(DType::F32, shape, self.map.clone(), info.start, info.len),
                     (GgmlType::F16, None) => Tensor::mapped(DType::F16, shape, self.map.clone(), info.start, info.len),
                     (GgmlType::BF16, None) => Tensor::mapped(DType::BF16, shape, self.map.clone(), info.start, info.len),
+                    // Float tensors whose rows move keep their type.
+                    (GgmlType::F16, Some(_)) => Tensor::owned_16(DType::F16, shape, self.unpermute(info, halves(), permute_heads)?),
+                    (GgmlType::BF16, Some(_)) => Tensor::owned_16(DType::BF16, shape, self.unpermute(info, halves(), permute_heads)?),
+                    (GgmlType::F32, Some(_)) => {
+                        let rows = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                        Tensor::owned_f32(shape, self.unpermute(info, rows, permute_heads)?)
+                    }
+                    _ if quantized_as == DType::F32 => {
+                        let mut out = vec![0f32; info.dims.iter().product()];
+                        dequantize_to_f32(kind, bytes, &mut out);
+                        Tensor::owned_f32(shape, self.unpermute(info, out, permute_heads)?)
+                    }
                     _ => {
                         let mut out = vec![0u16; info.dims.iter().product()];
                         dequantize_to_bf16(kind, bytes, &mut out);
-                        if let Some(heads) = permute_heads {
-                            out = unpermute_rows(&out, &shape, heads)
-                                .map_err(|m| RocketError::corrupt(&self.path, format!("tensor {:?}: {m}", info.name)))?;
-                        }
-                        Tensor::owned_bf16(shape, out)
+                        Tensor::owned_bf16(shape, self.unpermute(info, out, permute_heads)?)
                     }
                 };
                 progress.advance(info.len as u64);
@@ -392,6 +455,35 @@ impl GgufFile {
         }
         Ok(weights)
     }
+
+    /// Undo the Q/K row permutation of a llama tensor (`heads` given), else return `rows`.
+    fn unpermute<T: Copy + Default>(&self, info: &TensorInfo, rows: Vec<T>, heads: Option<usize>) -> Result<Vec<T>> {
+        match heads {
+            None => Ok(rows),
+            Some(heads) => unpermute_rows(&rows, &info.shape(), heads)
+                .map_err(|m| RocketError::corrupt(&self.path, format!("tensor {:?}: {m}", info.name))),
+        }
+    }
+}
+
+/// The per-frequency divisors llama.cpp's converter stores as `rope_freqs` for llama3
+/// scaling (convert_hf_to_gguf.py, `LlamaModel.generate_extra_tensors`), in f64.
+pub fn llama3_freq_factors(head_dim: usize, theta: f64, s: &Llama3RopeScaling) -> Vec<f64> {
+    let old = s.original_max_position_embeddings as f64;
+    let (low_wavelen, high_wavelen) = (old / s.low_freq_factor, old / s.high_freq_factor);
+    (0..head_dim / 2)
+        .map(|i| {
+            let wavelen = 2.0 * std::f64::consts::PI * theta.powf((2 * i) as f64 / head_dim as f64);
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                s.factor
+            } else {
+                let smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+                1.0 / ((1.0 - smooth) / s.factor + smooth)
+            }
+        })
+        .collect()
 }
 
 /// GGUF tensor name → Hugging Face name (llama layout).
@@ -425,14 +517,14 @@ pub fn canonical_name(gguf: &str) -> Option<String> {
 /// Undo llama.cpp's Q/K row permutation. Its converter interleaves the two
 /// rotary halves of each head (row `i*2 + j` of a head holds HF row
 /// `j*half + i`); HF transformers reverses this when it loads GGUF.
-pub fn unpermute_rows(rows: &[u16], shape: &[usize], heads: usize) -> Result<Vec<u16>, String> {
+pub fn unpermute_rows<T: Copy + Default>(rows: &[T], shape: &[usize], heads: usize) -> Result<Vec<T>, String> {
     let [n_rows, cols] = shape else { return Err(format!("expected a matrix, got shape {shape:?}")) };
     if heads == 0 || n_rows % heads != 0 || (n_rows / heads) % 2 != 0 {
         return Err(format!("{n_rows} rows cannot be split into {heads} heads of even size"));
     }
     let head_dim = n_rows / heads;
     let half = head_dim / 2;
-    let mut out = vec![0u16; rows.len()];
+    let mut out = vec![T::default(); rows.len()];
     for h in 0..heads {
         for i in 0..half {
             for j in 0..2 {

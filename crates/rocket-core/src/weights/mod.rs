@@ -1,5 +1,6 @@
 //! Tensors by canonical (Hugging Face) name. safetensors data stays in the
-//! memory map; GGUF quantized blocks are dequantized once to bf16.
+//! memory map; GGUF quantized blocks are dequantized once, to f32 for the CPU
+//! reference or to bf16 where a GPU may take them.
 
 pub mod dequant;
 pub mod gguf;
