@@ -99,7 +99,7 @@ fi
 if has prod; then
     # Default GPU options, as users run; every fuel; the CPU reference is most of the time.
     ROCKET_GPU_CHECKPOINTS=$CKPTS \
-        timeout "${PROD_TIMEOUT:-300}" "$(unpacked cuda-prod-path-test)" --include-ignored --test-threads=1 --nocapture > "$LOGS/prod-test.log" 2>&1
+        timeout "${PROD_TIMEOUT:-420}" "$(unpacked cuda-prod-path-test)" --include-ignored --test-threads=1 --nocapture > "$LOGS/prod-test.log" 2>&1
     check "production-path tests" $?
     grep -E "PROD|^FAIL|test result|panicked" "$LOGS/prod-test.log" | head -100
 fi
