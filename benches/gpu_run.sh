@@ -5,7 +5,7 @@
 # machine) in .device-carry/. Exact-shape random checkpoints for every fuel are
 # made first (kept in $CK across calls while the machine stays warm). Steps:
 #   tests     CUDA backend (kernel per op, CUDA graphs, tensor-core matmul) against the CPU reference
-#   mk        the megakernel against the CPU reference and the graph path
+#   mk        the megakernel against the CPU reference and the graph path (MK_FILTER: a test name filter)
 #   prod      the path users run (crates/rocket-core/tests/cuda_prod_path.rs): graph-path prefill
 #             at prompts of 1, 17, 128 and 1000 tokens, then megakernel decode across three
 #             launches, logits and greedy tokens against the CPU reference and the graph path
@@ -19,6 +19,8 @@
 #   tcb1      the tensor-core matmul at batch 1 (Llama-3.2-1B, Qwen3-0.6B)
 #   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
+#   race      batch-1 sampled decode per fuel (greedy, T 1.0, T 0.8 + repetition penalty,
+#             + min-p, T 0.7 + top-p 0.9, T 0.6 + top-k 20 + top-p 0.95), each on its default path
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck and racecheck on the megakernel (SmolLM2)
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
@@ -91,7 +93,7 @@ fi
 if has mk; then
     # The tests load the megakernel (and the GEMV for the graph path's side) themselves.
     ROCKET_GPU_CHECKPOINTS=$CKPTS \
-        timeout "${MK_TIMEOUT:-420}" "$CARRY/cuda-megakernel-test" --include-ignored --test-threads=1 --nocapture > "$LOGS/mk-test.log" 2>&1
+        timeout "${MK_TIMEOUT:-420}" "$CARRY/cuda-megakernel-test" --include-ignored --test-threads=1 --nocapture ${MK_FILTER:-} > "$LOGS/mk-test.log" 2>&1
     check "megakernel tests" $?
     grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | grep -v "MK-PROFILE.*|" | head -40
 fi
@@ -138,6 +140,21 @@ if has sampled; then  # top-k 20 / top-p 0.95 / temperature 0.7 on the device sa
         BENCH_EXTRA="--temperature 0.7 --top-p 0.95 --top-k 20" bench "sampled-device-$f" auto 1,16 128 256 3 "$f"
         ROCKET_SAMPLER=host BENCH_EXTRA="--temperature 0.7 --top-p 0.95 --top-k 20" bench "sampled-host-$f" auto 1,16 128 256 3 "$f"
         ROCKET_LOOP_SAMPLING=1 BENCH_EXTRA="--temperature 0.7 --top-p 0.95 --top-k 20" bench "sampled-mk-$f" megakernel 1 128 256 3 "$f"
+    done
+fi
+if has race; then  # batch-1 sampled decode per fuel: the issue's settings, against the same build's greedy
+    for f in $FUELS; do
+        bench "race-greedy-$f" auto 1 128 256 3 "$f"
+        BENCH_EXTRA="--temperature 1.0" bench "race-t1-$f" auto 1 128 256 3 "$f"
+        BENCH_EXTRA="--temperature 0.8 --repetition-penalty 1.1" bench "race-t08rp-$f" auto 1 128 256 3 "$f"
+        BENCH_EXTRA="--temperature 0.8 --min-p 0.05 --repetition-penalty 1.1" bench "race-minp-$f" auto 1 128 256 3 "$f"
+        BENCH_EXTRA="--temperature 0.7 --top-p 0.9" bench "race-topp-$f" auto 1 128 256 3 "$f"
+        BENCH_EXTRA="--temperature 0.6 --top-k 20 --top-p 0.95" bench "race-topk-$f" auto 1 128 256 3 "$f"
+    done
+    for f in $FUELS; do
+        for n in greedy t1 t08rp minp topp topk; do
+            printf 'RACE %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^ *1 ' "$LOGS/race-$n-$f.txt" | head -1)"
+        done
     done
 fi
 if has long; then

@@ -15,23 +15,23 @@ DRAWS = 20_000
 
 
 def reference_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
-    """Written from the definitions, independent of rocket's code."""
+    """Written from the rule's definition (crates/rocket-core/src/race.rs), independent of its code:
+    top-k keeps the k most likely; top-p keeps whole bins of 1/16 nat of logit/T, from the top, while
+    the mass of the bins above is below top_p; min-p keeps the bins at or above (max + ln min_p)."""
     z = logits.astype(np.float64) / temperature
     p = np.exp(z - z.max())
     p /= p.sum()
+    bins = np.floor(z * 16)
     order = np.argsort(-p, kind="stable")
     keep = np.zeros_like(p, dtype=bool)
     keep[order[: top_k if top_k > 0 else len(p)]] = True
     if top_p < 1.0:
         q = np.where(keep, p, 0.0)
         q /= q.sum()
-        cum = np.cumsum(q[order])
-        n = int(np.searchsorted(cum, top_p) + 1)
-        nucleus = np.zeros_like(keep)
-        nucleus[order[:n]] = True
-        keep &= nucleus
+        above = np.array([q[bins > b].sum() for b in bins])
+        keep &= above < top_p
     if min_p > 0.0:
-        keep &= p >= min_p * p[keep].max()
+        keep &= bins >= np.floor((z.max() + math.log(min_p)) * 16)
     out = np.where(keep, p, 0.0)
     return out / out.sum()
 

@@ -19,6 +19,7 @@
 #include "mk_matvec.cuh"
 #include "mk_params.cuh"
 #include "mk_sync.cuh"
+#include "mk_race.cuh"
 #include "sampler.cuh"
 
 namespace mk {
@@ -98,29 +99,16 @@ __device__ __forceinline__ void embed_row(const Params& p, uint32_t token) {
     }
 }
 
-__device__ __forceinline__ bool is_end(const Params& p, uint32_t token) {
-    for (int e = 0; e < p.n_end; e++)
-        if (__ldg(p.end_ids + e) == token) return true;
-    return false;
-}
-
-struct ConsumerBarrier {
-    static __device__ __forceinline__ void sync() { consumer_sync(); }
-};
-static_assert(sizeof(SampleShared) <= VEC_CAP * 4, "the sampler's shared state fits the vector space");
-
 // Step t's token by the request's sampler (p.sample): the penalties and the
 // min_tokens mask on the whole logits row, then sampler.cuh over the consumer
-// threads (the host sampler's token bit for bit). Updates the penalty state
-// with the token when it is the next input. Every consumer gets the token.
+// threads (the host sampler's token bit for bit). Every consumer gets the token.
 template <class F>
 __device__ __noinline__ uint32_t sample_token(const Params& p, const Smem& s, int t) {
     const int tid = threadIdx.x;
     SampleRow r = *p.sample;
     r.step += (uint64_t)t;
     float* row = p.logits;
-    const bool penalties = r.repetition_penalty != 1.0f || r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f;
-    if (penalties) {
+    if (has_penalties(r)) {
         for (int i = tid; i < F::V; i += CONSUMERS) {
             const bool seen = (__ldcg(p.seen_bits + (i >> 5)) >> (i & 31)) & 1u;
             const uint32_t count = __ldcg(p.gen_counts + i);
@@ -136,13 +124,16 @@ __device__ __noinline__ uint32_t sample_token(const Params& p, const Smem& s, in
         consumer_sync();
     }
     SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec());
-    const uint32_t token = Sampler<CONSUMERS, ConsumerBarrier>::pick(row, F::V, r, p.sample_items, sh);
-    if (tid == 0 && penalties && t >= p.n_forced) {
-        // This CTA alone samples step t; the step counter's release publishes these.
+    return ConsumerSampler::pick(row, F::V, r, p.sample_items, sh);
+}
+
+// The chosen token counts for the penalties of the steps after it. The last
+// LM-head CTA alone writes these; the step counter's release publishes them.
+__device__ __forceinline__ void count_token(const Params& p, int t, uint32_t token) {
+    if (threadIdx.x == 0 && p.sample != nullptr && has_penalties(*p.sample) && t >= p.n_forced) {
         __stcg(p.gen_counts + token, __ldcg(p.gen_counts + token) + 1);
         __stcg(p.seen_bits + (token >> 5), __ldcg(p.seen_bits + (token >> 5)) | (1u << (token & 31)));
     }
-    return token;
 }
 
 // The last LM-head CTA of step t: the token, the next input, the step's release.
@@ -152,8 +143,12 @@ template <class F>
 __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, uint32_t host_stop) {
     const int tid = threadIdx.x;
     uint32_t token;
+    const RaceMode mode = race_mode<F>(p);
     if (p.sample != nullptr) {
-        token = sample_token<F>(p, s, t);
+        // The SMs' race parts, merged; sample_token where the merge cannot decide.
+        token = mode != RACE_NONE ? race_merge<F>(p, s, t) : 0xffffffffu;
+        if (token == 0xffffffffu) token = sample_token<F>(p, s, t);
+        count_token(p, t, token);
     } else {
         // Thread 0's acquire-release arrival and the barrier after it order these reads.
         float v = -INFINITY;
@@ -192,6 +187,9 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     // ring itself measured ~130 µs on the H200 machine, and the arrival's fence
     // below waited for it).
     const uint32_t host_stop = tid == 0 ? ld_volatile(p.state + ST_HOST_STOP) : 0u;
+    // A sampled request's part of the race (mk_race.cuh); RACE_NONE: the argmax below.
+    RacePart race;
+    race.begin<F>(p, s);
     // Its norm weights load after the wait, unlike the layers' (once per step;
     // passing them in would put them in local memory: lm_head is not inlined).
     float a[M::PER_LANE][8];
@@ -218,19 +216,25 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
         const int first = (n & 1) * tile_rows;
         consume_rows<F::D>(p, s, a, rows, first, chunk, 0xffffffffu);
         consumer_sync();
+        race.record_tile(s, tile);
         for (int i = tid; i < rows; i += CONSUMERS) {
             const float v = part_sum<F::D>(s, first + i);
             const uint32_t row = (uint32_t)(begin + i);
             __stcg(p.logits + row, v);
             if (kept) __stcg(kept + row, v);
-            // As the host's argmax: -inf and NaN never win (a row of them gives index 0).
-            if (v > -INFINITY && !(masked && is_end(p, row))) better(best, idx, v, row);
+            if (race.mode == RACE_NONE && v > -INFINITY && !(masked && is_end(p, row))) {
+                // As the host's argmax: -inf and NaN never win (a row of them gives index 0).
+                better(best, idx, v, row);
+            }
         }
     }
-    consumer_argmax(best, idx, s.sc());
+    if (race.mode != RACE_NONE) race.finish<F>(p, s, t, tile_rows);
+    else consumer_argmax(best, idx, s.sc());
     if (tid == 0) {
-        __stcg(p.lm_max + blockIdx.x, best);
-        __stcg(p.lm_idx + blockIdx.x, idx);
+        if (race.mode == RACE_NONE) {
+            __stcg(p.lm_max + blockIdx.x, best);
+            __stcg(p.lm_idx + blockIdx.x, idx);
+        }
         const uint32_t arrived = atom_add_acq_rel(counter(p, in.signal), 1) + 1;
         s.sc()->flag = arrived == (uint32_t)(t + 1) * p.lm_tiles;
     }

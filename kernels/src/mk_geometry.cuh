@@ -18,6 +18,9 @@ constexpr int MAX_SPLITS = 64;                        // attention splits per KV
 constexpr int SPLIT_POSITIONS = 64;                   // context positions a used split takes at least
 constexpr int MAX_GROUP = 4;                          // query heads per KV head
 constexpr int INSTR_WORDS = 8;                        // u32 words per encoded instruction
+constexpr int RACE_KEY_BINS = 1024;                   // race keys kept per bin of 1/16 nat: a ring over 64 nats
+constexpr int RACE_MASS_BINS = 512;                   // weights per bin at one anchor: the 32 nats that weigh
+constexpr int RACE_LEVELS = 64;                       // anchors (multiples of 16 nats) the weight table rings over
 
 // Opcodes (schedule.rs `Op`; 5 is unused).
 constexpr uint32_t OP_QKV = 1, OP_ATTN = 2, OP_OPROJ = 3, OP_MLP = 4, OP_LMHEAD = 6;
@@ -88,6 +91,9 @@ constexpr int SMEM_VEC = SMEM_BARRIERS + 2 * SLOTS * 8;
 constexpr int SMEM_PART = SMEM_VEC + VEC_CAP * 4;
 constexpr int SMEM_SCALARS = SMEM_PART + PART_CAP * 4;
 constexpr int SMEM_SCALAR_WORDS = 64;
-constexpr int SMEM_BYTES = SMEM_SCALARS + SMEM_SCALAR_WORDS * 4;
+// The sampler's bins (mk_race.cuh): per-bin race keys, then per-bin weights at
+// the SM's two candidate anchors.
+constexpr int SMEM_RACE = SMEM_SCALARS + SMEM_SCALAR_WORDS * 4;
+constexpr int SMEM_BYTES = SMEM_RACE + RACE_KEY_BINS * 8 + 2 * RACE_MASS_BINS * 8;
 
 }  // namespace mk

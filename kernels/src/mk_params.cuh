@@ -39,7 +39,7 @@ struct Params {
     float* logits;             // [vocab]
     float* part_o;             // [heads][splits][head_dim] each split's attention partial
     float* part_ml;            // [heads][splits][2] its (max, sum); O-proj merges them
-    float* lm_max;             // [lm_tiles]: each SM's LM-head argmax (one per SM)
+    float* lm_max;             // [lm_tiles]: each SM's LM-head argmax (one per SM); as double[lm_tiles], its race key
     uint32_t* lm_idx;          // [lm_tiles]
     uint16_t* kv;              // [capacity][layers][k | v][kv_dim] bf16
     const uint32_t* forced;    // step t < n_forced feeds forced[t] next (teacher forcing)
@@ -52,6 +52,8 @@ struct Params {
     uint32_t* gen_counts;      // [vocab] how often each token was generated (presence/frequency)
     SampleItem* sample_items;  // [vocab] the sampler's candidates
     uint32_t* tokens;          // [max_steps] each step's token on the device (the host link forwards them)
+    unsigned long long* race_mass; // [RACE_LEVELS][RACE_MASS_BINS] the sampler's weights per anchor and bin, zero between steps
+    unsigned long long* race_keys; // [RACE_KEY_BINS] the sampler's best race key per bin, zero between steps
     unsigned long long watchdog_ns;
     int pos0;                  // position of first_token
     uint32_t first_token;
@@ -71,7 +73,7 @@ struct Params {
     int counter_stride;        // u32 words from one dependency counter to the next (ROCKET_MK_COUNTER_STRIDE)
 };
 
-static_assert(sizeof(Params) == 296, "Params is shared with megakernel/abi.rs");
+static_assert(sizeof(Params) == 312, "Params is shared with megakernel/abi.rs");
 
 struct Instr {
     uint32_t op, layer, signal, wait, per_step, a, b, c, d;
@@ -100,6 +102,7 @@ __device__ __forceinline__ uint32_t* counter(const Params& p, uint32_t ctr) {
 // Scalars the consumer warps share (broadcasts, reductions) and the handshake
 // with the producer warp.
 struct Scalars {
+    double dred[CONSUMER_WARPS];  // per-warp partials of a double reduction (the sampler's maximum)
     float red[CONSUMER_WARPS];
     uint32_t red_idx[CONSUMER_WARPS];
     uint32_t ok[2];      // wait_counter's verdict, broadcast by thread 0: [0] for the step
@@ -125,6 +128,8 @@ struct Smem {
     __device__ __forceinline__ float* vec() const { return reinterpret_cast<float*>(mk_smem + SMEM_VEC); }
     __device__ __forceinline__ float* part() const { return reinterpret_cast<float*>(mk_smem + SMEM_PART); }
     __device__ __forceinline__ Scalars* sc() const { return reinterpret_cast<Scalars*>(mk_smem + SMEM_SCALARS); }
+    __device__ __forceinline__ unsigned long long* race_keys() const { return reinterpret_cast<unsigned long long*>(mk_smem + SMEM_RACE); }
+    __device__ __forceinline__ unsigned long long* race_mass() const { return race_keys() + RACE_KEY_BINS; }
 };
 
 static_assert(sizeof(Scalars) <= SMEM_SCALAR_WORDS * 4, "scalars fit their shared-memory space");

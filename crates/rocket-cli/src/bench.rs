@@ -174,7 +174,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ..given
     };
     let sampling = engine.resolve(&options, RequestKind::Completion, args.prompt_len)?;
-    let greedy = sampling.temperature == 0.0;
 
     let mut rows = Vec::new();
     for &b in &args.batch {
@@ -194,7 +193,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let gbs = info.bytes_per_decode_step as f64 / step.0 / 1e9;
         rows.push(Row {
             batch: b,
-            path: engine.decode_path(b, greedy),
+            path: engine.decode_path(b, &sampling),
             host_us_per_token: (info.backend != "cpu").then(|| stats(&host).0 * 1e6),
             ttft: (ttft.0 * 1e3, ttft.1 * 1e3),
             prefill_tps: (b * args.prompt_len) as f64 / ttft.0,

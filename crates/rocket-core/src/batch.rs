@@ -286,7 +286,7 @@ impl<'a> Batcher<'a> {
             return None;
         }
         let end_ids = state.end_ids().to_vec();
-        if !state.plain_greedy() && !self.model.backend.loops_sampling() {
+        if !state.plain_greedy() && !self.model.backend.loops_sampling(state.params()) {
             return None;
         }
         let sampling = state.loop_sampling();

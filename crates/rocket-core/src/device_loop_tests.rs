@@ -34,7 +34,7 @@ impl Backend for SteppingLoop {
     fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
         self.inner.forward(chunks, logits)
     }
-    fn loops_sampling(&self) -> bool {
+    fn loops_sampling(&self, _params: &SamplingParams) -> bool {
         true
     }
     fn decode_loop(

@@ -287,10 +287,10 @@ impl Engine {
         self.backend.device_description()
     }
 
-    /// How a decode step of `batch` sequences runs ("megakernel", "cuda-graph",
-    /// "forward passes"), for benchmarks.
-    pub fn decode_path(&self, batch: usize, greedy: bool) -> &'static str {
-        self.backend.decode_path(batch, greedy)
+    /// How a decode step of `batch` sequences sampled with `params` runs
+    /// ("megakernel", "cuda-graph", "forward passes"), for benchmarks.
+    pub fn decode_path(&self, batch: usize, params: &SamplingParams) -> &'static str {
+        self.backend.decode_path(batch, params)
     }
 
     /// The device's measured copy bandwidth in GB/s (None on the CPU backend).

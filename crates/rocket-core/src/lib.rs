@@ -29,6 +29,7 @@ pub mod model;
 pub mod options;
 pub mod output;
 pub mod progress;
+pub mod race;
 mod request;
 pub mod portable_exp;
 pub mod sampling;

@@ -157,10 +157,11 @@ pub struct GpuOptions {
     pub cuda_graphs: bool,
     /// Where sampled tokens are picked. Default `Device`.
     pub sampler: SamplerPlacement,
-    /// Sampled requests also run as megakernel token loops, sampling inside the
-    /// kernel (kernels/src/megakernel.cu `sample_token`); off, they decode with
-    /// CUDA graphs. Checked on the H200 (`tests/cuda_megakernel.rs`) but its
-    /// speed is not yet measured, so default off.
+    /// Top-k requests also run as megakernel token loops (one CTA samples
+    /// while the other SMs wait: megakernel.cu `sample_token`); off, they
+    /// decode with CUDA graphs. Every other request (greedy, temperature,
+    /// top-p, min-p, penalties) races over all SMs in the megakernel whatever
+    /// this says (kernels/src/mk_race.cuh). Default off.
     pub loop_sampling: bool,
     /// Launch the forward pass's kernels as programmatic dependent launches, so
     /// each starts before the previous one ends (kernels.rs `Kernels::pdl`).

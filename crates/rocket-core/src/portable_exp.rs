@@ -1,4 +1,4 @@
-//! e^x for the sampler, with the same bits on every platform and on the GPU.
+//! e^x and ln x for the sampler, with the same bits on every platform and on the GPU.
 //!
 //! `f64::exp` calls the platform's libm, whose last bit differs between
 //! libraries and from CUDA's `exp`. A sampled token must not depend on that, so
@@ -48,6 +48,59 @@ pub fn portable_exp(x: f64) -> f64 {
     p * f64::from_bits(((1023 + k as i64) as u64) << 52)
 }
 
+/// 2/(2k+1) for k = 11 down to 1: 2·atanh(s) = 2s + s·s²·Σ 2/(2k+1)·s^(2k-2).
+/// With |s| ≤ 0.172 (s² ≤ 0.0295) the first dropped term is below 2^-60.
+const ATANH_COEFFS: [f64; 11] = [
+    f64::from_bits(0x3fb6_42c8_590b_2164),
+    f64::from_bits(0x3fb8_6186_1861_8618),
+    f64::from_bits(0x3fba_f286_bca1_af28),
+    f64::from_bits(0x3fbe_1e1e_1e1e_1e1e),
+    f64::from_bits(0x3fc1_1111_1111_1111),
+    f64::from_bits(0x3fc3_b13b_13b1_3b14),
+    f64::from_bits(0x3fc7_45d1_745d_1746),
+    f64::from_bits(0x3fcc_71c7_1c71_c71c),
+    f64::from_bits(0x3fd2_4924_9249_2492),
+    f64::from_bits(0x3fd9_9999_9999_999a),
+    f64::from_bits(0x3fe5_5555_5555_5555),
+];
+const SQRT_2: f64 = f64::from_bits(0x3ff6_a09e_667f_3bcd);
+
+/// ln x for a finite x > 0 (the sampler's Gumbel noise); 0 and below give -inf
+/// and NaN, +inf gives +inf. Written as the device does it (`sampler.cuh`
+/// `portable_ln`): x = 2^e·m with m in [√½, √2), ln m = 2·atanh((m-1)/(m+1)).
+pub fn portable_ln(x: f64) -> f64 {
+    if x.is_nan() || x < 0.0 {
+        return f64::NAN;
+    }
+    if x == 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if x.is_infinite() {
+        return x;
+    }
+    let (mut bits, mut e) = (x.to_bits(), 0i64);
+    if bits >> 52 == 0 {
+        // Subnormal: scale into the normal range (exact).
+        bits = (x * f64::from_bits(0x4350_0000_0000_0000)).to_bits(); // 2^54
+        e = -54;
+    }
+    e += ((bits >> 52) & 0x7ff) as i64 - 1023;
+    let mut m = f64::from_bits((bits & 0x000f_ffff_ffff_ffff) | 0x3ff0_0000_0000_0000);
+    if m > SQRT_2 {
+        m *= 0.5;
+        e += 1;
+    }
+    let s = (m - 1.0) / (m + 1.0);
+    let s2 = s * s;
+    let mut q = ATANH_COEFFS[0];
+    for &c in &ATANH_COEFFS[1..] {
+        q = q.mul_add(s2, c);
+    }
+    let ln_m = (s * s2).mul_add(q, 2.0 * s);
+    let e = e as f64;
+    e.mul_add(LN2_HI, e.mul_add(LN2_LO, ln_m))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,5 +131,24 @@ mod tests {
         assert!(ulps(portable_exp(-700.0), (-700.0f64).exp()) <= 2);
         assert!(ulps(portable_exp(700.0), 700.0f64.exp()) <= 2);
         assert_eq!(portable_exp(-1e300), portable_exp(-700.0));
+    }
+
+    #[test]
+    fn ln_within_two_ulp_of_libm_and_exact_at_powers_of_two() {
+        let mut worst = 0;
+        let mut s = 0x0ddc_0ffe_e15_u64;
+        for _ in 0..200_000 {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            // Over (0, 40]: what the Gumbel noise takes (uniforms in (0, 1), then -ln of them).
+            let x = 40.0 * ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            worst = worst.max(ulps(portable_ln(x), x.ln()));
+        }
+        assert!(worst <= 2, "worst error {worst} ulp");
+        assert_eq!(portable_ln(1.0), 0.0);
+        assert_eq!(portable_ln(0.5), -std::f64::consts::LN_2);
+        assert!(ulps(portable_ln(1.0 - f64::EPSILON / 2.0), -f64::EPSILON / 2.0) <= 1);
+        assert!(ulps(portable_ln(f64::MIN_POSITIVE / 4.0), (f64::MIN_POSITIVE / 4.0).ln()) <= 2);
+        assert_eq!(portable_ln(0.0), f64::NEG_INFINITY);
+        assert!(portable_ln(-1.0).is_nan());
     }
 }

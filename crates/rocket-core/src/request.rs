@@ -109,6 +109,10 @@ impl RequestState {
         self.push_token(tokenizer, token, logprob)
     }
 
+    pub(crate) fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
     /// Whether the request samples greedily from the raw logits: no penalties
     /// and no logprobs, so a device may pick its tokens.
     pub(crate) fn plain_greedy(&self) -> bool {

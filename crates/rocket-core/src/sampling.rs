@@ -4,13 +4,15 @@
 //! counter-based hash of (seed, step), not from hidden generator state.
 //!
 //! Order of operations (vLLM's): penalties → min_tokens mask → temperature →
-//! top_k → top_p → min_p → draw. Probabilities are summed as exact fixed-point
-//! integers, so the choice does not depend on summation order (see `sample`).
+//! top_k → top_p → min_p → draw. The cuts and the draw follow `crate::race`:
+//! an exponential race (Gumbel-max) over the kept tokens, with cuts that any
+//! split of the vocabulary can compute in pieces (exact integer weights, an
+//! absolute grid of bins), so a GPU spreads one row over all its SMs.
 
 use std::collections::HashMap;
 
 use crate::error::{Result, RocketError};
-use crate::portable_exp::portable_exp;
+use crate::race;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -76,6 +78,14 @@ impl SamplingParams {
         SamplingParams { max_tokens, temperature: 0.0, ..Self::default() }
     }
 
+    /// Whether every part of the vocabulary can do its share of the pick on its
+    /// own (`crate::race`): greedy, or sampled with no top-k cut (top-p and
+    /// min-p work on bins any part can fill). The megakernel's all-SM sampler
+    /// takes these; an exact top-k needs the whole row first.
+    pub fn races_on_all_sms(&self, vocab: usize) -> bool {
+        self.temperature == 0.0 || !(self.top_k > 0 && self.top_k < vocab)
+    }
+
     /// Whether any penalty changes logits at all.
     pub fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
@@ -123,12 +133,6 @@ pub(crate) fn splitmix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
-}
-
-/// Uniform draw in [0, 1) for generation step `step` of a request seeded with `seed`.
-pub fn uniform(seed: u64, step: u64) -> f64 {
-    let bits = splitmix64(splitmix64(seed) ^ step);
-    (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
 /// A fresh seed from the OS-seeded hasher (no extra dependency needed).
@@ -213,38 +217,8 @@ pub fn process_logits(logits: &mut [f32], params: &SamplingParams, history: &Tok
     }
 }
 
-/// 2^63: a candidate's weight is its probability relative to the most likely
-/// candidate (in (0, 1]) as an integer number of 2^-63 units.
-const FIXED_ONE: f64 = 9_223_372_036_854_775_808.0;
-
-/// A token that can still be sampled.
-#[derive(Clone, Copy)]
-struct Candidate {
-    logit: f32,
-    id: u32,
-    /// Probability relative to the most likely candidate, at the temperature.
-    p: f64,
-}
-
-impl Candidate {
-    fn weight(&self) -> u64 {
-        (self.p * FIXED_ONE) as u64
-    }
-}
-
-/// Most likely first, ties by index: a total order, so any partial selection
-/// agrees with a full sort.
-fn most_likely_first(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
-    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
-}
-
-/// Choose the next token from processed logits.
-///
-/// Weights are exact integers (`Candidate::weight`), so every sum (the nucleus
-/// normaliser, the draw's total and running sum) has the same bits in any
-/// order: a backend that sums in parallel reproduces the choice exactly. Only
-/// the candidates that top-k / top-p / min-p keep are sorted, so the usual chat
-/// settings cost one pass over the vocabulary rather than a sort of it.
+/// Choose the next token from processed logits, by the rule in `crate::race`
+/// (an exponential race over the tokens that top-k, top-p and min-p keep).
 pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> u32 {
     if params.temperature == 0.0 {
         return argmax(logits);
@@ -256,86 +230,31 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> 
         return argmax(logits);
     }
     let inv_t = 1.0 / params.temperature as f64;
-    // Below e^-44 a probability is under one weight unit (2^-63 = e^-43.7): its
-    // weight is 0 whether or not exp is computed, so skip it.
-    let prob = |logit: f32| {
-        let x = (logit as f64 - max as f64) * inv_t;
-        if x < -44.0 {
-            0.0
-        } else {
-            portable_exp(x)
-        }
-    };
-    let mut pool: Vec<Candidate> = logits
-        .iter()
-        .enumerate()
-        .filter(|(_, &l)| l > f32::NEG_INFINITY)
-        .map(|(i, &logit)| Candidate { logit, id: i as u32, p: prob(logit) })
-        .collect();
-
-    let top_k = params.top_k > 0 && params.top_k < pool.len();
-    if top_k || params.top_p < 1.0 || params.min_p > 0.0 {
-        // top_k, then top_p, then min_p, each keeping a prefix of the sorted candidates.
-        if top_k {
-            pool.select_nth_unstable_by(params.top_k - 1, most_likely_first);
-            pool.truncate(params.top_k);
-        }
-        let min_p = params.min_p as f64;
-        if params.top_p < 1.0 {
-            nucleus(&mut pool, params.top_p as f64);
-        } else {
-            if min_p > 0.0 {
-                pool.retain(|c| c.p >= min_p);
-            }
-            pool.sort_unstable_by(most_likely_first);
-        }
-        if min_p > 0.0 {
-            // The first candidate is the most likely: probability 1 relative to itself.
-            let keep = pool.iter().take_while(|c| c.p >= min_p).count().max(1);
-            pool.truncate(keep);
-        }
+    let hash = race::step_hash(seed, step);
+    let m = race::scaled(max, inv_t);
+    let mut pool: Vec<(f32, u32)> = logits.iter().enumerate().filter(|(_, &l)| l > f32::NEG_INFINITY).map(|(i, &l)| (l, i as u32)).collect();
+    if params.top_k > 0 && params.top_k < pool.len() {
+        // Most likely first, then the lower id: a total order.
+        pool.select_nth_unstable_by(params.top_k - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        pool.truncate(params.top_k);
     }
-    let total: u128 = pool.iter().map(|c| c.weight() as u128).sum();
-    let target = (uniform(seed, step) * total as f64) as u128;
-    let mut cum = 0u128;
-    for c in &pool {
-        cum += c.weight() as u128;
-        if cum > target {
-            return c.id;
-        }
+    let mut cut = i64::MIN;
+    if params.top_p < 1.0 {
+        let a = race::anchor(m);
+        let mut bins: Vec<(i64, u64)> = pool.iter().map(|&(l, _)| {
+            let s = race::scaled(l, inv_t);
+            (race::bin(s), race::weight(s, a))
+        }).collect();
+        cut = race::top_p_bin(&mut bins, params.top_p);
     }
-    pool.last().expect("at least one candidate").id
-}
-
-/// Keeps the shortest most-likely-first prefix of `pool` whose weight reaches
-/// `top_p` of the pool's total, sorted. It sorts only as many candidates as it
-/// needs: the top 64, then, while they fall short, a larger top guessed from how
-/// much of the mass they held (at least 4x more), and everything once that
-/// would be over a quarter of the pool.
-fn nucleus(pool: &mut Vec<Candidate>, top_p: f64) {
-    let total = pool.iter().map(|c| c.weight() as u128).sum::<u128>() as f64;
-    let mut m = pool.len().min(64);
-    loop {
-        if m < pool.len() {
-            pool.select_nth_unstable_by(m - 1, most_likely_first);
-        }
-        pool[..m].sort_unstable_by(most_likely_first);
-        let mut cum = 0u128;
-        for i in 0..m {
-            cum += pool[i].weight() as u128;
-            if cum as f64 / total >= top_p {
-                pool.truncate(i + 1);
-                return;
-            }
-        }
-        if m == pool.len() {
-            return; // rounding kept the whole pool below top_p: keep all of it
-        }
-        // The top m held cum/total of the mass; the next candidates are lighter.
-        let guess = (m as f64 * 2.0 * top_p * total / (cum as f64).max(1.0)).min(pool.len() as f64) as usize;
-        let next = guess.max(4 * m);
-        m = if next > pool.len() / 4 { pool.len() } else { next };
+    if params.min_p > 0.0 {
+        cut = cut.max(race::min_p_bin(m, params.min_p));
     }
+    let winner = pool.iter().filter_map(|&(l, id)| {
+        let s = race::scaled(l, inv_t);
+        (race::bin(s) >= cut).then(|| race::race_key(s, id, hash))
+    }).max();
+    race::race_id(winner.expect("the top token is always kept"))
 }
 
 /// log-softmax of the model's logits at `token`, and the `n` most likely tokens.
@@ -399,11 +318,27 @@ mod tests {
     }
 
     #[test]
-    fn uniform_is_in_range_and_spread() {
-        let draws: Vec<f64> = (0..10_000).map(|s| uniform(9, s)).collect();
-        assert!(draws.iter().all(|&u| (0.0..1.0).contains(&u)));
-        let mean = draws.iter().sum::<f64>() / draws.len() as f64;
-        assert!((mean - 0.5).abs() < 0.02, "{mean}");
+    fn race_samples_the_softmax() {
+        // p ∝ e^(l/T): at T = 0.5 the logits 0, ln2/2, ln4/2 weigh 1 : 2 : 4.
+        let logits = [0.0f32, (2f32).ln() / 2.0, (4f32).ln() / 2.0, f32::NEG_INFINITY];
+        let p = params(|p| p.temperature = 0.5);
+        let n = 70_000;
+        let mut counts = [0usize; 4];
+        for step in 0..n {
+            counts[sample(&logits, &p, 17, step as u64) as usize] += 1;
+        }
+        assert_eq!(counts[3], 0, "-inf is never drawn");
+        let chi2: f64 = [1.0, 2.0, 4.0].iter().zip(&counts).map(|(w, &c)| {
+            let e = n as f64 * w / 7.0;
+            (c as f64 - e).powi(2) / e
+        }).sum();
+        // 2 degrees of freedom: P(chi2 > 21) ≈ 3e-5.
+        assert!(chi2 < 21.0, "chi2 {chi2:.1} for counts {counts:?}");
+        // The noise is keyed by token id: another step or seed is another race.
+        let hash = race::step_hash(3, 5);
+        assert_ne!(race::gumbel(hash, 0), race::gumbel(hash, 1));
+        assert_ne!(race::gumbel(hash, 0), race::gumbel(race::step_hash(3, 6), 0));
+        assert_ne!(race::gumbel(hash, 0), race::gumbel(race::step_hash(4, 5), 0));
     }
 
     #[test]
@@ -449,43 +384,48 @@ mod tests {
         assert_eq!(argmax(&l), 2);
     }
 
-    /// The sampler's definition written with full sorts, as a specification for
-    /// the partial selections `sample` uses instead.
+    /// The rule written out plainly from its definition (full sorts, a
+    /// token-by-token nucleus, libm logarithms for the noise), as a
+    /// specification for `sample`'s selections.
     fn sample_by_full_sort(logits: &[f32], p: &SamplingParams, seed: u64, step: u64) -> u32 {
         let mut order: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize] > f32::NEG_INFINITY).collect();
         if p.temperature == 0.0 || order.is_empty() {
             return argmax(logits);
         }
-        let max = order.iter().map(|&i| logits[i as usize]).fold(f32::NEG_INFINITY, f32::max) as f64;
-        let prob = |i: u32| ((logits[i as usize] as f64 - max) * (1.0 / p.temperature as f64)).exp();
-        let weight = |i: u32| (prob(i) * FIXED_ONE) as u64 as u128;
-        let truncate = p.top_k > 0 && p.top_k < order.len();
-        if truncate || p.top_p < 1.0 || p.min_p > 0.0 {
-            order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-            if truncate {
-                order.truncate(p.top_k);
-            }
-            if p.top_p < 1.0 {
-                let total = order.iter().map(|&i| weight(i)).sum::<u128>() as f64;
-                let mut cum = 0u128;
-                let keep = order.iter().position(|&i| {
-                    cum += weight(i);
-                    cum as f64 / total >= p.top_p as f64
-                });
-                order.truncate(keep.map_or(order.len(), |k| k + 1));
-            }
-            if p.min_p > 0.0 {
-                let keep = order.iter().take_while(|&&i| prob(i) >= p.min_p as f64).count().max(1);
-                order.truncate(keep);
-            }
+        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        let inv_t = 1.0 / p.temperature as f64;
+        let s = |i: u32| logits[i as usize] as f64 * inv_t;
+        let m = s(order[0]);
+        let a = (m / 16.0).ceil() * 16.0;
+        let weight = |i: u32| if s(i) - a <= -32.0 { 0 } else { ((s(i) - a).exp() * 17_592_186_044_416.0) as u64 };
+        let bin = |i: u32| (s(i) * 16.0).floor() as i64;
+        if p.top_k > 0 && p.top_k < order.len() {
+            order.truncate(p.top_k);
         }
-        let total: u128 = order.iter().map(|&i| weight(i)).sum();
-        let target = (uniform(seed, step) * total as f64) as u128;
-        let mut cum = 0u128;
-        *order.iter().find(|&&i| {
-            cum += weight(i);
-            cum > target
-        }).unwrap_or(order.last().unwrap())
+        let total: u64 = order.iter().map(|&i| weight(i)).sum();
+        // Mass of the pool's tokens in each bin, then strictly above each bin.
+        let mut per_bin = std::collections::BTreeMap::<i64, u64>::new();
+        order.iter().for_each(|&i| *per_bin.entry(bin(i)).or_default() += weight(i));
+        let mut above_bin = HashMap::new();
+        let mut running = 0u64;
+        for (&b, &w) in per_bin.iter().rev() {
+            above_bin.insert(b, running);
+            running += w;
+        }
+        let kept = |i: u32| {
+            let above = above_bin[&bin(i)];
+            let in_nucleus = p.top_p >= 1.0 || (above as f64) < p.top_p as f64 * total as f64;
+            let above_min_p = p.min_p <= 0.0 || bin(i) >= ((m + (p.min_p as f64).ln()) * 16.0).floor() as i64;
+            in_nucleus && above_min_p
+        };
+        let hash = race::step_hash(seed, step);
+        let key = |i: u32| {
+            let k = splitmix64(hash ^ i as u64) >> 12;
+            let u = (2 * k + 1) as f64 / (1u64 << 53) as f64;
+            (s(i) - (-u.ln()).ln()) as f32
+        };
+        let winners: Vec<u32> = order.iter().copied().filter(|&i| kept(i)).collect();
+        winners.iter().copied().fold(winners[0], |b, i| if key(i) > key(b) || (key(i) == key(b) && i < b) { i } else { b })
     }
 
     #[test]

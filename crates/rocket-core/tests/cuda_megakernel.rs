@@ -133,7 +133,7 @@ fn greedy_generation_runs_on_the_device_loop_and_stops_where_asked() {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let options = EngineOptions { device: Device::Cuda, progress: Progress::Off, gpu: mk_options(), ..EngineOptions::default() };
         let e = Engine::load(&path, options).unwrap();
-        assert_eq!(e.decode_path(1, true), "megakernel", "{name}");
+        assert_eq!(e.decode_path(1, &SamplingParams::greedy(1)), "megakernel", "{name}");
         let vocab = e.spec().vocab_size;
         let prompt = random_ids(5, 40, vocab);
         let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(300) }; // spans several launches
@@ -211,7 +211,11 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
     use rocket_core::sampling::TokenHistory;
     let settings = [
         SamplingParams { temperature: 0.7, top_k: 20, top_p: 0.95, ..SamplingParams::default() }, // Qwen3's defaults
-        SamplingParams { temperature: 1.0, ..SamplingParams::default() },
+        SamplingParams { temperature: 1.0, ..SamplingParams::default() }, // the race over all SMs
+        SamplingParams { temperature: 0.8, repetition_penalty: 1.1, presence_penalty: 0.4, ..SamplingParams::default() }, // raced, penalised
+        SamplingParams { temperature: 0.7, top_p: 0.9, ..SamplingParams::default() }, // Llama-3.2-Instruct's defaults
+        SamplingParams { temperature: 0.6, top_p: 0.95, min_p: 0.1, frequency_penalty: 0.5, ..SamplingParams::default() },
+        SamplingParams { temperature: 0.05, top_p: 0.5, ..SamplingParams::default() }, // scaled logits far from 0
         SamplingParams { temperature: 1.3, min_p: 0.05, repetition_penalty: 1.3, presence_penalty: 0.5, frequency_penalty: 0.3, ..SamplingParams::default() },
         SamplingParams { temperature: 0.0, repetition_penalty: 1.5, ..SamplingParams::default() }, // greedy with a penalty
         // Mid-request: earlier generations count for the penalties, min_tokens masks the

@@ -186,7 +186,7 @@ fn graph_prefill_then_megakernel_decode_across_launches_matches_the_references()
         let Some(fuel) = gpu.megakernel_fuel().unwrap() else { panic!("{name}: the default options loaded no megakernel") };
         let cpu = CpuBackend::new(spec.clone(), Arc::new(weights));
         let engine = Engine::load(&path, EngineOptions { device: Device::Cuda, progress: Progress::Off, ..EngineOptions::default() }).unwrap();
-        assert_eq!(engine.decode_path(1, true), "megakernel", "{name}");
+        assert_eq!(engine.decode_path(1, &SamplingParams::greedy(1)), "megakernel", "{name}");
         println!("PROD {name}: fuel {fuel}, loaded in {:.1} s", t_load.elapsed().as_secs_f64());
 
         for &len in &PROMPT_LENS {

@@ -61,14 +61,14 @@ pub trait Backend: Send + Sync {
     ) -> Result<Option<LoopOutcome>> {
         Ok(None)
     }
-    /// Whether `decode_loop` runs sampled requests (`req.sampling`) at all, so
-    /// callers need not prepare one that would come back `None`.
-    fn loops_sampling(&self) -> bool {
+    /// Whether `decode_loop` runs requests sampled with `params` (`req.sampling`)
+    /// at all, so callers need not prepare one that would come back `None`.
+    fn loops_sampling(&self, _params: &SamplingParams) -> bool {
         false
     }
-    /// How a decode step of `batch` sequences runs, in words, for benchmarks:
-    /// greedy (plain argmax) or sampled requests.
-    fn decode_path(&self, _batch: usize, _greedy: bool) -> &'static str {
+    /// How a decode step of `batch` sequences sampled with `params` runs, in
+    /// words, for benchmarks.
+    fn decode_path(&self, _batch: usize, _params: &SamplingParams) -> &'static str {
         "forward passes"
     }
     /// What it runs on, in words ("cpu", "NVIDIA H200 (sm_90a cubin)").

@@ -43,6 +43,11 @@ header_constants! {
     "int" MAX_GROUP: usize = 4;
     // u32 words per encoded instruction.
     "int" INSTR_WORDS: usize = 8;
+    // The sampler's bins (`crate::race`, 16 per nat): race keys over a 64-nat
+    // ring, weights over the 32 nats below an anchor, anchors over 64 levels.
+    "int" RACE_KEY_BINS: usize = 1024;
+    "int" RACE_MASS_BINS: usize = 512;
+    "int" RACE_LEVELS: usize = 64;
     // Opcodes (`Op`).
     "uint32_t" OP_QKV: u32 = 1;
     "uint32_t" OP_ATTN: u32 = 2;
@@ -80,7 +85,9 @@ header_constants! {
     "int" SMEM_PART: usize = SMEM_VEC + VEC_CAP * 4;
     "int" SMEM_SCALARS: usize = SMEM_PART + PART_CAP * 4;
     "int" SMEM_SCALAR_WORDS: usize = 64;
-    "int" SMEM_BYTES: usize = SMEM_SCALARS + SMEM_SCALAR_WORDS * 4;
+    // The sampler's per-SM bins: race keys, then weights at two anchors.
+    "int" SMEM_RACE: usize = SMEM_SCALARS + SMEM_SCALAR_WORDS * 4;
+    "int" SMEM_BYTES: usize = SMEM_RACE + RACE_KEY_BINS * 8 + 2 * RACE_MASS_BINS * 8;
 }
 
 /// `ST_ERR_INSTR` when the watchdog fired on the wait at the start of a step.
@@ -137,6 +144,8 @@ pub struct Params {
     pub gen_counts: u64,
     pub sample_items: u64,
     pub tokens: u64,
+    pub race_mass: u64,
+    pub race_keys: u64,
     pub watchdog_ns: u64,
     pub pos0: i32,
     pub first_token: u32,
@@ -157,7 +166,7 @@ pub struct Params {
 }
 
 // mk_params.cuh asserts the same size (a test reads its static_assert).
-const _: () = assert!(std::mem::size_of::<Params>() == 296);
+const _: () = assert!(std::mem::size_of::<Params>() == 312);
 
 impl Op {
     /// The kernel's opcode.
@@ -394,7 +403,7 @@ mod tests {
         let rust = rust_fields![Params:
             instrs, sm_start, counters, state, layers, embed, lm_head, final_norm, inv_freq, x, qkv, mlp_acc, logits,
             part_o, part_ml, lm_max, lm_idx, kv, forced, logits_out, ring, end_ids, trace, sample, seen_bits,
-            gen_counts, sample_items, tokens, watchdog_ns, pos0, first_token, max_steps, n_forced, n_end,
+            gen_counts, sample_items, tokens, race_mass, race_keys, watchdog_ns, pos0, first_token, max_steps, n_forced, n_end,
             mask_end_steps, lm_tiles, splits, eps, trace_step, poll_spin, weights_evict_first, hold_qkv, hold_oproj,
             hold_mlp, counter_stride,
         ];

@@ -435,7 +435,7 @@ pub(crate) const fn argmax_state_bytes(rows: usize) -> usize {
 const SAMPLE_THREADS: u32 = 1024;
 
 /// Bytes of one compacted candidate (kernels/src/sample.cu SampleItem).
-pub(crate) const SAMPLE_ITEM_BYTES: usize = 16;
+pub(crate) const SAMPLE_ITEM_BYTES: usize = 8;
 
 /// One row's sampling request, laid out as kernels/src/sample.cu `SampleRow`.
 #[repr(C)]

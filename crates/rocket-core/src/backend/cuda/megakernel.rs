@@ -12,7 +12,7 @@ use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
 use super::sampler::sample_row;
 use crate::backend::{LoopOutcome, LoopRequest, SampleRequest};
 use crate::error::{Result, RocketError};
-use crate::megakernel::abi::{LayerPtrs, Params, RING_EMPTY, RING_FAULT, RING_STOP, RING_TOKENS, SMEM_BYTES, STATE_WORDS, ST_STEPS, THREADS};
+use crate::megakernel::abi::{LayerPtrs, Params, RACE_KEY_BINS, RACE_LEVELS, RACE_MASS_BINS, RING_EMPTY, RING_FAULT, RING_STOP, RING_TOKENS, SMEM_BYTES, STATE_WORDS, ST_STEPS, THREADS};
 use crate::megakernel::profile::trace_words;
 use crate::megakernel::{verify, MegakernelError, Schedule};
 use crate::model::ModelSpec;
@@ -67,13 +67,17 @@ pub(crate) struct Launch<'a> {
     pub trace_step: Option<usize>,
 }
 
-/// The device state of a sampled token loop (kernels/src/megakernel.cu
-/// `sample_token`): the request's SampleRow, its penalty state (seen tokens as
-/// bits, generation counts), and the sampler's candidate space.
+/// The device state of a sampled token loop (kernels/src/mk_race.cuh and
+/// megakernel.cu `sample_token`): the request's SampleRow, its penalty state
+/// (seen tokens as bits, generation counts), the race's tables (weights per
+/// anchor level and bin, best key per bin: zero between steps) and the
+/// one-CTA sampler's candidate space.
 struct LoopSampler {
     row: DeviceBuffer,
     seen_bits: DeviceBuffer,
     gen_counts: DeviceBuffer,
+    race_mass: DeviceBuffer,
+    race_keys: DeviceBuffer,
     items: DeviceBuffer,
     vocab: usize,
 }
@@ -84,6 +88,8 @@ impl LoopSampler {
             row: DeviceBuffer::alloc(ctx, std::mem::size_of::<SampleRow>(), "megakernel sampling")?,
             seen_bits: DeviceBuffer::alloc(ctx, vocab.div_ceil(32) * 4, "megakernel penalty state")?,
             gen_counts: DeviceBuffer::alloc(ctx, vocab * 4, "megakernel penalty state")?,
+            race_mass: DeviceBuffer::alloc(ctx, RACE_LEVELS * RACE_MASS_BINS * 8, "megakernel sampler tables")?,
+            race_keys: DeviceBuffer::alloc(ctx, RACE_KEY_BINS * 8, "megakernel sampler tables")?,
             items: DeviceBuffer::alloc(ctx, vocab * SAMPLE_ITEM_BYTES, "megakernel sampler candidates")?,
             vocab,
         })
@@ -92,6 +98,9 @@ impl LoopSampler {
     /// Uploads a launch's sampling request; returns the address of its row.
     fn upload(&self, stream: &Stream, s: &SampleRequest<'_>) -> Result<u64> {
         self.row.upload(stream, 0, std::slice::from_ref(&sample_row(s)))?;
+        // A launch that ended early (watchdog, stop) may have left a step's entries.
+        self.race_mass.fill_u8(stream, 0)?;
+        self.race_keys.fill_u8(stream, 0)?;
         if s.params.has_penalties() {
             let mut bits = vec![0u32; self.vocab.div_ceil(32)];
             let mut counts = vec![0u32; self.vocab];
@@ -229,7 +238,7 @@ impl Megakernel {
             f(spec.vocab_size),
             f(heads_splits * spec.head_dim),
             f(heads_splits * 2),
-            f(schedule.lm_tiles),
+            f(2 * schedule.lm_tiles), // lm_max: a float per SM, or a double (the race's key)
             f(schedule.lm_tiles),
         ];
         let activations = sizes.iter().map(|&(n, _)| DeviceBuffer::alloc(ctx, n, "megakernel activations")).collect::<Result<Vec<_>>>()?;
@@ -268,6 +277,8 @@ impl Megakernel {
             seen_bits: sampler.seen_bits.ptr,
             gen_counts: sampler.gen_counts.ptr,
             sample_items: sampler.items.ptr,
+            race_mass: sampler.race_mass.ptr,
+            race_keys: sampler.race_keys.ptr,
             ring: ring.device_ptr,
             lm_tiles: schedule.lm_tiles as i32,
             splits: schedule.splits as i32,
@@ -310,6 +321,10 @@ impl Megakernel {
             ring,
             broken: None,
         })
+    }
+
+    pub(crate) fn vocab(&self) -> usize {
+        self.vocab
     }
 
     /// False once a launch failed (watchdog, fault): callers decode another way.

@@ -32,6 +32,7 @@ use crate::megakernel::Profile;
 use crate::model::{ModelSpec, ModelWeights};
 use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
 use crate::progress::LoadProgress;
+use crate::sampling::SamplingParams;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
 use kernels::{argmax_state_bytes, GemmFusion, GemmPlan, GemmScratch, Kernels};
 use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
@@ -546,13 +547,14 @@ impl Backend for CudaBackend {
         Ok(self.loop_on_session(session, first, req, &[], false, on_token)?.map(|(outcome, _)| outcome))
     }
 
-    fn loops_sampling(&self) -> bool {
-        self.options.loop_sampling && self.lock().is_ok_and(|i| i.megakernel.as_ref().is_some_and(Megakernel::in_service))
+    fn loops_sampling(&self, params: &SamplingParams) -> bool {
+        self.lock().is_ok_and(|i| i.megakernel.as_ref().is_some_and(|mk| mk.in_service() && self.loops(mk, params)))
     }
 
-    fn decode_path(&self, batch: usize, greedy: bool) -> &'static str {
-        match self.lock().map(|i| i.megakernel.as_ref().is_some_and(Megakernel::in_service)) {
-            Ok(true) if batch == 1 && (greedy || self.options.loop_sampling) => "megakernel",
+    fn decode_path(&self, batch: usize, params: &SamplingParams) -> &'static str {
+        let greedy = params.temperature == 0.0;
+        match self.lock().map(|i| i.megakernel.as_ref().is_some_and(|mk| mk.in_service() && self.loops(mk, params))) {
+            Ok(true) if batch == 1 && params.logprobs.is_none() => "megakernel",
             _ if greedy => "cuda-graph",
             _ if self.options.sampler == SamplerPlacement::Device => "cuda-graph + device sampler",
             _ => "cuda-graph + host sampler",
@@ -597,8 +599,8 @@ impl CudaBackend {
         if !mk.in_service() {
             return Ok(None); // a launch failed earlier: CUDA graphs from here on
         }
-        if req.sampling.is_some() && !self.options.loop_sampling {
-            return Ok(None);
+        if req.sampling.as_ref().is_some_and(|s| !self.loops(mk, s.params)) {
+            return Ok(None); // top-k: one CTA would sample while the others wait
         }
         let mut end_ids = req.end_ids.to_vec();
         end_ids.sort_unstable();
@@ -641,6 +643,13 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// Whether the megakernel's token loop takes requests sampled with `params`:
+    /// all but top-k ones race over all SMs; top-k only when
+    /// `GpuOptions::loop_sampling` asks (one CTA samples while the rest wait).
+    fn loops(&self, mk: &Megakernel, params: &SamplingParams) -> bool {
+        self.options.loop_sampling || params.races_on_all_sms(mk.vocab())
+    }
+
     /// Device-to-device copy bandwidth in GB/s (read + write bytes per second),
     /// measured on a 1 GiB buffer: the roofline every decode figure is a ratio to.
     pub fn copy_bandwidth_gbs(&self) -> Result<f64> {
