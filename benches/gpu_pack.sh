@@ -4,12 +4,17 @@
 #   bin/rocket                  the CLI (rocket bench), release build
 #   cuda-test                   crates/rocket-core/tests/cuda.rs (CUDA backend vs CPU reference)
 #   cuda-megakernel-test        crates/rocket-core/tests/cuda_megakernel.rs
-#                               (both built with rocket-core's `diagnostics` feature: the probes,
+#   cuda-prod-path-test.xz      crates/rocket-core/tests/cuda_prod_path.rs (graph prefill, then
+#                               megakernel decode across launches, against the CPU reference)
+#                               (the three built with rocket-core's `diagnostics` feature: the probes,
 #                               the matmul check and the megakernel's test entry points)
+#   logits-at.xz                crates/rocket-core/examples/logits_at.rs: logits at chosen positions
+#                               from either GPU path, for benches/long_context_check.py
 #   tok.tar.xz                  the fuels' real tokenizers (benches/export_tokenizers.py):
 #                               tok/{llama3,qwen3,smollm2}, compressed to leave room under the limit
 # The GPU machine has no cargo, and its glibc (2.39) runs binaries built here (2.36).
-# Binaries are stripped so the carry stays under the 64 MiB a run can take.
+# Binaries are stripped, and the newer ones xz-compressed (gpu_run.sh unpacks them), so the
+# carry stays under the 64 MiB a run can take.
 # Usage: benches/gpu_pack.sh, then on the GPU machine: benches/gpu_run.sh [steps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +35,11 @@ for line in sys.stdin:
 }
 cp "$(test_binary cuda)" "$OUT/cuda-test"
 cp "$(test_binary cuda_megakernel)" "$OUT/cuda-megakernel-test"
-strip "$OUT/bin/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test"
+cp "$(test_binary cuda_prod_path)" "$OUT/cuda-prod-path-test"
+cargo build --release --locked -p rocket-core --features diagnostics --example logits_at
+cp target/release/examples/logits_at "$OUT/logits-at"
+strip "$OUT/bin/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/logits-at"
+xz -f -T0 "$OUT/cuda-prod-path-test" "$OUT/logits-at"
 
 if [[ ! -f $OUT/tok.tar.xz ]]; then
     python3 benches/export_tokenizers.py --out "$OUT/tok" --rocket "$OUT/bin/rocket"

@@ -6,6 +6,11 @@
 # made first (kept in $CK across calls while the machine stays warm). Steps:
 #   tests     CUDA backend (kernel per op, CUDA graphs, tensor-core matmul) against the CPU reference
 #   mk        the megakernel against the CPU reference and the graph path (MK_FILTER: a test name filter)
+#   prod      the path users run (crates/rocket-core/tests/cuda_prod_path.rs): graph-path prefill
+#             at prompts of 1, 17, 128 and 1000 tokens, then megakernel decode across three
+#             launches, logits and greedy tokens against the CPU reference and the graph path
+#   long-ref  Llama-3.2-1B and Qwen3-0.6B at 2K, 4K and 16K tokens, both GPU paths against an fp32
+#             transformers forward (benches/long_context_check.py, with .device-carry/logits-at.xz)
 #   bench     `rocket bench` per fuel at batch 1 and 16: the defaults (ROCKET_DECODE and
 #             ROCKET_MATMUL auto), the graph path with the GEMV only, the megakernel;
 #             BENCH_CONFIGS="default graph" runs a subset; "nopdl" / "nofuse" run the
@@ -38,7 +43,7 @@
 # prints PASS or FAIL; the script exits 1 when any failed.
 # Bench settings travel as the CLI's ROCKET_* variables (not flags), which the
 # baseline builds of `ab` read too.
-# Usage: benches/gpu_run.sh [steps...]   (default: tests mk bench)
+# Usage: benches/gpu_run.sh [steps...]   (default: tests mk prod bench)
 # Logs and JSON go to $LOGS and are packed into $OUT/logs.tgz; a summary prints last.
 set -uo pipefail
 CARRY=.device-carry
@@ -52,13 +57,19 @@ if [[ ${POWER_LOG:-0} == 1 ]]; then
 fi
 trap '[[ -n ${POWER_PID:-} ]] && kill "$POWER_PID"; tar czf "$RESULT_DIR/logs.tgz" -C "$LOGS" .' EXIT
 export PYTHONUNBUFFERED=1
-STEPS=" ${*:-tests mk bench} "
+STEPS=" ${*:-tests mk prod bench} "
 FUELS=${FUELS:-"smollm2-135m qwen3-0.6b llama-3.2-1b qwen3-1.7b"}  # a subset saves device time
 CKPTS=$(for f in $FUELS; do printf '%s,' "$CK/$f"; done)
 TOK=/tmp/rocket-tok
 [[ -d $TOK/tok ]] || { mkdir -p "$TOK" && tar -C "$TOK" -xJf "$CARRY/tok.tar.xz"; }
 tokdir() { case $1 in llama*) echo llama3;; qwen*) echo qwen3;; smol*) echo smollm2;; esac; }
 has() { [[ $STEPS == *" $1 "* ]]; }
+# The carry's xz-compressed binaries, unpacked at every use (a warm machine may hold an older carry's).
+BIN=/tmp/rocket-bin
+unpacked() {  # unpacked NAME: the path of .device-carry/NAME.xz, decompressed
+    mkdir -p "$BIN" && xz -dc "$CARRY/$1.xz" > "$BIN/$1" && chmod +x "$BIN/$1"
+    echo "$BIN/$1"
+}
 FAILED=()
 check() {  # check NAME RC: one check's outcome, remembered for the exit status
     if [[ $2 == 0 ]]; then echo "PASS $1"; else echo "FAIL $1 (rc=$2)"; FAILED+=("$1"); fi
@@ -85,6 +96,21 @@ if has mk; then
         timeout "${MK_TIMEOUT:-420}" "$CARRY/cuda-megakernel-test" --include-ignored --test-threads=1 --nocapture ${MK_FILTER:-} > "$LOGS/mk-test.log" 2>&1
     check "megakernel tests" $?
     grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | grep -v "MK-PROFILE.*|" | head -40
+fi
+
+if has prod; then
+    # Default GPU options, as users run; every fuel; the CPU reference is most of the time.
+    ROCKET_GPU_CHECKPOINTS=$CKPTS \
+        timeout "${PROD_TIMEOUT:-420}" "$(unpacked cuda-prod-path-test)" --include-ignored --test-threads=1 --nocapture > "$LOGS/prod-test.log" 2>&1
+    check "production-path tests" $?
+    grep -E "PROD|^FAIL|test result|panicked" "$LOGS/prod-test.log" | head -100
+fi
+
+if has long-ref; then
+    timeout "${LONG_REF_TIMEOUT:-540}" python3 benches/long_context_check.py --ckpt-dir "$CK" --bin "$(unpacked logits-at)" \
+        --json "$LOGS/long-ref.json" > "$LOGS/long-ref.txt" 2> "$LOGS/long-ref.err"
+    check "long contexts vs fp32 torch" $?
+    tail -5 "$LOGS/long-ref.err"; cat "$LOGS/long-ref.txt"
 fi
 
 bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL [MATMUL]; ROCKET_BIN picks another binary

@@ -3,8 +3,9 @@
 References in tests/parity/data were produced by tests/parity/make_reference.py
 with HF code only (fp32 math). Checked here: tokenization and decoding identical,
 chat rendering identical, teacher-forced top-1 agreement >= 99% and max |Δlogit|
-within MAX_LOGIT_DELTA of HF's fp32 logits, and greedy continuations identical on
-the real SmolLM2 weights.
+within MAX_LOGIT_DELTA of HF's fp32 logits (tiny-llama3-band: a 576-token context
+with llama3 RoPE frequencies in the smoothing band), and greedy continuations
+identical on the real SmolLM2 weights.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def tokenizer(name: str) -> rocket.Tokenizer:
 
 MODELS = ["smollm2", "tiny-llama", "tiny-qwen3"]
 ALL = MODELS + list(TOKENIZER_FILES)
+# References with teacher-forced logits only (no tokenizer, chat or greedy cases).
+TEACHER_FORCED = MODELS + ["tiny-llama3-band"]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -78,14 +81,14 @@ def test_chat_rendering_identical(name: str) -> None:
         assert got == case["rendered"]
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", TEACHER_FORCED)
 def test_teacher_forced_top1_agreement(name: str) -> None:
     llm = model(name)
     agree = total = 0
     max_delta = 0.0
     for case in ref(name)["teacher_forced"]:
-        if name == "smollm2" and case["weights"] != "bf16":
-            continue  # rocket stores the dequantized GGUF weights in bf16; the f32 variant is reported below
+        if name == "smollm2" and case["weights"] != "f32":
+            continue  # on the CPU rocket dequantizes the GGUF weights to f32; the bf16-rounded variant is reported below
         logits = llm.teacher_forced_logits(case["ids"])
         top_ids = np.asarray(case["top_ids"])
         top_logits = np.asarray(case["top_logits"], dtype=np.float64)
@@ -100,13 +103,29 @@ def test_teacher_forced_top1_agreement(name: str) -> None:
     assert max_delta <= MAX_LOGIT_DELTA, f"max |Δlogit| {max_delta:.2e} against HF (bar {MAX_LOGIT_DELTA:.0e})"
 
 
-def test_smollm2_against_unrounded_hf_weights() -> None:
-    """HF's own f32 dequantisation differs from rocket's bf16 storage by bf16 rounding: report it."""
+def test_llama3_band_fixture_has_frequencies_in_every_region() -> None:
+    """The fixture must keep exercising llama3's smoothing: frequencies whose wavelength lies
+    between original_max_position_embeddings / high_freq_factor and / low_freq_factor."""
+    config = json.loads((FIXTURES / "tiny-llama3-band" / "config.json").read_text())
+    rope = config["rope_parameters"]
+    assert rope["rope_type"] == "llama3"
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    old = rope["original_max_position_embeddings"]
+    low, high = old / rope["low_freq_factor"], old / rope["high_freq_factor"]
+    wavelens = [2 * np.pi * rope["rope_theta"] ** (2 * i / head_dim) for i in range(head_dim // 2)]
+    regions = ["high" if w < high else "low" if w > low else "band" for w in wavelens]
+    assert regions.count("band") >= 3 and "high" in regions and "low" in regions, regions
+    longest = max(len(case["ids"]) for case in ref("tiny-llama3-band")["teacher_forced"])
+    assert longest >= 512 and longest >= 2 * max(wavelens[i] for i, r in enumerate(regions) if r == "band")
+
+
+def test_smollm2_against_bf16_rounded_hf_weights() -> None:
+    """HF's weights rounded to bf16 (what the GPU stores) differ from the CPU's f32 dequantisation: report it."""
     llm = model("smollm2")
     agree = total = 0
     max_delta = 0.0
     for case in ref("smollm2")["teacher_forced"]:
-        if case["weights"] != "f32":
+        if case["weights"] != "bf16":
             continue
         logits = llm.teacher_forced_logits(case["ids"])
         top_ids = np.asarray(case["top_ids"])
@@ -114,14 +133,14 @@ def test_smollm2_against_unrounded_hf_weights() -> None:
         total += len(case["ids"])
         ours = np.take_along_axis(logits, top_ids, axis=1)
         max_delta = max(max_delta, float(np.abs(ours - np.asarray(case["top_logits"])).max()))
-    REPORT["smollm2 vs HF f32 weights"] = f"top-1 {agree}/{total} = {agree / total:.2%}, max |Δlogit| {max_delta:.2e}"
+    REPORT["smollm2 vs HF bf16-rounded weights"] = f"top-1 {agree}/{total} = {agree / total:.2%}, max |Δlogit| {max_delta:.2e}"
     assert agree / total >= 0.97
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_greedy_continuations(name: str) -> None:
     llm = model(name)
-    cases = [c for c in ref(name)["greedy"] if name != "smollm2" or c["weights"] == "bf16"]
+    cases = [c for c in ref(name)["greedy"] if name != "smollm2" or c["weights"] == "f32"]
     same = 0
     for case in cases:
         params = rocket.SamplingParams(max_tokens=case["max_new_tokens"], temperature=0.0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Create two tiny, seeded, random Hugging Face checkpoints for rocket's parity tests.
+"""Create three tiny, seeded, random Hugging Face checkpoints for rocket's parity tests.
 
 Everything here is built with HF code only (transformers + tokenizers + torch):
 
@@ -11,6 +11,11 @@ Everything here is built with HF code only (transformers + tokenizers + torch):
                         given explicitly (!= hidden/heads), tied embeddings,
                         transformers-5 "rope_parameters" spelling, chat template in a
                         separate chat_template.jinja.
+  fixtures/tiny-llama3-band/  LlamaForCausalLM, bf16, llama3 RoPE scaling in the
+                        transformers-5 "rope_parameters" spelling with parameters chosen so
+                        that frequencies fall in all three llama3 regions, three of them in
+                        the smoothing band; max_position_embeddings 1024 for contexts of
+                        >= 512 tokens. Tokenizer as tiny-llama's.
 
 Both get a small byte-level BPE tokenizer trained with `tokenizers` on a fixed corpus.
 Running the script twice gives byte-identical files (checked by --check).
@@ -28,6 +33,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import hashlib
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -302,6 +308,113 @@ def make_tiny_llama() -> None:
     check_tokenizer_roundtrip(out, tok)
 
 
+# head_dim 16, theta 1e4: wavelengths 2*pi*1e4^(i/8) = 6.3, 19.9, 62.8, 199, 628, ... With an
+# original context of 256, low_freq_factor 1 and high_freq_factor 16 the band is (16, 256):
+# frequency 0 is high (kept), 1..3 are in the band (smoothed), 4..7 are low (divided by factor).
+LLAMA3_BAND_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 16.0,
+    "original_max_position_embeddings": 256,
+}
+
+
+def llama3_regions(head_dim: int, rope: dict) -> list[str]:
+    """Each frequency's llama3 region ("high", "band", "low"), by transformers' own tests of wavelength."""
+    old = rope["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / rope["low_freq_factor"], old / rope["high_freq_factor"]
+    out = []
+    for i in range(head_dim // 2):
+        wavelen = 2 * math.pi * rope["rope_theta"] ** (2 * i / head_dim)
+        out.append("high" if wavelen < high_wavelen else "low" if wavelen > low_wavelen else "band")
+    return out
+
+
+def make_tiny_llama3_band() -> None:
+    out = FIXTURES / "tiny-llama3-band"
+    tok = train_llama_tokenizer()
+    rope = dict(LLAMA3_BAND_ROPE)
+    regions = llama3_regions(16, rope)
+    assert regions.count("band") >= 3 and "high" in regions and "low" in regions, regions
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_parameters=dict(rope),
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    torch.manual_seed(2468)
+    model = LlamaForCausalLM(config).eval()
+    reinit_(model, seed=2468)
+    model = model.to(torch.bfloat16)
+
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        model.save_pretrained(tmp)
+        cfg = json.loads((tmp / "config.json").read_text())
+        cfg["rope_parameters"] = rope
+        cfg.pop("rope_scaling", None)
+        cfg.pop("rope_theta", None)
+        cfg.pop("head_dim", None)
+        dump_json(tmp / "config.json", cfg)
+        dump_json(tmp / "generation_config.json", {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2})
+        tok.save(str(tmp / "tokenizer.json"), pretty=True)
+        dump_json(
+            tmp / "tokenizer_config.json",
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|im_start|>",
+                "eos_token": "<|im_end|>",
+                "unk_token": "<|endoftext|>",
+                "pad_token": "<|im_end|>",
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "add_prefix_space": False,
+                "clean_up_tokenization_spaces": False,
+                "model_max_length": 1024,
+            },
+        )
+        finish_folder(
+            tmp, out, ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        )
+
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    rp = dict(reloaded.config.rope_parameters)
+    for k, v in rope.items():
+        assert rp.get(k) == v, ("rope_parameters mismatch", k, rp)
+    assert reloaded.config.head_dim == 16
+    # transformers' llama3 frequencies: the band ones lie strictly between the unscaled and the /factor ones.
+    base = 1.0 / rope["rope_theta"] ** (torch.arange(0, 16, 2, dtype=torch.int64).float() / 16)
+    got = reloaded.model.rotary_emb.inv_freq.to(torch.float64)
+    for i, region in enumerate(regions):
+        b = float(base[i])
+        if region == "band":
+            assert b / rope["factor"] < float(got[i]) < b, (i, float(got[i]), b)
+        else:
+            want = b if region == "high" else b / rope["factor"]
+            assert math.isclose(float(got[i]), want, rel_tol=1e-6), (i, region, float(got[i]), want)
+    ref = fresh_f32_copy(LlamaForCausalLM, config, model)
+    x = torch.arange(0, 600).remainder(tok.get_vocab_size()).unsqueeze(0)
+    with torch.no_grad():
+        a = ref(x).logits
+        b = reloaded(x).logits
+    assert torch.equal(a, b), float((a - b).abs().max())
+    check_tokenizer_roundtrip(out, tok)
+
+
 def make_tiny_qwen3() -> None:
     out = FIXTURES / "tiny-qwen3"
     tok = train_qwen_tokenizer()
@@ -409,7 +522,9 @@ def digest(folder: Path) -> dict:
 def main() -> None:
     make_tiny_llama()
     make_tiny_qwen3()
-    for name in ("tiny-llama", "tiny-qwen3"):
+    make_tiny_llama3_band()
+    names = ("tiny-llama", "tiny-qwen3", "tiny-llama3-band")
+    for name in names:
         folder = FIXTURES / name
         total = sum(p.stat().st_size for p in folder.iterdir())
         assert total < 1_000_000, (name, total)
@@ -417,10 +532,11 @@ def main() -> None:
         for p in sorted(folder.iterdir()):
             print(f"  {p.name:32s} {p.stat().st_size:8d}")
     if "--check" in sys.argv:
-        first = {n: digest(FIXTURES / n) for n in ("tiny-llama", "tiny-qwen3")}
+        first = {n: digest(FIXTURES / n) for n in names}
         make_tiny_llama()
         make_tiny_qwen3()
-        second = {n: digest(FIXTURES / n) for n in ("tiny-llama", "tiny-qwen3")}
+        make_tiny_llama3_band()
+        second = {n: digest(FIXTURES / n) for n in names}
         assert first == second, "fixtures are not deterministic"
         print("deterministic: OK (two builds byte-identical)")
 

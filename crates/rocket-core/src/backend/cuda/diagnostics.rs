@@ -6,7 +6,7 @@
 use super::driver::DeviceBuffer;
 use super::megakernel::{Launch, Megakernel, MAX_LOOP_STEPS};
 use super::{own_session, CudaBackend, CudaSession};
-use crate::backend::{Backend, LoopRequest, SampleRequest};
+use crate::backend::{Backend, LoopRequest, SampleRequest, Session};
 use crate::error::{Result, RocketError};
 use crate::megakernel::{MegakernelError, Profile};
 
@@ -21,6 +21,26 @@ impl CudaBackend {
     /// None when no megakernel is loaded.
     pub fn megakernel_teacher_forced(&self, ids: &[u32]) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
         self.megakernel_forced(ids, None, (&[], 0), true, None, |_, tokens, logits| Ok((tokens, logits.expect("asked for logits"))))
+    }
+
+    /// The product's megakernel decode (`Backend::decode_loop`'s launch, on
+    /// `session` from its current length) for up to `steps` greedy steps, with
+    /// every step's logits kept: `first` is fed at the session's next position,
+    /// then each step's argmax, or with `forced` (at most steps - 1 tokens)
+    /// forced[t] after step t (teacher forcing). Returns each step's argmax and
+    /// logits ([steps][vocab]); the session keeps the steps as `decode_loop`
+    /// leaves them. None when no megakernel is loaded or it is out of service.
+    pub fn megakernel_decode_logits(&self, session: &mut dyn Session, first: u32, forced: &[u32], steps: usize) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
+        if steps == 0 || forced.len() >= steps {
+            return Err(RocketError::invalid_arg("steps", steps, format!("need at least 1 and more than the {} forced tokens", forced.len())));
+        }
+        let req = LoopRequest { max_steps: steps, end_ids: &[], mask_end_steps: 0, sampling: None };
+        let mut tokens = Vec::with_capacity(steps);
+        let ran = self.loop_on_session(session, first, &req, forced, true, &mut |t| {
+            tokens.push(t);
+            true
+        })?;
+        Ok(ran.map(|(_, logits)| (tokens, logits.expect("asked for logits"))))
     }
 
     /// A sampled token loop in the megakernel: teacher-forces `prompt`, then

@@ -553,56 +553,7 @@ impl Backend for CudaBackend {
         req: &LoopRequest<'_>,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<LoopOutcome>> {
-        let mut guard = self.lock()?;
-        let inner = &mut *guard;
-        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
-        if !mk.in_service() {
-            return Ok(None); // a launch failed earlier: CUDA graphs from here on
-        }
-        if req.sampling.as_ref().is_some_and(|s| !self.loops(mk, s.params)) {
-            return Ok(None); // top-k: one CTA would sample while the others wait
-        }
-        let mut end_ids = req.end_ids.to_vec();
-        end_ids.sort_unstable();
-        end_ids.dedup();
-        if end_ids.len() > MAX_END_IDS {
-            return Ok(None); // more end ids than the device checks: the step-by-step path
-        }
-        let sess = own_session::<CudaSession>(session, "cuda")?;
-        let max_steps = req.max_steps.min(sess.capacity - sess.len).min(MAX_LOOP_STEPS);
-        if max_steps == 0 {
-            return Err(RocketError::ContextOverflow { prompt_tokens: sess.len + 1, max_tokens: 0, limit: sess.capacity });
-        }
-        let launch = Launch {
-            kv: sess.kv.ptr,
-            capacity: sess.capacity,
-            pos0: sess.len,
-            first,
-            req: LoopRequest { max_steps, end_ids: &end_ids, mask_end_steps: req.mask_end_steps, sampling: req.sampling },
-            forced: &[],
-            keep_logits: false,
-            trace_step: self.options.trace_step.filter(|&step| step < max_steps),
-        };
-        // Counted here so the session keeps the tokens handed on even if the launch fails later.
-        let mut handed = 0;
-        self.megakernel_launches.fetch_add(1, Ordering::Relaxed);
-        let ran = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
-            handed += 1;
-            on_token(t)
-        });
-        sess.len += handed;
-        if let Err(RocketError::Megakernel(MegakernelError::Watchdog { .. } | MegakernelError::CopyFault { .. } | MegakernelError::Hung { .. })) = &ran {
-            self.watchdog_events.fetch_add(1, Ordering::Relaxed);
-        }
-        let (outcome, _) = ran?;
-        if let (Some(step), Some(stamps)) = (launch.trace_step, mk.last_trace.take()) {
-            match Profile::from_trace(&mk.schedule, &stamps) {
-                Ok(profile) => tracing::info!(step, position = sess.len - handed + step, "megakernel step profile (GpuOptions::trace_step)\n{profile}"),
-                // A launch that stopped before the step leaves it unstamped.
-                Err(e) => tracing::info!(step, error = %e, "no megakernel step profile"),
-            }
-        }
-        Ok(Some(outcome))
+        Ok(self.loop_on_session(session, first, req, &[], false, on_token)?.map(|(outcome, _)| outcome))
     }
 
     fn counters(&self) -> BackendCounters {
@@ -641,6 +592,73 @@ impl Backend for CudaBackend {
             PassOutput::Tokens(t) => Ok(Some(t)),
             PassOutput::Logits(_) => Err(RocketError::Internal("logits pass where sampling was asked for".into())),
         }
+    }
+}
+
+impl CudaBackend {
+    /// `decode_loop`'s launch on `session` from its current length. The
+    /// diagnostics' teacher forcing passes `forced` (step t < forced.len() feeds
+    /// forced[t] next instead of its pick) and `keep_logits` (every step's
+    /// logits come back too); the product passes neither.
+    fn loop_on_session(
+        &self,
+        session: &mut dyn Session,
+        first: u32,
+        req: &LoopRequest<'_>,
+        forced: &[u32],
+        keep_logits: bool,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<(LoopOutcome, Option<Vec<f32>>)>> {
+        let mut guard = self.lock()?;
+        let inner = &mut *guard;
+        let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
+        if !mk.in_service() {
+            return Ok(None); // a launch failed earlier: CUDA graphs from here on
+        }
+        if req.sampling.as_ref().is_some_and(|s| !self.loops(mk, s.params)) {
+            return Ok(None); // top-k: one CTA would sample while the others wait
+        }
+        let mut end_ids = req.end_ids.to_vec();
+        end_ids.sort_unstable();
+        end_ids.dedup();
+        if end_ids.len() > MAX_END_IDS {
+            return Ok(None); // more end ids than the device checks: the step-by-step path
+        }
+        let sess = own_session::<CudaSession>(session, "cuda")?;
+        let max_steps = req.max_steps.min(sess.capacity - sess.len).min(MAX_LOOP_STEPS);
+        if max_steps == 0 {
+            return Err(RocketError::ContextOverflow { prompt_tokens: sess.len + 1, max_tokens: 0, limit: sess.capacity });
+        }
+        let launch = Launch {
+            kv: sess.kv.ptr,
+            capacity: sess.capacity,
+            pos0: sess.len,
+            first,
+            req: LoopRequest { max_steps, end_ids: &end_ids, mask_end_steps: req.mask_end_steps, sampling: req.sampling },
+            forced,
+            keep_logits,
+            trace_step: self.options.trace_step.filter(|&step| step < max_steps),
+        };
+        // Counted here so the session keeps the tokens handed on even if the launch fails later.
+        let mut handed = 0;
+        self.megakernel_launches.fetch_add(1, Ordering::Relaxed);
+        let ran = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
+            handed += 1;
+            on_token(t)
+        });
+        sess.len += handed;
+        if let Err(RocketError::Megakernel(MegakernelError::Watchdog { .. } | MegakernelError::CopyFault { .. } | MegakernelError::Hung { .. })) = &ran {
+            self.watchdog_events.fetch_add(1, Ordering::Relaxed);
+        }
+        let (outcome, logits) = ran?;
+        if let (Some(step), Some(stamps)) = (launch.trace_step, mk.last_trace.take()) {
+            match Profile::from_trace(&mk.schedule, &stamps) {
+                Ok(profile) => tracing::info!(step, position = sess.len - handed + step, "megakernel step profile (GpuOptions::trace_step)\n{profile}"),
+                // A launch that stopped before the step leaves it unstamped.
+                Err(e) => tracing::info!(step, error = %e, "no megakernel step profile"),
+            }
+        }
+        Ok(Some((outcome, logits)))
     }
 }
 
