@@ -57,6 +57,7 @@ RUNS = {
     ("2026-12-04-h200-s18", "main"): ("Session 18 Run 1", "BENCH_CONFIGS=default benches/gpu_run.sh tests bench"),
     ("2026-12-04-h200-s18", "run2"): ("Session 18 Run 2", "MK_TIMEOUT=420 benches/gpu_run.sh mk peer"),
     ("2026-12-04-h200-s18", "run3"): ("Session 18 Run 3", "SANITIZE_TIMEOUT=250 benches/gpu_run.sh sanitize"),
+    ("2026-12-04-h200-s19", "main"): ("Session 19 Run 2", 'FUELS="qwen3-0.6b llama-3.2-1b" MK_FILTER=sampled MK_TIMEOUT=150 benches/gpu_run.sh mk race'),
 }
 
 
