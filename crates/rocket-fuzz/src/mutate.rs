@@ -124,7 +124,13 @@ pub fn mutate(rng: &mut Rng, target: Target, corpus: &[Vec<u8>]) -> Vec<u8> {
 
 fn mutate_once(rng: &mut Rng, target: Target, corpus: &[Vec<u8>], data: &mut Vec<u8>) {
     let structured = matches!(target, Target::Config | Target::Safetensors);
-    match rng.below(if structured { 12 } else { 10 }) {
+    match rng.below(if structured { 13 } else { 11 }) {
+        10 => {
+            // truncate: short files (a cut header, a cut table), mostly very short
+            let limit = if rng.chance(2) { 64 } else { data.len() + 1 };
+            let keep = rng.below(limit.min(data.len() + 1));
+            data.truncate(keep);
+        }
         0 => {
             // bit flips
             if !data.is_empty() {

@@ -201,6 +201,9 @@ fn kind_name(outcome: &Outcome) -> String {
     }
 }
 
+/// Panicking inputs saved per worker.
+const MAX_SAVED_PANICS: u64 = 20;
+
 static PANIC_MESSAGE: Mutex<String> = Mutex::new(String::new());
 
 fn save_finding(dir: &Path, target: Target, what: &str, iter: u64, input: &[u8], detail: &str) -> PathBuf {
@@ -287,10 +290,14 @@ pub fn worker(s: &Settings, w: &WorkerArgs) -> std::io::Result<()> {
                     }
                 }
                 Err(_) => {
-                    shared.set(SLOT_PANICS, shared.get(SLOT_PANICS) + 1);
+                    let panics = shared.get(SLOT_PANICS) + 1;
+                    shared.set(SLOT_PANICS, panics);
                     let msg = std::mem::take(&mut *PANIC_MESSAGE.lock().unwrap_or_else(|p| p.into_inner()));
-                    let path = save_finding(&s.crash_dir, target, "panic", iter, &input, &msg);
-                    eprintln!("rocket-fuzz: {} iteration {iter}: {msg} (input saved to {})", target.name(), path.display());
+                    // One bug tends to panic on many inputs: the first few are enough.
+                    if panics <= MAX_SAVED_PANICS {
+                        let path = save_finding(&s.crash_dir, target, "panic", iter, &input, &msg);
+                        eprintln!("rocket-fuzz: {} iteration {iter}: {msg} (input saved to {})", target.name(), path.display());
+                    }
                 }
             }
             iter += 1;
