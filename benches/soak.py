@@ -203,9 +203,14 @@ class Traffic:
         finally:
             c.close()
 
-    def one(self, rng: random.Random) -> Outcome:
+    def one(self, rng: random.Random, first_of: int | None = None) -> Outcome:
         a = self.args
         roll = rng.random()
+        # Every run, however short, sends each special kind at least once.
+        if first_of == 0:
+            roll = 0.0
+        elif first_of == 1:
+            roll = a.malformed_frac
         if roll < a.malformed_frac:
             path, body = rng.choice(MALFORMED)
             return self.send("malformed", path, body, stream=False)
@@ -221,8 +226,10 @@ class Traffic:
 
     def worker(self, i: int) -> None:
         rng = random.Random(self.args.seed * 1000 + i)
+        first: int | None = i
         while not self.stop.is_set():
-            self.stats.add(self.one(rng))
+            self.stats.add(self.one(rng, first))
+            first = None
 
     def burst_loop(self) -> None:
         a = self.args
