@@ -456,6 +456,35 @@ fn gguf_truncated_or_corrupt_is_an_error() {
     assert!(matches!(load(&path).err().unwrap(), RocketError::CorruptFile { .. }));
 }
 
+/// Set the u32 value of GGUF metadata key `key` (written as type 4) in `bytes`.
+fn set_gguf_u32(bytes: &mut [u8], key: &str, value: u32) {
+    let at = bytes.windows(key.len()).position(|w| w == key.as_bytes()).expect("key present") + key.len();
+    assert_eq!(bytes[at..at + 4], 4u32.to_le_bytes(), "{key} is a u32");
+    bytes[at + 4..at + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+#[test]
+fn gguf_claiming_billions_of_layers_is_an_error_not_an_abort() {
+    // Found by rocket-fuzz: the layer table was allocated for the claimed count
+    // before any layer was checked (4e9 layers: an allocation failure, an abort).
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tiny_llama_gguf(tmp.path(), 30, None);
+    let mut bytes = std::fs::read(&path).unwrap();
+    set_gguf_u32(&mut bytes, "llama.block_count", u32::MAX);
+    std::fs::write(&path, &bytes).unwrap();
+    let e = load(&path).err().unwrap();
+    assert!(matches!(&e, RocketError::MissingTensor { name, .. } if name.starts_with("model.layers.2.")), "{e}");
+}
+
+#[test]
+fn config_whose_sizes_overflow_is_an_error() {
+    // Found by rocket-fuzz: parameter counts overflowed (a panic in debug builds).
+    let dir = copy_fixture("tiny-llama");
+    edit_json(&dir.path().join("config.json"), |c| c["vocab_size"] = serde_json::json!(u64::MAX));
+    let e = load(dir.path()).err().unwrap();
+    assert!(matches!(e, RocketError::InvalidConfig { .. }) && e.to_string().contains("sizes overflow"), "{e}");
+}
+
 #[test]
 fn empty_prompt_and_context_overflow() {
     let engine = Engine::load(fixture("tiny-llama"), EngineOptions { max_seq_len: Some(20), ..EngineOptions::default() }).unwrap();

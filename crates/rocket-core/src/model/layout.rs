@@ -33,7 +33,9 @@ impl ModelWeights {
         let d = spec.hidden_size;
         let ff = spec.intermediate_size;
         let embed_tokens = w.take("model.embed_tokens.weight", &[spec.vocab_size, d])?;
-        let mut layers = Vec::with_capacity(spec.num_layers);
+        // Capacity from the tensors present, not the claimed layer count: a corrupt
+        // config or GGUF may claim billions of layers (each is checked below).
+        let mut layers = Vec::with_capacity(spec.num_layers.min(w.len()));
         for i in 0..spec.num_layers {
             let p = format!("model.layers.{i}");
             let norm = |w: &mut Weights, name: &str, n: usize| -> Result<Vec<f32>> {

@@ -78,27 +78,42 @@ impl ModelSpec {
     }
 
     /// Parameter count of the canonical tensors (tied embeddings counted once).
+    /// A validated spec's count fits in `usize`; an unvalidated one saturates.
     pub fn parameter_count(&self) -> usize {
-        let d = self.hidden_size;
-        let per_layer = d * self.q_dim() * 2 // q, o
-            + d * self.kv_dim() * 2 // k, v
-            + 3 * d * self.intermediate_size
-            + 2 * d
-            + if self.qk_norm { 2 * self.head_dim } else { 0 };
-        let embed = self.vocab_size * d;
-        let head = if self.tie_word_embeddings { 0 } else { embed };
-        embed + head + d + self.num_layers * per_layer
+        self.checked_sizes().map_or(usize::MAX, |(params, _)| params)
     }
 
     /// Weight elements streamed by one decode step: every matrix once, plus one
     /// embedding row (the gather) and the norms; the LM head reads the whole
     /// vocabulary matrix even when it is tied to the embedding.
     pub fn weight_elements_per_step(&self) -> usize {
+        self.checked_sizes().map_or(usize::MAX, |(_, per_step)| per_step)
+    }
+
+    /// (`parameter_count`, `weight_elements_per_step`), or None where a size
+    /// (these, or a tensor's element count) overflows `usize`.
+    fn checked_sizes(&self) -> Option<(usize, usize)> {
         let d = self.hidden_size;
-        let embed = self.vocab_size * d;
-        let without_embedding = self.parameter_count() - embed; // includes an untied LM head
+        let q_dim = self.num_heads.checked_mul(self.head_dim)?;
+        let kv_dim = self.num_kv_heads.checked_mul(self.head_dim)?;
+        let per_layer = [
+            d.checked_mul(q_dim)?.checked_mul(2)?, // q, o
+            d.checked_mul(kv_dim)?.checked_mul(2)?, // k, v
+            d.checked_mul(self.intermediate_size)?.checked_mul(3)?,
+            d.checked_mul(2)?,
+            if self.qk_norm { self.head_dim.checked_mul(2)? } else { 0 },
+        ]
+        .into_iter()
+        .try_fold(0usize, usize::checked_add)?;
+        let embed = self.vocab_size.checked_mul(d)?;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        let layers = self.num_layers.checked_mul(per_layer)?;
+        let params = embed.checked_add(head)?.checked_add(d)?.checked_add(layers)?;
+        // Everything but the embedding (an untied LM head included), the LM head's
+        // read of a tied embedding, and one gathered embedding row.
         let tied_head = if self.tie_word_embeddings { embed } else { 0 };
-        without_embedding + tied_head + d
+        let per_step = (params - embed).checked_add(tied_head)?.checked_add(d)?;
+        Some((params, per_step))
     }
 
     /// Check internal consistency; called by every constructor.
@@ -122,6 +137,12 @@ impl ModelSpec {
             return fail(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.checked_sizes().is_none() {
+            return fail(format!(
+                "sizes overflow: hidden_size {}, intermediate_size {}, {} layers, {} heads of {} (kv {}), vocab_size {} give more parameters than this machine can address",
+                self.hidden_size, self.intermediate_size, self.num_layers, self.num_heads, self.head_dim, self.num_kv_heads, self.vocab_size
             ));
         }
         if self.head_dim % 2 != 0 {
@@ -337,6 +358,17 @@ mod tests {
         c.as_object_mut().unwrap().remove("hidden_size");
         let e = ModelSpec::from_hf_config(&c, Path::new("c")).unwrap_err().to_string();
         assert!(e.contains("missing hidden_size"), "{e}");
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_rejected() {
+        for (key, value) in [("vocab_size", 1u64 << 60), ("hidden_size", 1 << 60), ("num_hidden_layers", u64::MAX), ("intermediate_size", 1 << 62)] {
+            let mut c = base();
+            c[key] = json!(value);
+            c["head_dim"] = json!(16);
+            let e = ModelSpec::from_hf_config(&c, Path::new("c")).unwrap_err().to_string();
+            assert!(e.contains("sizes overflow"), "{key}: {e}");
+        }
     }
 
     #[test]

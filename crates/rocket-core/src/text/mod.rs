@@ -3,5 +3,5 @@
 pub mod chat;
 pub mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, ChatTemplateLimits};
 pub use tokenizer::Tokenizer;

@@ -183,7 +183,11 @@ impl<'a> Reader<'a> {
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
-        let map = map_file(path)?;
+        Self::from_map(map_file(path)?, path)
+    }
+
+    /// Parse a GGUF already in memory (`path` only names it in errors).
+    pub fn from_map(map: Arc<Mmap>, path: &Path) -> Result<Self> {
         let mut r = Reader { buf: &map, pos: 0, path };
         if r.bytes(4).map_err(|_| RocketError::corrupt(path, "too short for a GGUF header"))? != MAGIC {
             return Err(RocketError::corrupt(path, "not a GGUF file (bad magic)"));
@@ -522,6 +526,13 @@ pub fn unpermute_rows<T: Copy + Default>(rows: &[T], shape: &[usize], heads: usi
     if heads == 0 || n_rows % heads != 0 || (n_rows / heads) % 2 != 0 {
         return Err(format!("{n_rows} rows cannot be split into {heads} heads of even size"));
     }
+    if n_rows.checked_mul(*cols) != Some(rows.len()) {
+        return Err(format!("shape {shape:?} does not match its {} elements", rows.len()));
+    }
+    // Nothing to move; the loop below would still walk every (empty) row.
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
     let head_dim = n_rows / heads;
     let half = head_dim / 2;
     let mut out = vec![T::default(); rows.len()];
@@ -557,6 +568,13 @@ mod tests {
             }
         }
         assert_eq!(unpermute_rows(&gguf, &[heads * hd, cols], heads).unwrap(), hf);
+    }
+
+    #[test]
+    fn unpermute_of_an_empty_tensor_returns_at_once() {
+        // A GGUF may declare dims [0, 2^40]: no elements, but 2^40 rows to walk.
+        assert_eq!(unpermute_rows(&[], &[1 << 40, 0], 1).unwrap(), Vec::<u16>::new());
+        assert!(unpermute_rows(&[0; 6], &[4, 2], 2).unwrap_err().contains("does not match"));
     }
 
     #[test]

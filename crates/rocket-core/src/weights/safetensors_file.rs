@@ -60,7 +60,11 @@ fn shard_files(index: &Path) -> Result<BTreeSet<String>> {
 }
 
 pub fn load_file_into(path: &Path, weights: &mut Weights) -> Result<()> {
-    let map = map_file(path)?;
+    load_map_into(map_file(path)?, path, weights)
+}
+
+/// `load_file_into` for a file already in memory (`path` only names it in errors).
+pub fn load_map_into(map: Arc<Mmap>, path: &Path, weights: &mut Weights) -> Result<()> {
     let (header_len, metadata) =
         SafeTensors::read_metadata(&map).map_err(|e| RocketError::corrupt(path, format!("{e:?}")))?;
     let data_start = 8 + header_len;
