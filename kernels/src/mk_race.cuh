@@ -118,6 +118,8 @@ struct RacePart {
     // Ends with a consumer barrier.
     template <class F>
     __device__ void finish(const Params& p, const Smem& s, int t, int tile_rows) {
+        // Thread 0 recorded the last tile after the loop's last barrier.
+        consumer_sync();
         r = *p.sample;
         inv_t = r.temperature > 0.0f ? __ddiv_rn(1.0, (double)r.temperature) : 0.0;
         hash = step_hash(r.seed, r.step + (uint64_t)t);
@@ -137,12 +139,15 @@ struct RacePart {
             if (mode == RACE_ARGMAX) {
                 best = max(best, item_key(__fadd_rn(l, 0.0f), row));  // -0.0 ties +0.0: the lower index wins
             } else if (mode == RACE_WHOLE) {
-                best = max(best, race_key(race_scaled(l, inv_t), row, hash));
+                // The host takes the first +inf logit (sampling.rs `sample`): above every race key,
+                // even one whose s + noise overflowed f32, and below RACE_GIVE_UP.
+                const uint64_t k = l == INFINITY ? (0xff800001ull << 32) | (uint64_t)(0xffffffffu - row) : race_key(race_scaled(l, inv_t), row, hash);
+                best = max(best, k);
             } else {
                 const double sc = race_scaled(l, inv_t);
                 smax = fmax(smax, sc);
-                // A token this far below one already seen cannot win.
-                if (!(__dsub_rn(sc, smax) < RACE_HOPELESS_BELOW))
+                // A token hopeless against one already seen cannot win.
+                if (!race_hopeless(sc, smax))
                     atomicMax(s.race_keys() + (race_bin(sc) & (RACE_KEY_BINS - 1)), (unsigned long long)race_key(sc, row, hash));
             }
         }

@@ -165,8 +165,13 @@ constexpr double RACE_ANCHOR_STEP = 16.0;
 constexpr double RACE_WEIGHT_ONE = 17592186044416.0;  // 2^44
 constexpr double RACE_WEIGHTLESS_BELOW = -32.0;
 constexpr double RACE_S_LIMIT = 1125899906842624.0;  // 2^50
-// Tokens this far below the top scaled logit cannot win the race.
-constexpr double RACE_HOPELESS_BELOW = -44.0;
+// The race's noise lies in [RACE_NOISE_MIN, RACE_NOISE_MAX]: a token whose best
+// possible key is below the top token's worst cannot win (race::race_key
+// rounds keys to f32, and rounding is monotone), and it weighs 0.
+constexpr double RACE_NOISE_MIN = -3.61, RACE_NOISE_MAX = 36.75;
+__device__ __forceinline__ bool race_hopeless(double s, double top) {
+    return __double2float_rn(__dadd_rn(s, RACE_NOISE_MAX)) < __double2float_rn(__dadd_rn(top, RACE_NOISE_MIN));
+}
 // Bins below the top one that can hold weight (s > A - 32 >= M - 32).
 constexpr int RACE_MASS_BINS = 520;
 
@@ -175,7 +180,7 @@ __device__ __forceinline__ long long race_bin(double s) {
     return (long long)floor(__dmul_rn(fmin(fmax(s, -RACE_S_LIMIT), RACE_S_LIMIT), RACE_BINS_PER_NAT));
 }
 __device__ __forceinline__ double race_anchor(double m) {
-    return __dmul_rn(ceil(__ddiv_rn(fmin(fmax(m, -RACE_S_LIMIT), RACE_S_LIMIT), RACE_ANCHOR_STEP)), RACE_ANCHOR_STEP);
+    return __dmul_rn(ceil(__ddiv_rn(m, RACE_ANCHOR_STEP)), RACE_ANCHOR_STEP);
 }
 __device__ __forceinline__ uint64_t race_weight(double s, double a) {
     const double x = __dsub_rn(s, a);
@@ -336,7 +341,7 @@ struct Sampler {
             float l = 0.0f;
             if (i < vocab) {
                 l = __ldcg(row + i);
-                keep = is_candidate(l) && !(__dsub_rn(race_scaled(l, inv_t), m) < RACE_HOPELESS_BELOW);
+                keep = is_candidate(l) && !race_hopeless(race_scaled(l, inv_t), m);
             }
             const uint32_t ballot = __ballot_sync(0xffffffffu, keep);
             uint32_t base_slot = 0;

@@ -22,9 +22,10 @@
 //!   the boundary bin are all in);
 //! - **min-p** keeps the bins at or above `floor((M + ln min_p) · 16)`.
 //!
-//! Tokens more than 44 nats below the top can never win (their noise would have
-//! to beat the top token's by 44; it spans less than 41), so a device may drop
-//! them before the race.
+//! The noise lies in [-3.61, 36.75], so a token whose best possible key,
+//! `s + 36.75` rounded to f32, is below the top token's worst, `M − 3.61`
+//! rounded, can never win: a device may drop it before the race (it weighs 0
+//! too: it is over 40 nats down).
 
 use crate::portable_exp::{portable_exp, portable_ln};
 use crate::sampling::splitmix64;
@@ -83,9 +84,10 @@ pub fn bin(s: f64) -> i64 {
     (s.clamp(-S_LIMIT, S_LIMIT) * BINS_PER_NAT).floor() as i64
 }
 
-/// The anchor for a maximum scaled logit `m`.
+/// The anchor for a maximum scaled logit `m`: at or above it (dividing and
+/// multiplying by 16 are exact), so the top token always weighs > 0.
 pub fn anchor(m: f64) -> f64 {
-    (m.clamp(-S_LIMIT, S_LIMIT) / ANCHOR_STEP).ceil() * ANCHOR_STEP
+    (m / ANCHOR_STEP).ceil() * ANCHOR_STEP
 }
 
 /// A token's weight at anchor `a` (`a` ≥ its scaled logit).

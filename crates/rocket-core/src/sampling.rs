@@ -457,6 +457,24 @@ mod tests {
     }
 
     #[test]
+    fn extreme_temperatures_keep_the_top_token() {
+        // Scaled logits far beyond f32's range or so close that they round together:
+        // the anchor stays at or above the maximum, so the top token always weighs
+        // something and every cut keeps it.
+        let near = [f32::from_bits(12.0f32.to_bits() - 1), 12.0, -100.0];
+        for (logits, t) in [(&[-1.0f32, -2.0][..], 1e-16f32), (&[3.0, 2.0][..], 1e-30), (&near[..], 2.0028422e-8)] {
+            for p in [params(|p| p.top_p = 0.9), params(|p| p.min_p = 0.5), params(|p| p.top_k = 2), params(|_| {})] {
+                let p = SamplingParams { temperature: t, ..p };
+                for step in 0..20 {
+                    let got = sample(logits, &p, 5, step);
+                    assert_eq!(got, sample_by_full_sort(logits, &p, 5, step), "{logits:?} {p:?}");
+                    assert!((got as usize) < logits.len());
+                }
+            }
+        }
+    }
+
+    #[test]
     fn min_p_drops_unlikely_tokens() {
         let logits = vec![0.0, (0.5f32).ln(), (0.01f32).ln()];
         let p = params(|p| p.min_p = 0.1);

@@ -12,7 +12,7 @@ use rocket_core::model::rope;
 use rocket_core::text::tokenizer::Tokenizer;
 use rocket_core::text::{ChatMessage, ChatTemplate, ChatTemplateLimits};
 use rocket_core::weights::gguf::GgufFile;
-use rocket_core::weights::{safetensors_file, Weights};
+use rocket_core::weights::{safetensors_file, DType, Weights};
 use rocket_core::{ModelSpec, RocketError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,7 +133,7 @@ fn gguf(data: &[u8]) -> Result<(), RocketError> {
     let path = Path::new("fuzz.gguf");
     let file = GgufFile::from_map(map_bytes(data), path)?;
     let spec = file.spec()?;
-    let weights = file.weights(&spec)?;
+    let weights = file.weights(&spec, DType::F32)?; // as the CPU engine loads it
     let model = ModelWeights::from_weights(&spec, weights);
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let ids = tokenizer.encode("ab cd<|im_end|>", true)?;

@@ -573,7 +573,7 @@ mod tests {
     #[test]
     fn unpermute_of_an_empty_tensor_returns_at_once() {
         // A GGUF may declare dims [0, 2^40]: no elements, but 2^40 rows to walk.
-        assert_eq!(unpermute_rows(&[], &[1 << 40, 0], 1).unwrap(), Vec::<u16>::new());
+        assert_eq!(unpermute_rows::<u16>(&[], &[1 << 40, 0], 1).unwrap(), Vec::<u16>::new());
         assert!(unpermute_rows(&[0; 6], &[4, 2], 2).unwrap_err().contains("does not match"));
     }
 
