@@ -102,7 +102,7 @@ __device__ __forceinline__ uint32_t* counter(const Params& p, uint32_t ctr) {
 // Scalars the consumer warps share (broadcasts, reductions) and the handshake
 // with the producer warp.
 struct Scalars {
-    double dred[CONSUMER_WARPS];  // per-warp partials of a double reduction (the sampler's maximum)
+    uint64_t red64[CONSUMER_WARPS];  // per-warp partials of a 64-bit maximum (mk_race.cuh consumer_max_u64)
     float red[CONSUMER_WARPS];
     uint32_t red_idx[CONSUMER_WARPS];
     uint32_t ok[2];      // wait_counter's verdict, broadcast by thread 0: [0] for the step

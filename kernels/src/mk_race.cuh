@@ -61,13 +61,23 @@ __device__ __forceinline__ uint64_t consumer_max_u64(uint64_t v, const Smem& s) 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = max(v, (uint64_t)__shfl_xor_sync(0xffffffffu, v, o));
-    uint64_t* red = reinterpret_cast<uint64_t*>(s.sc()->dred);
+    uint64_t* red = s.sc()->red64;
     if (lane == 0) red[warp] = v;
     consumer_sync();
     v = red[0];
     for (int w = 1; w < CONSUMER_WARPS; w++) v = max(v, red[w]);
     consumer_sync();  // the slots are free again
     return v;
+}
+
+// Order of non-NaN doubles as an unsigned integer (never 0), and back: their
+// maximum is a u64 maximum.
+__device__ __forceinline__ uint64_t double_order(double d) {
+    const uint64_t u = (uint64_t)__double_as_longlong(d);
+    return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+__device__ __forceinline__ double order_double(uint64_t o) {
+    return __longlong_as_double((long long)((o >> 63) ? (o & 0x7fffffffffffffffull) : ~o));
 }
 
 // An SM's part that cannot be merged (its tile list overflowed): sample_token decides.
@@ -158,14 +168,7 @@ struct RacePart {
             return;
         }
         // The SM's maximum scaled logit.
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        double m = smax;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) s.sc()->dred[warp] = m;
-        consumer_sync();
-        m = s.sc()->dred[0];
-        for (int w = 1; w < CONSUMER_WARPS; w++) m = fmax(m, s.sc()->dred[w]);
+        const double m = order_double(consumer_max_u64(double_order(smax), s));
         // Weights at the two anchors the global maximum can have (this SM's
         // anchor, or 16 above it: any higher and all of these weigh 0).
         const bool weighs = isfinite(m) && fabs(m) <= RACE_M_LIMIT && listed;
@@ -220,7 +223,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
         best = ConsumerSampler::block_key_reduce<true>(best, sh);
         if (best == RACE_GIVE_UP) return 0xffffffffu;
         if (best == 0) return 0u;  // no candidate: index 0, as the host's argmax
-        return mode == RACE_ARGMAX ? key_id(best) : race_id(best);
+        return key_id(best);  // ARGMAX and WHOLE keys both end in the id (item_key)
     }
     const SampleRow& r = *p.sample;
     // The maximum, and whether every SM could weigh at the anchor it gives.
@@ -229,16 +232,11 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
     for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
         const double m = __ldcg(maxima + i);
         if (isnan(m)) bad = 1;
-        else if (m > -INFINITY) {
-            const uint64_t u = (uint64_t)__double_as_longlong(m);
-            const uint64_t o = (u >> 63) ? ~u : (u | 0x8000000000000000ull);
-            m_bits = max(m_bits, o);
-        }
+        else if (m > -INFINITY) m_bits = max(m_bits, double_order(m));
     }
     m_bits = ConsumerSampler::block_key_reduce<true>(m_bits, sh);
     bad = ConsumerSampler::block_key_reduce<true>(bad, sh);
-    const uint64_t u = (m_bits >> 63) ? (m_bits & 0x7fffffffffffffffull) : ~m_bits;
-    const double m = m_bits ? __longlong_as_double((long long)u) : -INFINITY;
+    const double m = m_bits ? order_double(m_bits) : -INFINITY;
     bool give_up = bad != 0 || !isfinite(m) || fabs(m) > RACE_M_LIMIT;
     const double a = give_up ? 0.0 : race_anchor(m);
     const int level = race_level(a);
@@ -305,7 +303,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
         uint64_t best = 0;
         for (long long b = from + tid; b <= top_bin; b += CONSUMERS) best = max(best, (uint64_t)__ldcg(p.race_keys + (b & (RACE_KEY_BINS - 1))));
         best = ConsumerSampler::block_key_reduce<true>(best, sh);
-        token = best ? race_id(best) : 0xffffffffu;
+        token = best ? key_id(best) : 0xffffffffu;
     }
     // Zero what this step wrote; the step counter's release publishes it.
     for (int i = tid; i < RACE_KEY_BINS; i += CONSUMERS) __stcg(p.race_keys + i, 0ull);

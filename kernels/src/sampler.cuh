@@ -194,9 +194,8 @@ __device__ __forceinline__ uint64_t race_key(double s, uint32_t id, uint64_t has
     const uint64_t k = splitmix64(hash ^ (uint64_t)id) >> 12;
     const double u = __dmul_rn(__ull2double_rn(2 * k + 1), 1.0 / 9007199254740992.0);
     const double g = -portable_ln(-portable_ln(u));
-    return ((uint64_t)order_key(__double2float_rn(__dadd_rn(s, g))) << 32) | (uint64_t)(0xffffffffu - id);
+    return item_key(__double2float_rn(__dadd_rn(s, g)), id);  // key_id gives the id back
 }
-__device__ __forceinline__ uint32_t race_id(uint64_t key) { return 0xffffffffu - (uint32_t)key; }
 
 // Shared state of one CTA (also laid over the megakernel's vector space).
 struct SampleShared {
@@ -329,7 +328,7 @@ struct Sampler {
                     best = k > best ? k : best;
                 }
             }
-            return race_id(block_key_reduce<true>(best, sh));
+            return key_id(block_key_reduce<true>(best, sh));
         }
 
         // Compact the candidates that can win (the others weigh nothing either).
@@ -396,7 +395,7 @@ struct Sampler {
                 best = k > best ? k : best;
             }
         }
-        return race_id(block_key_reduce<true>(best, sh));
+        return key_id(block_key_reduce<true>(best, sh));
     }
 
     static __device__ uint64_t block_sum(uint64_t v, SampleShared& sh) {
