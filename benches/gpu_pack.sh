@@ -10,6 +10,8 @@
 #                               the matmul check and the megakernel's test entry points)
 #   logits-at.xz                crates/rocket-core/examples/logits_at.rs: logits at chosen positions
 #                               from either GPU path, for benches/long_context_check.py
+#   wheels/gguf-0.19.0-*.whl    the `gguf` package (gpu_run.sh's gguf step writes GGUF files with it;
+#                               its imports numpy and pyyaml are on the GPU machine already)
 #   tok.tar.xz                  the fuels' real tokenizers (benches/export_tokenizers.py):
 #                               tok/{llama3,qwen3,smollm2}, compressed to leave room under the limit
 # The GPU machine has no cargo, and its glibc (2.39) runs binaries built here (2.36).
@@ -40,6 +42,8 @@ cargo build --release --locked -p rocket-core --features diagnostics --example l
 cp target/release/examples/logits_at "$OUT/logits-at"
 strip "$OUT/bin/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/logits-at"
 xz -f -T0 "$OUT/cuda-prod-path-test" "$OUT/logits-at"
+
+ls "$OUT"/wheels/gguf-0.19.0-*.whl > /dev/null 2>&1 || python3 -m pip download -q --no-deps gguf==0.19.0 -d "$OUT/wheels"
 
 if [[ ! -f $OUT/tok.tar.xz ]]; then
     python3 benches/export_tokenizers.py --out "$OUT/tok" --rocket "$OUT/bin/rocket"

@@ -11,6 +11,14 @@
 #             launches, logits and greedy tokens against the CPU reference and the graph path
 #   long-ref  Llama-3.2-1B and Qwen3-0.6B at 2K, 4K and 16K tokens, both GPU paths against an fp32
 #             transformers forward (benches/long_context_check.py, with .device-carry/logits-at.xz)
+#   gguf      GGUF files on the megakernel (benches/gguf_gpu_check.py; Llama-3.2-1B and Qwen3 fuels in
+#             FUELS): the gguf package (carried wheel) writes each checkpoint as a BF16 GGUF and a
+#             Q4_K_M-like GGUF plus an HF copy of the latter's dequantized weights; rocket on each GGUF
+#             and its HF twin must agree (greedy ids and logprobs through `rocket generate`, 200 greedy
+#             megakernel tokens over two launches with every step's logits from logits-at, bitwise
+#             where the rotary frequencies are identical), `rocket bench` must decode the GGUFs on the
+#             megakernel; then GGUF-LOAD lines: load time of a Llama-3.2-1B-shaped Q4_K_M file
+#             (tests/gguf/make_1b_q4_k_m.py) with --device cuda and cpu
 #   bench     `rocket bench` per fuel at batch 1 and 16: the defaults (ROCKET_DECODE and
 #             ROCKET_MATMUL auto), the graph path with the GEMV only, the megakernel;
 #             BENCH_CONFIGS="default graph" runs a subset; "nopdl" / "nofuse" run the
@@ -132,6 +140,18 @@ if has prod; then
         timeout "${PROD_TIMEOUT:-420}" "$(unpacked cuda-prod-path-test)" --include-ignored --test-threads=1 --nocapture > "$LOGS/prod-test.log" 2>&1
     check "production-path tests" $?
     grep -E "PROD|^FAIL|test result|panicked" "$LOGS/prod-test.log" | head -100
+fi
+
+if has gguf; then
+    GG_SITE=/tmp/rocket-gguf-site  # the gguf package is not installed there: its carried wheel
+    rm -rf "$GG_SITE" && python3 -m zipfile -e "$CARRY"/wheels/gguf-*.whl "$GG_SITE" && PYTHONPATH=$GG_SITE python3 -c "import gguf, yaml, numpy"
+    check "gguf package (carried wheel) imports" $?
+    gg_ckpts=$(for f in $FUELS; do case $f in llama-3.2-1b|qwen3-*) printf '%s,' "$CK/$f";; esac; done)
+    PYTHONPATH=$GG_SITE${PYTHONPATH:+:$PYTHONPATH} timeout "${GGUF_TIMEOUT:-420}" python3 benches/gguf_gpu_check.py --ckpt "$gg_ckpts" \
+        --rocket "$CARRY/bin/rocket" --logits-at "$(unpacked logits-at)" --device cuda --work /tmp/rocket-gguf \
+        --load-file /tmp/rocket-gguf/llama-3.2-1b-q4_k_m.gguf > "$LOGS/gguf.txt" 2> "$LOGS/gguf.err"
+    check "gguf files against HF folders" $?
+    tail -5 "$LOGS/gguf.err"; grep -E "^(PASS|FAIL|GGUF-LOAD)" "$LOGS/gguf.txt"
 fi
 
 if has long-ref; then

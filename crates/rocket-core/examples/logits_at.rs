@@ -7,18 +7,26 @@
 //! logits_at MODEL JOBS.json
 //! ```
 //! JOBS.json is a list of `{"ids": FILE, "positions": [p, ...], "path":
-//! "graph" | "megakernel", "out": FILE.npy}`: `ids` holds the sequence as
+//! "graph" | "megakernel", "out": FILE.npy}` or `{"ids": FILE, "steps": N,
+//! "path": "greedy", "out": FILE.npy}`: `ids` holds the sequence as
 //! little-endian u32; the output is f32 [positions][vocab], row i the logits
 //! at position positions[i] (predicting the token after it), in the order
-//! given.
+//! given (greedy: [steps][vocab], row i the logits that picked token i).
 //! - graph: the sequence up to the last position prefilled as the batcher
 //!   feeds a prompt (passes of PREFILL_CHUNK tokens), every row's logits kept.
 //! - megakernel: each run of consecutive positions a..=b is one megakernel
 //!   launch on a session whose first a tokens were prefilled on the graph path
 //!   (the product's path: prefill, then decode from position a), teacher-forced
 //!   on the sequence, every step's logits kept.
+//! - greedy: batch-1 greedy decoding as the batcher runs it: the sequence
+//!   prefilled as a prompt, its last row's argmax the first token, then
+//!   megakernel launches of up to `batch::LOOP_STEPS` steps each, free
+//!   running (ignoring EOS) until `steps` tokens; a last single step, where
+//!   the batcher takes one, is a graph-path pass. The tokens and the number of
+//!   launches go to the printed JSON line. Fails when no megakernel runs.
 //!
-//! Default GPU options (what users get). Needs the `diagnostics` feature:
+//! Default GPU options (what users get); a GGUF's quantized tensors become
+//! bf16, as `Engine::load` makes them for a GPU. Needs the `diagnostics` feature:
 //! `cargo build --release -p rocket-core --features diagnostics --example logits_at`.
 
 use std::path::{Path, PathBuf};
@@ -26,9 +34,10 @@ use std::time::Instant;
 
 use rocket_core::backend::cuda::CudaBackend;
 use rocket_core::backend::{Backend, Chunk, Logits, Session};
-use rocket_core::batch::PREFILL_CHUNK;
+use rocket_core::batch::{LOOP_STEPS, PREFILL_CHUNK};
 use rocket_core::model::{ModelSource, ModelWeights};
 use rocket_core::progress::LoadProgress;
+use rocket_core::weights::DType;
 use rocket_core::{GpuOptions, Progress, RocketError};
 
 type Result<T> = std::result::Result<T, RocketError>;
@@ -40,7 +49,11 @@ fn bad(what: &str, value: impl std::fmt::Display, why: impl Into<String>) -> Roc
 #[derive(serde::Deserialize)]
 struct Job {
     ids: PathBuf,
+    #[serde(default)]
     positions: Vec<usize>,
+    /// Tokens to generate (greedy only).
+    #[serde(default)]
+    steps: Option<usize>,
     path: String,
     out: PathBuf,
 }
@@ -83,9 +96,67 @@ fn prefill(gpu: &CudaBackend, session: &mut dyn Session, ids: &[u32], all: bool)
     Ok(out)
 }
 
+/// The first index of the largest logit.
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The `greedy` job: (tokens, their logits rows, megakernel launches).
+fn greedy(gpu: &CudaBackend, ids: &[u32], steps: usize) -> Result<(Vec<u32>, Vec<f32>, usize)> {
+    let mut session = gpu.new_session(ids.len() + steps)?;
+    let mut rows = Vec::new();
+    for piece in ids.chunks(PREFILL_CHUNK) {
+        rows = gpu.forward(&mut [Chunk { session: session.as_mut(), tokens: piece }], Logits::Last)?;
+    }
+    let mut tokens = vec![argmax(&rows)];
+    let mut launches = 0;
+    while tokens.len() < steps {
+        let last = *tokens.last().unwrap();
+        let n = (steps - tokens.len()).min(LOOP_STEPS);
+        if n < 2 {
+            // The batcher's device loop needs two steps to go; one left is a plain pass.
+            let row = gpu.forward(&mut [Chunk { session: session.as_mut(), tokens: &[last] }], Logits::Last)?;
+            tokens.push(argmax(&row));
+            rows.extend(row);
+            continue;
+        }
+        let (picked, logits) = gpu
+            .megakernel_decode_logits(session.as_mut(), last, &[], n)?
+            .ok_or_else(|| bad("path", "greedy", "no megakernel is loaded for this model"))?;
+        if picked.len() != n {
+            return Err(bad("steps", n, format!("the megakernel launch returned {} tokens", picked.len())));
+        }
+        launches += 1;
+        tokens.extend(picked);
+        rows.extend(logits);
+    }
+    Ok((tokens, rows, launches))
+}
+
 fn run_job(gpu: &CudaBackend, job: &Job) -> Result<()> {
     let vocab = gpu.spec().vocab_size;
     let ids = read_ids(&job.ids)?;
+    if job.path == "greedy" {
+        let steps = job.steps.ok_or_else(|| bad("steps", "none", "greedy needs the number of tokens to generate"))?;
+        if steps == 0 || !job.positions.is_empty() {
+            return Err(bad("steps", steps, "greedy takes steps >= 1 and no positions"));
+        }
+        let t = Instant::now();
+        let (tokens, rows, launches) = greedy(gpu, &ids, steps)?;
+        write_npy(&job.out, steps, vocab, &rows)?;
+        let json = serde_json::json!({ "out": job.out, "path": job.path, "tokens": ids.len(), "generated": tokens, "launches": launches, "seconds": t.elapsed().as_secs_f64() });
+        println!("{json}");
+        return Ok(());
+    }
+    if job.steps.is_some() {
+        return Err(bad("steps", job.path.as_str(), "only greedy jobs take steps"));
+    }
     if job.positions.is_empty() {
         return Err(bad("positions", "[]", "name at least one position"));
     }
@@ -129,7 +200,7 @@ fn run_job(gpu: &CudaBackend, job: &Job) -> Result<()> {
                 }
             }
         }
-        other => return Err(bad("path", other, "expected graph or megakernel")),
+        other => return Err(bad("path", other, "expected graph, megakernel or greedy")),
     }
     write_npy(&job.out, job.positions.len(), vocab, &rows)?;
     let json = serde_json::json!({ "out": job.out, "path": job.path, "tokens": ids.len(), "positions": job.positions.len(), "seconds": t.elapsed().as_secs_f64() });
@@ -142,7 +213,7 @@ fn main() -> Result<()> {
     let [model, jobs] = args.as_slice() else { return Err(bad("args", args.len(), "usage: logits_at MODEL JOBS.json")) };
     let jobs: Vec<Job> = serde_json::from_str(&std::fs::read_to_string(jobs).map_err(|e| bad("JOBS.json", jobs, e.to_string()))?)
         .map_err(|e| bad("JOBS.json", jobs, e.to_string()))?;
-    let source = ModelSource::open(Path::new(model))?;
+    let source = ModelSource::open_with_progress(Path::new(model), DType::BF16, &LoadProgress::new(Progress::Off))?;
     let spec = source.spec.clone();
     let weights = ModelWeights::from_weights(&spec, source.weights)?;
     let gpu = CudaBackend::with_options(spec, &weights, &LoadProgress::new(Progress::Off), GpuOptions::default())?;

@@ -66,7 +66,7 @@ enum Picked {
 
 /// Steps one device token loop runs at most before the batcher looks for new
 /// requests again (about 0.1 s of decoding on the fuels).
-const LOOP_STEPS: usize = 128;
+pub const LOOP_STEPS: usize = 128;
 
 /// Prompt tokens one request feeds per pass by default: a long prompt is
 /// prefilled over several passes, so the others keep decoding meanwhile and a
