@@ -11,8 +11,13 @@
 //    (race_keys, race_mass by anchor level) and publishes its maximum. The last
 //    SM finds the anchor, the cuts from the weights, and the winner from the
 //    keys of the bins the cuts keep, then zeroes the tables for the next step.
-//  - RACE_NONE: plain greedy (the caller's argmax) or top-k: sample_token, one
-//    CTA over the whole row while the others wait.
+//  - RACE_TOPK: top-k with k <= RACE_TOPK_MAX (then top-p, min-p over those):
+//    each SM lists its tokens at or above its own k-th logit (a radix select
+//    over its tokens' keys in three 11-bit digits); the last SM keeps the lists'
+//    entries at or above the highest of the SMs' bounds (they hold the global
+//    top k), sorts them, and cuts and races over the first k;
+//  - RACE_NONE: plain greedy (the caller's argmax) or a larger top-k:
+//    sample_token, one CTA over the whole row while the others wait.
 // Every mode picks the host sampler's token bit for bit.
 #pragma once
 #include "mk_params.cuh"
@@ -32,14 +37,18 @@ struct ConsumerBarrier {
 using ConsumerSampler = Sampler<CONSUMERS, ConsumerBarrier>;
 static_assert(sizeof(SampleShared) <= VEC_CAP * 4, "the sampler's shared state fits the vector space");
 
-enum RaceMode { RACE_NONE, RACE_ARGMAX, RACE_WHOLE, RACE_BINS };
+enum RaceMode { RACE_NONE, RACE_ARGMAX, RACE_WHOLE, RACE_BINS, RACE_TOPK };
+// Entries the last SM sorts for a top-k: those at or above the SMs' highest
+// bound (RACE_TOPK_MAX and RACE_LIST, the SMs' lists, are in mk_geometry.cuh).
+constexpr int RACE_SURVIVORS = 256;
+static_assert(RACE_SURVIVORS == CONSUMERS, "the sort gives each consumer thread one survivor");
 
 template <class F>
 __device__ __forceinline__ RaceMode race_mode(const Params& p) {
     if (p.sample == nullptr) return RACE_NONE;
     const SampleRow& r = *p.sample;
     if (r.temperature == 0.0f) return RACE_ARGMAX;
-    if (r.top_k != 0 && r.top_k < (uint32_t)F::V) return RACE_NONE;
+    if (r.top_k != 0 && r.top_k < (uint32_t)F::V) return r.top_k <= (uint32_t)RACE_TOPK_MAX ? RACE_TOPK : RACE_NONE;
     return r.top_p < 1.0f || r.min_p > 0.0f ? RACE_BINS : RACE_WHOLE;
 }
 
@@ -123,6 +132,103 @@ struct RacePart {
         tiles++;
     }
 
+    // TOPK: this SM's tokens whose key (item_key: logit, then the lower id) is
+    // at or above its own k-th's logit, listed in race_keys[blockIdx.x *
+    // RACE_LIST ...], their count in lm_idx[blockIdx.x] (0xffffffff: too many,
+    // the merge gives up) and in lm_max (as u64) the key above which the list
+    // holds all of the SM's tokens (0: all of them). Ends with a consumer barrier.
+    template <class F>
+    __device__ void topk_list(const Params& p, const Smem& s, const uint32_t* list, uint32_t n, bool listed, int tile_rows) {
+        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+        uint32_t* counts = reinterpret_cast<uint32_t*>(s.race_keys());  // [2048]: the race's shared space is free here
+        uint32_t* bc = counts + 2048;  // [0] key32 prefix, [1] count above it, [2] candidates, [3] list length, [4..12) warp sums
+        for (int i = tid; i < 2048 + 16; i += CONSUMERS) counts[i] = 0;
+        consumer_sync();
+        // The processed keys (kept in sample_items for the passes below), the first digit's histogram.
+        uint32_t mine = 0;
+        for (uint32_t j = tid; j < n; j += CONSUMERS) {
+            const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
+            if (row >= (uint32_t)F::V) continue;
+            const float l = processed(p, __ldcg(p.logits + row), row);
+            const uint64_t key = is_candidate(l) ? item_key(l, row) : 0ull;  // a candidate's key is never 0
+            __stcg(&p.sample_items[row].key, key);
+            if (key) {
+                mine++;
+                atomicAdd(counts + (key >> 53), 1u);
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
+        if (lane == 0) atomicAdd(bc + 2, mine);
+        consumer_sync();
+        const uint32_t k = r.top_k, n_cand = bc[2];
+        const bool all = n_cand <= k;
+        // The k-th largest key32 (= logit order) among this SM's candidates: three digits.
+        uint32_t prefix = 0, above = 0;
+        for (int pass = 0; pass < 3 && !all; pass++) {
+            const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0), bits = pass == 2 ? 10 : 11;
+            if (pass > 0) {
+                for (int i = tid; i < 2048; i += CONSUMERS) counts[i] = 0;
+                consumer_sync();
+                for (uint32_t j = tid; j < n; j += CONSUMERS) {
+                    const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
+                    if (row >= (uint32_t)F::V) continue;
+                    const uint64_t key = __ldcg(&p.sample_items[row].key);
+                    const uint32_t k32 = (uint32_t)(key >> 32);
+                    if (key && (k32 >> (shift + bits)) == (prefix >> (shift + bits))) atomicAdd(counts + ((k32 >> shift) & ((1u << bits) - 1)), 1u);
+                }
+                consumer_sync();
+            }
+            // Buckets from the top: thread t owns 2047 - 8t down to 2040 - 8t.
+            const int hi = 2047 - 8 * tid;
+            uint32_t c = 0;
+            for (int i = 0; i < 8; i++) c += counts[hi - i];
+            uint32_t incl = c;
+            for (int o = 1; o < 32; o <<= 1) {
+                const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            if (lane == 31) bc[4 + warp] = incl;
+            consumer_sync();
+            uint32_t before = incl - c;
+            for (int w = 0; w < warp; w++) before += bc[4 + w];
+            const uint32_t need = k - above;
+            if (before < need && before + c >= need) {
+                uint32_t cum = before;
+                for (int i = 0; i < 8; i++) {
+                    const int b = hi - i;
+                    if (cum + counts[b] >= need) {
+                        bc[0] = prefix | ((uint32_t)b << shift);
+                        bc[1] = above + cum;
+                        break;
+                    }
+                    cum += counts[b];
+                }
+            }
+            consumer_sync();
+            prefix = bc[0];
+            above = bc[1];
+        }
+        // The list: keys at or above the k-th's logit (ties with it included).
+        const uint64_t bound = all ? 1ull : (uint64_t)prefix << 32;
+        unsigned long long* out = p.race_keys + (size_t)blockIdx.x * RACE_LIST;
+        for (uint32_t j = tid; j < n; j += CONSUMERS) {
+            const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
+            if (row >= (uint32_t)F::V) continue;
+            const uint64_t key = __ldcg(&p.sample_items[row].key);
+            if (key >= bound) {
+                const uint32_t slot = atomicAdd(bc + 3, 1u);
+                if (slot < (uint32_t)RACE_LIST) __stcg(out + slot, (unsigned long long)key);
+            }
+        }
+        consumer_sync();
+        if (tid == 0) {
+            const uint32_t len = bc[3];
+            __stcg(p.lm_idx + blockIdx.x, listed && len <= (uint32_t)RACE_LIST ? len : 0xffffffffu);
+            __stcg(reinterpret_cast<uint64_t*>(p.lm_max) + blockIdx.x, all ? 0ull : bound);
+        }
+        consumer_sync();
+    }
+
     // After the SM's last tile: its part into lm_max[blockIdx.x] (a u64 key, or
     // for BINS its maximum as a double) and, for BINS, into the global tables.
     // Ends with a consumer barrier.
@@ -138,6 +244,10 @@ struct RacePart {
         const uint32_t* list = reinterpret_cast<const uint32_t*>(s.vec());
         const bool listed = tiles <= (uint32_t)VEC_CAP;
         const uint32_t n = listed ? tiles * (uint32_t)tile_rows : 0;
+        if (mode == RACE_TOPK) {
+            topk_list<F>(p, s, list, n, listed, tile_rows);
+            return;
+        }
         uint64_t best = 0;     // ARGMAX / WHOLE: this thread's best key (0: none)
         double smax = -INFINITY;  // BINS: this thread's largest scaled logit
         for (uint32_t j = threadIdx.x; j < n; j += CONSUMERS) {
@@ -208,6 +318,99 @@ struct RacePart {
     }
 };
 
+// TOPK's merge (see race_merge).
+template <class F>
+__device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
+    const int tid = threadIdx.x;
+    SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec());
+    const SampleRow& r = *p.sample;
+    // The race's shared space: lengths, survivors, the first k's bins, weights and keys, broadcasts.
+    uint32_t* lens = reinterpret_cast<uint32_t*>(s.race_keys());         // [256]
+    uint64_t* surv = reinterpret_cast<uint64_t*>(lens + 256);            // [RACE_SURVIVORS]
+    long long* bins = reinterpret_cast<long long*>(surv + RACE_SURVIVORS);  // [RACE_TOPK_MAX]
+    uint64_t* weights = reinterpret_cast<uint64_t*>(bins + RACE_TOPK_MAX);   // [RACE_TOPK_MAX]
+    uint32_t* bc = reinterpret_cast<uint32_t*>(weights + RACE_TOPK_MAX);     // [0] survivors, [1..3) the cut
+    static_assert(256 * 4 + RACE_SURVIVORS * 8 + RACE_TOPK_MAX * 16 + 16 <= (RACE_KEY_BINS + 2 * RACE_MASS_BINS) * 8, "fits");
+    // The highest bound: every SM's list holds all its tokens at or above it, and
+    // some SM has k tokens there, so the global top k are all above it.
+    uint64_t bound = 0, bad = 0;
+    for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
+        bound = max(bound, (uint64_t)__ldcg(reinterpret_cast<const uint64_t*>(p.lm_max) + i));
+        const uint32_t len = __ldcg(p.lm_idx + i);
+        if (len == 0xffffffffu) bad = 1;
+        if (i < 256) lens[i] = len;
+    }
+    if (tid == 0) bc[0] = 0;
+    bound = ConsumerSampler::block_key_reduce<true>(bound, sh);  // (its barriers publish lens and bc)
+    if (ConsumerSampler::block_key_reduce<true>(bad, sh) != 0 || p.lm_tiles > 256) return 0xffffffffu;
+    for (int idx = tid; idx < p.lm_tiles * RACE_LIST; idx += CONSUMERS) {
+        const int sm = idx / RACE_LIST, i = idx % RACE_LIST;
+        if ((uint32_t)i >= lens[sm]) continue;
+        const uint64_t key = __ldcg(p.race_keys + idx);
+        if (key >= bound) {
+            const uint32_t slot = atomicAdd(bc, 1u);
+            if (slot < (uint32_t)RACE_SURVIVORS) surv[slot] = key;
+        }
+    }
+    consumer_sync();
+    const uint32_t n = bc[0];
+    if (n > (uint32_t)RACE_SURVIVORS) return 0xffffffffu;
+    if (tid >= (int)n) surv[tid] = 0;  // CONSUMERS == RACE_SURVIVORS: one entry per thread
+    // Bitonic sort, largest key first.
+    for (int size = 2; size <= RACE_SURVIVORS; size <<= 1) {
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+            consumer_sync();
+            const int j = tid ^ stride;
+            if (j > tid) {
+                const uint64_t a = surv[tid], b = surv[j];
+                const bool first_half_descends = (tid & size) == 0;
+                if (first_half_descends ? a < b : a > b) {
+                    surv[tid] = b;
+                    surv[j] = a;
+                }
+            }
+        }
+    }
+    consumer_sync();
+    const uint32_t kk = min(n, r.top_k);
+    const double inv_t = __ddiv_rn(1.0, (double)r.temperature);
+    const uint64_t hash = step_hash(r.seed, r.step + (uint64_t)t);
+    const double m = race_scaled(key_logit(surv[0]), inv_t);
+    const double a = race_anchor(m);
+    uint64_t rk = 0;
+    if (tid < (int)kk) {
+        const double sc = race_scaled(key_logit(surv[tid]), inv_t);
+        bins[tid] = race_bin(sc);
+        weights[tid] = r.top_p < 1.0f ? race_weight(sc, a) : 0ull;
+        rk = race_key(sc, key_id(surv[tid]), hash);
+    }
+    consumer_sync();
+    if (tid == 0) {
+        // race::top_p_bin over the first k (already most likely first: bins never rise).
+        long long cut = LLONG_MIN;
+        if (r.top_p < 1.0f) {
+            unsigned long long total = 0;
+            for (uint32_t i = 0; i < kk; i++) total += weights[i];
+            const double target = __dmul_rn((double)r.top_p, __ull2double_rn(total));
+            unsigned long long above = 0;
+            cut = LLONG_MAX;
+            for (uint32_t i = 0; i < kk;) {
+                const long long b = bins[i];
+                if (!(__ull2double_rn(above) < target)) break;
+                cut = b;
+                for (; i < kk && bins[i] == b; i++) above += weights[i];
+            }
+        }
+        if (r.min_p > 0.0f) cut = max(cut, race_min_p_bin(m, r.min_p));
+        *reinterpret_cast<long long*>(bc + 2) = cut;
+    }
+    consumer_sync();
+    const long long cut = *reinterpret_cast<const long long*>(bc + 2);
+    if (tid < (int)kk && bins[tid] < cut) rk = 0;
+    const uint64_t best = ConsumerSampler::block_key_reduce<true>(rk, sh);
+    return key_id(best);
+}
+
 // The merge, on the last SM to arrive. Returns the token, or 0xffffffff when
 // it gave up (a part it cannot merge: sample_token decides). Zeroes the
 // global tables it read. Every consumer gets the result.
@@ -216,6 +419,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
     const RaceMode mode = race_mode<F>(p);
     SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec());
     const int tid = threadIdx.x;
+    if (mode == RACE_TOPK) return topk_merge<F>(p, s, t);
     if (mode != RACE_BINS) {
         const uint64_t* keys = reinterpret_cast<const uint64_t*>(p.lm_max);
         uint64_t best = 0;

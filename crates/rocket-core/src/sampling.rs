@@ -78,14 +78,6 @@ impl SamplingParams {
         SamplingParams { max_tokens, temperature: 0.0, ..Self::default() }
     }
 
-    /// Whether every part of the vocabulary can do its share of the pick on its
-    /// own (`crate::race`): greedy, or sampled with no top-k cut (top-p and
-    /// min-p work on bins any part can fill). The megakernel's all-SM sampler
-    /// takes these; an exact top-k needs the whole row first.
-    pub fn races_on_all_sms(&self, vocab: usize) -> bool {
-        self.temperature == 0.0 || !(self.top_k > 0 && self.top_k < vocab)
-    }
-
     /// Whether any penalty changes logits at all.
     pub fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0

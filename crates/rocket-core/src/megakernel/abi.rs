@@ -48,6 +48,9 @@ header_constants! {
     "int" RACE_KEY_BINS: usize = 1024;
     "int" RACE_MASS_BINS: usize = 512;
     "int" RACE_LEVELS: usize = 64;
+    // Top-k: the largest k the SMs sample together, and each SM's list's entries.
+    "int" RACE_TOPK_MAX: usize = 64;
+    "int" RACE_LIST: usize = 128;
     // Opcodes (`Op`).
     "uint32_t" OP_QKV: u32 = 1;
     "uint32_t" OP_ATTN: u32 = 2;

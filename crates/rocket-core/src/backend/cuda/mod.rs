@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use super::{check_chunks, own_session, Backend, BackendCounters, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest, Session};
 use crate::error::{Result, RocketError};
+use crate::megakernel::abi::RACE_TOPK_MAX;
 use crate::megakernel::{MegakernelError, Profile};
 use crate::model::{ModelSpec, ModelWeights};
 use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
@@ -616,7 +617,7 @@ impl CudaBackend {
             return Ok(None); // a launch failed earlier: CUDA graphs from here on
         }
         if req.sampling.as_ref().is_some_and(|s| !self.loops(mk, s.params)) {
-            return Ok(None); // top-k: one CTA would sample while the others wait
+            return Ok(None); // a large top-k: one CTA would sample while the others wait
         }
         let mut end_ids = req.end_ids.to_vec();
         end_ids.sort_unstable();
@@ -664,10 +665,12 @@ impl CudaBackend {
 
 impl CudaBackend {
     /// Whether the megakernel's token loop takes requests sampled with `params`:
-    /// all but top-k ones race over all SMs; top-k only when
-    /// `GpuOptions::loop_sampling` asks (one CTA samples while the rest wait).
+    /// all SMs sample together (kernels/src/mk_race.cuh) unless a top-k is
+    /// larger than their lists serve; those only when `GpuOptions::loop_sampling`
+    /// asks (one CTA samples while the rest wait).
     fn loops(&self, mk: &Megakernel, params: &SamplingParams) -> bool {
-        self.options.loop_sampling || params.races_on_all_sms(mk.vocab())
+        let top_k_cut = params.temperature > 0.0 && params.top_k > 0 && params.top_k < mk.vocab();
+        self.options.loop_sampling || !top_k_cut || params.top_k <= RACE_TOPK_MAX
     }
 
     /// Device-to-device copy bandwidth in GB/s (read + write bytes per second),
