@@ -42,6 +42,9 @@ enum RaceMode { RACE_NONE, RACE_ARGMAX, RACE_WHOLE, RACE_BINS, RACE_TOPK };
 // bound (RACE_TOPK_MAX and RACE_LIST, the SMs' lists, are in mk_geometry.cuh).
 constexpr int RACE_SURVIVORS = 256;
 static_assert(RACE_SURVIVORS == CONSUMERS, "the sort gives each consumer thread one survivor");
+// Tokens per consumer thread an SM's race part keeps in registers: 2,048 per
+// SM, against an average share of ~1,150 (Qwen3's vocabulary over 132 SMs).
+constexpr int RACE_CACHED = 8;
 
 template <class F>
 __device__ __forceinline__ RaceMode race_mode(const Params& p) {
@@ -250,12 +253,8 @@ struct RacePart {
         }
         uint64_t best = 0;     // ARGMAX / WHOLE: this thread's best key (0: none)
         double smax = -INFINITY;  // BINS: this thread's largest scaled logit
-        for (uint32_t j = threadIdx.x; j < n; j += CONSUMERS) {
-            const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
-            if (row >= (uint32_t)F::V) continue;
-            const float v = __ldcg(p.logits + row);
-            const float l = processed(p, v, row);  // p.logits stays raw: sample_token may need it
-            if (!is_candidate(l)) continue;
+        auto visit = [&](float l, uint32_t row) {
+            if (!is_candidate(l)) return;
             if (mode == RACE_ARGMAX) {
                 best = max(best, item_key(__fadd_rn(l, 0.0f), row));  // -0.0 ties +0.0: the lower index wins
             } else if (mode == RACE_WHOLE) {
@@ -270,6 +269,27 @@ struct RacePart {
                 if (!race_hopeless(sc, smax))
                     atomicMax(s.race_keys() + (race_bin(sc) & (RACE_KEY_BINS - 1)), (unsigned long long)race_key(sc, row, hash));
             }
+        };
+        // The thread's first RACE_CACHED tokens load together and stay in
+        // registers for the weights' pass (one L2 round trip, not one per token);
+        // the rest (an SM with an unusually large share) go one by one.
+        float cached[RACE_CACHED];
+        uint32_t cached_row[RACE_CACHED];
+#pragma unroll
+        for (int q = 0; q < RACE_CACHED; q++) {
+            const uint32_t j = threadIdx.x + q * CONSUMERS;
+            cached_row[q] = j < n ? list[j / tile_rows] * tile_rows + j % tile_rows : 0xffffffffu;
+            cached[q] = cached_row[q] < (uint32_t)F::V ? __ldcg(p.logits + cached_row[q]) : -INFINITY;
+        }
+#pragma unroll
+        for (int q = 0; q < RACE_CACHED; q++) {
+            if (cached_row[q] >= (uint32_t)F::V) continue;
+            cached[q] = processed(p, cached[q], cached_row[q]);  // p.logits stays raw: sample_token may need it
+            visit(cached[q], cached_row[q]);
+        }
+        for (uint32_t j = threadIdx.x + RACE_CACHED * CONSUMERS; j < n; j += CONSUMERS) {
+            const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
+            if (row < (uint32_t)F::V) visit(processed(p, __ldcg(p.logits + row), row), row);
         }
         if (mode != RACE_BINS) {
             best = consumer_max_u64(best, s);
@@ -285,16 +305,20 @@ struct RacePart {
         const double a0 = weighs ? race_anchor(m) : 0.0, a1 = __dadd_rn(a0, RACE_ANCHOR_STEP);
         unsigned long long* mass = s.race_mass();
         if (weighs) {
-            for (uint32_t j = threadIdx.x; j < n; j += CONSUMERS) {
-                const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
-                if (row >= (uint32_t)F::V) continue;
-                const float l = processed(p, __ldcg(p.logits + row), row);
-                if (!is_candidate(l)) continue;
+            auto weigh = [&](float l) {
+                if (!is_candidate(l)) return;
                 const double sc = race_scaled(l, inv_t);
                 const int slot = (int)(race_bin(sc) & (RACE_MASS_BINS - 1));
                 const uint64_t w0 = race_weight(sc, a0), w1 = race_weight(sc, a1);
                 if (w0) atomicAdd(mass + slot, (unsigned long long)w0);
                 if (w1) atomicAdd(mass + RACE_MASS_BINS + slot, (unsigned long long)w1);
+            };
+#pragma unroll
+            for (int q = 0; q < RACE_CACHED; q++)
+                if (cached_row[q] < (uint32_t)F::V) weigh(cached[q]);
+            for (uint32_t j = threadIdx.x + RACE_CACHED * CONSUMERS; j < n; j += CONSUMERS) {
+                const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
+                if (row < (uint32_t)F::V) weigh(processed(p, __ldcg(p.logits + row), row));
             }
         }
         consumer_sync();
