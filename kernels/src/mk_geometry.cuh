@@ -22,7 +22,7 @@ constexpr int RACE_KEY_BINS = 1024;                   // race keys kept per bin 
 constexpr int RACE_MASS_BINS = 512;                   // weights per bin at one anchor: the 32 nats that weigh
 constexpr int RACE_LEVELS = 64;                       // anchors (multiples of 16 nats) the weight table rings over
 constexpr int RACE_TOPK_MAX = 64;                     // the largest top-k the SMs sample together
-constexpr int RACE_LIST = 128;                        // a top-k list per SM: k, plus tokens tied with the k-th
+constexpr int RACE_LIST = RACE_TOPK_MAX;              // a top-k list per SM: its k best tokens
 
 // Opcodes (schedule.rs `Op`; 5 is unused).
 constexpr uint32_t OP_QKV = 1, OP_ATTN = 2, OP_OPROJ = 3, OP_MLP = 4, OP_LMHEAD = 6;

@@ -12,10 +12,10 @@
 //    SM finds the anchor, the cuts from the weights, and the winner from the
 //    keys of the bins the cuts keep, then zeroes the tables for the next step.
 //  - RACE_TOPK: top-k with k <= RACE_TOPK_MAX (then top-p, min-p over those):
-//    each SM lists its tokens at or above its own k-th logit (a radix select
-//    over its tokens' keys in three 11-bit digits); the last SM keeps the lists'
-//    entries at or above the highest of the SMs' bounds (they hold the global
-//    top k), sorts them, and cuts and races over the first k;
+//    each SM lists its k best tokens by item_key (logit, then the lower id: a
+//    radix select over its keys, kept in registers); the last SM selects the k
+//    best of the lists' entries at or above the highest of the SMs' k-th keys
+//    (the same radix select), orders them and cuts and races over them;
 //  - RACE_NONE: plain greedy (the caller's argmax) or a larger top-k:
 //    sample_token, one CTA over the whole row while the others wait.
 // Every mode picks the host sampler's token bit for bit.
@@ -38,12 +38,9 @@ using ConsumerSampler = Sampler<CONSUMERS, ConsumerBarrier>;
 static_assert(sizeof(SampleShared) <= VEC_CAP * 4, "the sampler's shared state fits the vector space");
 
 enum RaceMode { RACE_NONE, RACE_ARGMAX, RACE_WHOLE, RACE_BINS, RACE_TOPK };
-// Entries the last SM sorts for a top-k: those at or above the SMs' highest
-// bound (RACE_TOPK_MAX and RACE_LIST, the SMs' lists, are in mk_geometry.cuh).
-constexpr int RACE_SURVIVORS = 256;
-static_assert(RACE_SURVIVORS == CONSUMERS, "the sort gives each consumer thread one survivor");
-// Tokens per consumer thread an SM's race part keeps in registers: 2,048 per
-// SM, against an average share of ~1,150 (Qwen3's vocabulary over 132 SMs).
+// Tokens per consumer thread an SM's race part (and its top-k list) keeps in
+// registers: 2,048 per SM, against an average share of ~1,150 (Qwen3's
+// vocabulary over 132 SMs).
 constexpr int RACE_CACHED = 8;
 
 template <class F>
@@ -92,6 +89,91 @@ __device__ __forceinline__ double order_double(uint64_t o) {
     return __longlong_as_double((long long)((o >> 63) ? (o & 0x7fffffffffffffffull) : ~o));
 }
 
+// A radix select's shared state (in the race's shared space).
+struct SelectShared {
+    uint32_t counts[2048];  // one digit's buckets
+    uint64_t prefix;        // the digits chosen so far
+    uint32_t above;         // keys above the prefix's bucket
+    uint32_t done;
+    uint32_t len;           // the callers' list lengths
+    uint32_t warp[CONSUMER_WARPS];
+};
+
+// A threshold with exactly min(k, |set|) keys of a set of distinct nonzero
+// u64 keys at or above it (0 when the set has k keys or fewer): a radix
+// descent from the top in 11-bit digits (53, 42, 31, 20, 9, then 9 bits at
+// 0) that stops at the first digit whose bucket holds exactly the keys still
+// needed. `each(f)` calls f(key) on every key of the set, each key on one
+// consumer thread, the same keys in every call. Every consumer calls it and
+// gets the threshold.
+template <class Each>
+__device__ __forceinline__ uint64_t select_threshold(Each& each, uint32_t k, SelectShared& ss) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    uint64_t prefix = 0;
+    uint32_t above = 0;
+    for (int pass = 0; pass < 6; pass++) {
+        const int shift = pass < 5 ? 53 - 11 * pass : 0, high = pass == 0 ? 64 : (pass < 5 ? shift + 11 : 9);
+        const uint64_t mask = (1ull << (high - shift)) - 1;
+        for (int i = tid; i < 2048; i += CONSUMERS) ss.counts[i] = 0;
+        consumer_sync();
+        each([&](uint64_t key) {
+            if (pass == 0 || (key >> high) == (prefix >> high)) atomicAdd(ss.counts + ((key >> shift) & mask), 1u);
+        });
+        consumer_sync();
+        // Buckets from the top: thread t owns 2047 - 8t down to 2040 - 8t.
+        const int hi = 2047 - 8 * tid;
+        uint32_t c = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) c += ss.counts[hi - i];
+        uint32_t incl = c;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        if (lane == 31) ss.warp[warp] = incl;
+        consumer_sync();
+        uint32_t before = incl - c, total = 0;
+        for (int w = 0; w < CONSUMER_WARPS; w++) {
+            if (w < warp) before += ss.warp[w];
+            total += ss.warp[w];
+        }
+        if (pass == 0 && total <= k) return 0;  // (uniform) every key is in
+        const uint32_t need = k - above;
+        if (before < need && before + c >= need) {
+            uint32_t cum = before;
+            for (int i = 0; i < 8; i++) {
+                const int b = hi - i;
+                if (cum + ss.counts[b] >= need) {
+                    ss.prefix = prefix | ((uint64_t)b << shift);
+                    ss.above = above + cum;
+                    ss.done = cum + ss.counts[b] == need;
+                    break;
+                }
+                cum += ss.counts[b];
+            }
+        }
+        consumer_sync();
+        prefix = ss.prefix;
+        above = ss.above;
+        if (ss.done) break;  // (uniform) the bucket's keys are exactly the ones still needed
+    }
+    return prefix;
+}
+
+// The merge's shared state (the race's shared space), past its select's.
+constexpr int TOPK_MAX_SMS = 256;
+struct TopkShared {
+    SelectShared sel;
+    uint32_t lens[TOPK_MAX_SMS];
+    uint64_t surv[RACE_TOPK_MAX];
+    uint64_t sorted[RACE_TOPK_MAX];
+    long long bins[RACE_TOPK_MAX];
+    uint64_t weights[RACE_TOPK_MAX];
+    long long cut;
+};
+static_assert(sizeof(TopkShared) <= (RACE_KEY_BINS + 2 * RACE_MASS_BINS) * 8, "the top-k merge fits the race's shared space");
+
 // An SM's part that cannot be merged (its tile list overflowed): sample_token decides.
 constexpr uint64_t RACE_GIVE_UP = ~0ull;
 
@@ -135,99 +217,66 @@ struct RacePart {
         tiles++;
     }
 
-    // TOPK: this SM's tokens whose key (item_key: logit, then the lower id) is
-    // at or above its own k-th's logit, listed in race_keys[blockIdx.x *
-    // RACE_LIST ...], their count in lm_idx[blockIdx.x] (0xffffffff: too many,
-    // the merge gives up) and in lm_max (as u64) the key above which the list
-    // holds all of the SM's tokens (0: all of them). Ends with a consumer barrier.
+    // TOPK: this SM's min(k, candidates) best tokens by item_key (logit, then
+    // the lower id: unique), found by select_threshold over keys it keeps in
+    // registers, listed in race_keys[blockIdx.x * RACE_LIST ...]; their count
+    // in lm_idx[blockIdx.x] (0xffffffff: the merge gives up) and in lm_max (as
+    // u64) the threshold: the list holds every one of the SM's tokens at or
+    // above it, exactly k of them (0: all of them, k or fewer). Ends with a
+    // consumer barrier.
     template <class F>
     __device__ void topk_list(const Params& p, const Smem& s, const uint32_t* list, uint32_t n, bool listed, int tile_rows) {
-        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-        uint32_t* counts = reinterpret_cast<uint32_t*>(s.race_keys());  // [2048]: the race's shared space is free here
-        uint32_t* bc = counts + 2048;  // [0] key32 prefix, [1] count above it, [2] candidates, [3] list length, [4..12) warp sums
-        for (int i = tid; i < 2048 + 16; i += CONSUMERS) counts[i] = 0;
-        consumer_sync();
-        // The processed keys (kept in sample_items for the passes below), the first digit's histogram.
-        uint32_t mine = 0;
-        for (uint32_t j = tid; j < n; j += CONSUMERS) {
-            const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
-            if (row >= (uint32_t)F::V) continue;
-            const float l = processed(p, __ldcg(p.logits + row), row);
-            const uint64_t key = is_candidate(l) ? item_key(l, row) : 0ull;  // a candidate's key is never 0
-            __stcg(&p.sample_items[row].key, key);
-            if (key) {
-                mine++;
-                atomicAdd(counts + (key >> 53), 1u);
-            }
+        const int tid = threadIdx.x;
+        SelectShared& ss = *reinterpret_cast<SelectShared*>(s.race_keys());  // the race's shared space is free here
+        if (tid == 0) ss.len = 0;  // (select_threshold's barriers publish it)
+        auto row_of = [&](uint32_t j) { return list[j / tile_rows] * tile_rows + j % tile_rows; };
+        auto key_of = [&](float v, uint32_t row) {
+            const float l = processed(p, v, row);  // p.logits stays raw: sample_token may need it
+            return is_candidate(l) ? item_key(l, row) : 0ull;  // a candidate's key is never 0
+        };
+        // The thread's first RACE_CACHED keys stay in registers (their loads in
+        // flight together); the rest (an SM with an unusually large share) go
+        // through sample_items.
+        uint64_t cached[RACE_CACHED];
+        uint32_t cached_row[RACE_CACHED];
+        float cached_v[RACE_CACHED];
+#pragma unroll
+        for (int q = 0; q < RACE_CACHED; q++) {
+            const uint32_t j = tid + q * CONSUMERS;
+            cached_row[q] = j < n ? row_of(j) : 0xffffffffu;
+            cached_v[q] = cached_row[q] < (uint32_t)F::V ? __ldcg(p.logits + cached_row[q]) : -INFINITY;
         }
-        for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
-        if (lane == 0) atomicAdd(bc + 2, mine);
-        consumer_sync();
-        const uint32_t k = r.top_k, n_cand = bc[2];
-        const bool all = n_cand <= k;
-        // The k-th largest key32 (= logit order) among this SM's candidates: three digits.
-        uint32_t prefix = 0, above = 0;
-        for (int pass = 0; pass < 3 && !all; pass++) {
-            const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0), bits = pass == 2 ? 10 : 11;
-            if (pass > 0) {
-                for (int i = tid; i < 2048; i += CONSUMERS) counts[i] = 0;
-                consumer_sync();
-                for (uint32_t j = tid; j < n; j += CONSUMERS) {
-                    const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
-                    if (row >= (uint32_t)F::V) continue;
-                    const uint64_t key = __ldcg(&p.sample_items[row].key);
-                    const uint32_t k32 = (uint32_t)(key >> 32);
-                    if (key && (k32 >> (shift + bits)) == (prefix >> (shift + bits))) atomicAdd(counts + ((k32 >> shift) & ((1u << bits) - 1)), 1u);
-                }
-                consumer_sync();
-            }
-            // Buckets from the top: thread t owns 2047 - 8t down to 2040 - 8t.
-            const int hi = 2047 - 8 * tid;
-            uint32_t c = 0;
-            for (int i = 0; i < 8; i++) c += counts[hi - i];
-            uint32_t incl = c;
-            for (int o = 1; o < 32; o <<= 1) {
-                const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += v;
-            }
-            if (lane == 31) bc[4 + warp] = incl;
-            consumer_sync();
-            uint32_t before = incl - c;
-            for (int w = 0; w < warp; w++) before += bc[4 + w];
-            const uint32_t need = k - above;
-            if (before < need && before + c >= need) {
-                uint32_t cum = before;
-                for (int i = 0; i < 8; i++) {
-                    const int b = hi - i;
-                    if (cum + counts[b] >= need) {
-                        bc[0] = prefix | ((uint32_t)b << shift);
-                        bc[1] = above + cum;
-                        break;
-                    }
-                    cum += counts[b];
-                }
-            }
-            consumer_sync();
-            prefix = bc[0];
-            above = bc[1];
+#pragma unroll
+        for (int q = 0; q < RACE_CACHED; q++) cached[q] = cached_row[q] < (uint32_t)F::V ? key_of(cached_v[q], cached_row[q]) : 0ull;
+        for (uint32_t j = tid + RACE_CACHED * CONSUMERS; j < n; j += CONSUMERS) {
+            const uint32_t row = row_of(j);
+            if (row < (uint32_t)F::V) __stcg(&p.sample_items[row].key, key_of(__ldcg(p.logits + row), row));
         }
-        // The list: keys at or above the k-th's logit (ties with it included).
-        const uint64_t bound = all ? 1ull : (uint64_t)prefix << 32;
+        // Every candidate key, each by the thread that computed it.
+        auto each = [&](auto&& f) {
+#pragma unroll
+            for (int q = 0; q < RACE_CACHED; q++)
+                if (cached[q]) f(cached[q]);
+            for (uint32_t j = tid + RACE_CACHED * CONSUMERS; j < n; j += CONSUMERS) {
+                const uint32_t row = row_of(j);
+                if (row >= (uint32_t)F::V) continue;
+                const uint64_t key = __ldcg(&p.sample_items[row].key);
+                if (key) f(key);
+            }
+        };
+        const uint64_t bound = select_threshold(each, r.top_k, ss);
         unsigned long long* out = p.race_keys + (size_t)blockIdx.x * RACE_LIST;
-        for (uint32_t j = tid; j < n; j += CONSUMERS) {
-            const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
-            if (row >= (uint32_t)F::V) continue;
-            const uint64_t key = __ldcg(&p.sample_items[row].key);
+        each([&](uint64_t key) {
             if (key >= bound) {
-                const uint32_t slot = atomicAdd(bc + 3, 1u);
+                const uint32_t slot = atomicAdd(&ss.len, 1u);
                 if (slot < (uint32_t)RACE_LIST) __stcg(out + slot, (unsigned long long)key);
             }
-        }
+        });
         consumer_sync();
         if (tid == 0) {
-            const uint32_t len = bc[3];
+            const uint32_t len = ss.len;
             __stcg(p.lm_idx + blockIdx.x, listed && len <= (uint32_t)RACE_LIST ? len : 0xffffffffu);
-            __stcg(reinterpret_cast<uint64_t*>(p.lm_max) + blockIdx.x, all ? 0ull : bound);
+            __stcg(reinterpret_cast<uint64_t*>(p.lm_max) + blockIdx.x, bound);
         }
         consumer_sync();
     }
@@ -342,97 +391,92 @@ struct RacePart {
     }
 };
 
-// TOPK's merge (see race_merge).
+// TOPK's merge (see race_merge). Every SM's list holds its tokens at or above
+// its threshold, and an SM with the highest threshold B has k tokens at or
+// above B: the global k best are among the lists' entries at or above B, and
+// they are the k best of those.
 template <class F>
 __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
     const int tid = threadIdx.x;
     SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec());
+    TopkShared& ts = *reinterpret_cast<TopkShared*>(s.race_keys());
     const SampleRow& r = *p.sample;
-    // The race's shared space: lengths, survivors, the first k's bins, weights and keys, broadcasts.
-    uint32_t* lens = reinterpret_cast<uint32_t*>(s.race_keys());         // [256]
-    uint64_t* surv = reinterpret_cast<uint64_t*>(lens + 256);            // [RACE_SURVIVORS]
-    long long* bins = reinterpret_cast<long long*>(surv + RACE_SURVIVORS);  // [RACE_TOPK_MAX]
-    uint64_t* weights = reinterpret_cast<uint64_t*>(bins + RACE_TOPK_MAX);   // [RACE_TOPK_MAX]
-    uint32_t* bc = reinterpret_cast<uint32_t*>(weights + RACE_TOPK_MAX);     // [0] survivors, [1..3) the cut
-    static_assert(256 * 4 + RACE_SURVIVORS * 8 + RACE_TOPK_MAX * 16 + 16 <= (RACE_KEY_BINS + 2 * RACE_MASS_BINS) * 8, "fits");
-    // The highest bound: every SM's list holds all its tokens at or above it, and
-    // some SM has k tokens there, so the global top k are all above it.
+    if (p.lm_tiles > TOPK_MAX_SMS) return 0xffffffffu;
     uint64_t bound = 0, bad = 0;
     for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
         bound = max(bound, (uint64_t)__ldcg(reinterpret_cast<const uint64_t*>(p.lm_max) + i));
         const uint32_t len = __ldcg(p.lm_idx + i);
-        if (len == 0xffffffffu) bad = 1;
-        if (i < 256) lens[i] = len;
+        if (len > (uint32_t)RACE_LIST) bad = 1;
+        ts.lens[i] = len;
     }
-    if (tid == 0) bc[0] = 0;
-    bound = ConsumerSampler::block_key_reduce<true>(bound, sh);  // (its barriers publish lens and bc)
-    if (ConsumerSampler::block_key_reduce<true>(bad, sh) != 0 || p.lm_tiles > 256) return 0xffffffffu;
-    for (int idx = tid; idx < p.lm_tiles * RACE_LIST; idx += CONSUMERS) {
-        const int sm = idx / RACE_LIST, i = idx % RACE_LIST;
-        if ((uint32_t)i >= lens[sm]) continue;
-        const uint64_t key = __ldcg(p.race_keys + idx);
-        if (key >= bound) {
-            const uint32_t slot = atomicAdd(bc, 1u);
-            if (slot < (uint32_t)RACE_SURVIVORS) surv[slot] = key;
+    if (tid == 0) ts.sel.len = 0;
+    bound = ConsumerSampler::block_key_reduce<true>(bound, sh);  // (its barriers publish lens and len)
+    if (ConsumerSampler::block_key_reduce<true>(bad, sh) != 0) return 0xffffffffu;
+    auto each = [&](auto&& f) {
+        for (int idx = tid; idx < p.lm_tiles * RACE_LIST; idx += CONSUMERS) {
+            if ((uint32_t)(idx % RACE_LIST) >= ts.lens[idx / RACE_LIST]) continue;
+            const uint64_t key = __ldcg(p.race_keys + idx);
+            if (key >= bound) f(key);
         }
+    };
+    // The k best: exactly min(k, entries) keys at or above the threshold.
+    const uint64_t thr = select_threshold(each, r.top_k, ts.sel);
+    each([&](uint64_t key) {
+        if (key >= thr) {
+            const uint32_t slot = atomicAdd(&ts.sel.len, 1u);
+            if (slot < (uint32_t)RACE_TOPK_MAX) ts.surv[slot] = key;
+        }
+    });
+    consumer_sync();
+    const uint32_t kk = ts.sel.len;
+    if (kk == 0 || kk > min(r.top_k, (uint32_t)RACE_TOPK_MAX)) return 0xffffffffu;  // no candidate: the host's argmax
+    // Most likely first: each entry's place is the number of larger ones (the keys are unique).
+    if (tid < (int)kk) {
+        const uint64_t mine = ts.surv[tid];
+        uint32_t place = 0;
+        for (uint32_t j = 0; j < kk; j++) place += ts.surv[j] > mine;
+        ts.sorted[place] = mine;
     }
     consumer_sync();
-    const uint32_t n = bc[0];
-    if (n > (uint32_t)RACE_SURVIVORS) return 0xffffffffu;
-    if (tid >= (int)n) surv[tid] = 0;  // CONSUMERS == RACE_SURVIVORS: one entry per thread
-    // Bitonic sort, largest key first.
-    for (int size = 2; size <= RACE_SURVIVORS; size <<= 1) {
-        for (int stride = size / 2; stride > 0; stride >>= 1) {
-            consumer_sync();
-            const int j = tid ^ stride;
-            if (j > tid) {
-                const uint64_t a = surv[tid], b = surv[j];
-                const bool first_half_descends = (tid & size) == 0;
-                if (first_half_descends ? a < b : a > b) {
-                    surv[tid] = b;
-                    surv[j] = a;
-                }
-            }
-        }
-    }
-    consumer_sync();
-    const uint32_t kk = min(n, r.top_k);
+    const uint64_t* sorted = ts.sorted;
+    // The host takes the first +inf logit (sampling.rs `sample`); it is the best key. (A finite
+    // token's key can round to +inf too and would win the tie with a lower id.)
+    if (key_logit(sorted[0]) == INFINITY) return key_id(sorted[0]);
     const double inv_t = __ddiv_rn(1.0, (double)r.temperature);
     const uint64_t hash = step_hash(r.seed, r.step + (uint64_t)t);
-    const double m = race_scaled(key_logit(surv[0]), inv_t);
+    const double m = race_scaled(key_logit(sorted[0]), inv_t);
     const double a = race_anchor(m);
     uint64_t rk = 0;
     if (tid < (int)kk) {
-        const double sc = race_scaled(key_logit(surv[tid]), inv_t);
-        bins[tid] = race_bin(sc);
-        weights[tid] = r.top_p < 1.0f ? race_weight(sc, a) : 0ull;
-        rk = race_key(sc, key_id(surv[tid]), hash);
+        const double sc = race_scaled(key_logit(sorted[tid]), inv_t);
+        ts.bins[tid] = race_bin(sc);
+        ts.weights[tid] = r.top_p < 1.0f ? race_weight(sc, a) : 0ull;
+        rk = race_key(sc, key_id(sorted[tid]), hash);
     }
     consumer_sync();
     if (tid == 0) {
-        // race::top_p_bin over the first k (already most likely first: bins never rise).
+        // race::top_p_bin over the k best (most likely first: bins never rise).
         long long cut = LLONG_MIN;
         if (r.top_p < 1.0f) {
             unsigned long long total = 0;
-            for (uint32_t i = 0; i < kk; i++) total += weights[i];
+            for (uint32_t i = 0; i < kk; i++) total += ts.weights[i];
             const double target = __dmul_rn((double)r.top_p, __ull2double_rn(total));
             unsigned long long above = 0;
             cut = LLONG_MAX;
             for (uint32_t i = 0; i < kk;) {
-                const long long b = bins[i];
+                const long long b = ts.bins[i];
                 if (!(__ull2double_rn(above) < target)) break;
                 cut = b;
-                for (; i < kk && bins[i] == b; i++) above += weights[i];
+                for (; i < kk && ts.bins[i] == b; i++) above += ts.weights[i];
             }
         }
         if (r.min_p > 0.0f) cut = max(cut, race_min_p_bin(m, r.min_p));
-        *reinterpret_cast<long long*>(bc + 2) = cut;
+        ts.cut = cut;
     }
     consumer_sync();
-    const long long cut = *reinterpret_cast<const long long*>(bc + 2);
-    if (tid < (int)kk && bins[tid] < cut) rk = 0;
+    if (tid < (int)kk && ts.bins[tid] < ts.cut) rk = 0;
     const uint64_t best = ConsumerSampler::block_key_reduce<true>(rk, sh);
-    return key_id(best);
+    return best ? key_id(best) : 0xffffffffu;
 }
 
 // The merge, on the last SM to arrive. Returns the token, or 0xffffffff when

@@ -50,7 +50,7 @@ header_constants! {
     "int" RACE_LEVELS: usize = 64;
     // Top-k: the largest k the SMs sample together, and each SM's list's entries.
     "int" RACE_TOPK_MAX: usize = 64;
-    "int" RACE_LIST: usize = 128;
+    "int" RACE_LIST: usize = RACE_TOPK_MAX;
     // Opcodes (`Op`).
     "uint32_t" OP_QKV: u32 = 1;
     "uint32_t" OP_ATTN: u32 = 2;
