@@ -29,7 +29,6 @@ use std::time::Instant;
 
 use super::{check_chunks, own_session, Backend, BackendCounters, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest, Session};
 use crate::error::{Result, RocketError};
-use crate::megakernel::abi::RACE_TOPK_MAX;
 use crate::megakernel::{MegakernelError, Profile};
 use crate::model::{ModelSpec, ModelWeights};
 use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
@@ -665,12 +664,11 @@ impl CudaBackend {
 
 impl CudaBackend {
     /// Whether the megakernel's token loop takes requests sampled with `params`:
-    /// all SMs sample together (kernels/src/mk_race.cuh) unless a top-k is
-    /// larger than their lists serve; those only when `GpuOptions::loop_sampling`
+    /// those all SMs sample together (`SamplingParams::races_on_all_sms`: all
+    /// but a top-k above 64); the others only when `GpuOptions::loop_sampling`
     /// asks (one CTA samples while the rest wait).
     fn loops(&self, mk: &Megakernel, params: &SamplingParams) -> bool {
-        let top_k_cut = params.temperature > 0.0 && params.top_k > 0 && params.top_k < mk.vocab();
-        self.options.loop_sampling || !top_k_cut || params.top_k <= RACE_TOPK_MAX
+        self.options.loop_sampling || params.races_on_all_sms(mk.vocab())
     }
 
     /// Device-to-device copy bandwidth in GB/s (read + write bytes per second),
