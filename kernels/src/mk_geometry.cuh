@@ -43,6 +43,7 @@ constexpr int ST_ERR_VALUE = 5; // the counter's value when it gave up
 constexpr int ST_ERR_TARGET = 6;
 constexpr int ST_STEPS = 7;     // steps run (their tokens are in Params::tokens)
 constexpr int ST_HOST_STOP = 8; // the host's stop flag, copied from the ring by the host link
+constexpr int ST_ONE_CTA = 9;   // sampled steps whose token sample_token picked (one CTA over the row)
 constexpr int STATE_WORDS = 16;
 
 // Host ring (mapped pinned memory): [0, stop, fault, 0, tokens[max_steps]]; the host

@@ -73,6 +73,8 @@ header_constants! {
     "int" ST_ERR_TARGET: usize = 6;
     "int" ST_STEPS: usize = 7;
     "int" ST_HOST_STOP: usize = 8;
+    // Sampled steps whose token the one-CTA sampler picked (the SMs' merge could not).
+    "int" ST_ONE_CTA: usize = 9;
     "int" STATE_WORDS: usize = 16;
     // The host ring (mapped pinned memory): [0, stop, fault, 0, tokens[max_steps]].
     "int" RING_STOP: usize = 1;

@@ -12,7 +12,7 @@ use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
 use super::sampler::sample_row;
 use crate::backend::{LoopOutcome, LoopRequest, SampleRequest};
 use crate::error::{Result, RocketError};
-use crate::megakernel::abi::{LayerPtrs, Params, RACE_KEY_BINS, RACE_LEVELS, RACE_LIST, RACE_MASS_BINS, RING_EMPTY, RING_FAULT, RING_STOP, RING_TOKENS, SMEM_BYTES, STATE_WORDS, ST_STEPS, THREADS};
+use crate::megakernel::abi::{LayerPtrs, Params, RACE_KEY_BINS, RACE_LEVELS, RACE_LIST, RACE_MASS_BINS, RING_EMPTY, RING_FAULT, RING_STOP, RING_TOKENS, SMEM_BYTES, STATE_WORDS, ST_ONE_CTA, ST_STEPS, THREADS};
 use crate::megakernel::profile::trace_words;
 use crate::megakernel::{verify, MegakernelError, Schedule};
 use crate::model::ModelSpec;
@@ -145,6 +145,9 @@ pub(crate) struct Megakernel {
     trace: Option<DeviceBuffer>,
     /// The timestamps of the last launch that asked for a trace.
     pub last_trace: Option<Vec<u64>>,
+    /// The last launch's sampled steps whose token the one-CTA sampler picked
+    /// (`ST_ONE_CTA`): every step of a top-k above 64, none where the SMs' merge decides.
+    pub last_one_cta_steps: usize,
     /// A launch the host gave up on (see `hung`).
     hung: bool,
     sampler: LoopSampler,
@@ -318,6 +321,7 @@ impl Megakernel {
             logits_out: None,
             trace: None,
             last_trace: None,
+            last_one_cta_steps: 0,
             hung: false,
             sampler,
             ring,
@@ -479,6 +483,7 @@ impl Megakernel {
             return Err(e.into());
         }
         let device_steps = state[ST_STEPS] as usize;
+        self.last_one_cta_steps = state[ST_ONE_CTA] as usize;
         if seen != device_steps {
             let e = MegakernelError::LostTokens { device_steps, published: seen };
             self.broken = Some(e.to_string());
