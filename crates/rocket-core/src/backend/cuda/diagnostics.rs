@@ -10,6 +10,10 @@ use crate::backend::{Backend, LoopRequest, SampleRequest, Session};
 use crate::error::{Result, RocketError};
 use crate::megakernel::{MegakernelError, Profile};
 
+/// `megakernel_sampled`'s result: the sampled tokens, their raw logits ([tokens][vocab])
+/// and the launch's steps the one-CTA sampler picked.
+pub type SampledLoop = (Vec<u32>, Vec<f32>, usize);
+
 impl CudaBackend {
     /// The fuel whose megakernel decodes at batch 1, or None (CUDA-graph path).
     pub fn megakernel_fuel(&self) -> Result<Option<&'static str>> {
@@ -51,7 +55,7 @@ impl CudaBackend {
     /// sampler, and how many of the launch's steps (the prompt's included) the
     /// one-CTA sampler picked instead of the SMs together. None when no
     /// megakernel is loaded.
-    pub fn megakernel_sampled(&self, prompt: &[u32], sampling: &SampleRequest<'_>, steps: usize) -> Result<Option<(Vec<u32>, Vec<f32>, usize)>> {
+    pub fn megakernel_sampled(&self, prompt: &[u32], sampling: &SampleRequest<'_>, steps: usize) -> Result<Option<SampledLoop>> {
         if prompt.is_empty() || steps == 0 {
             return Err(RocketError::invalid_arg("prompt", prompt.len(), "needs a prompt and at least one step"));
         }
