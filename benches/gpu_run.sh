@@ -22,7 +22,10 @@
 #   race      batch-1 sampled decode per fuel (greedy, T 1.0, T 0.8 + repetition penalty,
 #             + min-p, T 0.7 + top-p 0.9, T 0.6 + top-k 20 + top-p 0.95), each on its default path
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
-#   sanitize  compute-sanitizer memcheck and racecheck on the megakernel (SmolLM2)
+#   sanitize  compute-sanitizer memcheck on every fuel's megakernel (short launches of every
+#             sampling mode, and a teacher-forced launch on SmolLM2), racecheck on SmolLM2's
+#   soak      benches/soak.py against `rocket serve` on the GPU (SOAK_S seconds, SOAK_FUEL), started
+#             in its own process session so it outlives the call; SOAK_WAIT bounds the wait per call
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
 #   profile   Nsight Compute's time per kernel of one batch-16 decode step and one 128-token
 #             prefill (PROFILE_FUEL, default Llama-3.2-1B; graph path, kernels launched one by
@@ -80,6 +83,31 @@ for f in $FUELS; do
     python3 benches/make_checkpoint.py --fuel "$f" --tokenizer-dir "$TOK/tok/$(tokdir "$f")" --out "$CK/$f" --device cuda \
         >> "$LOGS/checkpoints.log" 2>&1 || { check "checkpoint $f" 1; tail -5 "$LOGS/checkpoints.log"; }
 done
+
+if has soak; then
+    # First, so that a later call's other steps wait for it to finish.
+    # `rocket serve` on the GPU under benches/soak.py's mixed traffic for SOAK_S seconds
+    # (default 600) on SOAK_FUEL (default qwen3-0.6b: its tokenizer has a chat template). A
+    # 10-minute soak does not fit one device call, so it runs in its own process session,
+    # which outlives the call while the machine stays warm: `soak` starts it (once per
+    # machine) and waits up to SOAK_WAIT seconds; calling `soak` again waits for the same run.
+    sf=${SOAK_FUEL:-qwen3-0.6b}
+    if [[ ! -f $LOGS/soak.started ]]; then
+        date +%s > "$LOGS/soak.started"
+        # Its own copy of the CLI: the next call's carry replaces .device-carry under it.
+        mkdir -p "$BIN" && cp "$CARRY/bin/rocket" "$BIN/rocket-soak"
+        setsid bash -c "python3 benches/soak.py --rocket '$BIN/rocket-soak' --model '$CK/$sf' --device cuda \
+            --duration ${SOAK_S:-600} --json '$LOGS/soak.json' > '$LOGS/soak.txt' 2>&1; echo \$? > '$LOGS/soak.rc'" < /dev/null > /dev/null 2>&1 &
+    fi
+    until [[ -f $LOGS/soak.rc ]] || (( $(date +%s) - $(cat "$LOGS/soak.started") > ${SOAK_WAIT:-570} )); do sleep 5; done
+    if [[ -f $LOGS/soak.rc ]]; then
+        check "soak ($sf, ${SOAK_S:-600} s)" "$(cat "$LOGS/soak.rc")"
+        tail -40 "$LOGS/soak.txt"
+    else
+        echo "soak: still running, $(( $(date +%s) - $(cat "$LOGS/soak.started") )) s since it started: call the soak step again"
+        tail -3 "$LOGS/soak.txt"
+    fi
+fi
 
 if has tests; then
     # The tests pick their paths themselves (the greedy test asserts batched == solo
@@ -165,17 +193,34 @@ if has long; then
 fi
 
 if has sanitize; then
+    # memcheck: every fuel's megakernel instantiation (a short teacher-forced launch and a
+    # 3-step loop per sampling mode, each token checked against the host sampler), then the
+    # longer teacher-forced comparison on SmolLM2; racecheck: the short launches on SmolLM2
+    # (the 128-position test does not finish under racecheck in minutes).
     SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+    sanitize() {  # sanitize NAME TOOL CHECKPOINTS TEST [sanitizer options...]
+        local name=$1 tool=$2 ckpts=$3 test=$4 t0=$SECONDS rc summary
+        shift 4
         # ROCKET_WATCHDOG_MS: the megakernel test's watchdog, long enough for the sanitizer's pace.
-        ROCKET_WATCHDOG_MS=120000 ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m ROCKET_MK_PROMPTS=1 \
-            timeout "${SANITIZE_TIMEOUT:-150}" "$SAN" --tool "$tool" "$CARRY/cuda-megakernel-test" --include-ignored --test-threads=1 \
-            teacher_forced_top1_agrees > "$LOGS/sanitize-$tool.log" 2>&1
+        ROCKET_WATCHDOG_MS=120000 ROCKET_GPU_CHECKPOINTS=$ckpts ROCKET_MK_PROMPTS=1 \
+            timeout "${SANITIZE_TIMEOUT:-240}" "$SAN" --tool "$tool" "$@" "$CARRY/cuda-megakernel-test" --include-ignored \
+            --test-threads=1 --nocapture "$test" > "$LOGS/sanitize-$name.log" 2>&1
         rc=$?
-        summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log" | tail -1)
-        echo "compute-sanitizer $tool rc=$rc: $summary"
-        [[ $rc == 0 && $summary =~ SUMMARY:\ 0\ (errors|hazards) ]] || { [[ $rc == 0 ]] && rc=1; }
-        check "compute-sanitizer $tool" "$rc"
+        summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$name.log" | tail -1)
+        echo "compute-sanitizer $name rc=$rc ($((SECONDS - t0)) s): $summary"
+        grep -E "MK-SHORT|MK-AGREE" "$LOGS/sanitize-$name.log"
+        [[ $rc == 0 && $summary =~ SUMMARY:\ 0\ (errors|hazards) ]] || { [[ $rc == 0 ]] && rc=1; grep -m 20 -E "Error|Hazard|Race|at .*0x" "$LOGS/sanitize-$name.log"; }
+        check "compute-sanitizer $name" "$rc"
+    }
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+        case $tool in
+            memcheck)
+                sanitize memcheck-short memcheck "$CKPTS" short_launches_of_every_mode_for_the_sanitizers
+                sanitize memcheck-forced memcheck "$CK/smollm2-135m" teacher_forced_top1_agrees ;;
+            racecheck)
+                sanitize racecheck-short racecheck "$CK/smollm2-135m" short_launches_of_every_mode_for_the_sanitizers \
+                    --racecheck-report analysis --print-limit 40 ;;
+        esac
     done
 fi
 

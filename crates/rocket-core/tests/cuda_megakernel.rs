@@ -274,3 +274,51 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
         println!("MK-SAMPLED {}: {sampled} tokens sampled in the kernel ({topk} by the all-SM top-k), each the host sampler's choice", f.name);
     }
 }
+
+/// A few steps of each kind of megakernel launch, short enough for
+/// compute-sanitizer (gpu_run.sh's `sanitize` step runs it under memcheck on
+/// every fuel's instantiation, and under racecheck): teacher-forced positions,
+/// then a sampled loop in each of the kernel's sampling modes (argmax with
+/// penalties, the untruncated race, the binned race for top-p and min-p, the
+/// SMs' top-k lists and their merge, and the one-CTA sampler for a top-k above
+/// 64). Each token is checked against the host
+/// sampler on the kernel's own logits, so a run under a sanitizer is also a
+/// run that computes the right thing.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn short_launches_of_every_mode_for_the_sanitizers() {
+    require_gpu();
+    use rocket_core::backend::SampleRequest;
+    use rocket_core::sampling::TokenHistory;
+    let modes = [
+        ("argmax+penalty", SamplingParams { temperature: 0.0, repetition_penalty: 1.3, ..SamplingParams::default() }),
+        ("race", SamplingParams { temperature: 1.0, ..SamplingParams::default() }),
+        ("bins top-p", SamplingParams { temperature: 0.7, top_p: 0.9, ..SamplingParams::default() }),
+        ("bins min-p", SamplingParams { temperature: 0.8, min_p: 0.05, frequency_penalty: 0.3, ..SamplingParams::default() }),
+        ("top-k", SamplingParams { temperature: 0.6, top_k: 20, top_p: 0.95, ..SamplingParams::default() }),
+        ("one-CTA top-k", SamplingParams { temperature: 0.6, top_k: 100, top_p: 0.95, ..SamplingParams::default() }),
+    ];
+    let steps = 3;
+    for f in fuels() {
+        let ids = random_ids(31, 6, f.vocab);
+        let (tokens, logits) = f.gpu.megakernel_teacher_forced(&ids).unwrap().unwrap();
+        assert_eq!(tokens.len(), ids.len(), "{}: teacher-forced positions", f.name);
+        assert!(logits.iter().all(|v| v.is_finite()), "{}: non-finite teacher-forced logits", f.name);
+        for (n, (mode, params)) in modes.iter().enumerate() {
+            let prompt = random_ids(40 + n as u64, 5, f.vocab);
+            let start = TokenHistory::new(&prompt);
+            let req = SampleRequest { params, seed: 5 + n as u64, step: 0, history: &start, end_ids: &[] };
+            let (tokens, logits, one_cta) = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
+            assert_eq!(tokens.len(), steps, "{} {mode}: steps", f.name);
+            let want_one_cta = if params.races_on_all_sms(f.vocab) { 0 } else { prompt.len() - 1 + steps };
+            assert_eq!(one_cta, want_one_cta, "{} {mode}: steps the one-CTA sampler picked", f.name);
+            let mut history = start.clone();
+            for (j, (&got, row)) in tokens.iter().zip(logits.chunks(f.vocab)).enumerate() {
+                let want = SampleRequest { params, seed: 5 + n as u64, step: j as u64, history: &history, end_ids: &[] }.sample_on_host(row);
+                assert_eq!(got, want, "{} {mode} step {j}: device {got}, host {want}", f.name);
+                history.push(got);
+            }
+        }
+        println!("MK-SHORT {}: {} teacher-forced positions and {} sampling modes x {steps} steps, every token the host's", f.name, ids.len(), modes.len());
+    }
+}
