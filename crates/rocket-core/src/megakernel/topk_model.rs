@@ -2,9 +2,12 @@
 //! `select_threshold`, `RacePart::topk_list`, `topk_merge`), step for step but
 //! sequential: each virtual SM lists its k best keys, the last one selects the
 //! k best of the lists' entries above the highest SM threshold, orders them and
-//! cuts and races over them. The tests check that it picks `sampling::sample`'s
-//! token for any split of the vocabulary over SMs, which is what the kernel's
-//! design rests on; the GPU test MK-SAMPLED checks the kernel itself.
+//! cuts and races over them. Its radix select runs the kernel's thread layout
+//! (`select_threshold_threads`: 256 consumers' bucket sums, warp scans, the one
+//! thread that writes each digit). The tests check that it picks
+//! `sampling::sample`'s token for any split of the vocabulary over SMs, which
+//! is what the kernel's design rests on; the GPU test MK-SAMPLED checks the
+//! kernel itself.
 
 use crate::megakernel::abi::{RACE_LIST, RACE_TOPK_MAX};
 use crate::race;
@@ -63,9 +66,77 @@ fn select_threshold(keys: &[u64], k: u32) -> u64 {
     prefix
 }
 
+/// `select_threshold` as the kernel's consumer threads run it: thread t sums
+/// buckets 2047 - 8t down to 2040 - 8t, each warp scans those sums with
+/// `__shfl_up_sync`, lane 31 publishes its warp's total, and the one thread
+/// whose buckets hold the k-th key writes the digit, the count above it and
+/// whether it is done into the shared state (which starts as garbage: only that
+/// thread sets it). Panics unless exactly one thread writes. Returns the
+/// threshold and the passes run.
+fn select_threshold_threads(keys: &[u64], k: u32) -> (u64, usize) {
+    const CONSUMERS: usize = 256;
+    const WARPS: usize = CONSUMERS / 32;
+    let (mut prefix, mut above) = (0u64, 0u32);
+    let (mut ss_prefix, mut ss_above, mut ss_done) = (u64::MAX, u32::MAX, false);
+    for pass in 0..6 {
+        let shift = if pass < 5 { 53 - 11 * pass } else { 0 };
+        let high = if pass == 0 { 64 } else if pass < 5 { shift + 11 } else { 9 };
+        let mask = (1u64 << (high - shift)) - 1;
+        let mut counts = [0u32; 2048];
+        for &key in keys {
+            if pass == 0 || key >> high == prefix >> high {
+                counts[((key >> shift) & mask) as usize] += 1;
+            }
+        }
+        let c: Vec<u32> = (0..CONSUMERS).map(|tid| (0..8).map(|i| counts[2047 - 8 * tid - i]).sum()).collect();
+        let mut incl = c.clone();
+        for w in 0..WARPS {
+            let mut o = 1;
+            while o < 32 {
+                let shuffled: Vec<u32> = incl[w * 32..w * 32 + 32].to_vec();
+                for lane in o..32 {
+                    incl[w * 32 + lane] += shuffled[lane - o];
+                }
+                o <<= 1;
+            }
+        }
+        let warp_total: Vec<u32> = (0..WARPS).map(|w| incl[w * 32 + 31]).collect();
+        let total: u32 = warp_total.iter().sum();
+        if pass == 0 && total <= k {
+            return (0, 1);
+        }
+        let need = k - above;
+        let mut writers = 0;
+        for tid in 0..CONSUMERS {
+            let before = incl[tid] - c[tid] + warp_total[..tid / 32].iter().sum::<u32>();
+            if before < need && before + c[tid] >= need {
+                writers += 1;
+                let mut cum = before;
+                for i in 0..8 {
+                    let b = 2047 - 8 * tid - i;
+                    if cum + counts[b] >= need {
+                        ss_prefix = prefix | (b as u64) << shift;
+                        ss_above = above + cum;
+                        ss_done = cum + counts[b] == need;
+                        break;
+                    }
+                    cum += counts[b];
+                }
+            }
+        }
+        assert_eq!(writers, 1, "pass {pass}: threads writing the digit ({} keys, k {k})", keys.len());
+        prefix = ss_prefix;
+        above = ss_above;
+        if ss_done {
+            return (prefix, pass + 1);
+        }
+    }
+    (prefix, 6)
+}
+
 /// One SM's list (`topk_list`) and its threshold (lm_max).
 fn sm_list(keys: &[u64], k: u32) -> (Vec<u64>, u64) {
-    let bound = select_threshold(keys, k);
+    let bound = select_threshold_threads(keys, k).0;
     (keys.iter().copied().filter(|&key| key >= bound).collect(), bound)
 }
 
@@ -78,7 +149,7 @@ fn merge(parts: &[(Vec<u64>, u64)], p: &SamplingParams, seed: u64, step: u64) ->
     }
     let bound = parts.iter().map(|&(_, b)| b).max().unwrap_or(0);
     let entries: Vec<u64> = parts.iter().flat_map(|(l, _)| l.iter().copied()).filter(|&key| key >= bound).collect();
-    let thr = select_threshold(&entries, k);
+    let thr = select_threshold_threads(&entries, k).0;
     let mut best: Vec<u64> = entries.into_iter().filter(|&key| key >= thr).collect();
     let kk = best.len();
     if kk == 0 || kk > (k as usize).min(RACE_TOPK_MAX) {
@@ -161,7 +232,54 @@ mod tests {
             let thr = select_threshold(&keys, k);
             let kept = keys.iter().filter(|&&key| key >= thr).count();
             assert_eq!(kept, keys.len().min(k as usize), "case {case}: {} keys, k {k}", keys.len());
+            assert_eq!(select_threshold_threads(&keys, k).0, thr, "case {case}: the kernel's threads");
         }
+    }
+
+    /// The kernel's thread layout (`select_threshold_threads`) on the sets that
+    /// stress it: flat rows (keys equal but for the id: every digit but the last
+    /// few in one bucket), bucket counts that cross the k-th key at a thread's
+    /// or a warp's edge, keys in the lowest or highest buckets only, k = 1 and
+    /// 64, fewer keys than k; every pass count from 1 to 6 is reached.
+    #[test]
+    fn select_threshold_threads_on_adversarial_sets() {
+        let mut rng = Rng(17);
+        let mut passes_seen = [false; 7];
+        for case in 0..297 {
+            let n = [1, 2, 63, 64, 65, 256, 2048, 2049, 5000][case % 9];
+            let mut keys: Vec<u64> = match (case / 9) % 11 {
+                0 => (0..n).map(|i| item_key(1.5, i as u32)).collect(),
+                1 => (0..n).map(|i| item_key(-0.0, 1000 * i as u32)).collect(),
+                // One key per bucket of the first digit, from the top: the k-th sits at a thread's edge.
+                2 => (0..n.min(2048)).map(|i| ((2047 - i as u64) << 53) | 1).collect(),
+                // Three keys in thread 31's last bucket, the rest in thread 32's first: the
+                // k-th key is the next warp's, past a warp total.
+                3 => (0..n).map(|i| ((if i < 3 { 1792u64 } else { 1791 }) << 53) | (i as u64 + 1)).collect(),
+                4 => (0..n).map(|i| i as u64 + 1).collect(), // the lowest bucket of the first digits only
+                5 => (0..n).map(|i| u64::MAX - i as u64).collect(), // the top bucket of every digit
+                // Equal but for the last 9-bit digit: every pass runs.
+                6 => {
+                    let base = rng.next() & !0x1ff;
+                    (0..n.min(512)).map(|_| base | rng.below(512) as u64 | 1).collect()
+                }
+                // Logits a few ulps apart, or one logit with ids apart in bits 20-30 or
+                // 9-19: the 3rd, the 4th or the 5th digit decides.
+                9 => (0..n).map(|i| item_key(f32::from_bits(0x3f40_0000 + i as u32 % 1024), 7)).collect(),
+                7 => (0..n).map(|i| item_key(0.75, (i as u32 % 2048) << 20)).collect(),
+                8 => (0..n).map(|i| item_key(0.75, (i as u32 % 2048) << 9)).collect(),
+                _ => (0..n).map(|_| rng.next() | 1).collect(),
+            };
+            keys.sort_unstable();
+            keys.dedup();
+            for k in [1u32, 2, 7, 20, 63, 64] {
+                let (thr, passes) = select_threshold_threads(&keys, k);
+                passes_seen[passes] = true;
+                assert_eq!(thr, select_threshold(&keys, k), "case {case}: {} keys, k {k}", keys.len());
+                let kept = keys.iter().filter(|&&key| key >= thr).count();
+                assert_eq!(kept, keys.len().min(k as usize), "case {case}: {} keys, k {k}", keys.len());
+            }
+        }
+        assert_eq!(passes_seen, [false, true, true, true, true, true, true], "passes reached");
     }
 
     /// Every split of a row over SMs picks the host sampler's token, on rows
