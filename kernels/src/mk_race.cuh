@@ -98,6 +98,8 @@ struct SelectShared {
     uint32_t len;           // the callers' list lengths
     uint32_t warp[CONSUMER_WARPS];
 };
+// select_threshold's scan gives each consumer thread 8 of a digit's 2048 buckets.
+static_assert(CONSUMERS * 8 == 2048, "select_threshold: every bucket has one owner thread");
 
 // A threshold with exactly min(k, |set|) keys of a set of distinct nonzero
 // u64 keys at or above it (0 when the set has k keys or fewer): a radix
@@ -173,6 +175,7 @@ struct TopkShared {
     long long cut;
 };
 static_assert(sizeof(TopkShared) <= (RACE_KEY_BINS + 2 * RACE_MASS_BINS) * 8, "the top-k merge fits the race's shared space");
+static_assert(RACE_TOPK_MAX <= CONSUMERS && RACE_LIST >= RACE_TOPK_MAX, "topk_merge: one thread per survivor; an SM's list holds its k best");
 
 // An SM's part that cannot be merged (its tile list overflowed): sample_token decides.
 constexpr uint64_t RACE_GIVE_UP = ~0ull;
