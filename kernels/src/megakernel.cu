@@ -147,7 +147,10 @@ __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, u
     if (p.sample != nullptr) {
         // The SMs' race parts, merged; sample_token where the merge cannot decide.
         token = mode != RACE_NONE ? race_merge<F>(p, s, t) : 0xffffffffu;
-        if (token == 0xffffffffu) token = sample_token<F>(p, s, t);
+        if (token == 0xffffffffu) {
+            token = sample_token<F>(p, s, t);
+            if (tid == 0) atomicAdd(p.state + ST_ONE_CTA, 1u);  // the tests check which steps the SMs' merge decided
+        }
         count_token(p, t, token);
     } else {
         // Thread 0's acquire-release arrival and the barrier after it order these reads.

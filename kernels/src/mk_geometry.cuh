@@ -21,6 +21,8 @@ constexpr int INSTR_WORDS = 8;                        // u32 words per encoded i
 constexpr int RACE_KEY_BINS = 1024;                   // race keys kept per bin of 1/16 nat: a ring over 64 nats
 constexpr int RACE_MASS_BINS = 512;                   // weights per bin at one anchor: the 32 nats that weigh
 constexpr int RACE_LEVELS = 64;                       // anchors (multiples of 16 nats) the weight table rings over
+constexpr int RACE_TOPK_MAX = 64;                     // the largest top-k the SMs sample together
+constexpr int RACE_LIST = RACE_TOPK_MAX;              // a top-k list per SM: its k best tokens
 
 // Opcodes (schedule.rs `Op`; 5 is unused).
 constexpr uint32_t OP_QKV = 1, OP_ATTN = 2, OP_OPROJ = 3, OP_MLP = 4, OP_LMHEAD = 6;
@@ -41,6 +43,7 @@ constexpr int ST_ERR_VALUE = 5; // the counter's value when it gave up
 constexpr int ST_ERR_TARGET = 6;
 constexpr int ST_STEPS = 7;     // steps run (their tokens are in Params::tokens)
 constexpr int ST_HOST_STOP = 8; // the host's stop flag, copied from the ring by the host link
+constexpr int ST_ONE_CTA = 9;   // sampled steps whose token sample_token picked (one CTA over the row)
 constexpr int STATE_WORDS = 16;
 
 // Host ring (mapped pinned memory): [0, stop, fault, 0, tokens[max_steps]]; the host

@@ -53,7 +53,8 @@ struct Params {
     SampleItem* sample_items;  // [vocab] the sampler's candidates
     uint32_t* tokens;          // [max_steps] each step's token on the device (the host link forwards them)
     unsigned long long* race_mass; // [RACE_LEVELS][RACE_MASS_BINS] the sampler's weights per anchor and bin, zero between steps
-    unsigned long long* race_keys; // [RACE_KEY_BINS] the sampler's best race key per bin, zero between steps
+    unsigned long long* race_keys; // [max(RACE_KEY_BINS, grid * RACE_LIST)] the sampler's best race key per bin (zero
+                                   // between steps), or for a top-k each SM's list
     unsigned long long watchdog_ns;
     int pos0;                  // position of first_token
     uint32_t first_token;

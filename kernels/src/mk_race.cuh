@@ -11,8 +11,13 @@
 //    (race_keys, race_mass by anchor level) and publishes its maximum. The last
 //    SM finds the anchor, the cuts from the weights, and the winner from the
 //    keys of the bins the cuts keep, then zeroes the tables for the next step.
-//  - RACE_NONE: plain greedy (the caller's argmax) or top-k: sample_token, one
-//    CTA over the whole row while the others wait.
+//  - RACE_TOPK: top-k with k <= RACE_TOPK_MAX (then top-p, min-p over those):
+//    each SM lists its k best tokens by item_key (logit, then the lower id: a
+//    radix select over its keys, kept in registers); the last SM selects the k
+//    best of the lists' entries at or above the highest of the SMs' k-th keys
+//    (the same radix select), orders them and cuts and races over them;
+//  - RACE_NONE: plain greedy (the caller's argmax) or a larger top-k:
+//    sample_token, one CTA over the whole row while the others wait.
 // Every mode picks the host sampler's token bit for bit.
 #pragma once
 #include "mk_params.cuh"
@@ -32,14 +37,18 @@ struct ConsumerBarrier {
 using ConsumerSampler = Sampler<CONSUMERS, ConsumerBarrier>;
 static_assert(sizeof(SampleShared) <= VEC_CAP * 4, "the sampler's shared state fits the vector space");
 
-enum RaceMode { RACE_NONE, RACE_ARGMAX, RACE_WHOLE, RACE_BINS };
+enum RaceMode { RACE_NONE, RACE_ARGMAX, RACE_WHOLE, RACE_BINS, RACE_TOPK };
+// Tokens per consumer thread an SM's race part (and its top-k list) keeps in
+// registers: 2,048 per SM, against an average share of ~1,150 (Qwen3's
+// vocabulary over 132 SMs).
+constexpr int RACE_CACHED = 8;
 
 template <class F>
 __device__ __forceinline__ RaceMode race_mode(const Params& p) {
     if (p.sample == nullptr) return RACE_NONE;
     const SampleRow& r = *p.sample;
     if (r.temperature == 0.0f) return RACE_ARGMAX;
-    if (r.top_k != 0 && r.top_k < (uint32_t)F::V) return RACE_NONE;
+    if (r.top_k != 0 && r.top_k < (uint32_t)F::V) return r.top_k <= (uint32_t)RACE_TOPK_MAX ? RACE_TOPK : RACE_NONE;
     return r.top_p < 1.0f || r.min_p > 0.0f ? RACE_BINS : RACE_WHOLE;
 }
 
@@ -79,6 +88,94 @@ __device__ __forceinline__ uint64_t double_order(double d) {
 __device__ __forceinline__ double order_double(uint64_t o) {
     return __longlong_as_double((long long)((o >> 63) ? (o & 0x7fffffffffffffffull) : ~o));
 }
+
+// A radix select's shared state (in the race's shared space).
+struct SelectShared {
+    uint32_t counts[2048];  // one digit's buckets
+    uint64_t prefix;        // the digits chosen so far
+    uint32_t above;         // keys above the prefix's bucket
+    uint32_t done;
+    uint32_t len;           // the callers' list lengths
+    uint32_t warp[CONSUMER_WARPS];
+};
+// select_threshold's scan gives each consumer thread 8 of a digit's 2048 buckets.
+static_assert(CONSUMERS * 8 == 2048, "select_threshold: every bucket has one owner thread");
+
+// A threshold with exactly min(k, |set|) keys of a set of distinct nonzero
+// u64 keys at or above it (0 when the set has k keys or fewer): a radix
+// descent from the top in 11-bit digits (53, 42, 31, 20, 9, then 9 bits at
+// 0) that stops at the first digit whose bucket holds exactly the keys still
+// needed. `each(f)` calls f(key) on every key of the set, each key on one
+// consumer thread, the same keys in every call. Every consumer calls it and
+// gets the threshold.
+template <class Each>
+__device__ __forceinline__ uint64_t select_threshold(Each& each, uint32_t k, SelectShared& ss) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    uint64_t prefix = 0;
+    uint32_t above = 0;
+    for (int pass = 0; pass < 6; pass++) {
+        const int shift = pass < 5 ? 53 - 11 * pass : 0, high = pass == 0 ? 64 : (pass < 5 ? shift + 11 : 9);
+        const uint64_t mask = (1ull << (high - shift)) - 1;
+        for (int i = tid; i < 2048; i += CONSUMERS) ss.counts[i] = 0;
+        consumer_sync();
+        each([&](uint64_t key) {
+            if (pass == 0 || (key >> high) == (prefix >> high)) atomicAdd(ss.counts + ((key >> shift) & mask), 1u);
+        });
+        consumer_sync();
+        // Buckets from the top: thread t owns 2047 - 8t down to 2040 - 8t.
+        const int hi = 2047 - 8 * tid;
+        uint32_t c = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) c += ss.counts[hi - i];
+        uint32_t incl = c;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        if (lane == 31) ss.warp[warp] = incl;
+        consumer_sync();
+        uint32_t before = incl - c, total = 0;
+        for (int w = 0; w < CONSUMER_WARPS; w++) {
+            if (w < warp) before += ss.warp[w];
+            total += ss.warp[w];
+        }
+        if (pass == 0 && total <= k) return 0;  // (uniform) every key is in
+        const uint32_t need = k - above;
+        if (before < need && before + c >= need) {
+            uint32_t cum = before;
+            for (int i = 0; i < 8; i++) {
+                const int b = hi - i;
+                if (cum + ss.counts[b] >= need) {
+                    ss.prefix = prefix | ((uint64_t)b << shift);
+                    ss.above = above + cum;
+                    ss.done = cum + ss.counts[b] == need;
+                    break;
+                }
+                cum += ss.counts[b];
+            }
+        }
+        consumer_sync();
+        prefix = ss.prefix;
+        above = ss.above;
+        if (ss.done) break;  // (uniform) the bucket's keys are exactly the ones still needed
+    }
+    return prefix;
+}
+
+// The merge's shared state (the race's shared space), past its select's.
+constexpr int TOPK_MAX_SMS = 256;
+struct TopkShared {
+    SelectShared sel;
+    uint32_t lens[TOPK_MAX_SMS];
+    uint64_t surv[RACE_TOPK_MAX];
+    uint64_t sorted[RACE_TOPK_MAX];
+    long long bins[RACE_TOPK_MAX];
+    uint64_t weights[RACE_TOPK_MAX];
+    long long cut;
+};
+static_assert(sizeof(TopkShared) <= (RACE_KEY_BINS + 2 * RACE_MASS_BINS) * 8, "the top-k merge fits the race's shared space");
+static_assert(RACE_TOPK_MAX <= CONSUMERS && RACE_LIST >= RACE_TOPK_MAX, "topk_merge: one thread per survivor; an SM's list holds its k best");
 
 // An SM's part that cannot be merged (its tile list overflowed): sample_token decides.
 constexpr uint64_t RACE_GIVE_UP = ~0ull;
@@ -123,6 +220,70 @@ struct RacePart {
         tiles++;
     }
 
+    // TOPK: this SM's min(k, candidates) best tokens by item_key (logit, then
+    // the lower id: unique), found by select_threshold over keys it keeps in
+    // registers, listed in race_keys[blockIdx.x * RACE_LIST ...]; their count
+    // in lm_idx[blockIdx.x] (0xffffffff: the merge gives up) and in lm_max (as
+    // u64) the threshold: the list holds every one of the SM's tokens at or
+    // above it, exactly k of them (0: all of them, k or fewer). Ends with a
+    // consumer barrier.
+    template <class F>
+    __device__ void topk_list(const Params& p, const Smem& s, const uint32_t* list, uint32_t n, bool listed, int tile_rows) {
+        const int tid = threadIdx.x;
+        SelectShared& ss = *reinterpret_cast<SelectShared*>(s.race_keys());  // the race's shared space is free here
+        if (tid == 0) ss.len = 0;  // (select_threshold's barriers publish it)
+        auto row_of = [&](uint32_t j) { return list[j / tile_rows] * tile_rows + j % tile_rows; };
+        auto key_of = [&](float v, uint32_t row) {
+            const float l = processed(p, v, row);  // p.logits stays raw: sample_token may need it
+            return is_candidate(l) ? item_key(l, row) : 0ull;  // a candidate's key is never 0
+        };
+        // The thread's first RACE_CACHED keys stay in registers (their loads in
+        // flight together); the rest (an SM with an unusually large share) go
+        // through sample_items.
+        uint64_t cached[RACE_CACHED];
+        uint32_t cached_row[RACE_CACHED];
+        float cached_v[RACE_CACHED];
+#pragma unroll
+        for (int q = 0; q < RACE_CACHED; q++) {
+            const uint32_t j = tid + q * CONSUMERS;
+            cached_row[q] = j < n ? row_of(j) : 0xffffffffu;
+            cached_v[q] = cached_row[q] < (uint32_t)F::V ? __ldcg(p.logits + cached_row[q]) : -INFINITY;
+        }
+#pragma unroll
+        for (int q = 0; q < RACE_CACHED; q++) cached[q] = cached_row[q] < (uint32_t)F::V ? key_of(cached_v[q], cached_row[q]) : 0ull;
+        for (uint32_t j = tid + RACE_CACHED * CONSUMERS; j < n; j += CONSUMERS) {
+            const uint32_t row = row_of(j);
+            if (row < (uint32_t)F::V) __stcg(&p.sample_items[row].key, key_of(__ldcg(p.logits + row), row));
+        }
+        // Every candidate key, each by the thread that computed it.
+        auto each = [&](auto&& f) {
+#pragma unroll
+            for (int q = 0; q < RACE_CACHED; q++)
+                if (cached[q]) f(cached[q]);
+            for (uint32_t j = tid + RACE_CACHED * CONSUMERS; j < n; j += CONSUMERS) {
+                const uint32_t row = row_of(j);
+                if (row >= (uint32_t)F::V) continue;
+                const uint64_t key = __ldcg(&p.sample_items[row].key);
+                if (key) f(key);
+            }
+        };
+        const uint64_t bound = select_threshold(each, r.top_k, ss);
+        unsigned long long* out = p.race_keys + (size_t)blockIdx.x * RACE_LIST;
+        each([&](uint64_t key) {
+            if (key >= bound) {
+                const uint32_t slot = atomicAdd(&ss.len, 1u);
+                if (slot < (uint32_t)RACE_LIST) __stcg(out + slot, (unsigned long long)key);
+            }
+        });
+        consumer_sync();
+        if (tid == 0) {
+            const uint32_t len = ss.len;
+            __stcg(p.lm_idx + blockIdx.x, listed && len <= (uint32_t)RACE_LIST ? len : 0xffffffffu);
+            __stcg(reinterpret_cast<uint64_t*>(p.lm_max) + blockIdx.x, bound);
+        }
+        consumer_sync();
+    }
+
     // After the SM's last tile: its part into lm_max[blockIdx.x] (a u64 key, or
     // for BINS its maximum as a double) and, for BINS, into the global tables.
     // Ends with a consumer barrier.
@@ -138,14 +299,14 @@ struct RacePart {
         const uint32_t* list = reinterpret_cast<const uint32_t*>(s.vec());
         const bool listed = tiles <= (uint32_t)VEC_CAP;
         const uint32_t n = listed ? tiles * (uint32_t)tile_rows : 0;
+        if (mode == RACE_TOPK) {
+            topk_list<F>(p, s, list, n, listed, tile_rows);
+            return;
+        }
         uint64_t best = 0;     // ARGMAX / WHOLE: this thread's best key (0: none)
         double smax = -INFINITY;  // BINS: this thread's largest scaled logit
-        for (uint32_t j = threadIdx.x; j < n; j += CONSUMERS) {
-            const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
-            if (row >= (uint32_t)F::V) continue;
-            const float v = __ldcg(p.logits + row);
-            const float l = processed(p, v, row);  // p.logits stays raw: sample_token may need it
-            if (!is_candidate(l)) continue;
+        auto visit = [&](float l, uint32_t row) {
+            if (!is_candidate(l)) return;
             if (mode == RACE_ARGMAX) {
                 best = max(best, item_key(__fadd_rn(l, 0.0f), row));  // -0.0 ties +0.0: the lower index wins
             } else if (mode == RACE_WHOLE) {
@@ -160,6 +321,27 @@ struct RacePart {
                 if (!race_hopeless(sc, smax))
                     atomicMax(s.race_keys() + (race_bin(sc) & (RACE_KEY_BINS - 1)), (unsigned long long)race_key(sc, row, hash));
             }
+        };
+        // The thread's first RACE_CACHED tokens load together and stay in
+        // registers for the weights' pass (one L2 round trip, not one per token);
+        // the rest (an SM with an unusually large share) go one by one.
+        float cached[RACE_CACHED];
+        uint32_t cached_row[RACE_CACHED];
+#pragma unroll
+        for (int q = 0; q < RACE_CACHED; q++) {
+            const uint32_t j = threadIdx.x + q * CONSUMERS;
+            cached_row[q] = j < n ? list[j / tile_rows] * tile_rows + j % tile_rows : 0xffffffffu;
+            cached[q] = cached_row[q] < (uint32_t)F::V ? __ldcg(p.logits + cached_row[q]) : -INFINITY;
+        }
+#pragma unroll
+        for (int q = 0; q < RACE_CACHED; q++) {
+            if (cached_row[q] >= (uint32_t)F::V) continue;
+            cached[q] = processed(p, cached[q], cached_row[q]);  // p.logits stays raw: sample_token may need it
+            visit(cached[q], cached_row[q]);
+        }
+        for (uint32_t j = threadIdx.x + RACE_CACHED * CONSUMERS; j < n; j += CONSUMERS) {
+            const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
+            if (row < (uint32_t)F::V) visit(processed(p, __ldcg(p.logits + row), row), row);
         }
         if (mode != RACE_BINS) {
             best = consumer_max_u64(best, s);
@@ -175,16 +357,20 @@ struct RacePart {
         const double a0 = weighs ? race_anchor(m) : 0.0, a1 = __dadd_rn(a0, RACE_ANCHOR_STEP);
         unsigned long long* mass = s.race_mass();
         if (weighs) {
-            for (uint32_t j = threadIdx.x; j < n; j += CONSUMERS) {
-                const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
-                if (row >= (uint32_t)F::V) continue;
-                const float l = processed(p, __ldcg(p.logits + row), row);
-                if (!is_candidate(l)) continue;
+            auto weigh = [&](float l) {
+                if (!is_candidate(l)) return;
                 const double sc = race_scaled(l, inv_t);
                 const int slot = (int)(race_bin(sc) & (RACE_MASS_BINS - 1));
                 const uint64_t w0 = race_weight(sc, a0), w1 = race_weight(sc, a1);
                 if (w0) atomicAdd(mass + slot, (unsigned long long)w0);
                 if (w1) atomicAdd(mass + RACE_MASS_BINS + slot, (unsigned long long)w1);
+            };
+#pragma unroll
+            for (int q = 0; q < RACE_CACHED; q++)
+                if (cached_row[q] < (uint32_t)F::V) weigh(cached[q]);
+            for (uint32_t j = threadIdx.x + RACE_CACHED * CONSUMERS; j < n; j += CONSUMERS) {
+                const uint32_t row = list[j / tile_rows] * tile_rows + j % tile_rows;
+                if (row < (uint32_t)F::V) weigh(processed(p, __ldcg(p.logits + row), row));
             }
         }
         consumer_sync();
@@ -208,6 +394,94 @@ struct RacePart {
     }
 };
 
+// TOPK's merge (see race_merge). Every SM's list holds its tokens at or above
+// its threshold, and an SM with the highest threshold B has k tokens at or
+// above B: the global k best are among the lists' entries at or above B, and
+// they are the k best of those.
+template <class F>
+__device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
+    const int tid = threadIdx.x;
+    SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec());
+    TopkShared& ts = *reinterpret_cast<TopkShared*>(s.race_keys());
+    const SampleRow& r = *p.sample;
+    if (p.lm_tiles > TOPK_MAX_SMS) return 0xffffffffu;
+    uint64_t bound = 0, bad = 0;
+    for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
+        bound = max(bound, (uint64_t)__ldcg(reinterpret_cast<const uint64_t*>(p.lm_max) + i));
+        const uint32_t len = __ldcg(p.lm_idx + i);
+        if (len > (uint32_t)RACE_LIST) bad = 1;
+        ts.lens[i] = len;
+    }
+    if (tid == 0) ts.sel.len = 0;
+    bound = ConsumerSampler::block_key_reduce<true>(bound, sh);  // (its barriers publish lens and len)
+    if (ConsumerSampler::block_key_reduce<true>(bad, sh) != 0) return 0xffffffffu;
+    auto each = [&](auto&& f) {
+        for (int idx = tid; idx < p.lm_tiles * RACE_LIST; idx += CONSUMERS) {
+            if ((uint32_t)(idx % RACE_LIST) >= ts.lens[idx / RACE_LIST]) continue;
+            const uint64_t key = __ldcg(p.race_keys + idx);
+            if (key >= bound) f(key);
+        }
+    };
+    // The k best: exactly min(k, entries) keys at or above the threshold.
+    const uint64_t thr = select_threshold(each, r.top_k, ts.sel);
+    each([&](uint64_t key) {
+        if (key >= thr) {
+            const uint32_t slot = atomicAdd(&ts.sel.len, 1u);
+            if (slot < (uint32_t)RACE_TOPK_MAX) ts.surv[slot] = key;
+        }
+    });
+    consumer_sync();
+    const uint32_t kk = ts.sel.len;
+    if (kk == 0 || kk > min(r.top_k, (uint32_t)RACE_TOPK_MAX)) return 0xffffffffu;  // no candidate: the host's argmax
+    // Most likely first: each entry's place is the number of larger ones (the keys are unique).
+    if (tid < (int)kk) {
+        const uint64_t mine = ts.surv[tid];
+        uint32_t place = 0;
+        for (uint32_t j = 0; j < kk; j++) place += ts.surv[j] > mine;
+        ts.sorted[place] = mine;
+    }
+    consumer_sync();
+    const uint64_t* sorted = ts.sorted;
+    // The host takes the first +inf logit (sampling.rs `sample`); it is the best key. (A finite
+    // token's key can round to +inf too and would win the tie with a lower id.)
+    if (key_logit(sorted[0]) == INFINITY) return key_id(sorted[0]);
+    const double inv_t = __ddiv_rn(1.0, (double)r.temperature);
+    const uint64_t hash = step_hash(r.seed, r.step + (uint64_t)t);
+    const double m = race_scaled(key_logit(sorted[0]), inv_t);
+    const double a = race_anchor(m);
+    uint64_t rk = 0;
+    if (tid < (int)kk) {
+        const double sc = race_scaled(key_logit(sorted[tid]), inv_t);
+        ts.bins[tid] = race_bin(sc);
+        ts.weights[tid] = r.top_p < 1.0f ? race_weight(sc, a) : 0ull;
+        rk = race_key(sc, key_id(sorted[tid]), hash);
+    }
+    consumer_sync();
+    if (tid == 0) {
+        // race::top_p_bin over the k best (most likely first: bins never rise).
+        long long cut = LLONG_MIN;
+        if (r.top_p < 1.0f) {
+            unsigned long long total = 0;
+            for (uint32_t i = 0; i < kk; i++) total += ts.weights[i];
+            const double target = __dmul_rn((double)r.top_p, __ull2double_rn(total));
+            unsigned long long above = 0;
+            cut = LLONG_MAX;
+            for (uint32_t i = 0; i < kk;) {
+                const long long b = ts.bins[i];
+                if (!(__ull2double_rn(above) < target)) break;
+                cut = b;
+                for (; i < kk && ts.bins[i] == b; i++) above += ts.weights[i];
+            }
+        }
+        if (r.min_p > 0.0f) cut = max(cut, race_min_p_bin(m, r.min_p));
+        ts.cut = cut;
+    }
+    consumer_sync();
+    if (tid < (int)kk && ts.bins[tid] < ts.cut) rk = 0;
+    const uint64_t best = ConsumerSampler::block_key_reduce<true>(rk, sh);
+    return best ? key_id(best) : 0xffffffffu;
+}
+
 // The merge, on the last SM to arrive. Returns the token, or 0xffffffff when
 // it gave up (a part it cannot merge: sample_token decides). Zeroes the
 // global tables it read. Every consumer gets the result.
@@ -216,6 +490,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
     const RaceMode mode = race_mode<F>(p);
     SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec());
     const int tid = threadIdx.x;
+    if (mode == RACE_TOPK) return topk_merge<F>(p, s, t);
     if (mode != RACE_BINS) {
         const uint64_t* keys = reinterpret_cast<const uint64_t*>(p.lm_max);
         uint64_t best = 0;

@@ -74,7 +74,7 @@ pub(crate) struct ModelArgs {
     /// GPU: replay decode steps from CUDA graphs [default: on]
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("cuda-graphs"))]
     cuda_graphs: Option<bool>,
-    /// GPU: top-k requests also run in the megakernel's token loop, one CTA sampling (every other request does, all SMs sampling) [default: off]
+    /// GPU: top-k requests with k above 64 also run in the megakernel's token loop, one CTA sampling (every other request does, all SMs sampling) [default: off]
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("loop-sampling"))]
     loop_sampling: Option<bool>,
     /// GPU: launch kernels early (programmatic dependent launch) [default: on]

@@ -157,11 +157,12 @@ pub struct GpuOptions {
     pub cuda_graphs: bool,
     /// Where sampled tokens are picked. Default `Device`.
     pub sampler: SamplerPlacement,
-    /// Top-k requests also run as megakernel token loops (one CTA samples
-    /// while the other SMs wait: megakernel.cu `sample_token`); off, they
-    /// decode with CUDA graphs. Every other request (greedy, temperature,
-    /// top-p, min-p, penalties) races over all SMs in the megakernel whatever
-    /// this says (kernels/src/mk_race.cuh). Default off.
+    /// Top-k requests with k above 64 also run as megakernel token loops (one
+    /// CTA samples while the other SMs wait: megakernel.cu `sample_token`);
+    /// off, they decode with CUDA graphs. Every other request (greedy,
+    /// temperature, top-k up to 64, top-p, min-p, penalties) is sampled by all
+    /// SMs in the megakernel whatever this says (kernels/src/mk_race.cuh,
+    /// `SamplingParams::races_on_all_sms`). Default off.
     pub loop_sampling: bool,
     /// Launch the forward pass's kernels as programmatic dependent launches, so
     /// each starts before the previous one ends (kernels.rs `Kernels::pdl`).

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 
 use crate::error::{Result, RocketError};
+use crate::megakernel::abi::RACE_TOPK_MAX;
 use crate::race;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -78,12 +79,13 @@ impl SamplingParams {
         SamplingParams { max_tokens, temperature: 0.0, ..Self::default() }
     }
 
-    /// Whether every part of the vocabulary can do its share of the pick on its
-    /// own (`crate::race`): greedy, or sampled with no top-k cut (top-p and
-    /// min-p work on bins any part can fill). The megakernel's all-SM sampler
-    /// takes these; an exact top-k needs the whole row first.
+    /// Whether the megakernel's SMs pick this request's tokens together
+    /// (`kernels/src/mk_race.cuh`): greedy, sampled with no top-k cut (top-p
+    /// and min-p work on bins any part of the vocabulary can fill), or with a
+    /// top-k of at most `RACE_TOPK_MAX` (64), each SM listing its k best. A
+    /// larger top-k needs one CTA over the whole row while the others wait.
     pub fn races_on_all_sms(&self, vocab: usize) -> bool {
-        self.temperature == 0.0 || !(self.top_k > 0 && self.top_k < vocab)
+        self.temperature == 0.0 || !(self.top_k > 0 && self.top_k < vocab) || self.top_k <= RACE_TOPK_MAX
     }
 
     /// Whether any penalty changes logits at all.
@@ -339,6 +341,28 @@ mod tests {
         assert_ne!(race::gumbel(hash, 0), race::gumbel(hash, 1));
         assert_ne!(race::gumbel(hash, 0), race::gumbel(race::step_hash(3, 6), 0));
         assert_ne!(race::gumbel(hash, 0), race::gumbel(race::step_hash(4, 5), 0));
+    }
+
+    #[test]
+    fn top_k_up_to_64_races_on_all_sms() {
+        let vocab = 151_936;
+        let k = |top_k: usize, temperature: f32| params(|p| {
+            p.top_k = top_k;
+            p.temperature = temperature;
+        });
+        for (p, all_sms) in [
+            (k(0, 1.0), true),
+            (k(1, 0.6), true),
+            (k(20, 0.6), true),
+            (k(64, 0.6), true),
+            (k(65, 0.6), false),
+            (k(1000, 0.6), false),
+            (k(1000, 0.0), true),       // greedy: no cut
+            (k(vocab, 0.6), true),      // keeps every token
+            (k(vocab - 1, 0.6), false),
+        ] {
+            assert_eq!(p.races_on_all_sms(vocab), all_sms, "top_k {} at T {}", p.top_k, p.temperature);
+        }
     }
 
     #[test]

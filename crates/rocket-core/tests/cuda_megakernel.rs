@@ -221,9 +221,18 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
         // Mid-request: earlier generations count for the penalties, min_tokens masks the
         // end ids (the greedy choices of an unmasked run), which end the loop afterwards.
         SamplingParams { temperature: 0.0, min_tokens: 12, frequency_penalty: 0.2, ..SamplingParams::default() },
+        // Top-k over all SMs (k <= 64): each SM lists its k best, the last one merges.
+        SamplingParams { temperature: 0.8, top_k: 1, ..SamplingParams::default() },
+        SamplingParams { temperature: 0.6, top_k: 20, top_p: 0.95, ..SamplingParams::default() }, // Qwen3's defaults
+        SamplingParams { temperature: 1.0, top_k: 64, min_p: 0.02, repetition_penalty: 1.2, presence_penalty: 0.3, ..SamplingParams::default() },
+        SamplingParams { temperature: 0.05, top_k: 7, top_p: 0.5, ..SamplingParams::default() }, // scaled logits far from 0
+        SamplingParams { temperature: 0.7, top_k: 33, min_tokens: 12, frequency_penalty: 0.4, ..SamplingParams::default() }, // masked end ids
+        // A larger top-k: one CTA over the row (sample_token), in the loop only with loop_sampling.
+        SamplingParams { temperature: 0.7, top_k: 65, top_p: 0.9, ..SamplingParams::default() },
+        SamplingParams { temperature: 1.0, top_k: 1000, ..SamplingParams::default() },
     ];
     for f in fuels() {
-        let (mut sampled, steps) = (0, 48);
+        let (mut sampled, mut topk, steps) = (0, 0, 48);
         for (n, params) in settings.iter().enumerate() {
             let prompt = random_ids(700 + n as u64, 24, f.vocab);
             let seed = 77 + n as u64;
@@ -234,11 +243,19 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
                 earlier.iter().for_each(|&t| start.push(t));
                 step = earlier.len() as u64;
                 let probe = SampleRequest { params, seed, step, history: &start, end_ids: &[] };
-                let (free, _) = f.gpu.megakernel_sampled(&prompt, &probe, 16).unwrap().unwrap();
+                let (free, _, _) = f.gpu.megakernel_sampled(&prompt, &probe, 16).unwrap().unwrap();
                 end_ids = vec![free[2], free[9], f.vocab as u32 + 7]; // one id past the vocabulary, ignored
             }
             let req = SampleRequest { params, seed, step, history: &start, end_ids: &end_ids };
-            let (tokens, logits) = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
+            let (tokens, logits, one_cta) = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
+            // Which path decided: the SMs together for all but a top-k above 64, whose every
+            // step (the prompt's forced ones too) the one-CTA sampler picks.
+            let launch_steps = prompt.len() - 1 + tokens.len();
+            let want_one_cta = if params.races_on_all_sms(f.vocab) { 0 } else { launch_steps };
+            assert_eq!(one_cta, want_one_cta, "{} setting {n} ({params:?}): steps the one-CTA sampler picked", f.name);
+            if params.top_k > 0 && params.top_k <= 64 {
+                topk += tokens.len();
+            }
             // The host sampler on the kernel's own logits, with the history the kernel kept.
             let mut history = start.clone();
             for (j, (&got, row)) in tokens.iter().zip(logits.chunks(f.vocab)).enumerate() {
@@ -254,7 +271,7 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
             }
             sampled += tokens.len();
         }
-        println!("MK-SAMPLED {}: {sampled} tokens sampled in the kernel, each the host sampler's choice", f.name);
+        println!("MK-SAMPLED {}: {sampled} tokens sampled in the kernel ({topk} by the all-SM top-k), each the host sampler's choice", f.name);
     }
 }
 
@@ -262,8 +279,9 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
 /// compute-sanitizer (gpu_run.sh's `sanitize` step runs it under memcheck on
 /// every fuel's instantiation, and under racecheck): teacher-forced positions,
 /// then a sampled loop in each of the kernel's sampling modes (argmax with
-/// penalties, the untruncated race, the binned race for top-p and min-p, and
-/// the one-CTA sampler for top-k). Each token is checked against the host
+/// penalties, the untruncated race, the binned race for top-p and min-p, the
+/// SMs' top-k lists and their merge, and the one-CTA sampler for a top-k above
+/// 64). Each token is checked against the host
 /// sampler on the kernel's own logits, so a run under a sanitizer is also a
 /// run that computes the right thing.
 #[test]
@@ -278,6 +296,7 @@ fn short_launches_of_every_mode_for_the_sanitizers() {
         ("bins top-p", SamplingParams { temperature: 0.7, top_p: 0.9, ..SamplingParams::default() }),
         ("bins min-p", SamplingParams { temperature: 0.8, min_p: 0.05, frequency_penalty: 0.3, ..SamplingParams::default() }),
         ("top-k", SamplingParams { temperature: 0.6, top_k: 20, top_p: 0.95, ..SamplingParams::default() }),
+        ("one-CTA top-k", SamplingParams { temperature: 0.6, top_k: 100, top_p: 0.95, ..SamplingParams::default() }),
     ];
     let steps = 3;
     for f in fuels() {
@@ -289,8 +308,10 @@ fn short_launches_of_every_mode_for_the_sanitizers() {
             let prompt = random_ids(40 + n as u64, 5, f.vocab);
             let start = TokenHistory::new(&prompt);
             let req = SampleRequest { params, seed: 5 + n as u64, step: 0, history: &start, end_ids: &[] };
-            let (tokens, logits) = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
+            let (tokens, logits, one_cta) = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
             assert_eq!(tokens.len(), steps, "{} {mode}: steps", f.name);
+            let want_one_cta = if params.races_on_all_sms(f.vocab) { 0 } else { prompt.len() - 1 + steps };
+            assert_eq!(one_cta, want_one_cta, "{} {mode}: steps the one-CTA sampler picked", f.name);
             let mut history = start.clone();
             for (j, (&got, row)) in tokens.iter().zip(logits.chunks(f.vocab)).enumerate() {
                 let want = SampleRequest { params, seed: 5 + n as u64, step: j as u64, history: &history, end_ids: &[] }.sample_on_host(row);

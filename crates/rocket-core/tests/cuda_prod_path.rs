@@ -187,6 +187,11 @@ fn graph_prefill_then_megakernel_decode_across_launches_matches_the_references()
         let cpu = CpuBackend::new(spec.clone(), Arc::new(weights));
         let engine = Engine::load(&path, EngineOptions { device: Device::Cuda, progress: Progress::Off, ..EngineOptions::default() }).unwrap();
         assert_eq!(engine.decode_path(1, &SamplingParams::greedy(1)), "megakernel", "{name}");
+        // Sampled requests too, top-k up to 64 (all SMs sample); a larger top-k takes the graph path.
+        for (top_k, path) in [(0, "megakernel"), (1, "megakernel"), (20, "megakernel"), (64, "megakernel"), (65, "cuda-graph + device sampler")] {
+            let p = SamplingParams { temperature: 0.6, top_k, top_p: 0.95, ..SamplingParams::default() };
+            assert_eq!(engine.decode_path(1, &p), path, "{name}: top_k {top_k}");
+        }
         println!("PROD {name}: fuel {fuel}, loaded in {:.1} s", t_load.elapsed().as_secs_f64());
 
         for &len in &PROMPT_LENS {

@@ -48,6 +48,9 @@ header_constants! {
     "int" RACE_KEY_BINS: usize = 1024;
     "int" RACE_MASS_BINS: usize = 512;
     "int" RACE_LEVELS: usize = 64;
+    // Top-k: the largest k the SMs sample together, and each SM's list's entries.
+    "int" RACE_TOPK_MAX: usize = 64;
+    "int" RACE_LIST: usize = RACE_TOPK_MAX;
     // Opcodes (`Op`).
     "uint32_t" OP_QKV: u32 = 1;
     "uint32_t" OP_ATTN: u32 = 2;
@@ -70,6 +73,8 @@ header_constants! {
     "int" ST_ERR_TARGET: usize = 6;
     "int" ST_STEPS: usize = 7;
     "int" ST_HOST_STOP: usize = 8;
+    // Sampled steps whose token the one-CTA sampler picked (the SMs' merge could not).
+    "int" ST_ONE_CTA: usize = 9;
     "int" STATE_WORDS: usize = 16;
     // The host ring (mapped pinned memory): [0, stop, fault, 0, tokens[max_steps]].
     "int" RING_STOP: usize = 1;

@@ -17,6 +17,8 @@ mod error;
 pub mod geometry;
 pub mod profile;
 pub mod schedule;
+#[cfg(test)]
+mod topk_model;
 pub mod twin;
 pub mod verify;
 

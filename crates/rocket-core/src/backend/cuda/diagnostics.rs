@@ -10,6 +10,10 @@ use crate::backend::{Backend, LoopRequest, SampleRequest, Session};
 use crate::error::{Result, RocketError};
 use crate::megakernel::{MegakernelError, Profile};
 
+/// `megakernel_sampled`'s result: the sampled tokens, their raw logits ([tokens][vocab])
+/// and the launch's steps the one-CTA sampler picked.
+pub type SampledLoop = (Vec<u32>, Vec<f32>, usize);
+
 impl CudaBackend {
     /// The fuel whose megakernel decodes at batch 1, or None (CUDA-graph path).
     pub fn megakernel_fuel(&self) -> Result<Option<&'static str>> {
@@ -48,8 +52,10 @@ impl CudaBackend {
     /// and min_tokens as a request in the middle of its generation would have
     /// them), stopping after an end id. Returns the sampled tokens and each
     /// one's raw logits ([tokens][vocab]), for checking against the host
-    /// sampler. None when no megakernel is loaded.
-    pub fn megakernel_sampled(&self, prompt: &[u32], sampling: &SampleRequest<'_>, steps: usize) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
+    /// sampler, and how many of the launch's steps (the prompt's included) the
+    /// one-CTA sampler picked instead of the SMs together. None when no
+    /// megakernel is loaded.
+    pub fn megakernel_sampled(&self, prompt: &[u32], sampling: &SampleRequest<'_>, steps: usize) -> Result<Option<SampledLoop>> {
         if prompt.is_empty() || steps == 0 {
             return Err(RocketError::invalid_arg("prompt", prompt.len(), "needs a prompt and at least one step"));
         }
@@ -61,9 +67,9 @@ impl CudaBackend {
         let vocab = self.spec.vocab_size;
         // The device counts min_tokens' masked steps from the launch's first (forced) step.
         let masked = forced + sampling.params.min_tokens.saturating_sub(sampling.history.generated_len());
-        self.megakernel_forced(&ids, Some((forced, shifted)), (sampling.end_ids, masked), true, None, |_, tokens, logits| {
+        self.megakernel_forced(&ids, Some((forced, shifted)), (sampling.end_ids, masked), true, None, |mk, tokens, logits| {
             let logits = logits.expect("asked for logits");
-            Ok((tokens[forced..].to_vec(), logits[forced * vocab..].to_vec()))
+            Ok((tokens[forced..].to_vec(), logits[forced * vocab..].to_vec(), mk.last_one_cta_steps))
         })
     }
 

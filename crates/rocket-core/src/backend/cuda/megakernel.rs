@@ -12,7 +12,7 @@ use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
 use super::sampler::sample_row;
 use crate::backend::{LoopOutcome, LoopRequest, SampleRequest};
 use crate::error::{Result, RocketError};
-use crate::megakernel::abi::{LayerPtrs, Params, RACE_KEY_BINS, RACE_LEVELS, RACE_MASS_BINS, RING_EMPTY, RING_FAULT, RING_STOP, RING_TOKENS, SMEM_BYTES, STATE_WORDS, ST_STEPS, THREADS};
+use crate::megakernel::abi::{LayerPtrs, Params, RACE_KEY_BINS, RACE_LEVELS, RACE_LIST, RACE_MASS_BINS, RING_EMPTY, RING_FAULT, RING_STOP, RING_TOKENS, SMEM_BYTES, STATE_WORDS, ST_ONE_CTA, ST_STEPS, THREADS};
 use crate::megakernel::profile::trace_words;
 use crate::megakernel::{verify, MegakernelError, Schedule};
 use crate::model::ModelSpec;
@@ -83,13 +83,15 @@ struct LoopSampler {
 }
 
 impl LoopSampler {
-    fn alloc(ctx: &Context, vocab: usize) -> Result<Self> {
+    /// For a grid of `sms` CTAs.
+    fn alloc(ctx: &Context, vocab: usize, sms: usize) -> Result<Self> {
         Ok(LoopSampler {
             row: DeviceBuffer::alloc(ctx, std::mem::size_of::<SampleRow>(), "megakernel sampling")?,
             seen_bits: DeviceBuffer::alloc(ctx, vocab.div_ceil(32) * 4, "megakernel penalty state")?,
             gen_counts: DeviceBuffer::alloc(ctx, vocab * 4, "megakernel penalty state")?,
             race_mass: DeviceBuffer::alloc(ctx, RACE_LEVELS * RACE_MASS_BINS * 8, "megakernel sampler tables")?,
-            race_keys: DeviceBuffer::alloc(ctx, RACE_KEY_BINS * 8, "megakernel sampler tables")?,
+            // The best key per bin, or (top-k) each SM's list.
+            race_keys: DeviceBuffer::alloc(ctx, RACE_KEY_BINS.max(sms * RACE_LIST) * 8, "megakernel sampler tables")?,
             items: DeviceBuffer::alloc(ctx, vocab * SAMPLE_ITEM_BYTES, "megakernel sampler candidates")?,
             vocab,
         })
@@ -143,6 +145,9 @@ pub(crate) struct Megakernel {
     trace: Option<DeviceBuffer>,
     /// The timestamps of the last launch that asked for a trace.
     pub last_trace: Option<Vec<u64>>,
+    /// The last launch's sampled steps whose token the one-CTA sampler picked
+    /// (`ST_ONE_CTA`): every step of a top-k above 64, none where the SMs' merge decides.
+    pub last_one_cta_steps: usize,
     /// A launch the host gave up on (see `hung`).
     hung: bool,
     sampler: LoopSampler,
@@ -250,7 +255,7 @@ impl Megakernel {
         let end_ids = DeviceBuffer::alloc(ctx, MAX_END_IDS * 4, "megakernel end ids")?;
         let forced = DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * 4, "megakernel forced tokens")?;
         let tokens = DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * 4, "megakernel tokens")?;
-        let sampler = LoopSampler::alloc(ctx, spec.vocab_size)?;
+        let sampler = LoopSampler::alloc(ctx, spec.vocab_size, sms)?;
         let ring = MappedBuffer::alloc(RING_TOKENS + MAX_LOOP_STEPS)?;
         let p = |i: usize| activations[i].ptr;
         let base = Params {
@@ -316,6 +321,7 @@ impl Megakernel {
             logits_out: None,
             trace: None,
             last_trace: None,
+            last_one_cta_steps: 0,
             hung: false,
             sampler,
             ring,
@@ -477,6 +483,7 @@ impl Megakernel {
             return Err(e.into());
         }
         let device_steps = state[ST_STEPS] as usize;
+        self.last_one_cta_steps = state[ST_ONE_CTA] as usize;
         if seen != device_steps {
             let e = MegakernelError::LostTokens { device_steps, published: seen };
             self.broken = Some(e.to_string());

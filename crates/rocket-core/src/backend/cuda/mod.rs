@@ -616,7 +616,7 @@ impl CudaBackend {
             return Ok(None); // a launch failed earlier: CUDA graphs from here on
         }
         if req.sampling.as_ref().is_some_and(|s| !self.loops(mk, s.params)) {
-            return Ok(None); // top-k: one CTA would sample while the others wait
+            return Ok(None); // a large top-k: one CTA would sample while the others wait
         }
         let mut end_ids = req.end_ids.to_vec();
         end_ids.sort_unstable();
@@ -664,8 +664,9 @@ impl CudaBackend {
 
 impl CudaBackend {
     /// Whether the megakernel's token loop takes requests sampled with `params`:
-    /// all but top-k ones race over all SMs; top-k only when
-    /// `GpuOptions::loop_sampling` asks (one CTA samples while the rest wait).
+    /// those all SMs sample together (`SamplingParams::races_on_all_sms`: all
+    /// but a top-k above 64); the others only when `GpuOptions::loop_sampling`
+    /// asks (one CTA samples while the rest wait).
     fn loops(&self, mk: &Megakernel, params: &SamplingParams) -> bool {
         self.options.loop_sampling || params.races_on_all_sms(mk.vocab())
     }
