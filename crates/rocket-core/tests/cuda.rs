@@ -240,6 +240,56 @@ fn a_decode_row_is_the_same_bits_beside_a_prompt_on_the_tensor_cores() {
     }
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_tiling() {
+    require_gpu();
+    for path in checkpoints() {
+        let (spec, weights) = open_weights(&path);
+        let vocab = spec.vocab_size;
+        let backend = |tc_attention: bool| {
+            let opts = GpuOptions { decode: DecodePath::Graph, matmul: MatmulPath::Tensor, tc_attention, ..GpuOptions::default() };
+            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
+        };
+        let (tc, split) = (backend(true), backend(false));
+        // Logits of every row of `chunk`, after `prefix` went in as a pass of its own.
+        let run = |b: &CudaBackend, prefix: &[u32], chunk: &[u32]| {
+            let mut s = b.new_session(prefix.len() + chunk.len()).unwrap();
+            if !prefix.is_empty() {
+                b.forward(&mut [Chunk { session: s.as_mut(), tokens: prefix }], Logits::Last).unwrap();
+            }
+            b.forward(&mut [Chunk { session: s.as_mut(), tokens: chunk }], Logits::All).unwrap()
+        };
+        // Whole tiles, partial ones, a chunk that starts mid-tile after a cached prefix, and
+        // long enough for many key tiles.
+        let long = (if vocab > 100_000 { 300 } else { 700 }).min(spec.max_position_embeddings);
+        for (n, (prefix_len, len)) in [(0, 2), (0, 17), (0, 64), (0, 130), (40, 77), (0, long)].into_iter().enumerate() {
+            let ids = random_ids(900 + n as u64, prefix_len + len, vocab);
+            let (prefix, chunk) = ids.split_at(prefix_len);
+            let (a, b) = (run(&tc, prefix, chunk), run(&split, prefix, chunk));
+            assert!(a.iter().all(|v| v.is_finite()), "{}: non-finite logits on the tensor cores", path.display());
+            let worst = a.chunks(vocab).zip(b.chunks(vocab)).map(|(x, y)| rel_l2(x, y)).fold(0.0, f64::max);
+            let argmax = |r: &[f32]| r.iter().enumerate().fold(0, |best, (i, &v)| if v > r[best] { i } else { best });
+            let agree = a.chunks(vocab).zip(b.chunks(vocab)).filter(|(x, y)| argmax(x) == argmax(y)).count();
+            println!(
+                "TC-ATTN {}: prefix {prefix_len} + {len} rows: rel L2 {:.3e} (worst row {worst:.3e}), top-1 {agree}/{len} against the split kernel",
+                path.display(),
+                rel_l2(&a, &b)
+            );
+            // Both are f32-accurate attention (hi/lo bf16 products, f32 sums) in different orders.
+            assert!(worst <= 3e-3, "{}: prefix {prefix_len} + {len}: worst row rel L2 {worst}", path.display());
+        }
+        // A row's result does not depend on how its prompt was split into passes (key
+        // tiles sit on absolute positions; the matmuls do not depend on the row count).
+        let ids = random_ids(950, 130, vocab);
+        let whole = run(&tc, &[], &ids);
+        let parts = run(&tc, &ids[..50], &ids[50..]);
+        let differ = whole[50 * vocab..].iter().zip(&parts).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        println!("TC-ATTN {}: rows 50..130 in one pass and after a 50-row pass: {differ} logits differ", path.display());
+        assert_eq!(differ, 0, "{}: a prompt row's logits depend on how the prompt was split", path.display());
+    }
+}
+
 /// Sampling settings that exercise every branch of the device sampler.
 fn sampler_settings() -> Vec<SamplingParams> {
     let mut out = Vec::new();
