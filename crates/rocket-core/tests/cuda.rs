@@ -217,26 +217,35 @@ fn a_decode_row_is_the_same_bits_beside_a_prompt_on_the_tensor_cores() {
         let (spec, weights) = open_weights(&path);
         let opts = GpuOptions { decode: DecodePath::Graph, matmul: MatmulPath::Tensor, ..GpuOptions::default() };
         let b = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap();
-        let (prompt, other) = (random_ids(71, 20, spec.vocab_size), random_ids(72, 33, spec.vocab_size));
         let next = [random_ids(73, 1, spec.vocab_size)[0]];
-        // Both sequences fit one 64-position attention split, alone or together.
-        let decoded = |with_prompt: bool| {
-            let mut s = b.new_session(64).unwrap();
-            b.forward(&mut [Chunk { session: s.as_mut(), tokens: &prompt }], Logits::Last).unwrap();
-            if !with_prompt {
-                return b.forward(&mut [Chunk { session: s.as_mut(), tokens: &next }], Logits::Last).unwrap();
-            }
-            let mut o = b.new_session(64).unwrap();
-            let both = b
-                .forward(&mut [Chunk { session: s.as_mut(), tokens: &next }, Chunk { session: o.as_mut(), tokens: &other }], Logits::Last)
-                .unwrap();
-            both[..spec.vocab_size].to_vec()
-        };
-        let (alone, beside) = (decoded(false), decoded(true));
-        let differ = alone.iter().zip(&beside).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-        println!("MIXED {}: {differ} of {} logits differ between the row alone and beside a prompt", path.display(), alone.len());
-        assert!(alone.iter().all(|v| v.is_finite()), "{}: non-finite logits", path.display());
-        assert_eq!(differ, 0, "{}: a decode row's logits depend on a prompt sharing its pass", path.display());
+        // A short pair (one 64-position attention split each), and a decode row past one
+        // split beside a prompt longer than 32 splits of 64 (which must not stretch the
+        // decode row's splits: the prompt's rows are on the prefill kernel).
+        let long = 2200.min(spec.max_position_embeddings - 1);
+        for (prompt_len, other_len) in [(20, 33), (100, long)] {
+            let (prompt, other) = (random_ids(71, prompt_len, spec.vocab_size), random_ids(72, other_len, spec.vocab_size));
+            let decoded = |with_prompt: bool| {
+                let mut s = b.new_session(prompt_len.next_multiple_of(64)).unwrap();
+                b.forward(&mut [Chunk { session: s.as_mut(), tokens: &prompt }], Logits::Last).unwrap();
+                if !with_prompt {
+                    return b.forward(&mut [Chunk { session: s.as_mut(), tokens: &next }], Logits::Last).unwrap();
+                }
+                let mut o = b.new_session(other_len.next_multiple_of(64)).unwrap();
+                let both = b
+                    .forward(&mut [Chunk { session: s.as_mut(), tokens: &next }, Chunk { session: o.as_mut(), tokens: &other }], Logits::Last)
+                    .unwrap();
+                both[..spec.vocab_size].to_vec()
+            };
+            let (alone, beside) = (decoded(false), decoded(true));
+            let differ = alone.iter().zip(&beside).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            println!(
+                "MIXED {}: {prompt_len}-token context beside a {other_len}-token prompt: {differ} of {} logits differ from the row alone",
+                path.display(),
+                alone.len()
+            );
+            assert!(alone.iter().all(|v| v.is_finite()), "{}: non-finite logits", path.display());
+            assert_eq!(differ, 0, "{}: a decode row's logits depend on a {other_len}-token prompt sharing its pass", path.display());
+        }
     }
 }
 

@@ -367,10 +367,17 @@ impl CudaBackend {
         }
         let rows: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let decode = chunks.iter().all(|c| c.tokens.len() == 1);
+        // Prompt chunks (two tokens or more) take the tensor-core prefill attention, in
+        // tiles of consecutive rows; single-token rows stay on the split kernel, so a
+        // decode row gets the same bits whether or not a prompt shares its pass.
+        let tiled = !decode && self.options.tc_attention;
         let out_rows = if logits == Logits::All { rows } else { chunks.len() };
         // Decode passes size attention by capacity so one graph serves every step.
         let span = |c: &Chunk<'_>| if decode { c.session.capacity() } else { c.session.len() + c.tokens.len() };
-        let longest = chunks.iter().map(span).max().unwrap_or(1);
+        // The split kernel's chunk length comes from the rows it takes: with the prompts
+        // tiled, a long prompt must not stretch a decode row's splits (and change its bits).
+        let on_split = |c: &&Chunk<'_>| !tiled || c.tokens.len() == 1;
+        let longest = chunks.iter().filter(on_split).map(span).max().unwrap_or(1);
         let attn_chunk = if decode { ATTN_CHUNK } else { ATTN_CHUNK.max(longest.div_ceil(PREFILL_SPLITS)) };
         let splits = longest.div_ceil(attn_chunk).max(1);
         let mut shape = PassShape {
@@ -409,11 +416,7 @@ impl CudaBackend {
         let bytes = inner.host_inputs.as_mut_slice::<u8>();
         let mut row = 0usize;
         let mut row_map = Vec::with_capacity(chunks.len());
-        // Prompt chunks (two tokens or more) take the tensor-core prefill attention, in
-        // tiles of consecutive rows; single-token rows stay on the split kernel, so a
-        // decode row gets the same bits whether or not a prompt shares its pass.
         let (mut split_rows, mut tiles) = (Vec::new(), Vec::new());
-        let tiled = !decode && self.options.tc_attention;
         for c in chunks.iter_mut() {
             let sess = own_session::<CudaSession>(c.session, "cuda")?;
             let first = row;
