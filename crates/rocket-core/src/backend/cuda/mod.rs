@@ -785,4 +785,30 @@ mod tests {
         want.extend([0xaa; 2]);
         assert_eq!(bytes, want);
     }
+
+    #[test]
+    fn staged_inputs_tables_are_aligned_and_disjoint() {
+        assert_eq!(std::mem::size_of::<PrefillTile>(), 8, "attention_prefill.cu reads PrefillTile as two i32");
+        for rows in [1usize, 2, 3, 5, 16, 17, 63, 100, 1000, 4097] {
+            // (offset, bytes, alignment) of tokens, meta, row_map, split_rows, tiles.
+            let tables = [
+                (0, rows * 4, 4),
+                (Scratch::meta_offset(rows), rows * std::mem::size_of::<RowMeta>(), 16),
+                (Scratch::row_map_offset(rows), rows * 4, 4),
+                (Scratch::split_rows_offset(rows), rows * 4, 4),
+                (Scratch::tiles_offset(rows), rows * std::mem::size_of::<PrefillTile>(), 8),
+            ];
+            for w in tables.windows(2) {
+                assert!(w[0].0 + w[0].1 <= w[1].0, "{rows} rows: tables overlap: {tables:?}");
+            }
+            for &(off, _, align) in &tables {
+                assert_eq!(off % align, 0, "{rows} rows: a table at {off} is not {align}-byte aligned");
+            }
+            let (last, len, _) = tables[4];
+            assert_eq!(Scratch::inputs_bytes(rows), last + len, "{rows} rows: the upload must cover the tile table");
+        }
+        let mut bytes = vec![0u8; 8];
+        put(&mut bytes, 0, PrefillTile { first_row: 3, rows: 64 });
+        assert_eq!(bytes, [3i32.to_ne_bytes(), 64i32.to_ne_bytes()].concat());
+    }
 }
