@@ -28,7 +28,9 @@ Run: python3 -m venv .venv && .venv/bin/pip install numpy
      .venv/bin/python kernels/twin/attention_prefill_twin.py [--quick] [--mutants]
 """
 import argparse
+import hashlib
 import itertools
+import pathlib
 import sys
 import time
 
@@ -41,6 +43,10 @@ LANE = np.broadcast_to(np.arange(32), (NWARPS, 32))
 WARP = np.broadcast_to(np.arange(NWARPS)[:, None], (NWARPS, 32))
 F32 = np.float32
 NEG_INF = F32(-np.inf)
+# The kernel source this twin was last checked against: a different hash means the
+# twin may no longer mirror the kernel (update both, then this hash).
+KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill.cu"
+KERNEL_SHA256 = "28a8bc07e5268d22147083e40d6deaec9e71e759e4af0b199b5a60a6043c7f27"
 POISON_BF16 = 0xFFFF  # a NaN: what an unwritten cache slot or shared word holds here
 
 
@@ -526,6 +532,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a short sweep")
     ap.add_argument("--mutants", action="store_true", help="also require every deliberate mistake to fail")
     args = ap.parse_args()
+    if hashlib.sha256(KERNEL.read_bytes()).hexdigest() != KERNEL_SHA256:
+        print(f"WARNING: {KERNEL} changed since this twin was checked against it; re-read the kernel and update the twin")
     sweep(args.quick)
     ok = run_mutants() if args.mutants else True
     print("OK" if ok else "FAILED")
