@@ -4,6 +4,8 @@
 // sequence) and prefill (one row per new token, each with its own context).
 //
 // attn_partial_hdD: q rows are q_stride floats apart (the fused qkv buffer). grid = (n_heads, rows, splits), block = 128 (4 warps).
+//   With row_index, grid.y counts the rows it lists (the rest of a prefill pass goes to
+//   attention_prefill.cu); without, row = blockIdx.y.
 //   Split s covers positions [s*chunk, min((s+1)*chunk, context)); each warp takes 4
 //   consecutive positions at a time (loads first) with an online softmax; writes the split's max m, sum l and
 //   unnormalised output o to part_ml [rows][n_heads][splits][2] and part_o [..][D].
@@ -12,11 +14,12 @@
 
 template <int D>
 __device__ __forceinline__ void attn_partial_body(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,
-                                                  float* __restrict__ part_o, float* __restrict__ part_ml,
-                                                  int n_heads, int n_kv, int layer, int n_layers, int chunk,
-                                                  float scale) {
+                                                  const int* __restrict__ row_index, float* __restrict__ part_o,
+                                                  float* __restrict__ part_ml, int n_heads, int n_kv, int layer, int n_layers,
+                                                  int chunk, float scale) {
     constexpr int E = D / 32;  // elements per lane
-    const int head = blockIdx.x, row = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const int head = blockIdx.x, split = blockIdx.z, splits = gridDim.z;
+    const int row = row_index ? row_index[blockIdx.y] : blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv_head = head / (n_heads / n_kv);
     const int kvd = n_kv * D;
@@ -96,8 +99,10 @@ __device__ __forceinline__ void attn_partial_body(const float* __restrict__ q, i
 
 template <int D>
 __device__ __forceinline__ void attn_merge_body(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                                float* __restrict__ out, int n_heads, int splits) {
-    const int head = blockIdx.x, row = blockIdx.y, i = threadIdx.x;
+                                                const int* __restrict__ row_index, float* __restrict__ out, int n_heads,
+                                                int splits) {
+    const int head = blockIdx.x, i = threadIdx.x;
+    const int row = row_index ? row_index[blockIdx.y] : blockIdx.y;
     const size_t base = ((size_t)row * n_heads + head) * splits;
     float M = -INFINITY;
     for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[(base + s) * 2]);
@@ -114,16 +119,18 @@ __device__ __forceinline__ void attn_merge_body(const float* __restrict__ part_o
 
 #define ATTN(D)                                                                                                \
     ROCKET_KERNEL void __launch_bounds__(128)                                                                  \
-        attn_partial_hd##D(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta, float* part_o,       \
-                           float* part_ml, int n_heads, int n_kv, int layer, int n_layers, int chunk,          \
-                           float scale) {                                                                      \
+        attn_partial_hd##D(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,         \
+                           const int* __restrict__ row_index, float* part_o, float* part_ml, int n_heads,      \
+                           int n_kv, int layer, int n_layers, int chunk, float scale) {                        \
         pdl_enter();                                                                                           \
-        attn_partial_body<D>(q, q_stride, meta, part_o, part_ml, n_heads, n_kv, layer, n_layers, chunk, scale);          \
+        attn_partial_body<D>(q, q_stride, meta, row_index, part_o, part_ml, n_heads, n_kv, layer, n_layers,   \
+                             chunk, scale);                                                                    \
     }                                                                                                          \
     ROCKET_KERNEL void attn_merge_hd##D(const float* __restrict__ part_o, const float* __restrict__ part_ml,   \
-                                        float* __restrict__ out, int n_heads, int splits) {                    \
+                                        const int* __restrict__ row_index, float* __restrict__ out,            \
+                                        int n_heads, int splits) {                                             \
         pdl_enter();                                                                                           \
-        attn_merge_body<D>(part_o, part_ml, out, n_heads, splits);                                             \
+        attn_merge_body<D>(part_o, part_ml, row_index, out, n_heads, splits);                                  \
     }
 ATTN(32)
 ATTN(64)

@@ -6,6 +6,7 @@
 #include "gemm_tc.cu"
 #include "rope_kv.cu"
 #include "attention.cu"
+#include "attention_prefill.cu"
 #include "silu_mul.cu"
 #include "transpose.cu"
 #include "argmax.cu"

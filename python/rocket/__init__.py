@@ -81,7 +81,8 @@ class LLM:
     - ``decode``: batch-1 decode path, ``"auto"`` (default), ``"graph"``, ``"megakernel"``
     - ``matmul``: matmul kernel per pass, ``"auto"`` (default), ``"gemv"``, ``"tensor"``
     - ``sampler``: where sampled tokens are picked, ``"device"`` (default) or ``"host"``
-    - ``cuda_graphs`` (True), ``loop_sampling`` (False), ``pdl`` (True), ``fuse`` (True): on/off switches
+    - ``cuda_graphs`` (True), ``loop_sampling`` (False), ``pdl`` (True), ``fuse`` (True),
+      ``tc_attention`` (True): on/off switches
     - ``watchdog_ms``: megakernel stall limit in milliseconds (2000)
     - ``trace_step``: megakernel decode launches log where this step's time went (None)
     """
@@ -100,6 +101,7 @@ class LLM:
         loop_sampling: bool | None = None,
         pdl: bool | None = None,
         fuse: bool | None = None,
+        tc_attention: bool | None = None,
         watchdog_ms: int | None = None,
         trace_step: int | None = None,
     ) -> None:
@@ -115,6 +117,7 @@ class LLM:
             loop_sampling=loop_sampling,
             pdl=pdl,
             fuse=fuse,
+            tc_attention=tc_attention,
             watchdog_ms=watchdog_ms,
             trace_step=trace_step,
             env=_settings_env(),

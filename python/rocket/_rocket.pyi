@@ -134,6 +134,7 @@ class EngineOptions:
         loop_sampling: bool | None = None,
         pdl: bool | None = None,
         fuse: bool | None = None,
+        tc_attention: bool | None = None,
         watchdog_ms: int | None = None,
         trace_step: int | None = None,
         env: list[tuple[str, str]] = ...,

@@ -83,6 +83,9 @@ pub(crate) struct ModelArgs {
     /// GPU: RMSNorm and SiLU·mul inside the tensor-core GEMM [default: on]
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("fuse"))]
     fuse: Option<bool>,
+    /// GPU: prompt rows' attention on the tensor cores (off: the split kernel decode uses) [default: on]
+    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("tc-attention"))]
+    tc_attention: Option<bool>,
     /// GPU: megakernel stall limit in milliseconds [default: 2000]
     #[arg(long, value_name = "MS", value_parser = |v: &str| rocket_core::options::parse_watchdog_ms("--watchdog-ms", v))]
     watchdog_ms: Option<std::time::Duration>,
@@ -126,7 +129,7 @@ impl ModelArgs {
         }
         set!(self.progress => o.progress, self.decode => g.decode, self.matmul => g.matmul, self.sampler => g.sampler,
             self.cuda_graphs => g.cuda_graphs, self.loop_sampling => g.loop_sampling, self.pdl => g.pdl, self.fuse => g.fuse,
-            self.watchdog_ms => g.watchdog);
+            self.tc_attention => g.tc_attention, self.watchdog_ms => g.watchdog);
         if self.trace_step.is_some() {
             g.trace_step = self.trace_step;
         }
@@ -235,7 +238,7 @@ mod tests {
         assert_eq!((o.gpu.decode, o.gpu.pdl, o.gpu.watchdog.as_millis(), o.gpu.sampler), (DecodePath::Megakernel, false, 5000, SamplerPlacement::Host));
         let flags = [
             "--decode", "graph", "--matmul", "tensor", "--sampler", "device", "--cuda-graphs", "off", "--loop-sampling", "on",
-            "--pdl", "on", "--fuse", "false", "--watchdog-ms", "7", "--trace-step", "3", "--progress", "always", "--max-seq-len", "9",
+            "--pdl", "on", "--fuse", "false", "--tc-attention", "off", "--watchdog-ms", "7", "--trace-step", "3", "--progress", "always", "--max-seq-len", "9",
         ];
         let o = options(&flags, &env).unwrap();
         let want = GpuOptions {
@@ -246,6 +249,7 @@ mod tests {
             loop_sampling: true,
             pdl: true,
             fuse: false,
+            tc_attention: false,
             watchdog: std::time::Duration::from_millis(7),
             trace_step: Some(3),
         };

@@ -172,6 +172,11 @@ pub struct GpuOptions {
     /// prologue and epilogue) instead of as their own kernels. Default on; off
     /// is for comparison.
     pub fuse: bool,
+    /// Prompt rows' attention on the tensor cores (attention_prefill.cu: 64 rows
+    /// of a sequence share each staged key and value) instead of the split kernel
+    /// that decode uses (every row streams its whole context). Default on; off is
+    /// for comparison.
+    pub tc_attention: bool,
     /// How long a megakernel wait on one dependency may last before the launch
     /// ends with an error (raise it under compute-sanitizer). Default 2 s.
     pub watchdog: Duration,
@@ -191,6 +196,7 @@ impl Default for GpuOptions {
             loop_sampling: false,
             pdl: true,
             fuse: true,
+            tc_attention: true,
             watchdog: Duration::from_millis(2000),
             trace_step: None,
         }
@@ -207,6 +213,7 @@ pub const ENV_SETTINGS: &[(&str, &str)] = &[
     ("ROCKET_LOOP_SAMPLING", "loop_sampling"),
     ("ROCKET_PDL", "pdl"),
     ("ROCKET_FUSE", "fuse"),
+    ("ROCKET_TC_ATTENTION", "tc_attention"),
     ("ROCKET_WATCHDOG_MS", "watchdog_ms"),
     ("ROCKET_MK_TRACE_STEP", "trace_step"),
     ("ROCKET_PROGRESS", "progress"),
@@ -241,6 +248,7 @@ impl crate::EngineOptions {
                 "ROCKET_LOOP_SAMPLING" => gpu.loop_sampling = parse_switch(name, v)?,
                 "ROCKET_PDL" => gpu.pdl = parse_switch(name, v)?,
                 "ROCKET_FUSE" => gpu.fuse = parse_switch(name, v)?,
+                "ROCKET_TC_ATTENTION" => gpu.tc_attention = parse_switch(name, v)?,
                 "ROCKET_WATCHDOG_MS" => gpu.watchdog = parse_watchdog_ms(name, v)?,
                 "ROCKET_MK_TRACE_STEP" => gpu.trace_step = Some(parse_trace_step(name, v)?),
                 "ROCKET_PROGRESS" => self.progress = if v == "0" { Progress::Off } else { named(name, v)? },
@@ -319,6 +327,7 @@ mod tests {
             ("ROCKET_LOOP_SAMPLING", "1"),
             ("ROCKET_PDL", "0"),
             ("ROCKET_FUSE", "off"),
+            ("ROCKET_TC_ATTENTION", "off"),
             ("ROCKET_WATCHDOG_MS", "120000"),
             ("ROCKET_MK_TRACE_STEP", "100"),
             ("ROCKET_PROGRESS", "0"),
@@ -334,6 +343,7 @@ mod tests {
             loop_sampling: true,
             pdl: false,
             fuse: false,
+            tc_attention: false,
             watchdog: Duration::from_secs(120),
             trace_step: Some(100),
         };
@@ -350,6 +360,7 @@ mod tests {
             ("ROCKET_LOOP_SAMPLING", "2"),
             ("ROCKET_PDL", "x"),
             ("ROCKET_FUSE", "yes"),
+            ("ROCKET_TC_ATTENTION", "maybe"),
             ("ROCKET_WATCHDOG_MS", "0"),
             ("ROCKET_MK_TRACE_STEP", "last"),
             ("ROCKET_PROGRESS", "sometimes"),

@@ -217,26 +217,85 @@ fn a_decode_row_is_the_same_bits_beside_a_prompt_on_the_tensor_cores() {
         let (spec, weights) = open_weights(&path);
         let opts = GpuOptions { decode: DecodePath::Graph, matmul: MatmulPath::Tensor, ..GpuOptions::default() };
         let b = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap();
-        let (prompt, other) = (random_ids(71, 20, spec.vocab_size), random_ids(72, 33, spec.vocab_size));
         let next = [random_ids(73, 1, spec.vocab_size)[0]];
-        // Both sequences fit one 64-position attention split, alone or together.
-        let decoded = |with_prompt: bool| {
-            let mut s = b.new_session(64).unwrap();
-            b.forward(&mut [Chunk { session: s.as_mut(), tokens: &prompt }], Logits::Last).unwrap();
-            if !with_prompt {
-                return b.forward(&mut [Chunk { session: s.as_mut(), tokens: &next }], Logits::Last).unwrap();
-            }
-            let mut o = b.new_session(64).unwrap();
-            let both = b
-                .forward(&mut [Chunk { session: s.as_mut(), tokens: &next }, Chunk { session: o.as_mut(), tokens: &other }], Logits::Last)
-                .unwrap();
-            both[..spec.vocab_size].to_vec()
+        // A short pair (one 64-position attention split each), and a decode row past one
+        // split beside a prompt longer than 32 splits of 64 (which must not stretch the
+        // decode row's splits: the prompt's rows are on the prefill kernel).
+        let long = 2200.min(spec.max_position_embeddings - 1);
+        for (prompt_len, other_len) in [(20, 33), (100, long)] {
+            let (prompt, other) = (random_ids(71, prompt_len, spec.vocab_size), random_ids(72, other_len, spec.vocab_size));
+            let decoded = |with_prompt: bool| {
+                let mut s = b.new_session(prompt_len.next_multiple_of(64)).unwrap();
+                b.forward(&mut [Chunk { session: s.as_mut(), tokens: &prompt }], Logits::Last).unwrap();
+                if !with_prompt {
+                    return b.forward(&mut [Chunk { session: s.as_mut(), tokens: &next }], Logits::Last).unwrap();
+                }
+                let mut o = b.new_session(other_len.next_multiple_of(64)).unwrap();
+                let both = b
+                    .forward(&mut [Chunk { session: s.as_mut(), tokens: &next }, Chunk { session: o.as_mut(), tokens: &other }], Logits::Last)
+                    .unwrap();
+                both[..spec.vocab_size].to_vec()
+            };
+            let (alone, beside) = (decoded(false), decoded(true));
+            let differ = alone.iter().zip(&beside).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            println!(
+                "MIXED {}: {prompt_len}-token context beside a {other_len}-token prompt: {differ} of {} logits differ from the row alone",
+                path.display(),
+                alone.len()
+            );
+            assert!(alone.iter().all(|v| v.is_finite()), "{}: non-finite logits", path.display());
+            assert_eq!(differ, 0, "{}: a decode row's logits depend on a {other_len}-token prompt sharing its pass", path.display());
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_tiling() {
+    require_gpu();
+    for path in checkpoints() {
+        let (spec, weights) = open_weights(&path);
+        let vocab = spec.vocab_size;
+        let backend = |tc_attention: bool| {
+            let opts = GpuOptions { decode: DecodePath::Graph, matmul: MatmulPath::Tensor, tc_attention, ..GpuOptions::default() };
+            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
         };
-        let (alone, beside) = (decoded(false), decoded(true));
-        let differ = alone.iter().zip(&beside).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-        println!("MIXED {}: {differ} of {} logits differ between the row alone and beside a prompt", path.display(), alone.len());
-        assert!(alone.iter().all(|v| v.is_finite()), "{}: non-finite logits", path.display());
-        assert_eq!(differ, 0, "{}: a decode row's logits depend on a prompt sharing its pass", path.display());
+        let (tc, split) = (backend(true), backend(false));
+        // Logits of every row of `chunk`, after `prefix` went in as a pass of its own.
+        let run = |b: &CudaBackend, prefix: &[u32], chunk: &[u32]| {
+            let mut s = b.new_session(prefix.len() + chunk.len()).unwrap();
+            if !prefix.is_empty() {
+                b.forward(&mut [Chunk { session: s.as_mut(), tokens: prefix }], Logits::Last).unwrap();
+            }
+            b.forward(&mut [Chunk { session: s.as_mut(), tokens: chunk }], Logits::All).unwrap()
+        };
+        // Whole tiles, partial ones, a chunk that starts mid-tile after a cached prefix, and
+        // long enough for many key tiles.
+        let long = (if vocab > 100_000 { 300 } else { 700 }).min(spec.max_position_embeddings);
+        for (n, (prefix_len, len)) in [(0, 2), (0, 17), (0, 64), (0, 130), (40, 77), (0, long)].into_iter().enumerate() {
+            let ids = random_ids(900 + n as u64, prefix_len + len, vocab);
+            let (prefix, chunk) = ids.split_at(prefix_len);
+            let (a, b) = (run(&tc, prefix, chunk), run(&split, prefix, chunk));
+            assert!(a.iter().all(|v| v.is_finite()), "{}: non-finite logits on the tensor cores", path.display());
+            let worst = a.chunks(vocab).zip(b.chunks(vocab)).map(|(x, y)| rel_l2(x, y)).fold(0.0, f64::max);
+            let argmax = |r: &[f32]| r.iter().enumerate().fold(0, |best, (i, &v)| if v > r[best] { i } else { best });
+            let agree = a.chunks(vocab).zip(b.chunks(vocab)).filter(|(x, y)| argmax(x) == argmax(y)).count();
+            println!(
+                "TC-ATTN {}: prefix {prefix_len} + {len} rows: rel L2 {:.3e} (worst row {worst:.3e}), top-1 {agree}/{len} against the split kernel",
+                path.display(),
+                rel_l2(&a, &b)
+            );
+            // Both are f32-accurate attention (hi/lo bf16 products, f32 sums) in different orders.
+            assert!(worst <= 3e-3, "{}: prefix {prefix_len} + {len}: worst row rel L2 {worst}", path.display());
+        }
+        // A row's result does not depend on how its prompt was split into passes (key
+        // tiles sit on absolute positions; the matmuls do not depend on the row count).
+        let ids = random_ids(950, 130, vocab);
+        let whole = run(&tc, &[], &ids);
+        let parts = run(&tc, &ids[..50], &ids[50..]);
+        let differ = whole[50 * vocab..].iter().zip(&parts).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        println!("TC-ATTN {}: rows 50..130 in one pass and after a 50-row pass: {differ} logits differ", path.display());
+        assert_eq!(differ, 0, "{}: a prompt row's logits depend on how the prompt was split", path.display());
     }
 }
 

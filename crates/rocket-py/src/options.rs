@@ -46,7 +46,7 @@ fn whole(name: &str, value: &Bound<'_, PyAny>) -> Result<String, RocketError> {
 #[pymethods]
 impl EngineOptions_ {
     #[new]
-    #[pyo3(signature = (*, device=None, max_seq_len=None, progress=None, decode=None, matmul=None, sampler=None, cuda_graphs=None, loop_sampling=None, pdl=None, fuse=None, watchdog_ms=None, trace_step=None, env=Vec::new()))]
+    #[pyo3(signature = (*, device=None, max_seq_len=None, progress=None, decode=None, matmul=None, sampler=None, cuda_graphs=None, loop_sampling=None, pdl=None, fuse=None, tc_attention=None, watchdog_ms=None, trace_step=None, env=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -60,6 +60,7 @@ impl EngineOptions_ {
         loop_sampling: Option<Bound<'_, PyAny>>,
         pdl: Option<Bound<'_, PyAny>>,
         fuse: Option<Bound<'_, PyAny>>,
+        tc_attention: Option<Bound<'_, PyAny>>,
         watchdog_ms: Option<Bound<'_, PyAny>>,
         trace_step: Option<Bound<'_, PyAny>>,
         env: Vec<(String, String)>,
@@ -95,6 +96,7 @@ impl EngineOptions_ {
                 ("loop_sampling", &loop_sampling, &mut g.loop_sampling),
                 ("pdl", &pdl, &mut g.pdl),
                 ("fuse", &fuse, &mut g.fuse),
+                ("tc_attention", &tc_attention, &mut g.tc_attention),
             ] {
                 if let Some(v) = value {
                     *field = switch(name, v)?;

@@ -174,6 +174,7 @@ pub(crate) struct Kernels {
     rope_kv: Function,
     attn_partial: Function,
     attn_merge: Function,
+    attn_prefill: Function,
     silu_mul: Function,
     argmax: Function,
     sample: Function,
@@ -214,6 +215,7 @@ impl Kernels {
             rope_kv: f("rope_store_kv")?,
             attn_partial: f(&format!("attn_partial_hd{head_dim}"))?,
             attn_merge: f(&format!("attn_merge_hd{head_dim}"))?,
+            attn_prefill: f(&format!("attn_prefill_hd{head_dim}"))?,
             silu_mul: f("silu_mul")?,
             argmax: f("argmax")?,
             sample: f("sample_rows")?,
@@ -348,7 +350,9 @@ impl Kernels {
     }
 
     /// Attention of q (rows `q_stride` apart) into out [rows][n_heads*hd], split
-    /// into `splits` chunks of `chunk` positions merged through `part_o`/`part_ml`.
+    /// into `splits` chunks of `chunk` positions merged through `part_o`/`part_ml`:
+    /// for the `rows` rows listed at `row_index` (i32 each), or rows 0..rows when
+    /// `row_index` is 0.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention(
         &self,
@@ -356,6 +360,7 @@ impl Kernels {
         q: u64,
         q_stride: usize,
         meta: u64,
+        row_index: u64,
         part_o: u64,
         part_ml: u64,
         out: u64,
@@ -372,6 +377,7 @@ impl Kernels {
             Arg::Ptr(q),
             Arg::I32(q_stride as i32),
             Arg::Ptr(meta),
+            Arg::Ptr(row_index),
             Arg::Ptr(part_o),
             Arg::Ptr(part_ml),
             Arg::I32(n_heads as i32),
@@ -382,8 +388,42 @@ impl Kernels {
             Arg::F32(scale),
         ];
         self.go(&self.attn_partial, s, (n_heads as u32, rows as u32, splits as u32), 128, 0, &args)?;
-        let args = [Arg::Ptr(part_o), Arg::Ptr(part_ml), Arg::Ptr(out), Arg::I32(n_heads as i32), Arg::I32(splits as i32)];
+        let args = [Arg::Ptr(part_o), Arg::Ptr(part_ml), Arg::Ptr(row_index), Arg::Ptr(out), Arg::I32(n_heads as i32), Arg::I32(splits as i32)];
         self.go(&self.attn_merge, s, (n_heads as u32, rows as u32, 1), self.head_dim, 0, &args)
+    }
+
+    /// Causal attention of prompt rows on the tensor cores (attention_prefill.cu):
+    /// `tiles` PrefillTile entries at `tile_table`, each up to PREFILL_TILE
+    /// consecutive rows of one sequence, into out [rows][n_heads*hd].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_prefill(
+        &self,
+        s: &Stream,
+        q: u64,
+        q_stride: usize,
+        meta: u64,
+        tile_table: u64,
+        out: u64,
+        n_heads: usize,
+        n_kv: usize,
+        layer: usize,
+        n_layers: usize,
+        tiles: usize,
+    ) -> Result<()> {
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let args = [
+            Arg::Ptr(q),
+            Arg::I32(q_stride as i32),
+            Arg::Ptr(meta),
+            Arg::Ptr(tile_table),
+            Arg::Ptr(out),
+            Arg::I32(n_heads as i32),
+            Arg::I32(n_kv as i32),
+            Arg::I32(layer as i32),
+            Arg::I32(n_layers as i32),
+            Arg::F32(scale),
+        ];
+        self.go(&self.attn_prefill, s, (tiles as u32, n_heads as u32, 1), PREFILL_THREADS, 0, &args)
     }
 
     pub(crate) fn silu_mul(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize) -> Result<()> {
@@ -421,6 +461,10 @@ impl Kernels {
         self.go(&self.sample, s, (rows as u32, 1, 1), SAMPLE_THREADS, 0, &args)
     }
 }
+
+/// Query rows per CTA of `attn_prefill` (attention_prefill.cu PREFILL_TILE), and its block size.
+pub(crate) const PREFILL_TILE: usize = 64;
+const PREFILL_THREADS: u32 = 128;
 
 /// Block size and logits per CTA of `argmax` (kernels/src/argmax.cu).
 const ARGMAX_THREADS: u32 = 256;

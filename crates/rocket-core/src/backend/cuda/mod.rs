@@ -35,7 +35,7 @@ use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
 use crate::progress::LoadProgress;
 use crate::sampling::SamplingParams;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
-use kernels::{argmax_state_bytes, GemmFusion, GemmPlan, GemmScratch, Kernels};
+use kernels::{argmax_state_bytes, GemmFusion, GemmPlan, GemmScratch, Kernels, PREFILL_TILE};
 use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
 use sampler::DeviceSampler;
 use weights::DeviceWeights;
@@ -111,6 +111,15 @@ struct RowMeta {
 // The kernels read RowMeta as 16 packed bytes.
 const _: () = assert!(std::mem::size_of::<RowMeta>() == 16);
 
+/// Up to `PREFILL_TILE` consecutive rows of one sequence for the tensor-core
+/// prefill attention (kernels/src/attention_prefill.cu `PrefillTile`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PrefillTile {
+    first_row: i32,
+    rows: i32,
+}
+
 /// What a pass picks from its last rows' logits.
 #[derive(Clone, Copy)]
 enum Pick<'r> {
@@ -152,7 +161,8 @@ struct Scratch {
     logits: DeviceBuffer,
     part_o: DeviceBuffer,
     part_ml: DeviceBuffer,
-    /// tokens [rows] u32 | meta [rows] RowMeta | row_map [rows] i32, uploaded together.
+    /// tokens [rows] u32 | meta [rows] RowMeta | row_map [rows] i32 | split_rows [rows] i32 |
+    /// prefill_tiles [rows] PrefillTile, uploaded together.
     inputs: DeviceBuffer,
     argmax: DeviceBuffer,
     /// argmax.cu's per-row keys and counters: zeroed once, left zero by every
@@ -214,8 +224,18 @@ impl Scratch {
         Self::meta_offset(rows) + rows * std::mem::size_of::<RowMeta>()
     }
 
-    fn inputs_bytes(rows: usize) -> usize {
+    /// The rows the split attention kernel takes in a pass whose prompt rows go to
+    /// the tensor-core prefill kernel.
+    fn split_rows_offset(rows: usize) -> usize {
         Self::row_map_offset(rows) + rows * 4
+    }
+
+    fn tiles_offset(rows: usize) -> usize {
+        (Self::split_rows_offset(rows) + rows * 4).next_multiple_of(8)
+    }
+
+    fn inputs_bytes(rows: usize) -> usize {
+        Self::tiles_offset(rows) + rows * std::mem::size_of::<PrefillTile>()
     }
 }
 
@@ -248,6 +268,12 @@ struct PassShape {
     splits: usize,
     /// Positions per attention split.
     attn_chunk: usize,
+    /// Rows the split attention kernel takes: all of them (decode, or no prompt rows
+    /// on the tensor cores), or those listed in the inputs' split_rows.
+    split_rows: usize,
+    split_listed: bool,
+    /// Tiles of prompt rows for the tensor-core prefill attention (0: none).
+    prefill_tiles: usize,
     gather_last: bool,
     argmax: bool,
 }
@@ -341,13 +367,30 @@ impl CudaBackend {
         }
         let rows: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let decode = chunks.iter().all(|c| c.tokens.len() == 1);
+        // Prompt chunks (two tokens or more) take the tensor-core prefill attention, in
+        // tiles of consecutive rows; single-token rows stay on the split kernel, so a
+        // decode row gets the same bits whether or not a prompt shares its pass.
+        let tiled = !decode && self.options.tc_attention;
         let out_rows = if logits == Logits::All { rows } else { chunks.len() };
         // Decode passes size attention by capacity so one graph serves every step.
         let span = |c: &Chunk<'_>| if decode { c.session.capacity() } else { c.session.len() + c.tokens.len() };
-        let longest = chunks.iter().map(span).max().unwrap_or(1);
+        // The split kernel's chunk length comes from the rows it takes: with the prompts
+        // tiled, a long prompt must not stretch a decode row's splits (and change its bits).
+        let on_split = |c: &&Chunk<'_>| !tiled || c.tokens.len() == 1;
+        let longest = chunks.iter().filter(on_split).map(span).max().unwrap_or(1);
         let attn_chunk = if decode { ATTN_CHUNK } else { ATTN_CHUNK.max(longest.div_ceil(PREFILL_SPLITS)) };
         let splits = longest.div_ceil(attn_chunk).max(1);
-        let shape = PassShape { rows, out_rows, splits, attn_chunk, gather_last: !decode && logits == Logits::Last, argmax };
+        let mut shape = PassShape {
+            rows,
+            out_rows,
+            splits,
+            attn_chunk,
+            split_rows: rows,
+            split_listed: false,
+            prefill_tiles: 0,
+            gather_last: !decode && logits == Logits::Last,
+            argmax,
+        };
 
         let mut guard = self.lock()?;
         let inner = &mut *guard;
@@ -373,8 +416,10 @@ impl CudaBackend {
         let bytes = inner.host_inputs.as_mut_slice::<u8>();
         let mut row = 0usize;
         let mut row_map = Vec::with_capacity(chunks.len());
+        let (mut split_rows, mut tiles) = (Vec::new(), Vec::new());
         for c in chunks.iter_mut() {
             let sess = own_session::<CudaSession>(c.session, "cuda")?;
+            let first = row;
             for (i, &tok) in c.tokens.iter().enumerate() {
                 let pos = sess.len + i;
                 let meta = RowMeta { position: pos as i32, context: pos as i32 + 1, kv_base: sess.kv.ptr };
@@ -382,10 +427,28 @@ impl CudaBackend {
                 put(bytes, Scratch::meta_offset(cap) + row * std::mem::size_of::<RowMeta>(), meta);
                 row += 1;
             }
+            if tiled && c.tokens.len() >= 2 {
+                for start in (first..row).step_by(PREFILL_TILE) {
+                    tiles.push(PrefillTile { first_row: start as i32, rows: (row - start).min(PREFILL_TILE) as i32 });
+                }
+            } else {
+                split_rows.extend(first as i32..row as i32);
+            }
             row_map.push(row as i32 - 1);
         }
         for (i, &r) in row_map.iter().enumerate() {
             put(bytes, Scratch::row_map_offset(cap) + i * 4, r);
+        }
+        if !tiles.is_empty() {
+            for (i, &r) in split_rows.iter().enumerate() {
+                put(bytes, Scratch::split_rows_offset(cap) + i * 4, r);
+            }
+            for (i, &t) in tiles.iter().enumerate() {
+                put(bytes, Scratch::tiles_offset(cap) + i * std::mem::size_of::<PrefillTile>(), t);
+            }
+            shape.split_rows = split_rows.len();
+            shape.split_listed = true;
+            shape.prefill_tiles = tiles.len();
         }
         scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
@@ -435,26 +498,34 @@ impl CudaBackend {
         let tokens = sc.inputs.ptr;
         let meta = sc.inputs.ptr + Scratch::meta_offset(sc.rows) as u64;
         let row_map = sc.inputs.ptr + Scratch::row_map_offset(sc.rows) as u64;
+        let split_index = if p.split_listed { sc.inputs.ptr + Scratch::split_rows_offset(sc.rows) as u64 } else { 0 };
+        let tile_table = sc.inputs.ptr + Scratch::tiles_offset(sc.rows) as u64;
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
         for (li, l) in w.layers.iter().enumerate() {
             self.normed_matmul(k, st, sc, l.attn_norm, l.qkv, sc.qkv.ptr, qd + 2 * kvd, t, false)?;
             k.rope_kv(st, sc.qkv.ptr, w.inv_freq, l.q_norm, l.k_norm, eps, meta, s.num_heads, s.num_kv_heads, li, nl, t)?;
-            k.attention(
-                st,
-                sc.qkv.ptr,
-                qd + 2 * kvd,
-                meta,
-                sc.part_o.ptr,
-                sc.part_ml.ptr,
-                sc.attn.ptr,
-                s.num_heads,
-                s.num_kv_heads,
-                li,
-                nl,
-                p.attn_chunk,
-                p.splits,
-                t,
-            )?;
+            if p.split_rows > 0 {
+                k.attention(
+                    st,
+                    sc.qkv.ptr,
+                    qd + 2 * kvd,
+                    meta,
+                    split_index,
+                    sc.part_o.ptr,
+                    sc.part_ml.ptr,
+                    sc.attn.ptr,
+                    s.num_heads,
+                    s.num_kv_heads,
+                    li,
+                    nl,
+                    p.attn_chunk,
+                    p.splits,
+                    p.split_rows,
+                )?;
+            }
+            if p.prefill_tiles > 0 {
+                k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, tile_table, sc.attn.ptr, s.num_heads, s.num_kv_heads, li, nl, p.prefill_tiles)?;
+            }
             self.matmul(k, st, sc, l.o, sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
             self.normed_matmul(k, st, sc, l.mlp_norm, l.gate_up, sc.act.ptr, 2 * ff, t, true)?;
             self.matmul(k, st, sc, l.down, sc.act.ptr, sc.x.ptr, d, ff, t, true)?;
@@ -714,5 +785,31 @@ mod tests {
         want.extend(0x1122_3344_5566_7788u64.to_ne_bytes());
         want.extend([0xaa; 2]);
         assert_eq!(bytes, want);
+    }
+
+    #[test]
+    fn staged_inputs_tables_are_aligned_and_disjoint() {
+        assert_eq!(std::mem::size_of::<PrefillTile>(), 8, "attention_prefill.cu reads PrefillTile as two i32");
+        for rows in [1usize, 2, 3, 5, 16, 17, 63, 100, 1000, 4097] {
+            // (offset, bytes, alignment) of tokens, meta, row_map, split_rows, tiles.
+            let tables = [
+                (0, rows * 4, 4),
+                (Scratch::meta_offset(rows), rows * std::mem::size_of::<RowMeta>(), 16),
+                (Scratch::row_map_offset(rows), rows * 4, 4),
+                (Scratch::split_rows_offset(rows), rows * 4, 4),
+                (Scratch::tiles_offset(rows), rows * std::mem::size_of::<PrefillTile>(), 8),
+            ];
+            for w in tables.windows(2) {
+                assert!(w[0].0 + w[0].1 <= w[1].0, "{rows} rows: tables overlap: {tables:?}");
+            }
+            for &(off, _, align) in &tables {
+                assert_eq!(off % align, 0, "{rows} rows: a table at {off} is not {align}-byte aligned");
+            }
+            let (last, len, _) = tables[4];
+            assert_eq!(Scratch::inputs_bytes(rows), last + len, "{rows} rows: the upload must cover the tile table");
+        }
+        let mut bytes = vec![0u8; 8];
+        put(&mut bytes, 0, PrefillTile { first_row: 3, rows: 64 });
+        assert_eq!(bytes, [3i32.to_ne_bytes(), 64i32.to_ne_bytes()].concat());
     }
 }

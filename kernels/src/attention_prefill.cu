@@ -1,0 +1,236 @@
+// attn_prefill_hdD: causal grouped-query attention of a prompt's rows on the
+// tensor cores (FlashAttention-2 style), for prefill passes. The split kernel of
+// attention.cu streams every cached key and value once per query row and head;
+// here a CTA holds 64 consecutive query rows of one head and streams the keys
+// and values through shared memory once for all of them, 64 positions at a time,
+// with both products on mma.sync m16n8k16 (bf16 in, f32 accumulation).
+//
+// Precision: keys and values are bf16 in the cache, so they enter the MMAs
+// exactly; the f32 queries and the softmax weights are split into bf16 hi + lo
+// (x = hi + lo to ~16 bits of mantissa) and multiplied as two MMAs, as gemm_tc.cu
+// does, so scores and outputs are as close to f32 as the split kernel's.
+// Softmax is online (running max and sum per row, in base 2), in f32.
+//
+// A row's result depends only on its query, its position and the cache: key
+// tiles sit on absolute multiples of 64 positions, and a tile wholly past a row's
+// position leaves that row's max, sum and output bit for bit unchanged (its
+// weights are exactly 0 and its correction exp2(0) = 1). So the tiling of a
+// chunk into CTAs, and whatever else shares the pass, cannot change a row.
+//
+// grid = (tiles, n_heads), block = 128 (4 warps; warp w owns query rows
+// 16w..16w+15 of its tile). tiles[t] = (first row, rows): up to 64 consecutive
+// rows of one sequence, at consecutive positions from meta[first].position.
+// Output: out[row][head * D + d], f32, as attn_merge writes it.
+//
+// mma.sync m16n8k16 fragments (PTX ISA), g = lane / 4, c = lane % 4:
+//   A (16x16, row-major) regs 0..3: (row g, cols 2c..2c+1), (row g+8, same),
+//                                   (row g, cols 2c+8..), (row g+8, cols 2c+8..)
+//   B (16x8, k x n)      regs 0..1: (k 2c..2c+1, col g), (k 2c+8..2c+9, col g)
+//   C (16x8, f32)        vals 0..3: (row g, cols 2c, 2c+1), (row g+8, cols 2c, 2c+1)
+// Each 32-bit register holds the lower column (or k) in its low half.
+#include "common.cuh"
+
+#define PREFILL_TILE 64     // query rows per CTA and key positions per step
+#define PREFILL_THREADS 128 // 4 warps x 16 rows
+
+struct PrefillTile {
+    int32_t first_row;
+    int32_t rows;
+};
+
+// Two f32 -> bf16x2 (round to nearest even): `lo_k` in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k));
+    return r;
+}
+
+// (a, b) -> bf16x2 hi and the bf16x2 of what hi left out.
+__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
+    hi = pack_bf16x2(a, b);
+    lo = pack_bf16x2(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
+}
+
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int D>
+__device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,
+                                                  const PrefillTile* __restrict__ tiles, float* __restrict__ out, int n_heads,
+                                                  int n_kv, int layer, int n_layers, float scale) {
+    constexpr int T = PREFILL_TILE, KS = D + 8;  // shared row stride in bf16: 16 bytes of padding spread the banks
+    constexpr int KSTEPS = D / 16, DT = D / 8, NT = T / 8;
+    __shared__ __align__(16) uint16_t sk[T * KS];
+    __shared__ __align__(16) uint16_t sv[T * KS];
+
+    // The longest tiles (latest positions) first, so the short ones fill the tail.
+    const PrefillTile tile = tiles[gridDim.x - 1 - blockIdx.x];
+    const int head = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int kv_head = head / (n_heads / n_kv), kvd = n_kv * D;
+    const RowMeta m0 = meta[tile.first_row];
+    const int p0 = m0.position;  // of the tile's first row
+    const uint16_t* cache = reinterpret_cast<const uint16_t*>(m0.kv_base);
+    const size_t pos_stride = (size_t)n_layers * 2 * kvd;
+    const uint16_t* kv0 = cache + (size_t)layer * 2 * kvd + kv_head * D;
+
+    // This thread's two rows (g and g + 8 of the warp's 16) and their positions.
+    const int r_a = warp * 16 + g, r_b = r_a + 8;
+    const int pos_a = p0 + r_a, pos_b = p0 + r_b;
+
+    // The queries as A fragments, scaled by scale * log2(e) (softmax in base 2), hi and lo.
+    const float qscale = scale * 1.4426950408889634f;
+    uint32_t qh[KSTEPS][4], ql[KSTEPS][4];
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ks++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = warp * 16 + g + 8 * (i & 1);
+            const int col = ks * 16 + 2 * c + 8 * (i >> 1);
+            float x0 = 0.0f, x1 = 0.0f;
+            if (r < tile.rows) {
+                const float* src = q + (size_t)(tile.first_row + r) * q_stride + head * D + col;
+                x0 = src[0] * qscale;
+                x1 = src[1] * qscale;
+            }
+            split_bf16x2(x0, x1, qh[ks][i], ql[ks][i]);
+        }
+    }
+
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;  // sums: this thread's columns only
+
+    // Keys at positions [0, end): the last row's context.
+    const int end = p0 + tile.rows;
+    for (int k0 = 0; k0 < end; k0 += T) {
+        // Stage keys and values of positions k0..k0+63 (zeros past `end`: a masked
+        // weight times a NaN would still be NaN).
+        __syncthreads();  // the previous step's reads are done
+        constexpr int CHUNKS = T * D / 8;  // 16-byte chunks per tile
+#pragma unroll
+        for (int i = threadIdx.x; i < CHUNKS; i += PREFILL_THREADS) {
+            const int key = i / (D / 8), ch = i % (D / 8);
+            uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
+            if (k0 + key < end) {
+                const uint16_t* src = kv0 + (size_t)(k0 + key) * pos_stride + ch * 8;
+                kx = *reinterpret_cast<const uint4*>(src);
+                vx = *reinterpret_cast<const uint4*>(src + kvd);
+            }
+            *reinterpret_cast<uint4*>(sk + key * KS + ch * 8) = kx;
+            *reinterpret_cast<uint4*>(sv + key * KS + ch * 8) = vx;
+        }
+        __syncthreads();
+
+        // Scores: S = Q K^T for this warp's 16 rows and the 64 keys (8 tiles of 8).
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            const uint16_t* krow = sk + (nt * 8 + g) * KS + 2 * c;
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + ks * 16);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + ks * 16 + 8);
+                mma_16x8x16(s[nt], qh[ks], b0, b1);
+                mma_16x8x16(s[nt], ql[ks], b0, b1);
+            }
+        }
+        // Causal mask: key position > row position (which also covers keys past `end`).
+        float tile_a = -INFINITY, tile_b = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int kp = k0 + nt * 8 + 2 * c + j;
+                if (kp > pos_a) s[nt][j] = -INFINITY;
+                if (kp > pos_b) s[nt][2 + j] = -INFINITY;
+                tile_a = fmaxf(tile_a, s[nt][j]);
+                tile_b = fmaxf(tile_b, s[nt][2 + j]);
+            }
+        }
+        // The four threads of a row (lanes 4g..4g+3) share its max.
+        tile_a = fmaxf(tile_a, __shfl_xor_sync(0xffffffffu, tile_a, 1));
+        tile_a = fmaxf(tile_a, __shfl_xor_sync(0xffffffffu, tile_a, 2));
+        tile_b = fmaxf(tile_b, __shfl_xor_sync(0xffffffffu, tile_b, 1));
+        tile_b = fmaxf(tile_b, __shfl_xor_sync(0xffffffffu, tile_b, 2));
+        const float new_a = fmaxf(max_a, tile_a), new_b = fmaxf(max_b, tile_b);
+        // A row with no key yet (max still -inf) has nothing to rescale: its weights are 0.
+        const float base_a = new_a == -INFINITY ? 0.0f : new_a, base_b = new_b == -INFINITY ? 0.0f : new_b;
+        const float corr_a = exp2f(max_a - base_a), corr_b = exp2f(max_b - base_b);
+        max_a = new_a;
+        max_b = new_b;
+        sum_a *= corr_a;
+        sum_b *= corr_b;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            o[dt][0] *= corr_a;
+            o[dt][1] *= corr_a;
+            o[dt][2] *= corr_b;
+            o[dt][3] *= corr_b;
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt][0] = exp2f(s[nt][0] - base_a);
+            s[nt][1] = exp2f(s[nt][1] - base_a);
+            s[nt][2] = exp2f(s[nt][2] - base_b);
+            s[nt][3] = exp2f(s[nt][3] - base_b);
+            sum_a += s[nt][0] + s[nt][1];
+            sum_b += s[nt][2] + s[nt][3];
+        }
+
+        // O += P V: the weights of key tiles 2j and 2j+1 are the A fragment of k-step j
+        // (a C fragment's layout is an A fragment's half), hi and lo.
+#pragma unroll
+        for (int j = 0; j < T / 16; j++) {
+            uint32_t ph[4], pl[4];
+            split_bf16x2(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);
+            split_bf16x2(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);
+            split_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);
+            split_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);
+            // B fragments of V (k = key, n = dim): two keys per register, gathered.
+            const uint16_t* v0 = sv + (j * 16 + 2 * c) * KS + g;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                const uint16_t* v = v0 + dt * 8;
+                const uint32_t b0 = (uint32_t)v[0] | ((uint32_t)v[KS] << 16);
+                const uint32_t b1 = (uint32_t)v[8 * KS] | ((uint32_t)v[9 * KS] << 16);
+                mma_16x8x16(o[dt], ph, b0, b1);
+                mma_16x8x16(o[dt], pl, b0, b1);
+            }
+        }
+    }
+
+    // Whole-row sums, then normalise and store this thread's columns of its two rows.
+    sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 1);
+    sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 2);
+    sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 1);
+    sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 2);
+    const size_t row_stride = (size_t)n_heads * D;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+        const int col = head * D + dt * 8 + 2 * c;
+        if (r_a < tile.rows)
+            *reinterpret_cast<float2*>(out + (tile.first_row + r_a) * row_stride + col) = make_float2(o[dt][0] / sum_a, o[dt][1] / sum_a);
+        if (r_b < tile.rows)
+            *reinterpret_cast<float2*>(out + (tile.first_row + r_b) * row_stride + col) = make_float2(o[dt][2] / sum_b, o[dt][3] / sum_b);
+    }
+}
+
+#define ATTN_PREFILL(D)                                                                                                  \
+    ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
+        attn_prefill_hd##D(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,                  \
+                           const PrefillTile* __restrict__ tiles, float* __restrict__ out, int n_heads, int n_kv,         \
+                           int layer, int n_layers, float scale) {                                                       \
+        pdl_enter();                                                                                                     \
+        attn_prefill_body<D>(q, q_stride, meta, tiles, out, n_heads, n_kv, layer, n_layers, scale);                     \
+    }
+ATTN_PREFILL(32)
+ATTN_PREFILL(64)
+ATTN_PREFILL(128)

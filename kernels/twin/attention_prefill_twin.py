@@ -1,0 +1,544 @@
+#!/usr/bin/env python3
+"""CPU twin of kernels/src/attention_prefill.cu (attn_prefill_hdD), lane by lane.
+
+It runs the kernel's code path for every CTA of a launch on numpy arrays shaped
+[warp][lane]: the same index expressions for the Q A-fragments, the K and V
+B-fragments read from the padded shared tiles (row stride KS = D + 8), the C
+positions, the causal mask, the quad shuffles, the staging of K and V (zeros
+past `end`), the hi/lo bf16 split through an emulated `cvt.rn.bf16x2.f32` and
+the output store. `mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32` is emulated
+separately from the PTX ISA's fragment tables (section "Matrix Fragments for
+mma.m16n8k16 with floating point type"), written per element index i as the ISA
+gives them, not per register as the kernel reads them: each lane's registers are
+gathered into A (16x16), B (16x8) and C (16x8), multiplied in float64 (bf16
+products are exact) and rounded to f32.
+
+Checks (all on random data, against a float64 causal attention of the same bf16
+cache and f32 queries):
+  accuracy     every written row within 1e-4 relative of the reference;
+  coverage     each CTA writes exactly its tile's rows of its head, once, finite;
+  memory       no read of the cache at or past `end`, of shared padding or of a
+               never-staged shared word; every vector access aligned;
+  tiling       a row's output is the same bits whatever tile (first row, rows,
+               `end`) computed it.
+`--mutants` re-runs a short sweep with deliberate index mistakes in the twin's
+copy of the kernel and requires each one to fail a check.
+
+Run: python3 -m venv .venv && .venv/bin/pip install numpy
+     .venv/bin/python kernels/twin/attention_prefill_twin.py [--quick] [--mutants]
+"""
+import argparse
+import hashlib
+import itertools
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+T = 64  # PREFILL_TILE: query rows per CTA and key positions per step
+THREADS = 128  # PREFILL_THREADS
+NWARPS = THREADS // 32
+LANE = np.broadcast_to(np.arange(32), (NWARPS, 32))
+WARP = np.broadcast_to(np.arange(NWARPS)[:, None], (NWARPS, 32))
+F32 = np.float32
+NEG_INF = F32(-np.inf)
+# The kernel source this twin was last checked against: a different hash means the
+# twin may no longer mirror the kernel (update both, then this hash).
+KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill.cu"
+KERNEL_SHA256 = "28a8bc07e5268d22147083e40d6deaec9e71e759e4af0b199b5a60a6043c7f27"
+POISON_BF16 = 0xFFFF  # a NaN: what an unwritten cache slot or shared word holds here
+
+
+class TwinFault(Exception):
+    """An access the kernel must never make (out of bounds, misaligned, unstaged)."""
+
+
+# ---------------------------------------------------------------- bf16 and cvt
+
+
+def u2f(u):
+    return np.ascontiguousarray(np.asarray(u, np.uint32)).view(F32)
+
+
+def f2u(x):
+    return np.ascontiguousarray(np.asarray(x, F32)).view(np.uint32)
+
+
+def f32_to_bf16_rn(x):
+    """Round to nearest even, as cvt.rn.bf16.f32 does; NaN stays a (quiet) NaN."""
+    b = f2u(x).astype(np.uint64)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint32) & 0xFFFF
+    return np.where(np.isnan(np.asarray(x, F32)), ((b >> 16).astype(np.uint32) | 0x40) & 0xFFFF, r).astype(np.uint32)
+
+
+def bf16_to_f32(h):
+    return u2f(np.asarray(h, np.uint32) << np.uint32(16))
+
+
+def cvt_rn_bf16x2_f32(a, b):
+    """PTX `cvt.rn.bf16x2.f32 d, a, b`: a's bf16 in the upper half of d, b's in the lower."""
+    return (f32_to_bf16_rn(a) << np.uint32(16)) | f32_to_bf16_rn(b)
+
+
+# ------------------------------------------------ mma.m16n8k16 from the PTX ISA
+
+
+def _isa_tables():
+    lane = np.arange(32)
+    group, tig = lane >> 2, lane % 4  # groupID, threadID_in_group
+    # Multiplicand A (.bf16): a0..a7, two per .b32 register, low half first.
+    a_row = np.stack([group if (i < 2 or 4 <= i < 6) else group + 8 for i in range(8)], 1)
+    a_col = np.stack([tig * 2 + (i & 1) if i < 4 else tig * 2 + (i & 1) + 8 for i in range(8)], 1)
+    # Multiplicand B (.bf16): b0..b3, K x N.
+    b_row = np.stack([tig * 2 + (i & 1) if i < 2 else tig * 2 + (i & 1) + 8 for i in range(4)], 1)
+    b_col = np.stack([group for _ in range(4)], 1)
+    # Accumulators C/D (.f32): c0..c3.
+    c_row = np.stack([group if i < 2 else group + 8 for i in range(4)], 1)
+    c_col = np.stack([tig * 2 + (i & 1) for i in range(4)], 1)
+    for rows, cols, shape in ((a_row, a_col, (16, 16)), (b_row, b_col, (16, 8)), (c_row, c_col, (16, 8))):
+        seen = np.zeros(shape, int)
+        np.add.at(seen, (rows.ravel(), cols.ravel()), 1)
+        assert (seen == 1).all(), "an ISA fragment table does not cover its matrix exactly once"
+    return a_row, a_col, b_row, b_col, c_row, c_col
+
+
+A_ROW, A_COL, B_ROW, B_COL, C_ROW, C_COL = _isa_tables()
+_W = np.arange(NWARPS)[:, None]
+
+
+def mma_m16n8k16(d, a, b0, b1):
+    """d [warp][lane][4] f32 += A(a [warp][lane][4] u32) x B(b0, b1 [warp][lane] u32)."""
+    A = np.zeros((NWARPS, 16, 16))
+    for i in range(8):
+        A[_W, A_ROW[None, :, i], A_COL[None, :, i]] = bf16_to_f32((a[..., i // 2] >> np.uint32(16 * (i % 2))) & np.uint32(0xFFFF))
+    B = np.zeros((NWARPS, 16, 8))
+    breg = (b0, b1)
+    for i in range(4):
+        B[_W, B_ROW[None, :, i], B_COL[None, :, i]] = bf16_to_f32((breg[i // 2] >> np.uint32(16 * (i % 2))) & np.uint32(0xFFFF))
+    C = np.zeros((NWARPS, 16, 8))
+    for i in range(4):
+        C[_W, C_ROW[None, :, i], C_COL[None, :, i]] = d[..., i]
+    acc = C
+    with np.errstate(invalid="ignore"):
+        for k in range(16):  # fixed order: a row's sums never depend on the other rows
+            acc = acc + A[:, :, k, None] * B[:, None, k, :]
+    out = np.empty_like(d)
+    for i in range(4):
+        out[..., i] = acc[_W, C_ROW[None, :, i], C_COL[None, :, i]].astype(F32)
+    return out
+
+
+def shfl_xor(v, m):
+    return v[:, LANE[0] ^ m]
+
+
+# --------------------------------------------------------------- the kernel
+
+
+class Launch:
+    """Global memory of one launch: q (f32, flat), caches (bf16 per sequence), out (f32)."""
+
+    def __init__(self, q, q_stride, positions, kv_base, caches, tiles, n_heads, n_kv, n_layers, layer, D, out_rows):
+        self.q, self.q_stride = q, q_stride
+        self.positions, self.kv_base, self.caches = positions, kv_base, caches
+        self.tiles = np.asarray(tiles, np.int32).reshape(-1, 2)
+        self.n_heads, self.n_kv, self.n_layers, self.layer, self.D = n_heads, n_kv, n_layers, layer, D
+        self.out = np.full(out_rows * n_heads * D, np.nan, F32)
+        self.writes = np.zeros(out_rows * n_heads * D, int)
+        self.scale = F32(1.0 / np.sqrt(F32(D)))  # kernels.rs: 1 / sqrt(head_dim) in f32
+
+
+def attn_prefill_cta(L, bx, by, mut=frozenset()):
+    """One CTA (blockIdx = (bx, by)) of attn_prefill_hdD, all 128 threads at once."""
+    D = L.D
+    KS = D + 8
+    KSTEPS, DT, NT = D // 16, D // 8, T // 8
+    sk = np.full(T * KS, POISON_BF16, np.uint32)  # shared memory is not zeroed: a NaN shows a stray read
+    sv = np.full(T * KS, POISON_BF16, np.uint32)
+
+    grid_x = len(L.tiles)
+    first_row, rows = (int(x) for x in L.tiles[grid_x - 1 - bx])
+    head = by
+    warp, lane = WARP, LANE
+    g, c = lane >> 2, lane & 3
+    kv_head = head % L.n_kv if "kv_head_mod" in mut else head // (L.n_heads // L.n_kv)
+    kvd = L.n_kv * D
+    p0 = int(L.positions[first_row])
+    cache = L.caches[L.kv_base[first_row]]
+    pos_stride = L.n_layers * 2 * kvd
+    kv0 = L.layer * 2 * kvd + kv_head * D  # element offset; the cache base is 256-byte aligned
+
+    def pack_bf16x2(lo_k, hi_k):
+        # asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k))
+        return cvt_rn_bf16x2_f32(lo_k, hi_k) if "pack_order" in mut else cvt_rn_bf16x2_f32(hi_k, lo_k)
+
+    def split_bf16x2(a, b):
+        hi = pack_bf16x2(a, b)
+        if "lo_wrong_half" in mut:
+            return hi, pack_bf16x2(a - u2f(hi & np.uint32(0xFFFF0000)), b - u2f(hi << np.uint32(16)))
+        return hi, pack_bf16x2(a - u2f(hi << np.uint32(16)), b - u2f(hi & np.uint32(0xFFFF0000)))
+
+    def shared_u32(arr, idx):
+        # *reinterpret_cast<const uint32_t*>(sk + idx): 4-byte aligned, inside a staged row
+        if (idx % 2).any():
+            raise TwinFault("misaligned 32-bit shared load")
+        return shared_u16(arr, idx) | (shared_u16(arr, idx + 1) << np.uint32(16))
+
+    def shared_u16(arr, idx):
+        if (idx < 0).any() or (idx >= T * KS).any():
+            raise TwinFault("shared load out of bounds")
+        if (idx % KS >= D).any():
+            raise TwinFault("shared load from the padding")
+        return arr[idx]
+
+    r_a = warp * 16 + g
+    r_b = r_a + 8
+    pos_a, pos_b = p0 + r_a, p0 + r_b
+
+    # Queries as A fragments, scaled by scale * log2(e), hi and lo.
+    qscale = F32(L.scale * F32(1.4426950408889634))
+    qh = np.zeros((KSTEPS, NWARPS, 32, 4), np.uint32)
+    ql = np.zeros_like(qh)
+    for ks in range(KSTEPS):
+        for i in range(4):
+            if "a_rows_swapped" in mut:
+                r = warp * 16 + g + 8 * (i >> 1)
+                col = ks * 16 + 2 * c + 8 * (i & 1)
+            else:
+                r = warp * 16 + g + 8 * (i & 1)
+                col = ks * 16 + 2 * c + (4 if "a_col_regs23" in mut else 8) * (i >> 1)
+            valid = r < rows
+            src = (first_row + r) * L.q_stride + head * D + col
+            if (src[valid] + 1 >= len(L.q)).any():
+                raise TwinFault("q load out of bounds")
+            safe = np.where(valid, src, 0)
+            x0 = np.where(valid, L.q[safe] * qscale, F32(0))
+            x1 = np.where(valid, L.q[safe + 1] * qscale, F32(0))
+            qh[ks, ..., i], ql[ks, ..., i] = split_bf16x2(x0, x1)
+
+    o = np.zeros((DT, NWARPS, 32, 4), F32)
+    max_a = np.full((NWARPS, 32), NEG_INF)
+    max_b = max_a.copy()
+    sum_a = np.zeros((NWARPS, 32), F32)
+    sum_b = sum_a.copy()
+
+    end = p0 + rows
+    if "end_past" in mut:
+        end += 1
+    k0 = 0
+    while k0 < end:
+        # Stage keys and values of positions k0..k0+63 (zeros past end).
+        CHUNKS = T * D // 8
+        tid = np.arange(THREADS)
+        for base in range(0, CHUNKS, THREADS):
+            i = tid + base
+            act = i < CHUNKS
+            key, ch = i // (D // 8), i % (D // 8)
+            load = act & ((k0 + key < end) | ("no_zero_fill" in mut))
+            for t in np.nonzero(act)[0]:
+                kx = np.zeros(8, np.uint32)
+                vx = np.zeros(8, np.uint32)
+                if load[t]:
+                    pos = k0 + key[t]
+                    src = kv0 + pos * pos_stride + ch[t] * 8
+                    if (src * 2) % 16:
+                        raise TwinFault("misaligned 16-byte cache load")
+                    if pos >= L.positions[first_row] + rows or src + kvd + 8 > len(cache):
+                        raise TwinFault(f"cache read at position {pos}, past the tile's context")
+                    kx = cache[src : src + 8].astype(np.uint32)
+                    voff = 0 if "v_reads_k" in mut else kvd
+                    vx = cache[src + voff : src + voff + 8].astype(np.uint32)
+                dst = key[t] * KS + ch[t] * 8
+                if (dst * 2) % 16 or dst + 8 > T * KS:
+                    raise TwinFault("bad 16-byte shared store")
+                sk[dst : dst + 8] = kx
+                sv[dst : dst + 8] = vx
+
+        # Scores S = Q K^T: 8 tiles of 8 keys.
+        s = np.zeros((NT, NWARPS, 32, 4), F32)
+        for nt in range(NT):
+            krow = (nt * 8 + g) * KS + 2 * c
+            for ks in range(KSTEPS):
+                b0 = shared_u32(sk, krow + ks * 16)
+                b1 = shared_u32(sk, krow + ks * 16 + (4 if "krow_b1" in mut else 8))
+                s[nt] = mma_m16n8k16(s[nt], qh[ks], b0, b1)
+                s[nt] = mma_m16n8k16(s[nt], ql[ks], b0, b1)
+        # Causal mask.
+        tile_a = np.full((NWARPS, 32), NEG_INF)
+        tile_b = tile_a.copy()
+        for nt in range(NT):
+            for j in range(2):
+                kp = k0 + nt * 8 + 2 * c + j
+                if "mask_ge" in mut:
+                    s[nt][..., j] = np.where(kp >= pos_a, NEG_INF, s[nt][..., j])
+                else:
+                    s[nt][..., j] = np.where(kp > pos_a, NEG_INF, s[nt][..., j])
+                s[nt][..., 2 + j] = np.where(kp > (pos_a if "mask_b_uses_a" in mut else pos_b), NEG_INF, s[nt][..., 2 + j])
+                tile_a = np.fmax(tile_a, s[nt][..., j])
+                tile_b = np.fmax(tile_b, s[nt][..., 2 + j])
+        tile_a = np.fmax(tile_a, shfl_xor(tile_a, 1))
+        if "max_shfl_one" not in mut:
+            tile_a = np.fmax(tile_a, shfl_xor(tile_a, 2))
+        tile_b = np.fmax(tile_b, shfl_xor(tile_b, 1))
+        if "max_shfl_one" not in mut:
+            tile_b = np.fmax(tile_b, shfl_xor(tile_b, 2))
+        new_a, new_b = np.fmax(max_a, tile_a), np.fmax(max_b, tile_b)
+        base_a = np.where(new_a == NEG_INF, F32(0), new_a)
+        base_b = np.where(new_b == NEG_INF, F32(0), new_b)
+        with np.errstate(invalid="ignore"):
+            corr_a, corr_b = np.exp2(max_a - base_a), np.exp2(max_b - base_b)
+        max_a, max_b = new_a, new_b
+        sum_a = sum_a * corr_a
+        sum_b = sum_b * corr_b
+        for dt in range(DT) if "no_rescale" not in mut else ():
+            o[dt][..., 0] *= corr_a
+            o[dt][..., 1] *= corr_a
+            o[dt][..., 2] *= corr_b
+            o[dt][..., 3] *= corr_b
+        with np.errstate(invalid="ignore"):
+            for nt in range(NT):
+                s[nt][..., 0] = np.exp2(s[nt][..., 0] - base_a)
+                s[nt][..., 1] = np.exp2(s[nt][..., 1] - base_a)
+                s[nt][..., 2] = np.exp2(s[nt][..., 2] - base_b)
+                s[nt][..., 3] = np.exp2(s[nt][..., 3] - base_b)
+                sum_a = sum_a + (s[nt][..., 0] + s[nt][..., 1])
+                sum_b = sum_b + (s[nt][..., 2] + s[nt][..., 3])
+
+        # O += P V: score tiles 2j, 2j+1 are k-step j's A fragment; V as B, gathered.
+        for j in range(T // 16):
+            ph = np.zeros((NWARPS, 32, 4), np.uint32)
+            pl = np.zeros_like(ph)
+            order = (0, 2, 1, 3) if "p_regs_swapped" in mut else (0, 1, 2, 3)
+            ph[..., order[0]], pl[..., order[0]] = split_bf16x2(s[2 * j][..., 0], s[2 * j][..., 1])
+            ph[..., order[1]], pl[..., order[1]] = split_bf16x2(s[2 * j][..., 2], s[2 * j][..., 3])
+            ph[..., order[2]], pl[..., order[2]] = split_bf16x2(s[2 * j + 1][..., 0], s[2 * j + 1][..., 1])
+            ph[..., order[3]], pl[..., order[3]] = split_bf16x2(s[2 * j + 1][..., 2], s[2 * j + 1][..., 3])
+            v0 = (j * 16 + 2 * c) * KS + g
+            for dt in range(DT):
+                v = v0 + dt * 8
+                if "v_adjacent" in mut:
+                    b0 = shared_u16(sv, v) | (shared_u16(sv, v + 1) << np.uint32(16))
+                    b1 = shared_u16(sv, v + 8) | (shared_u16(sv, v + 9) << np.uint32(16))
+                else:
+                    b0 = shared_u16(sv, v) | (shared_u16(sv, v + KS) << np.uint32(16))
+                    b1 = shared_u16(sv, v + 8 * KS) | (shared_u16(sv, v + 9 * KS) << np.uint32(16))
+                o[dt] = mma_m16n8k16(o[dt], ph, b0, b1)
+                o[dt] = mma_m16n8k16(o[dt], pl, b0, b1)
+        k0 += T
+
+    sum_a = sum_a + shfl_xor(sum_a, 1)
+    if "sum_shfl_one" not in mut:
+        sum_a = sum_a + shfl_xor(sum_a, 2)
+    if "sum_b_order" in mut:  # the same sum, added in another order for rows g + 8
+        sum_b = sum_b + shfl_xor(sum_b, 2)
+        sum_b = sum_b + shfl_xor(sum_b, 1)
+    else:
+        sum_b = sum_b + shfl_xor(sum_b, 1)
+        if "sum_shfl_one" not in mut:
+            sum_b = sum_b + shfl_xor(sum_b, 2)
+    row_stride = L.n_heads * D
+    for dt in range(DT):
+        col = head * D + dt * 8 + (c if "store_col_c" in mut else 2 * c)
+        for r, lo, den, guard in ((r_a, 0, sum_a, True), (r_b, 2, sum_b, "store_unguarded" not in mut)):
+            m = (r < rows) if guard else np.ones_like(r, bool)
+            addr = ((first_row + r) * row_stride + col)[m]
+            if (addr % 2).any():
+                raise TwinFault("misaligned float2 store")
+            if (addr + 1 >= len(L.out)).any():
+                raise TwinFault("store out of bounds")
+            L.out[addr] = (o[dt][..., lo] / den)[m]
+            L.out[addr + 1] = (o[dt][..., lo + 1] / den)[m]
+            np.add.at(L.writes, addr, 1)
+            np.add.at(L.writes, addr + 1, 1)
+
+
+def run_launch(L, mut=frozenset()):
+    for bx in range(len(L.tiles)):
+        for by in range(L.n_heads):
+            attn_prefill_cta(L, bx, by, mut)
+    return L.out.reshape(-1, L.n_heads * L.D)
+
+
+# ------------------------------------------------------------- set-ups, checks
+
+
+def host_tiles(first, rows):
+    """mod.rs: a prompt chunk's rows in tiles of up to PREFILL_TILE, from its first row."""
+    return [(start, min(first + rows - start, T)) for start in range(first, first + rows, T)]
+
+
+def make_pass(rng, D, n_heads, n_kv, seqs, n_layers=3, layer=1, q_data=None, caches=None):
+    """One prefill pass: `seqs` = [(cached prefix length, prompt rows)], one cache each.
+    Caches hold random bf16 keys and values at every position the pass may attend to
+    and a NaN everywhere else (past the context, other layers' slots untouched)."""
+    kvd = n_kv * D
+    qd = n_heads * D
+    q_stride = qd + 2 * kvd
+    total = sum(r for _, r in seqs)
+    q = np.full(total * q_stride, np.nan, F32)  # k and v columns of qkv: never read here
+    positions, kv_base, tiles, row = [], [], [], 0
+    new_caches = caches is None
+    if new_caches:
+        caches = []
+    for si, (prefix, rows) in enumerate(seqs):
+        if new_caches:
+            cap = prefix + rows + 37
+            cache = np.full(cap * n_layers * 2 * kvd, POISON_BF16, np.uint16)
+            view = cache.reshape(cap, n_layers, 2, kvd)
+            view[: prefix + rows] = f32_to_bf16_rn(rng.standard_normal((prefix + rows, n_layers, 2, kvd)).astype(F32))
+            caches.append(cache)
+        for i in range(rows):
+            pos = prefix + i
+            src = q_data[si][pos] if q_data is not None else rng.standard_normal(qd).astype(F32) * F32(2.0)
+            q[(row + i) * q_stride : (row + i) * q_stride + qd] = src
+            positions.append(pos)
+            kv_base.append(si)
+        tiles += host_tiles(row, rows)
+        row += rows
+    return Launch(q, q_stride, np.array(positions), kv_base, caches, tiles, n_heads, n_kv, n_layers, layer, D, total)
+
+
+def reference(L, row, head):
+    D, kvd = L.D, L.n_kv * L.D
+    kv_head = head // (L.n_heads // L.n_kv)
+    pos = int(L.positions[row])
+    cache = L.caches[L.kv_base[row]].reshape(-1, L.n_layers, 2, kvd)
+    k = bf16_to_f32(cache[: pos + 1, L.layer, 0, kv_head * D : (kv_head + 1) * D]).astype(np.float64)
+    v = bf16_to_f32(cache[: pos + 1, L.layer, 1, kv_head * D : (kv_head + 1) * D]).astype(np.float64)
+    q = L.q[row * L.q_stride + head * D : row * L.q_stride + (head + 1) * D].astype(np.float64)
+    sc = k @ q / np.sqrt(D)
+    w = np.exp(sc - sc.max())
+    return (w / w.sum()) @ v
+
+
+def check_launch(L, out, tol=1e-4):
+    """Accuracy and coverage of one launch; returns the worst relative error."""
+    total = out.shape[0]
+    if not (L.writes == 1).all():
+        bad = np.nonzero(L.writes != 1)[0]
+        raise AssertionError(f"{len(bad)} outputs written {set(L.writes[bad].tolist())} times (want each exactly once)")
+    if not np.isfinite(out).all():
+        raise AssertionError("non-finite output")
+    worst = 0.0
+    for row in range(total):
+        for head in range(L.n_heads):
+            ref = reference(L, row, head)
+            got = out[row, head * L.D : (head + 1) * L.D].astype(np.float64)
+            err = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+            worst = max(worst, err)
+    if worst > tol:
+        raise AssertionError(f"relative error {worst:.3e} > {tol}")
+    return worst
+
+
+def check_tiling(rng, D, n_heads, n_kv, mut=frozenset()):
+    """A row's bits do not depend on its tile: rows 40..139 of one sequence as one pass
+    (tiles at rows 40, 104), as 30 + 70 rows (tiles at 70, 134) and as 97 + 3 rows."""
+    qd = n_heads * D
+    seq_q = [rng.standard_normal((140, qd)).astype(F32) * F32(2.0)]
+    base = make_pass(rng, D, n_heads, n_kv, [(40, 100)], q_data=seq_q)
+    caches = base.caches
+    whole = run_launch(base, mut)
+    by_pos = {}
+    for split in ((40, 30, 70), (40, 97, 3)):
+        start, a, b = split
+        for prefix, rows in ((start, a), (start + a, b)):
+            L = make_pass(rng, D, n_heads, n_kv, [(prefix, rows)], q_data=seq_q, caches=caches)
+            got = run_launch(L, mut)
+            for i in range(rows):
+                by_pos.setdefault(prefix + i, []).append(got[i])
+    differ = 0
+    for pos, outs in by_pos.items():
+        w = whole[pos - 40]
+        for x in outs:
+            differ += int((f2u(x) != f2u(w)).sum())
+    if differ:
+        raise AssertionError(f"{differ} outputs differ in bits between tilings")
+    return len(by_pos)
+
+
+def sweep(quick, mut=frozenset(), verbose=True, rng_seed=7):
+    """Every configuration: (D, GQA ratio, [(prefix, rows)...]); returns the worst error."""
+    rng = np.random.default_rng(rng_seed)
+    cfgs = []
+    # Tile rows 1..64 (and 65..: two tiles) at head_dim 32, two sequences per pass.
+    rows_all = range(1, 66) if not quick else (1, 2, 17, 64)
+    for n in rows_all:
+        cfgs.append((32, 2, [((5 * n) % 101, n), (64 if n % 2 else 0, 3)]))
+    for D, ratio in itertools.product((32, 64, 128), (1, 2, 4)):
+        for p0 in (0, 5, 64, 100):
+            for rows in ((7, 64) if quick else (1, 7, 16, 33, 64)):
+                cfgs.append((D, ratio, [(p0, rows)]))
+    if quick:
+        cfgs = cfgs[:: 3 if mut else 1]
+    worst = 0.0
+    t = time.time()
+    for D, ratio, seqs in cfgs:
+        n_kv = 2 if ratio < 4 else 1
+        L = make_pass(rng, D, n_kv * ratio, n_kv, seqs)
+        out = run_launch(L, mut)
+        err = check_launch(L, out)
+        worst = max(worst, err)
+    if verbose:
+        print(f"accuracy/coverage: {len(cfgs)} launches, worst relative error {worst:.2e} ({time.time() - t:.0f} s)")
+    t = time.time()
+    n = 0
+    for D, ratio in ((32, 2), (64, 1), (128, 4)) if not mut else ((32, 2),):
+        n += check_tiling(rng, D, 2 * ratio if ratio < 4 else ratio, 2 if ratio < 4 else 1, mut)
+    if verbose:
+        print(f"tiling invariance: {n} positions bitwise equal across 3 tilings ({time.time() - t:.0f} s)")
+    return worst
+
+
+MUTANTS = {
+    "pack_order": "pack_bf16x2 with the cvt operands swapped (lo_k in the upper half)",
+    "lo_wrong_half": "the lo split subtracts the other element's hi",
+    "a_rows_swapped": "Q A fragment: regs 1 and 2 swapped (row offset 8*(i>>1), col 8*(i&1))",
+    "krow_b1": "K B fragment reg 1 at k + 4 instead of k + 8",
+    "v_adjacent": "V B fragment: v[1], v[8], v[9] instead of v[KS], v[8*KS], v[9*KS]",
+    "p_regs_swapped": "P as A fragment: score tiles 2j and 2j+1 of rows g+8 / g mixed (regs 1, 2 swapped)",
+    "mask_ge": "causal mask kp >= pos (the diagonal masked)",
+    "mask_b_uses_a": "rows g+8 masked with row g's position",
+    "max_shfl_one": "row max shuffled over 2 lanes instead of the quad",
+    "sum_shfl_one": "row sum shuffled over 2 lanes instead of the quad",
+    "no_zero_fill": "stage cache positions past end (poisoned) instead of zeros",
+    "end_past": "keys up to end inclusive (one position too many)",
+    "store_unguarded": "rows g+8 stored without the rows < tile.rows check",
+    "a_col_regs23": "Q A fragment regs 2/3 at columns 2c+4 instead of 2c+8",
+    "no_rescale": "the output accumulators not rescaled when the row max grows",
+    "store_col_c": "output column dt*8 + c instead of dt*8 + 2c",
+    "sum_b_order": "rows g+8 add the quad's sums in another order (accurate, not tiling-invariant)",
+    "kv_head_mod": "kv_head = head % n_kv instead of head / (n_heads / n_kv)",
+    "v_reads_k": "values read at the key offset (no + kvd)",
+}
+
+
+def run_mutants():
+    caught = 0
+    for name, what in MUTANTS.items():
+        try:
+            sweep(True, frozenset({name}), verbose=False)
+            print(f"  MUTANT SURVIVED  {name}: {what}")
+        except (AssertionError, TwinFault) as e:
+            caught += 1
+            print(f"  caught  {name}: {what} -> {type(e).__name__}: {e}")
+    print(f"mutants: {caught}/{len(MUTANTS)} caught")
+    return caught == len(MUTANTS)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a short sweep")
+    ap.add_argument("--mutants", action="store_true", help="also require every deliberate mistake to fail")
+    args = ap.parse_args()
+    if hashlib.sha256(KERNEL.read_bytes()).hexdigest() != KERNEL_SHA256:
+        print(f"WARNING: {KERNEL} changed since this twin was checked against it; re-read the kernel and update the twin")
+    sweep(args.quick)
+    ok = run_mutants() if args.mutants else True
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
