@@ -29,6 +29,8 @@
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
 #   race      batch-1 sampled decode per fuel (greedy, T 1.0, T 0.8 + repetition penalty,
 #             + min-p, T 0.7 + top-p 0.9, T 0.6 + top-k 20 + top-p 0.95), each on its default path
+#   ttft      TTFT per fuel at prompts of 128, 1K, 4K (and 16K for Llama-3.2-1B), prompt attention on
+#             the tensor cores (attention_prefill.cu) and with ROCKET_TC_ATTENTION=0 (the split kernel)
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck on every fuel's megakernel (short launches of every
 #             sampling mode, and a teacher-forced launch on SmolLM2), racecheck on SmolLM2's
@@ -203,6 +205,20 @@ if has race; then  # batch-1 sampled decode per fuel: the issue's settings, agai
         for n in greedy t1 t08rp minp topp topk; do
             printf 'RACE %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^ *1 ' "$LOGS/race-$n-$f.txt" | head -1)"
         done
+    done
+fi
+if has ttft; then  # time to first token per prompt length, prompt attention on the tensor cores and off
+    for f in $FUELS; do
+        for p in 128 1024 4096 16384; do
+            [[ $p == 16384 && $f != llama-3.2-1b ]] && continue
+            bench "ttft-tc-$f-$p" auto 1 "$p" 4 3 "$f"
+            ROCKET_TC_ATTENTION=0 bench "ttft-split-$f-$p" auto 1 "$p" 4 3 "$f"
+        done
+    done
+    for f in "$LOGS"/ttft-tc-*.txt; do
+        n=${f#"$LOGS"/ttft-tc-}; n=${n%.txt}
+        printf 'TTFT %-22s tensor cores: %s | split kernel: %s\n' "$n" "$(grep -E '^\| 1 ' "$f" | cut -d'|' -f4)" \
+            "$(grep -E '^\| 1 ' "$LOGS/ttft-split-$n.txt" | cut -d'|' -f4)"
     done
 fi
 if has long; then
