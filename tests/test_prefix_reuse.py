@@ -71,3 +71,25 @@ def test_the_cli_chat_loop_reuses_the_previous_turn(tmp_path) -> None:  # type: 
     off = subprocess.run([*args, "--prefix-block", str(BLOCK), "--prefix-cache-bytes", "0"], input="hello there\nand again\n", capture_output=True, text=True, timeout=300, env=env)
     assert off.returncode == 0 and off.stdout == r.stdout, off.stderr
     assert all("cached_prompt_tokens=0" in line for line in off.stderr.splitlines() if "chat turn" in line)
+
+
+def test_the_real_model_gives_the_same_chat_turns_with_reuse(smollm2_path: str) -> None:
+    # SmolLM2-135M-Instruct: the second turn's prompt starts with the first's, and its
+    # answer (greedy and seeded sampling, with logprobs) is the one the cache-off engine gives.
+    cached = rocket.LLM(smollm2_path, device="cpu", progress="off", prefix_block=32)
+    plain = rocket.LLM(smollm2_path, device="cpu", progress="off", prefix_block=32, prefix_cache_bytes=0)
+    system = "You are a helpful assistant. You answer questions about geography briefly, in one sentence, and you never make things up."
+    for params in [
+        rocket.SamplingParams(max_tokens=12, temperature=0.0, logprobs=3),
+        rocket.SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=11, logprobs=3),
+    ]:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "What is the capital of France?"}]
+        first = cached.chat(messages, params)
+        assert first.logprobs == plain.chat(messages, params).logprobs
+        messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And what is the capital of Spain?"}]
+        got, want = cached.chat(messages, params), plain.chat(messages, params)
+        # At least the first turn's whole blocks (more where an earlier conversation
+        # of this loop shares more of the prompt).
+        reused = got.metrics["cached_prompt_tokens"]
+        assert reused >= first.metrics["prompt_tokens"] // 32 * 32 > 0 and reused % 32 == 0
+        assert (got.token_ids, got.text, got.logprobs) == (want.token_ids, want.text, want.logprobs)

@@ -149,6 +149,12 @@ fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>) {
     if aligned == 0 || session.len() != aligned || cache.covers(&prompt[..aligned]) {
         return;
     }
+    // Room first, from the running session's bytes per position (what the copy
+    // will hold), so the cache never holds more than its budget, even briefly.
+    let bytes = aligned * (session.kv_bytes() / session.capacity().max(1));
+    if !cache.make_room(bytes) {
+        return;
+    }
     let backend = model.backend;
     let copy = backend.new_session(aligned).and_then(|mut kept| {
         backend.copy_prefix(session, kept.as_mut(), aligned)?;

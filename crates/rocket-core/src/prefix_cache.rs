@@ -160,6 +160,17 @@ impl<V> PrefixCache<V> {
         true
     }
 
+    /// Drops least recently used entries until `bytes` more fit in the budget,
+    /// so an entry can be made without the cache ever holding more than its
+    /// budget; false (nothing dropped) when `bytes` could never be kept.
+    pub fn make_room(&mut self, bytes: usize) -> bool {
+        if !self.admits(bytes) {
+            return false;
+        }
+        while self.bytes() + bytes > self.max_bytes && self.evict_one() {}
+        true
+    }
+
     /// Drops the least recently used entry; false when there is none. For
     /// making room when the memory the entries hold is needed elsewhere.
     pub fn evict_one(&mut self) -> bool {
@@ -238,10 +249,14 @@ mod tests {
         assert!(c.lookup(&[1, 1, 0]).is_some() && c.lookup(&[3, 3, 0]).is_none() && c.lookup(&[4, 4, 0]).is_none());
         let s = c.stats();
         assert_eq!((s.entries, s.bytes, s.evictions), (2, 30, 3));
+        assert!(c.make_room(0) == false, "an empty entry is never kept");
         // Larger than the whole budget: refused, nothing evicted.
         assert!(!c.insert(vec![6, 6], 'f', 31));
         assert_eq!(c.stats().entries, 2);
-        assert!(c.evict_one() && c.evict_one() && !c.evict_one());
+        // Room for 20 more: `e` goes (`a` was looked up after it was kept).
+        assert!(c.make_room(20) && c.stats().entries == 1 && c.lookup(&[1, 1, 0]).is_some());
+        assert!(!c.make_room(31) && c.stats().entries == 1);
+        assert!(c.evict_one() && !c.evict_one());
         assert_eq!(c.stats().bytes, 0);
     }
 
