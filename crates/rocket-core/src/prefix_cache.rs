@@ -249,7 +249,7 @@ mod tests {
         assert!(c.lookup(&[1, 1, 0]).is_some() && c.lookup(&[3, 3, 0]).is_none() && c.lookup(&[4, 4, 0]).is_none());
         let s = c.stats();
         assert_eq!((s.entries, s.bytes, s.evictions), (2, 30, 3));
-        assert!(c.make_room(0) == false, "an empty entry is never kept");
+        assert!(!c.make_room(0), "an empty entry is never kept");
         // Larger than the whole budget: refused, nothing evicted.
         assert!(!c.insert(vec![6, 6], 'f', 31));
         assert_eq!(c.stats().entries, 2);

@@ -40,8 +40,11 @@ fn sampled(n: usize, seed: u64) -> SamplingParams {
     SamplingParams { temperature: 0.9, top_k: 50, top_p: 0.95, repetition_penalty: 1.1, seed: Some(seed), ..greedy(n) }
 }
 
+/// Per generated token: its id, its logprob's bits, and the top alternatives' (id, bits).
+type LogprobBits = Vec<(u32, u32, Vec<(u32, u32)>)>;
+
 /// Tokens, and logprobs with their bits, so that equal means bitwise equal.
-fn fingerprint(o: &RequestOutput) -> (Vec<u32>, Vec<(u32, u32, Vec<(u32, u32)>)>) {
+fn fingerprint(o: &RequestOutput) -> (Vec<u32>, LogprobBits) {
     let lp = o.logprobs.as_ref().expect("logprobs requested");
     (o.token_ids.clone(), lp.iter().map(|t| (t.token_id, t.logprob.to_bits(), t.top.iter().map(|&(i, p)| (i, p.to_bits())).collect())).collect())
 }
