@@ -84,6 +84,13 @@ class LLM:
     - ``cuda_graphs`` (True), ``loop_sampling`` (False), ``pdl`` (True), ``fuse`` (True): on/off switches
     - ``watchdog_ms``: megakernel stall limit in milliseconds (2000)
     - ``trace_step``: megakernel decode launches log where this step's time went (None)
+    - ``prefix_cache_bytes``: memory (bytes; device memory on a GPU) the prefix cache may
+      hold, 1 GiB by default, 0 disables it: the KV of earlier prompts is kept and a prompt
+      that starts with the same whole blocks of tokens (a chat's next turn, a shared system
+      prompt) skips their prefill, with bitwise the same output (least recently used dropped
+      first; see :meth:`prefix_cache_stats` and ``metrics["cached_prompt_tokens"]``)
+    - ``prefix_block``: the prefix cache's block in tokens (512): prompts are cached and
+      reused in whole blocks from their start, and prefill passes split at every block
     """
 
     def __init__(
@@ -102,6 +109,8 @@ class LLM:
         fuse: bool | None = None,
         watchdog_ms: int | None = None,
         trace_step: int | None = None,
+        prefix_cache_bytes: int | None = None,
+        prefix_block: int | None = None,
     ) -> None:
         # Options first: a bad keyword fails before the model is looked up or loaded.
         options = _rocket.EngineOptions(
@@ -117,6 +126,8 @@ class LLM:
             fuse=fuse,
             watchdog_ms=watchdog_ms,
             trace_step=trace_step,
+            prefix_cache_bytes=prefix_cache_bytes,
+            prefix_block=prefix_block,
             env=_settings_env(),
         )
         path = os.fspath(model) if model is not None else default_model_path()
@@ -130,6 +141,11 @@ class LLM:
     def info(self) -> dict[str, object]:
         """Model facts: path, format, family, shapes, backend, limits."""
         return self._engine.info
+
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """The prefix cache since load: ``lookups``, ``hits``, ``tokens_reused``, ``inserts``,
+        ``evictions``; now: ``entries``, ``bytes``; limits: ``max_bytes`` (0: disabled), ``block``."""
+        return self._engine.prefix_cache_stats()
 
     def generate(
         self,

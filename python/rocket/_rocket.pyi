@@ -90,7 +90,8 @@ class RequestOutput:
     stop_reason: Final[int | str | None]
     logprobs: Final[list[dict[str, object]] | None]
     # time_to_first_token, decode_tokens_per_second, prompt_tokens, output_tokens,
-    # total_seconds, max_batch_size (most requests in one forward pass with this one)
+    # total_seconds, max_batch_size (most requests in one forward pass with this one),
+    # cached_prompt_tokens (prompt tokens whose KV came from the prefix cache)
     metrics: Final[dict[str, float | int]]
 
 @final
@@ -136,6 +137,8 @@ class EngineOptions:
         fuse: bool | None = None,
         watchdog_ms: int | None = None,
         trace_step: int | None = None,
+        prefix_cache_bytes: int | None = None,
+        prefix_block: int | None = None,
         env: list[tuple[str, str]] = ...,
     ) -> EngineOptions: ...
 
@@ -151,6 +154,7 @@ class Engine_:
     def tokenizer(self) -> Tokenizer: ...
     @property
     def info(self) -> dict[str, object]: ...
+    def prefix_cache_stats(self) -> dict[str, int]: ...
 
 Engine = Engine_
 

@@ -40,6 +40,13 @@ pub struct BenchArgs {
     /// Also write the results as JSON to FILE
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also time prefix reuse: a first request of N prompt tokens fills the
+    /// prefix cache, then the TTFT of a second one, the same N tokens followed
+    /// by --prompt-len new ones, with its whole blocks reused, against the same
+    /// prompt with the cache emptied (e.g. --prefix-reuse 4000 --prompt-len 100:
+    /// a chat turn over a 4,000-token conversation)
+    #[arg(long, value_name = "N")]
+    prefix_reuse: Option<usize>,
 }
 
 /// An f32 setting as the user wrote it (0.8, not its f64 widening 0.800000011920929).
@@ -115,11 +122,15 @@ struct Run {
 
 fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize, sampling: &SamplingParams) -> anyhow::Result<Run> {
     let params = SamplingParams { max_tokens: gen_len, ..sampling.clone() };
+    // Every run prefills its whole prompts: the bench repeats them, and the prefix
+    // cache would otherwise serve the repeats (that case is `--prefix-reuse`'s).
+    engine.clear_prefix_cache();
     let requests = |max_tokens| prompts.iter().map(|p| EngineRequest { prompt: String::new(), prompt_ids: p.clone(), params: SamplingParams { max_tokens, ..params.clone() } }).collect();
     // The prefill (and first token) alone, so the decode's host CPU time can be told apart.
     let cpu = thread_cpu_seconds();
     engine.generate_many(requests(1))?;
     let prefill_cpu = thread_cpu_seconds() - cpu;
+    engine.clear_prefix_cache();
     let cpu = thread_cpu_seconds();
     let outs = engine.generate_many(requests(gen_len))?;
     let decoded = (prompts.len() * gen_len.saturating_sub(1)).max(1) as f64;
@@ -130,6 +141,47 @@ fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize, sampling: &S
     }
     let steps = gen_len.saturating_sub(1).max(1) as f64;
     Ok(Run { ttft: m.time_to_first_token, step: (m.total_seconds - m.time_to_first_token) / steps, host_cpu_per_token })
+}
+
+/// The prefix-reuse case: TTFT of a prompt whose first `shared` tokens were
+/// another's, with (`reused` of them from the cache) and without reuse.
+struct PrefixRow {
+    shared: usize,
+    new: usize,
+    reused: usize,
+    ttft: (f64, f64),
+    ttft_no_reuse: (f64, f64),
+}
+
+fn prefix_case(engine: &Engine, shared: usize, new: usize, vocab: usize, sampling: &SamplingParams, reps: usize) -> anyhow::Result<PrefixRow> {
+    let first = random_prompt(2000, shared, vocab);
+    let second: Vec<u32> = first.iter().copied().chain(random_prompt(2001, new, vocab)).collect();
+    let params = SamplingParams { max_tokens: 1, ..sampling.clone() };
+    let ttft_of = |ids: &Vec<u32>| -> anyhow::Result<(f64, usize)> {
+        let out = engine.generate_ids(String::new(), ids.clone(), &params, &mut |_| true)?;
+        Ok((out.metrics.time_to_first_token, out.metrics.cached_prompt_tokens))
+    };
+    let (mut with, mut without, mut reused) = (Vec::new(), Vec::new(), 0);
+    for rep in 0..=reps {
+        engine.clear_prefix_cache();
+        ttft_of(&first)?;
+        let (t, r) = ttft_of(&second)?;
+        engine.clear_prefix_cache();
+        let (t0, _) = ttft_of(&second)?;
+        if rep == 0 {
+            continue; // warm-up
+        }
+        eprintln!("bench: prefix reuse rep {rep}/{reps}: ttft {:.2} ms with {r} tokens reused, {:.2} ms without", t * 1e3, t0 * 1e3);
+        with.push(t);
+        without.push(t0);
+        reused = r;
+    }
+    engine.clear_prefix_cache();
+    if reused == 0 {
+        eprintln!("bench: nothing was reused: --prefix-reuse {shared} is less than one prefix block ({} tokens)", engine.prefix_cache_limits().1);
+    }
+    let ms = |(m, s): (f64, f64)| (m * 1e3, s * 1e3);
+    Ok(PrefixRow { shared, new, reused, ttft: ms(stats(&with)), ttft_no_reuse: ms(stats(&without)) })
 }
 
 struct Row {
@@ -155,6 +207,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let t = Instant::now();
     let engine = args.model.load().context("loading the model")?;
     let load_s = t.elapsed().as_secs_f64();
+    if args.prefix_reuse.is_some() && engine.prefix_cache_limits().0 == 0 {
+        bail!("--prefix-reuse needs the prefix cache (--prefix-cache-bytes above 0)");
+    }
     let info = engine.info().clone();
     let copy_gbs = engine.copy_bandwidth_gbs()?;
     let device = engine.device_description();
@@ -204,6 +259,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         });
     }
 
+    let prefix = args.prefix_reuse.map(|n| prefix_case(&engine, n, args.prompt_len, vocab, &sampling, args.reps)).transpose()?;
+
     if let Some(path) = &args.json {
         let report = json!({
             "date_unix": SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
@@ -231,6 +288,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 "effective_gbs": r.gbs,
                 "pct_of_copy_bandwidth": r.pct_copy,
             })).collect::<Vec<_>>(),
+            "prefix_reuse": prefix.as_ref().map(|p| json!({
+                "shared_tokens": p.shared,
+                "new_tokens": p.new,
+                "reused_tokens": p.reused,
+                "prefix_block": engine.prefix_cache_limits().1,
+                "ttft_ms": p.ttft.0, "ttft_ms_std": p.ttft.1,
+                "ttft_no_reuse_ms": p.ttft_no_reuse.0, "ttft_no_reuse_ms_std": p.ttft_no_reuse.1,
+            })),
         });
         std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -260,6 +325,22 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             r.gbs,
             r.pct_copy.map_or("n/a".into(), |p| format!("{p:.1}%")),
             r.host_us_per_token.map_or("-".into(), |h| format!("{h:.1}"))
+        );
+    }
+    if let Some(p) = &prefix {
+        println!();
+        println!("| prefix reuse | prompt tokens | reused | TTFT ms | TTFT ms without reuse |");
+        println!("|:-------------|--------------:|-------:|--------:|----------------------:|");
+        println!(
+            "| {} shared + {} new | {} | {} | {:.2} ± {:.2} | {:.2} ± {:.2} |",
+            p.shared,
+            p.new,
+            p.shared + p.new,
+            p.reused,
+            p.ttft.0,
+            p.ttft.1,
+            p.ttft_no_reuse.0,
+            p.ttft_no_reuse.1
         );
     }
     Ok(())

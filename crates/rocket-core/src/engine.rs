@@ -3,16 +3,17 @@
 //! backends, so every backend inherits it.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Chunk, Device, Logits};
-use crate::batch::{BatchEvent, BatchModel, Batcher};
+use crate::batch::{BatchEvent, BatchModel, Batcher, KvPrefixCache, PREFILL_CHUNK};
 use crate::error::{Result, RocketError};
 use crate::model::{Format, GenerationConfig, ModelSource, ModelSpec, ModelWeights};
 use crate::options::{GpuOptions, Progress};
 use crate::output::{RequestOutput, StreamDelta};
+use crate::prefix_cache::{PrefixCache, PrefixCacheStats};
 use crate::progress::LoadProgress;
 use crate::request::EngineRequest;
 use crate::sampling::SamplingParams;
@@ -33,11 +34,34 @@ pub struct EngineOptions {
     pub progress: Progress,
     /// What the CUDA backend does (ignored on the CPU). Default `GpuOptions::default()`.
     pub gpu: GpuOptions,
+    /// Memory (bytes; device memory on a GPU) the prefix cache may hold: KV of
+    /// earlier prompts, reused by later prompts that start with the same whole
+    /// blocks of tokens (least recently used dropped first). 0 disables reuse.
+    /// Default [`DEFAULT_PREFIX_CACHE_BYTES`] (1 GiB).
+    pub prefix_cache_bytes: usize,
+    /// The prefix cache's block in tokens: prompts are cached and reused in
+    /// whole blocks from their start, and prefill passes never cross a multiple
+    /// of it, so outputs are the same bit for bit with or without reuse.
+    /// Smaller blocks reuse more of a diverging prompt but split long prefills
+    /// into more passes. Default [`PREFILL_CHUNK`] (512: the passes prefill
+    /// runs anyway).
+    pub prefix_block: usize,
 }
+
+/// The prefix cache's default budget: 1 GiB, e.g. 32K tokens of Llama-3.2-1B's
+/// bf16 KV on the GPU, or 23K tokens of SmolLM2-135M's f32 KV on the CPU.
+pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 1 << 30;
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { device: Device::Auto, max_seq_len: None, progress: Progress::Auto, gpu: GpuOptions::default() }
+        EngineOptions {
+            device: Device::Auto,
+            max_seq_len: None,
+            progress: Progress::Auto,
+            gpu: GpuOptions::default(),
+            prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
+            prefix_block: PREFILL_CHUNK,
+        }
     }
 }
 
@@ -63,6 +87,9 @@ pub struct Engine {
     chat: Option<ChatTemplate>,
     generation: GenerationConfig,
     info: ModelInfo,
+    prefix_block: usize,
+    /// None when `prefix_cache_bytes` is 0.
+    prefix_cache: Option<Mutex<KvPrefixCache>>,
 }
 
 /// The backend `device` asks for. `Auto` takes CUDA when this build has it and a
@@ -91,6 +118,9 @@ impl Engine {
         // Quantized GGUF tensors: f32 where the CPU reference will compute (exact), bf16
         // where a GPU may take them (half the host memory; its kernels read bf16).
         let quantized_as = if options.device == Device::Cpu || !cfg!(feature = "cuda") { DType::F32 } else { DType::BF16 };
+        if options.prefix_block == 0 {
+            return Err(RocketError::invalid_arg("prefix_block", 0, "must be at least 1 token"));
+        }
         let source = ModelSource::open_with_progress(path.as_ref(), quantized_as, &progress)?;
         let spec = source.spec.clone();
         let max_seq_len = match options.max_seq_len {
@@ -127,7 +157,16 @@ impl Engine {
             max_seq_len,
             backend: backend.name(),
         };
-        Ok(Engine { backend, tokenizer: Arc::new(source.tokenizer), chat, generation: source.generation, info })
+        let prefix_cache = (options.prefix_cache_bytes > 0).then(|| Mutex::new(PrefixCache::new(options.prefix_cache_bytes, options.prefix_block)));
+        Ok(Engine {
+            backend,
+            tokenizer: Arc::new(source.tokenizer),
+            chat,
+            generation: source.generation,
+            info,
+            prefix_block: options.prefix_block,
+            prefix_cache,
+        })
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -243,6 +282,26 @@ impl Engine {
             eos_ids: &self.info.eos_token_ids,
             vocab_size: self.info.spec.vocab_size,
             max_seq_len: self.info.max_seq_len,
+            prefix_block: self.prefix_block,
+            prefix_cache: self.prefix_cache.as_ref(),
+        }
+    }
+
+    /// What the prefix cache has done and holds (all zero when it is disabled).
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.prefix_cache.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()).stats()).unwrap_or_default()
+    }
+
+    /// The prefix cache's byte budget (0: disabled) and block in tokens.
+    pub fn prefix_cache_limits(&self) -> (usize, usize) {
+        (self.prefix_cache.as_ref().map_or(0, |c| c.lock().unwrap_or_else(|p| p.into_inner()).max_bytes()), self.prefix_block)
+    }
+
+    /// Drops every cached prefix (the memory returns to the backend).
+    pub fn clear_prefix_cache(&self) {
+        if let Some(c) = &self.prefix_cache {
+            let mut c = c.lock().unwrap_or_else(|p| p.into_inner());
+            while c.evict_one() {}
         }
     }
 

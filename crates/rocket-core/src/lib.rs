@@ -28,6 +28,7 @@ pub mod megakernel;
 pub mod model;
 pub mod options;
 pub mod output;
+pub mod prefix_cache;
 pub mod progress;
 pub mod race;
 mod request;
@@ -40,10 +41,13 @@ pub mod weights;
 
 #[cfg(test)]
 mod device_loop_tests;
+#[cfg(test)]
+mod prefix_pass_tests;
 
 pub use backend::{BackendCounters, Device};
 pub use batch::{BatchEvent, BatchModel, Batcher, RequestId};
-pub use engine::{Engine, EngineOptions, ModelInfo};
+pub use engine::{Engine, EngineOptions, ModelInfo, DEFAULT_PREFIX_CACHE_BYTES};
+pub use prefix_cache::PrefixCacheStats;
 pub use output::{FinishReason, Metrics, RequestOutput, StopReason, StreamDelta, TokenLogprob};
 pub use request::EngineRequest;
 pub use scheduler::{DecodePaths, EventSink, RequestHandle, Scheduler, SchedulerOptions};

@@ -144,6 +144,32 @@ pub fn parse_trace_step(param: &str, value: &str) -> Result<usize> {
     value.parse::<usize>().map_err(|_| RocketError::invalid_arg(param, value, "expected a step number (0, 1, ...)"))
 }
 
+/// A size in bytes named `param`: a whole number, optionally with a binary
+/// suffix K, M or G (also KiB, MiB, GiB): "0", "1073741824", "512M", "1GiB".
+pub fn parse_bytes(param: &str, value: &str) -> Result<usize> {
+    let bad = || RocketError::invalid_arg(param, value, "expected a whole number of bytes, optionally with K, M or G (e.g. 512M, 2G; 0 disables)");
+    let v = value.trim();
+    let digits = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (number, suffix) = v.split_at(digits);
+    let unit: u64 = match suffix.trim() {
+        "" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    n.checked_mul(unit).and_then(|b| usize::try_from(b).ok()).ok_or_else(bad)
+}
+
+/// A prefix-cache block in tokens (at least 1), named `param`.
+pub fn parse_prefix_block(param: &str, value: &str) -> Result<usize> {
+    match value.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(RocketError::invalid_arg(param, value, "expected a whole number of tokens, at least 1")),
+    }
+}
+
 /// What the CUDA backend does (ignored by the CPU backend). Tests and benches
 /// pick paths here; `Default` is what users get.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,6 +235,8 @@ pub const ENV_SETTINGS: &[(&str, &str)] = &[
     ("ROCKET_WATCHDOG_MS", "watchdog_ms"),
     ("ROCKET_MK_TRACE_STEP", "trace_step"),
     ("ROCKET_PROGRESS", "progress"),
+    ("ROCKET_PREFIX_CACHE_BYTES", "prefix_cache_bytes"),
+    ("ROCKET_PREFIX_BLOCK", "prefix_block"),
 ];
 
 /// `value` parsed as `T`, an error naming `name` (the variable or flag that carried it).
@@ -243,6 +271,8 @@ impl crate::EngineOptions {
                 "ROCKET_WATCHDOG_MS" => gpu.watchdog = parse_watchdog_ms(name, v)?,
                 "ROCKET_MK_TRACE_STEP" => gpu.trace_step = Some(parse_trace_step(name, v)?),
                 "ROCKET_PROGRESS" => self.progress = if v == "0" { Progress::Off } else { named(name, v)? },
+                "ROCKET_PREFIX_CACHE_BYTES" => self.prefix_cache_bytes = parse_bytes(name, v)?,
+                "ROCKET_PREFIX_BLOCK" => self.prefix_block = parse_prefix_block(name, v)?,
                 _ => {}
             }
         }
@@ -303,6 +333,17 @@ mod tests {
             assert!(e.contains("watchdog_ms") && e.contains("from 1 to 3600000"), "{bad}: {e}");
         }
         assert_eq!(parse_trace_step("trace_step", "100").unwrap(), 100);
+        for (text, bytes) in [("0", 0), ("1073741824", 1 << 30), ("512M", 512 << 20), ("2G", 2 << 30), ("64KiB", 64 << 10), ("3 GiB", 3 << 30)] {
+            assert_eq!(parse_bytes("prefix_cache_bytes", text).unwrap(), bytes, "{text}");
+        }
+        for bad in ["", "-1", "1.5G", "12T", "G", "1e9", "99999999999999999999"] {
+            let e = message(parse_bytes("prefix_cache_bytes", bad).unwrap_err());
+            assert!(e.contains("prefix_cache_bytes") && e.contains("K, M or G"), "{bad}: {e}");
+        }
+        assert_eq!(parse_prefix_block("prefix_block", "256").unwrap(), 256);
+        for bad in ["0", "-4", "x", ""] {
+            assert!(message(parse_prefix_block("prefix_block", bad).unwrap_err()).contains("at least 1"), "{bad}");
+        }
         assert!(parse_trace_step("trace_step", "-1").is_err());
     }
 
@@ -321,6 +362,8 @@ mod tests {
             ("ROCKET_WATCHDOG_MS", "120000"),
             ("ROCKET_MK_TRACE_STEP", "100"),
             ("ROCKET_PROGRESS", "0"),
+            ("ROCKET_PREFIX_CACHE_BYTES", "64M"),
+            ("ROCKET_PREFIX_BLOCK", "256"),
             ("ROCKET_MK_HOLD", "not a setting any more: ignored"),
             ("PATH", "/bin"),
         ])
@@ -338,6 +381,7 @@ mod tests {
         };
         assert_eq!(o.gpu, want);
         assert_eq!(o.progress, Progress::Off);
+        assert_eq!((o.prefix_cache_bytes, o.prefix_block), (64 << 20, 256));
         // Empty values leave settings as they are.
         o.apply_env([("ROCKET_DECODE", ""), ("ROCKET_PROGRESS", "")]).unwrap();
         assert_eq!((o.gpu.decode, o.progress), (DecodePath::Megakernel, Progress::Off));
@@ -352,6 +396,8 @@ mod tests {
             ("ROCKET_WATCHDOG_MS", "0"),
             ("ROCKET_MK_TRACE_STEP", "last"),
             ("ROCKET_PROGRESS", "sometimes"),
+            ("ROCKET_PREFIX_CACHE_BYTES", "lots"),
+            ("ROCKET_PREFIX_BLOCK", "0"),
         ] {
             let e = EngineOptions::default().apply_env([(var, bad)]).unwrap_err();
             match e {

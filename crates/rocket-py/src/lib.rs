@@ -292,7 +292,8 @@ pub struct RequestOutput {
     /// Per token: {"token_id", "logprob", "top": [(id, logprob), ...]}, when requested.
     logprobs: Py<PyAny>,
     /// time_to_first_token (s), decode_tokens_per_second, prompt_tokens, output_tokens, total_seconds,
-    /// max_batch_size (most requests in one forward pass with this one)
+    /// max_batch_size (most requests in one forward pass with this one),
+    /// cached_prompt_tokens (prompt tokens whose KV came from the prefix cache)
     metrics: Py<PyDict>,
 }
 
@@ -316,6 +317,7 @@ fn output_to_py(py: Python<'_>, out: rocket_core::RequestOutput) -> PyResult<Req
     m.set_item("output_tokens", out.metrics.output_tokens)?;
     m.set_item("total_seconds", out.metrics.total_seconds)?;
     m.set_item("max_batch_size", out.metrics.max_batch_size)?;
+    m.set_item("cached_prompt_tokens", out.metrics.cached_prompt_tokens)?;
     let stop_reason = match &out.stop_reason {
         None => py.None(),
         Some(rocket_core::StopReason::Token(id)) => id.into_pyobject(py)?.into_any().unbind(),
@@ -559,6 +561,25 @@ impl Engine_ {
         d.set_item("has_chat_template", i.has_chat_template)?;
         d.set_item("eos_token_ids", i.eos_token_ids.clone())?;
         d.set_item("load_seconds", i.load_seconds)?;
+        Ok(d)
+    }
+
+    /// The prefix cache: what it has done since load (lookups, hits,
+    /// tokens_reused, inserts, evictions) and holds (entries, bytes), with its
+    /// limits (max_bytes: 0 when disabled, block in tokens).
+    fn prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.engine.prefix_cache_stats();
+        let (max_bytes, block) = self.engine.prefix_cache_limits();
+        let d = PyDict::new(py);
+        d.set_item("lookups", s.lookups)?;
+        d.set_item("hits", s.hits)?;
+        d.set_item("tokens_reused", s.tokens_reused)?;
+        d.set_item("inserts", s.inserts)?;
+        d.set_item("evictions", s.evictions)?;
+        d.set_item("entries", s.entries)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("max_bytes", max_bytes)?;
+        d.set_item("block", block)?;
         Ok(d)
     }
 }

@@ -3,7 +3,8 @@
 //! Request and token counts and the latency histograms are recorded as
 //! requests go; the gauges (queue, running batch, KV bytes, decode path) and the
 //! backend's counters are read from the scheduler and engine at each scrape,
-//! from atomics that never wait on a forward pass.
+//! from atomics that never wait on a forward pass (the prefix cache's numbers
+//! behind its lock, which is held for a lookup or a KV copy, never a pass).
 
 use std::sync::Mutex;
 
@@ -44,6 +45,12 @@ pub struct ServerMetrics {
     decode_path: Family<PathLabels, Gauge>,
     megakernel_launches: Counter,
     watchdog_events: Counter,
+    prefix_lookups: Counter,
+    prefix_hits: Counter,
+    prefix_reused_tokens: Counter,
+    prefix_evictions: Counter,
+    prefix_bytes: Gauge,
+    prefix_entries: Gauge,
     /// One scrape at a time: refreshing the read-at-scrape values is not atomic.
     scrape: Mutex<()>,
 }
@@ -64,6 +71,12 @@ impl ServerMetrics {
             decode_path: Family::default(),
             megakernel_launches: Counter::default(),
             watchdog_events: Counter::default(),
+            prefix_lookups: Counter::default(),
+            prefix_hits: Counter::default(),
+            prefix_reused_tokens: Counter::default(),
+            prefix_evictions: Counter::default(),
+            prefix_bytes: Gauge::default(),
+            prefix_entries: Gauge::default(),
             scrape: Mutex::new(()),
             registry: Registry::default(),
         };
@@ -78,6 +91,12 @@ impl ServerMetrics {
         registry.register("decode_path_info", "How a decode step runs, by batch shape (value 1)", m.decode_path.clone());
         registry.register("megakernel_launches", "Megakernel token-loop launches", m.megakernel_launches.clone());
         registry.register("megakernel_watchdog_events", "Megakernel launches ended by its watchdog (then decoding falls back to CUDA graphs)", m.watchdog_events.clone());
+        registry.register("prefix_cache_lookups", "Prompts looked up in the prefix cache", m.prefix_lookups.clone());
+        registry.register("prefix_cache_hits", "Prompts that reused cached KV of an earlier prompt's whole blocks", m.prefix_hits.clone());
+        registry.register("prefix_cache_reused_tokens", "Prompt tokens whose prefill was skipped by prefix reuse", m.prefix_reused_tokens.clone());
+        registry.register("prefix_cache_evictions", "Cached prefixes dropped to stay within the budget or to make room", m.prefix_evictions.clone());
+        registry.register_with_unit("prefix_cache_usage", "Memory held by the prefix cache (at most --prefix-cache-bytes)", Unit::Bytes, m.prefix_bytes.clone());
+        registry.register("prefix_cache_entries", "Cached prompt prefixes", m.prefix_entries.clone());
         ServerMetrics { registry, ..m }
     }
 
@@ -115,6 +134,17 @@ impl ServerMetrics {
             // The engine's counters only grow: add what is new since the last scrape.
             self.megakernel_launches.inc_by(c.megakernel_launches.saturating_sub(self.megakernel_launches.get()));
             self.watchdog_events.inc_by(c.watchdog_events.saturating_sub(self.watchdog_events.get()));
+            let pc = r.engine.prefix_cache_stats();
+            for (counter, now) in [
+                (&self.prefix_lookups, pc.lookups),
+                (&self.prefix_hits, pc.hits),
+                (&self.prefix_reused_tokens, pc.tokens_reused),
+                (&self.prefix_evictions, pc.evictions),
+            ] {
+                counter.inc_by(now.saturating_sub(counter.get()));
+            }
+            self.prefix_bytes.set(pc.bytes as i64);
+            self.prefix_entries.set(pc.entries as i64);
             let p = s.decode_paths();
             self.decode_path.clear();
             for (batch, sampling, path) in
@@ -159,6 +189,12 @@ mod tests {
             "rocket_kv_cache_usage_bytes 0",
             "rocket_megakernel_launches_total 0",
             "rocket_megakernel_watchdog_events_total 0",
+            "rocket_prefix_cache_lookups_total 0",
+            "rocket_prefix_cache_hits_total 0",
+            "rocket_prefix_cache_reused_tokens_total 0",
+            "rocket_prefix_cache_evictions_total 0",
+            "rocket_prefix_cache_usage_bytes 0",
+            "rocket_prefix_cache_entries 0",
         ] {
             assert!(text.lines().any(|l| l == want), "no line {want:?} in\n{text}");
         }

@@ -58,6 +58,12 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
     if let Some(r) = app.ready() {
         body["requests_in_flight"] = json!(r.scheduler.in_flight());
         body["max_queue"] = json!(r.scheduler.options().max_queue);
+        let pc = r.engine.prefix_cache_stats();
+        let (max_bytes, block) = r.engine.prefix_cache_limits();
+        body["prefix_cache"] = json!({
+            "hits": pc.hits, "lookups": pc.lookups, "tokens_reused": pc.tokens_reused,
+            "entries": pc.entries, "bytes": pc.bytes, "max_bytes": max_bytes, "block": block,
+        });
     }
     (status, Json(body)).into_response()
 }

@@ -169,6 +169,16 @@ impl DeviceBuffer {
         unsafe { result::memcpy_dtod_async(self.ptr, src.ptr, n, stream.raw) }.map_err(|e| device_err("cuMemcpyDtoDAsync", e))
     }
 
+    /// Copies the first `bytes` of `src` to the start of this buffer.
+    pub(crate) fn copy_prefix_from(&self, stream: &Stream, src: &DeviceBuffer, bytes: usize) -> Result<()> {
+        assert!(bytes <= self.bytes && bytes <= src.bytes, "device copy out of bounds");
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both buffers hold at least `bytes` (checked above).
+        unsafe { result::memcpy_dtod_async(self.ptr, src.ptr, bytes, stream.raw) }.map_err(|e| device_err("cuMemcpyDtoDAsync", e))
+    }
+
     pub(crate) fn fill_u8(&self, stream: &Stream, value: u8) -> Result<()> {
         // SAFETY: the whole buffer.
         unsafe { result::memset_d8_async(self.ptr, value, self.bytes, stream.raw) }.map_err(|e| device_err("cuMemsetD8Async", e))

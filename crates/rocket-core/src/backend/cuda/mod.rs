@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::{check_chunks, own_session, Backend, BackendCounters, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest, Session};
+use super::{check_chunks, check_copy, own_session, Backend, BackendCounters, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest, Session};
 use crate::error::{Result, RocketError};
 use crate::megakernel::{MegakernelError, Profile};
 use crate::model::{ModelSpec, ModelWeights};
@@ -528,6 +528,23 @@ impl Backend for CudaBackend {
         // Queued on the stream every pass uses, so no wait is needed here.
         kv.fill_u8(&inner.stream, 0xff)?;
         Ok(Box::new(CudaSession { kv, len: 0, capacity }))
+    }
+
+    /// One device-to-device copy: the cache is position-major
+    /// ([capacity][layers][k|v][kv_dim]), so the first `len` positions of every
+    /// layer are one contiguous range whatever the capacity. Synchronised before
+    /// returning, so `src` may be freed (evicted) at once. Compile-checked only:
+    /// no GPU has run it yet (tests/cuda.rs `prefix_reuse_*` are its checks).
+    fn copy_prefix(&self, src: &mut dyn Session, dst: &mut dyn Session, len: usize) -> Result<()> {
+        check_copy(src, dst, len)?;
+        let bytes = len * self.spec.num_layers * 2 * self.spec.kv_dim() * 2;
+        let inner = self.lock()?;
+        let src = own_session::<CudaSession>(src, "cuda")?;
+        let dst = own_session::<CudaSession>(dst, "cuda")?;
+        dst.kv.copy_prefix_from(&inner.stream, &src.kv, bytes)?;
+        inner.stream.sync()?;
+        dst.len = len;
+        Ok(())
     }
 
     fn device_description(&self) -> String {
