@@ -23,9 +23,10 @@ pub struct BenchArgs {
     /// Batch sizes, comma separated
     #[arg(long, default_value = "1", value_delimiter = ',')]
     batch: Vec<usize>,
-    /// Prompt length in tokens (random ids, seeded)
-    #[arg(long, default_value_t = 128)]
-    prompt_len: usize,
+    /// Prompt lengths in tokens, comma separated (random ids, seeded): each is
+    /// timed at every batch size, with its own table
+    #[arg(long, default_value = "128", value_delimiter = ',')]
+    prompt_len: Vec<usize>,
     /// Tokens generated per sequence (EOS ignored)
     #[arg(long, default_value_t = 256)]
     gen_len: usize,
@@ -42,7 +43,7 @@ pub struct BenchArgs {
     json: Option<PathBuf>,
     /// Also time prefix reuse: a first request of N prompt tokens fills the
     /// prefix cache, then the TTFT of a second one, the same N tokens followed
-    /// by --prompt-len new ones, with its whole blocks reused, against the same
+    /// by --prompt-len new ones (its first length), with its whole blocks reused, against the same
     /// prompt with the cache emptied (e.g. --prefix-reuse 4000 --prompt-len 100:
     /// a chat turn over a 4,000-token conversation)
     #[arg(long, value_name = "N")]
@@ -185,6 +186,7 @@ fn prefix_case(engine: &Engine, shared: usize, new: usize, vocab: usize, samplin
 }
 
 struct Row {
+    prompt_len: usize,
     batch: usize,
     path: &'static str,
     /// None on the CPU backend, where the host thread is the one computing.
@@ -201,9 +203,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.batch.is_empty() || args.batch.contains(&0) {
         bail!("--batch needs sizes of at least 1");
     }
-    if args.prompt_len == 0 || args.gen_len < 2 || args.reps == 0 {
+    if args.prompt_len.is_empty() || args.prompt_len.contains(&0) || args.gen_len < 2 || args.reps == 0 {
         bail!("--prompt-len must be >= 1, --gen-len >= 2 and --reps >= 1");
     }
+    let first_len = args.prompt_len[0];
     let t = Instant::now();
     let engine = args.model.load().context("loading the model")?;
     let load_s = t.elapsed().as_secs_f64();
@@ -228,17 +231,18 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ignore_eos: true,
         ..given
     };
-    let sampling = engine.resolve(&options, RequestKind::Completion, args.prompt_len)?;
+    let longest = args.prompt_len.iter().copied().max().unwrap_or(first_len);
+    let sampling = engine.resolve(&options, RequestKind::Completion, longest)?;
 
     let mut rows = Vec::new();
-    for &b in &args.batch {
-        let prompts: Vec<Vec<u32>> = (0..b).map(|i| random_prompt(1000 + i as u64, args.prompt_len, vocab)).collect();
+    for (&prompt_len, &b) in args.prompt_len.iter().flat_map(|p| args.batch.iter().map(move |b| (p, b))) {
+        let prompts: Vec<Vec<u32>> = (0..b).map(|i| random_prompt(1000 + i as u64, prompt_len, vocab)).collect();
         run_batch(&engine, &prompts, args.gen_len.min(8), &sampling)?; // warm-up: graphs, caches
         let (mut ttfts, mut steps, mut host) = (Vec::new(), Vec::new(), Vec::new());
         for rep in 0..args.reps {
             let r = run_batch(&engine, &prompts, args.gen_len, &sampling)?;
             let host_cpu = if info.backend == "cpu" { String::new() } else { format!(", host CPU {:.1} µs/token", r.host_cpu_per_token * 1e6) };
-            eprintln!("bench: batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step{host_cpu}", rep + 1, args.reps, r.ttft * 1e3, r.step * 1e3);
+            eprintln!("bench: prompt {prompt_len} batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step{host_cpu}", rep + 1, args.reps, r.ttft * 1e3, r.step * 1e3);
             ttfts.push(r.ttft);
             steps.push(r.step);
             host.push(r.host_cpu_per_token);
@@ -247,11 +251,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let step = stats(&steps);
         let gbs = info.bytes_per_decode_step as f64 / step.0 / 1e9;
         rows.push(Row {
+            prompt_len,
             batch: b,
             path: engine.decode_path(b, &sampling),
             host_us_per_token: (info.backend != "cpu").then(|| stats(&host).0 * 1e6),
             ttft: (ttft.0 * 1e3, ttft.1 * 1e3),
-            prefill_tps: (b * args.prompt_len) as f64 / ttft.0,
+            prefill_tps: (b * prompt_len) as f64 / ttft.0,
             step_ms: (step.0 * 1e3, step.1 * 1e3),
             tokens_per_s: b as f64 / step.0,
             gbs,
@@ -259,7 +264,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         });
     }
 
-    let prefix = args.prefix_reuse.map(|n| prefix_case(&engine, n, args.prompt_len, vocab, &sampling, args.reps)).transpose()?;
+    let prefix = args.prefix_reuse.map(|n| prefix_case(&engine, n, first_len, vocab, &sampling, args.reps)).transpose()?;
 
     if let Some(path) = &args.json {
         let report = json!({
@@ -273,11 +278,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "bytes_per_decode_step": info.bytes_per_decode_step,
             "copy_bandwidth_gbs": copy_gbs,
             "load_seconds": load_s,
-            "prompt_len": args.prompt_len,
+            "prompt_len": first_len,
+            "prompt_lens": args.prompt_len,
             "gen_len": args.gen_len,
             "sampling": sampling_report(&sampling),
             "reps": args.reps,
             "results": rows.iter().map(|r| json!({
+                "prompt_len": r.prompt_len,
                 "batch": r.batch,
                 "decode_path": r.path,
                 "host_cpu_us_per_token": r.host_us_per_token,
@@ -306,26 +313,31 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         info.bytes_per_decode_step as f64 / 1e9,
         copy_gbs.map_or("n/a".into(), |c| format!("{c:.0} GB/s"))
     );
-    println!(
-        "| batch | decode path | TTFT ms (p={}) | prefill tok/s | decode ms/step | tok/s | GB/s | % copy BW | decode host CPU µs/tok |",
-        args.prompt_len
-    );
-    println!("|------:|:------------|---------------:|--------------:|---------------:|------:|-----:|----------:|----------------:|");
-    for r in &rows {
+    // One table per prompt length, each headed by its length.
+    for (i, &prompt_len) in args.prompt_len.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
         println!(
-            "| {} | {} | {:.2} ± {:.2} | {:.0} | {:.3} ± {:.3} | {:.1} | {:.0} | {} | {} |",
-            r.batch,
-            r.path,
-            r.ttft.0,
-            r.ttft.1,
-            r.prefill_tps,
-            r.step_ms.0,
-            r.step_ms.1,
-            r.tokens_per_s,
-            r.gbs,
-            r.pct_copy.map_or("n/a".into(), |p| format!("{p:.1}%")),
-            r.host_us_per_token.map_or("-".into(), |h| format!("{h:.1}"))
+            "| batch | decode path | TTFT ms (p={prompt_len}) | prefill tok/s | decode ms/step | tok/s | GB/s | % copy BW | decode host CPU µs/tok |"
         );
+        println!("|------:|:------------|---------------:|--------------:|---------------:|------:|-----:|----------:|----------------:|");
+        for r in rows.iter().filter(|r| r.prompt_len == prompt_len) {
+            println!(
+                "| {} | {} | {:.2} ± {:.2} | {:.0} | {:.3} ± {:.3} | {:.1} | {:.0} | {} | {} |",
+                r.batch,
+                r.path,
+                r.ttft.0,
+                r.ttft.1,
+                r.prefill_tps,
+                r.step_ms.0,
+                r.step_ms.1,
+                r.tokens_per_s,
+                r.gbs,
+                r.pct_copy.map_or("n/a".into(), |p| format!("{p:.1}%")),
+                r.host_us_per_token.map_or("-".into(), |h| format!("{h:.1}"))
+            );
+        }
     }
     if let Some(p) = &prefix {
         println!();

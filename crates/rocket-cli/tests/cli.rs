@@ -97,6 +97,38 @@ fn bench_on_the_cpu_has_no_host_cpu_figure() {
 }
 
 #[test]
+fn bench_times_every_prompt_length_at_every_batch_size() {
+    let json = std::env::temp_dir().join(format!("rocket-bench-lens-{}.json", std::process::id()));
+    let out = rocket()
+        .args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu", "--prompt-len", "3,9", "--batch", "1,2", "--gen-len", "2", "--reps", "1"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    // A table per prompt length, each with a row per batch size.
+    for p in [3, 9] {
+        let at = table.find(&format!("TTFT ms (p={p})")).unwrap_or_else(|| panic!("no table for prompt {p}: {table}"));
+        let rows: Vec<&str> = table[at..].lines().skip(2).take_while(|l| l.starts_with("| ")).collect();
+        assert_eq!(rows.iter().map(|r| r.split('|').nth(1).unwrap().trim()).collect::<Vec<_>>(), ["1", "2"], "{table}");
+    }
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    let got: Vec<(u64, u64)> = report["results"].as_array().unwrap().iter().map(|r| (r["prompt_len"].as_u64().unwrap(), r["batch"].as_u64().unwrap())).collect();
+    assert_eq!(got, [(3, 1), (3, 2), (9, 1), (9, 2)], "{report}");
+    assert_eq!(report["prompt_lens"], serde_json::json!([3, 9]));
+    // prefill tokens/s is per prompt length: batch x prompt over the TTFT.
+    for r in report["results"].as_array().unwrap() {
+        let want = (r["batch"].as_f64().unwrap() * r["prompt_len"].as_f64().unwrap()) / (r["ttft_ms"].as_f64().unwrap() / 1e3);
+        let tps = r["prefill_tokens_per_s"].as_f64().unwrap();
+        assert!((tps - want).abs() <= 1e-6 * want, "{r}");
+    }
+    let bad = rocket().args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu", "--prompt-len", "4,0"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("--prompt-len"));
+}
+
+#[test]
 fn bad_model_path_is_one_line_on_stderr() {
     let out = rocket().args(["generate", "--model", "/no/such/model", "hi"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
