@@ -248,6 +248,7 @@ mod tests {
             fuse: false,
             watchdog: std::time::Duration::from_millis(7),
             trace_step: Some(3),
+            device_ordinal: 0,
         };
         assert_eq!((o.gpu, o.progress, o.max_seq_len), (want, Progress::Always, Some(9)));
         // A bad variable is an error naming it, flag or not.
