@@ -143,3 +143,18 @@ fn bad_limits_are_usage_errors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--max-batch"));
 }
+
+#[test]
+fn devices_are_checked_and_a_cpu_engine_cannot_take_a_gpu_list() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rocket")).args(["serve", "--devices", "gpu0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--devices") && err.contains("\"all\""), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_rocket"))
+        .args(["serve", "--model", &fixture("tiny-llama"), "--device", "cpu", "--devices", "0,1", "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.lines().last().unwrap().contains("devices") && err.contains("\"cpu\""), "{err}");
+}
