@@ -85,11 +85,23 @@ fn select_backend(device: Device, gpu: &GpuOptions, spec: &ModelSpec, weights: A
 }
 
 /// How many CUDA devices this process sees.
-fn cuda_device_count() -> Result<usize> {
+pub(crate) fn cuda_device_count() -> Result<usize> {
     #[cfg(feature = "cuda")]
     return crate::backend::cuda::device_count();
     #[cfg(not(feature = "cuda"))]
     Err(RocketError::Device("this build of rocket has no CUDA backend; a list of devices needs one".into()))
+}
+
+/// A list of GPUs with `device` "cpu" is a contradiction, refused before anything loads.
+pub(crate) fn check_devices_device(device: Device, devices: &Devices) -> Result<()> {
+    if device == Device::Cpu {
+        let shown = match devices {
+            Devices::All => "all".to_string(),
+            Devices::List(l) => l.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","),
+        };
+        return Err(RocketError::invalid_arg("devices", shown, "a list of GPUs needs device \"cuda\" or \"auto\", not \"cpu\""));
+    }
+    Ok(())
 }
 
 impl Engine {
@@ -105,9 +117,7 @@ impl Engine {
     /// `devices`; `options.device` must not be `Cpu`, and `gpu.device_ordinal`
     /// is set per engine. Any device failing to load fails the whole load.
     pub fn load_devices(path: impl AsRef<Path>, options: EngineOptions, devices: &Devices) -> Result<Vec<Self>> {
-        if options.device == Device::Cpu {
-            return Err(RocketError::invalid_arg("devices", format!("{devices:?}"), "a list of GPUs needs device \"cuda\" or \"auto\", not \"cpu\""));
-        }
+        check_devices_device(options.device, devices)?;
         let ordinals = devices.ordinals(cuda_device_count()?)?;
         Self::load_on(path.as_ref(), options, Some(&ordinals))
     }

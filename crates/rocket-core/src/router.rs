@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::batch::BatchEvent;
-use crate::engine::Engine;
+use crate::engine::{Engine, EngineOptions};
+use crate::options::Devices;
 use crate::error::{ErrorKind, Result, RocketError};
 use crate::output::FinishReason;
 use crate::request::EngineRequest;
@@ -108,6 +109,27 @@ pub struct Router {
 }
 
 impl Router {
+    /// Loads the model at `path`: one engine per GPU of `devices` (named
+    /// "cuda:N"; see `Engine::load_devices`), or with None one engine on
+    /// `options.device` (named "cuda:0" or "cpu"); then starts their schedulers.
+    /// What `rocket serve --devices` and Python's `LLM(devices=...)` run.
+    pub fn load(path: impl AsRef<std::path::Path>, options: EngineOptions, devices: Option<&Devices>, scheduler: SchedulerOptions) -> Result<Self> {
+        let engines = match devices {
+            Some(d) => {
+                crate::engine::check_devices_device(options.device, d)?;
+                let ordinals = d.ordinals(crate::engine::cuda_device_count()?)?;
+                let engines = Engine::load_devices(path, options, &Devices::List(ordinals.clone()))?;
+                ordinals.iter().map(|n| format!("cuda:{n}")).zip(engines).collect::<Vec<_>>()
+            }
+            None => {
+                let engine = Engine::load(path, options)?;
+                let name = if engine.info().backend == "cuda" { "cuda:0".to_string() } else { engine.info().backend.to_string() };
+                vec![(name, engine)]
+            }
+        };
+        Self::new(engines.into_iter().map(|(n, e)| (n, Arc::new(e))).collect(), scheduler)
+    }
+
     /// Starts a scheduler for each of `engines` (name, engine), all with
     /// `options`. The engines must hold the same model: requests are checked
     /// and tokenised with the first ([`Router::engine`]).

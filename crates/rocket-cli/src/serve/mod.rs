@@ -97,15 +97,6 @@ pub struct Ready {
     pub router: Router,
 }
 
-/// Names for the engines: "cuda:N" per GPU of `--devices`, else the one backend's name.
-fn engine_names(engines: &[Engine], devices: Option<&Devices>) -> Vec<String> {
-    match devices {
-        Some(Devices::List(ordinals)) => ordinals.iter().map(|n| format!("cuda:{n}")).collect(),
-        Some(Devices::All) => (0..engines.len()).map(|n| format!("cuda:{n}")).collect(),
-        None => engines.iter().map(|e| if e.info().backend == "cuda" { "cuda:0".to_string() } else { e.info().backend.to_string() }).collect(),
-    }
-}
-
 /// State shared by every handler.
 pub struct AppState {
     pub model_name: String,
@@ -237,34 +228,22 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
         let devices = args.devices.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let loaded = tokio::task::spawn_blocking(move || {
-                let engines = match &devices {
-                    Some(d) => Engine::load_devices(path, options, d)?,
-                    None => vec![Engine::load(path, options)?],
-                };
-                let names = engine_names(&engines, devices.as_ref());
-                Ok::<_, rocket_core::RocketError>(names.into_iter().zip(engines.into_iter().map(Arc::new)).collect::<Vec<_>>())
-            })
+            let loaded = tokio::task::spawn_blocking(move || Router::load(path, options, devices.as_ref(), SchedulerOptions { max_batch, max_queue }))
             .await;
             let failure = match loaded {
-                Ok(Ok(engines)) if !app.is_shutting_down() => {
-                    let engine = engines[0].1.clone();
-                    let names = engines.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ");
-                    match Router::new(engines.clone(), SchedulerOptions { max_batch, max_queue }) {
-                        Ok(router) => {
-                            let info = engine.info();
-                            eprintln!(
-                                "rocket serve: ready — {} ({} backend on {names}, context {} tokens, max batch {max_batch}, max queue {max_queue} per device) loaded in {:.1} s",
-                                app.model_name,
-                                info.backend,
-                                info.max_seq_len,
-                                started.elapsed().as_secs_f64()
-                            );
-                            let _ = app.ready.set(Ready { engine, router });
-                            None
-                        }
-                        Err(e) => Some(anyhow::Error::new(e).context("starting the scheduler")),
-                    }
+                Ok(Ok(router)) if !app.is_shutting_down() => {
+                    let engine = router.engine().clone();
+                    let names = (0..router.len()).map(|i| router.name(i)).collect::<Vec<_>>().join(", ");
+                    let info = engine.info();
+                    eprintln!(
+                        "rocket serve: ready — {} ({} backend on {names}, context {} tokens, max batch {max_batch}, max queue {max_queue} per device) loaded in {:.1} s",
+                        app.model_name,
+                        info.backend,
+                        info.max_seq_len,
+                        started.elapsed().as_secs_f64()
+                    );
+                    let _ = app.ready.set(Ready { engine, router });
+                    None
                 }
                 Ok(Ok(_)) => None,
                 Ok(Err(e)) => Some(anyhow::Error::new(e)),
