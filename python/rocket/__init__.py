@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import importlib.util
+import operator
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -69,7 +70,11 @@ class LLM:
     """A loaded model. Thread-safe; the GIL is released while it works.
 
     One continuous-batching scheduler runs the model: requests from every thread
-    (``generate``, ``chat``, ``stream``) share its forward passes.
+    (``generate``, ``chat``, ``stream``) share its forward passes. With
+    ``devices`` (``"all"``, ``"0,1"`` or a list of GPU ordinals) the model loads
+    once per GPU, each with its own scheduler, and each request goes to the
+    least-loaded GPU; one that fails is taken out of service (its requests raise
+    :class:`DeviceError` naming it) and the others carry on.
 
 
     The engine keywords (GPU ones are ignored on the CPU) default to the
@@ -111,6 +116,7 @@ class LLM:
         trace_step: int | None = None,
         prefix_cache_bytes: int | None = None,
         prefix_block: int | None = None,
+        devices: str | Sequence[int] | None = None,
     ) -> None:
         # Options first: a bad keyword fails before the model is looked up or loaded.
         options = _rocket.EngineOptions(
@@ -130,8 +136,10 @@ class LLM:
             prefix_block=prefix_block,
             env=_settings_env(),
         )
+        if devices is not None and not isinstance(devices, str):
+            devices = ",".join(str(operator.index(d)) for d in devices)
         path = os.fspath(model) if model is not None else default_model_path()
-        self._engine = _rocket.Engine(path, options)
+        self._engine = _rocket.Engine(path, options, devices)
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -255,6 +255,7 @@ mod tests {
             fuse: false,
             watchdog: std::time::Duration::from_millis(7),
             trace_step: Some(3),
+            device_ordinal: 0,
         };
         assert_eq!((o.gpu, o.progress, o.max_seq_len), (want, Progress::Always, Some(9)));
         assert_eq!((o.prefix_cache_bytes, o.prefix_block), (256 << 20, 64));

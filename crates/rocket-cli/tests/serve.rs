@@ -167,3 +167,18 @@ fn a_prompt_sharing_whole_blocks_with_an_earlier_one_reuses_them() {
     assert_eq!((h["prefix_cache"]["hits"].as_u64(), h["prefix_cache"]["block"].as_u64()), (Some(1), Some(4)), "{h}");
     assert!(h["prefix_cache"]["bytes"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn devices_are_checked_and_a_cpu_engine_cannot_take_a_gpu_list() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rocket")).args(["serve", "--devices", "gpu0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--devices") && err.contains("\"all\""), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_rocket"))
+        .args(["serve", "--model", &fixture("tiny-llama"), "--device", "cpu", "--devices", "0,1", "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.lines().last().unwrap().contains("devices") && err.contains("\"cpu\""), "{err}");
+}

@@ -204,6 +204,9 @@ pub struct GpuOptions {
     /// its step N and logs where the time went (at level info), the table
     /// `megakernel::Profile` prints. Default `None` (no tracing).
     pub trace_step: Option<usize>,
+    /// Which CUDA device the engine runs on (0 is the first visible GPU).
+    /// Default 0; `Engine::load_devices` sets it per engine from a [`Devices`].
+    pub device_ordinal: usize,
 }
 
 impl Default for GpuOptions {
@@ -218,7 +221,56 @@ impl Default for GpuOptions {
             fuse: true,
             watchdog: Duration::from_millis(2000),
             trace_step: None,
+            device_ordinal: 0,
         }
+    }
+}
+
+/// The GPUs a multi-engine load runs on, one engine each (`rocket serve
+/// --devices`, Python `devices=`): `All` is every CUDA device this process
+/// sees, `List` the given ordinals. Parses from `"all"` or `"0,1,..."`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Devices {
+    All,
+    List(Vec<usize>),
+}
+
+impl std::str::FromStr for Devices {
+    type Err = RocketError;
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        if s == "all" {
+            return Ok(Devices::All);
+        }
+        let mut ordinals = Vec::new();
+        for part in s.split(',') {
+            let n = part.trim().parse::<usize>().map_err(|_| {
+                RocketError::invalid_arg("devices", s, "expected \"all\" or GPU ordinals separated by commas, like \"0,1\"")
+            })?;
+            if ordinals.contains(&n) {
+                return Err(RocketError::invalid_arg("devices", s, format!("GPU {n} is listed twice")));
+            }
+            ordinals.push(n);
+        }
+        Ok(Devices::List(ordinals))
+    }
+}
+
+impl Devices {
+    /// The ordinals, given how many CUDA devices exist (`count`): `All` is
+    /// `0..count`; a listed ordinal must be below `count`.
+    pub fn ordinals(&self, count: usize) -> Result<Vec<usize>> {
+        let list = match self {
+            Devices::All => (0..count).collect::<Vec<_>>(),
+            Devices::List(l) => l.clone(),
+        };
+        if list.is_empty() {
+            return Err(RocketError::Device("no CUDA device found".into()));
+        }
+        if let Some(bad) = list.iter().find(|&&n| n >= count) {
+            return Err(RocketError::invalid_arg("devices", bad, format!("this machine has {count} CUDA device(s)")));
+        }
+        Ok(list)
     }
 }
 
@@ -287,6 +339,21 @@ mod tests {
 
     fn message(e: RocketError) -> String {
         e.to_string()
+    }
+
+    #[test]
+    fn devices_parse_all_or_ordinals_and_check_them_against_the_count() {
+        assert_eq!("all".parse::<Devices>().unwrap(), Devices::All);
+        assert_eq!(" 1, 0 ".parse::<Devices>().unwrap(), Devices::List(vec![1, 0]));
+        for bad in ["", "0,,1", "gpu0", "-1", "0,0"] {
+            let e = message(bad.parse::<Devices>().unwrap_err());
+            assert!(e.contains("devices"), "{bad:?}: {e}");
+        }
+        assert_eq!(Devices::All.ordinals(3).unwrap(), vec![0, 1, 2]);
+        assert_eq!(Devices::List(vec![1]).ordinals(2).unwrap(), vec![1]);
+        let e = message(Devices::List(vec![0, 2]).ordinals(2).unwrap_err());
+        assert!(e.contains("devices") && e.contains('2'), "{e}");
+        assert!(Devices::All.ordinals(0).is_err());
     }
 
     #[test]
@@ -378,6 +445,7 @@ mod tests {
             fuse: false,
             watchdog: Duration::from_secs(120),
             trace_step: Some(100),
+            device_ordinal: 0,
         };
         assert_eq!(o.gpu, want);
         assert_eq!(o.progress, Progress::Off);

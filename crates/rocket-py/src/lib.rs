@@ -14,7 +14,8 @@ use std::time::Duration;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
-use rocket_core::{BatchEvent, ChatMessage, Engine, EngineRequest, RequestHandle, RequestKind, RocketError, Scheduler, SchedulerOptions};
+use rocket_core::router::Router;
+use rocket_core::{BatchEvent, ChatMessage, Devices, Engine, EngineRequest, RequestHandle, RequestKind, RocketError, SchedulerOptions};
 
 use errors::to_py_err;
 use options::EngineOptions_;
@@ -409,13 +410,13 @@ fn render_chat_template(
     })
 }
 
-/// A loaded model and the scheduler that runs it: every generation of this
-/// engine, from any Python thread, goes through the one scheduler, so
-/// concurrent calls share forward passes.
+/// A loaded model and the router over its engines (one, or one per GPU of
+/// `devices`), each with its scheduler: every generation, from any Python
+/// thread, goes to the least-loaded engine, so concurrent calls share forward passes.
 #[pyclass(module = "rocket._rocket", frozen)]
 pub struct Engine_ {
     engine: Arc<Engine>,
-    scheduler: Scheduler,
+    router: Router,
 }
 
 impl Engine_ {
@@ -434,7 +435,7 @@ impl Engine_ {
                 end => tx.send((i, end)).is_ok(),
             });
             // On error the handles submitted so far drop, cancelling them.
-            handles.push(self.scheduler.submit(request, sink).map_err(|e| to_py_err(py, e))?);
+            handles.push(self.router.submit(request, sink).map_err(|e| to_py_err(py, e))?.handle);
         }
         drop(tx);
         wait_all(py, handles, rx)
@@ -443,12 +444,14 @@ impl Engine_ {
 
 #[pymethods]
 impl Engine_ {
+    /// `devices`: None for one engine on `options.device`, else "all" or "0,1,...".
     #[new]
-    fn new(py: Python<'_>, model: PathBuf, options: PyRef<'_, EngineOptions_>) -> PyResult<Self> {
+    #[pyo3(signature = (model, options, devices=None))]
+    fn new(py: Python<'_>, model: PathBuf, options: PyRef<'_, EngineOptions_>, devices: Option<String>) -> PyResult<Self> {
         let options = options.options.clone();
-        let engine = Arc::new(run_detached(py, move || Engine::load(&model, options))?);
-        let scheduler = Scheduler::start(engine.clone(), SchedulerOptions::default()).map_err(|e| to_py_err(py, e))?;
-        Ok(Engine_ { engine, scheduler })
+        let devices = devices.map(|d| d.parse::<Devices>()).transpose().map_err(|e| to_py_err(py, e))?;
+        let router = run_detached(py, move || Router::load(&model, options, devices.as_ref(), SchedulerOptions::default()))?;
+        Ok(Engine_ { engine: router.engine().clone(), router })
     }
 
     /// Generate for each prompt through the engine's scheduler (they run
@@ -505,7 +508,7 @@ impl Engine_ {
             })
             .is_ok()
         });
-        let handle = self.scheduler.submit(EngineRequest { prompt, prompt_ids, params }, sink).map_err(|e| to_py_err(py, e))?;
+        let handle = self.router.submit(EngineRequest { prompt, prompt_ids, params }, sink).map_err(|e| to_py_err(py, e))?.handle;
         Ok(Stream {
             rx: Mutex::new(Some(rx)),
             handle: Mutex::new(Some(handle)),

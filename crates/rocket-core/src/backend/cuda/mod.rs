@@ -258,10 +258,10 @@ impl CudaBackend {
         Self::with_options(spec, weights, progress, GpuOptions::default())
     }
 
-    /// Opens device 0 with `options` (`EngineOptions::gpu`; tests compare paths side by side).
+    /// Opens device `options.device_ordinal` with `options` (`EngineOptions::gpu`; tests compare paths side by side).
     pub fn with_options(spec: ModelSpec, weights: &ModelWeights, progress: &LoadProgress, options: GpuOptions) -> Result<Self> {
         check_shapes(&spec)?;
-        let ctx = Arc::new(Context::open()?);
+        let ctx = Arc::new(Context::open(options.device_ordinal)?);
         let stream = Stream::new()?;
         let mut kernels = Kernels::load(&ctx, spec.head_dim)?;
         kernels.pdl = options.pdl;
@@ -713,7 +713,12 @@ impl CudaBackend {
 
 /// Why CUDA is unavailable here, or None when a usable device exists.
 pub fn unavailable_reason() -> Option<String> {
-    Context::open().err().map(|e| e.to_string())
+    Context::open(0).err().map(|e| e.to_string())
+}
+
+/// How many CUDA devices this process sees (`Devices::All` opens each).
+pub fn device_count() -> Result<usize> {
+    Context::device_count()
 }
 
 #[cfg(test)]
