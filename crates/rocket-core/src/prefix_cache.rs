@@ -37,6 +37,22 @@ pub struct PrefixCacheStats {
     pub bytes: usize,
 }
 
+impl std::ops::Add for PrefixCacheStats {
+    type Output = PrefixCacheStats;
+    /// Two caches' figures together (a router's engines each keep their own).
+    fn add(self, o: PrefixCacheStats) -> PrefixCacheStats {
+        PrefixCacheStats {
+            lookups: self.lookups + o.lookups,
+            hits: self.hits + o.hits,
+            tokens_reused: self.tokens_reused + o.tokens_reused,
+            inserts: self.inserts + o.inserts,
+            evictions: self.evictions + o.evictions,
+            entries: self.entries + o.entries,
+            bytes: self.bytes + o.bytes,
+        }
+    }
+}
+
 struct Entry<V> {
     tokens: Vec<u32>,
     value: V,

@@ -22,6 +22,7 @@ use crate::engine::{Engine, EngineOptions};
 use crate::options::Devices;
 use crate::error::{ErrorKind, Result, RocketError};
 use crate::output::FinishReason;
+use crate::prefix_cache::PrefixCacheStats;
 use crate::request::EngineRequest;
 use crate::scheduler::{EventSink, RequestHandle, Scheduler, SchedulerOptions};
 
@@ -158,6 +159,12 @@ impl Router {
     /// The first engine: the tokenizer, chat template and checks every request goes through.
     pub fn engine(&self) -> &Arc<Engine> {
         self.members[0].scheduler.engine()
+    }
+
+    /// The engines' prefix caches together: each engine keeps its prompts' KV on
+    /// its own device, so a budget is per engine and the figures add up.
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        (0..self.len()).map(|i| self.scheduler(i).engine().prefix_cache_stats()).fold(PrefixCacheStats::default(), |a, b| a + b)
     }
 
     pub fn len(&self) -> usize {

@@ -569,9 +569,10 @@ impl Engine_ {
 
     /// The prefix cache: what it has done since load (lookups, hits,
     /// tokens_reused, inserts, evictions) and holds (entries, bytes), with its
-    /// limits (max_bytes: 0 when disabled, block in tokens).
+    /// limits (max_bytes: 0 when disabled, block in tokens); with several
+    /// devices, the engines' caches summed (max_bytes is each one's budget).
     fn prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.engine.prefix_cache_stats();
+        let s = self.router.prefix_cache_stats();
         let (max_bytes, block) = self.engine.prefix_cache_limits();
         let d = PyDict::new(py);
         d.set_item("lookups", s.lookups)?;

@@ -158,18 +158,17 @@ impl ServerMetrics {
             let (launches, watchdog) = (0..s.len()).map(|i| s.scheduler(i).engine().backend_counters()).fold((0, 0), |(l, w), c| (l + c.megakernel_launches, w + c.watchdog_events));
             self.megakernel_launches.inc_by(launches.saturating_sub(self.megakernel_launches.get()));
             self.watchdog_events.inc_by(watchdog.saturating_sub(self.watchdog_events.get()));
-            // The prefix caches (one per engine), summed.
-            let caches: Vec<_> = (0..s.len()).map(|i| s.scheduler(i).engine().prefix_cache_stats()).collect();
+            let pc = s.prefix_cache_stats();
             for (counter, now) in [
-                (&self.prefix_lookups, caches.iter().map(|c| c.lookups).sum::<u64>()),
-                (&self.prefix_hits, caches.iter().map(|c| c.hits).sum()),
-                (&self.prefix_reused_tokens, caches.iter().map(|c| c.tokens_reused).sum()),
-                (&self.prefix_evictions, caches.iter().map(|c| c.evictions).sum()),
+                (&self.prefix_lookups, pc.lookups),
+                (&self.prefix_hits, pc.hits),
+                (&self.prefix_reused_tokens, pc.tokens_reused),
+                (&self.prefix_evictions, pc.evictions),
             ] {
                 counter.inc_by(now.saturating_sub(counter.get()));
             }
-            self.prefix_bytes.set(caches.iter().map(|c| c.bytes as i64).sum());
-            self.prefix_entries.set(caches.iter().map(|c| c.entries as i64).sum());
+            self.prefix_bytes.set(pc.bytes as i64);
+            self.prefix_entries.set(pc.entries as i64);
             // The first engine's paths stand for all: every device loads the same model with the same options.
             let p = s.scheduler(0).decode_paths();
             self.decode_path.clear();

@@ -76,16 +76,13 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
             })
             .collect();
         body["devices"] = json!(devices);
-        // Each engine has its own prefix cache (its KV lives on its device): summed.
-        let caches: Vec<_> = (0..r.router.len()).map(|i| r.router.scheduler(i).engine().prefix_cache_stats()).collect();
-        let (max_bytes, block) = r.router.scheduler(0).engine().prefix_cache_limits();
+        // Each engine has its own prefix cache (its KV lives on its device): the
+        // figures are summed, and max_bytes is the budget of each.
+        let pc = r.router.prefix_cache_stats();
+        let (max_bytes, block) = r.engine.prefix_cache_limits();
         body["prefix_cache"] = json!({
-            "hits": caches.iter().map(|c| c.hits).sum::<u64>(),
-            "lookups": caches.iter().map(|c| c.lookups).sum::<u64>(),
-            "tokens_reused": caches.iter().map(|c| c.tokens_reused).sum::<u64>(),
-            "entries": caches.iter().map(|c| c.entries).sum::<usize>(),
-            "bytes": caches.iter().map(|c| c.bytes).sum::<usize>(),
-            "max_bytes": max_bytes * caches.len(),
+            "hits": pc.hits, "lookups": pc.lookups, "tokens_reused": pc.tokens_reused,
+            "entries": pc.entries, "bytes": pc.bytes, "max_bytes": max_bytes,
             "block": block,
         });
     }
