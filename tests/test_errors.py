@@ -88,6 +88,16 @@ def test_bad_device_and_missing_cuda() -> None:
         rocket.LLM(FIXTURES / "tiny-llama", device="cuda")
 
 
+def test_bad_devices_are_named() -> None:
+    for bad in ("gpu0", "0,0", ""):
+        with pytest.raises(rocket.InvalidArgumentError, match="devices"):
+            rocket.LLM(FIXTURES / "tiny-llama", devices=bad)
+    with pytest.raises(rocket.InvalidArgumentError, match='devices.*not "cpu"'):
+        rocket.LLM(FIXTURES / "tiny-llama", device="cpu", devices=[0, 1])
+    with pytest.raises(TypeError):
+        rocket.LLM(FIXTURES / "tiny-llama", devices=["0"])  # type: ignore[list-item]
+
+
 @pytest.mark.parametrize(
     ("keyword", "value", "listed"),
     [

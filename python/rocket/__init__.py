@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import importlib.util
+import operator
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -69,7 +70,11 @@ class LLM:
     """A loaded model. Thread-safe; the GIL is released while it works.
 
     One continuous-batching scheduler runs the model: requests from every thread
-    (``generate``, ``chat``, ``stream``) share its forward passes.
+    (``generate``, ``chat``, ``stream``) share its forward passes. With
+    ``devices`` (``"all"``, ``"0,1"`` or a list of GPU ordinals) the model loads
+    once per GPU, each with its own scheduler, and each request goes to the
+    least-loaded GPU; one that fails is taken out of service (its requests raise
+    :class:`DeviceError` naming it) and the others carry on.
 
 
     The engine keywords (GPU ones are ignored on the CPU) default to the
@@ -85,6 +90,13 @@ class LLM:
       ``tc_attention`` (True): on/off switches
     - ``watchdog_ms``: megakernel stall limit in milliseconds (2000)
     - ``trace_step``: megakernel decode launches log where this step's time went (None)
+    - ``prefix_cache_bytes``: memory (bytes; device memory on a GPU) the prefix cache may
+      hold, 1 GiB by default, 0 disables it: the KV of earlier prompts is kept and a prompt
+      that starts with the same whole blocks of tokens (a chat's next turn, a shared system
+      prompt) skips their prefill, with bitwise the same output (least recently used dropped
+      first; see :meth:`prefix_cache_stats` and ``metrics["cached_prompt_tokens"]``)
+    - ``prefix_block``: the prefix cache's block in tokens (512): prompts are cached and
+      reused in whole blocks from their start, and prefill passes split at every block
     """
 
     def __init__(
@@ -104,6 +116,9 @@ class LLM:
         tc_attention: bool | None = None,
         watchdog_ms: int | None = None,
         trace_step: int | None = None,
+        prefix_cache_bytes: int | None = None,
+        prefix_block: int | None = None,
+        devices: str | Sequence[int] | None = None,
     ) -> None:
         # Options first: a bad keyword fails before the model is looked up or loaded.
         options = _rocket.EngineOptions(
@@ -120,10 +135,14 @@ class LLM:
             tc_attention=tc_attention,
             watchdog_ms=watchdog_ms,
             trace_step=trace_step,
+            prefix_cache_bytes=prefix_cache_bytes,
+            prefix_block=prefix_block,
             env=_settings_env(),
         )
+        if devices is not None and not isinstance(devices, str):
+            devices = ",".join(str(operator.index(d)) for d in devices)
         path = os.fspath(model) if model is not None else default_model_path()
-        self._engine = _rocket.Engine(path, options)
+        self._engine = _rocket.Engine(path, options, devices)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -133,6 +152,11 @@ class LLM:
     def info(self) -> dict[str, object]:
         """Model facts: path, format, family, shapes, backend, limits."""
         return self._engine.info
+
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """The prefix cache since load: ``lookups``, ``hits``, ``tokens_reused``, ``inserts``,
+        ``evictions``; now: ``entries``, ``bytes``; limits: ``max_bytes`` (0: disabled), ``block``."""
+        return self._engine.prefix_cache_stats()
 
     def generate(
         self,

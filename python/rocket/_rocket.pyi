@@ -90,7 +90,8 @@ class RequestOutput:
     stop_reason: Final[int | str | None]
     logprobs: Final[list[dict[str, object]] | None]
     # time_to_first_token, decode_tokens_per_second, prompt_tokens, output_tokens,
-    # total_seconds, max_batch_size (most requests in one forward pass with this one)
+    # total_seconds, max_batch_size (most requests in one forward pass with this one),
+    # cached_prompt_tokens (prompt tokens whose KV came from the prefix cache)
     metrics: Final[dict[str, float | int]]
 
 @final
@@ -137,12 +138,14 @@ class EngineOptions:
         tc_attention: bool | None = None,
         watchdog_ms: int | None = None,
         trace_step: int | None = None,
+        prefix_cache_bytes: int | None = None,
+        prefix_block: int | None = None,
         env: list[tuple[str, str]] = ...,
     ) -> EngineOptions: ...
 
 @final
 class Engine_:
-    def __new__(cls, model: str, options: EngineOptions) -> Engine_: ...
+    def __new__(cls, model: str, options: EngineOptions, devices: str | None = None) -> Engine_: ...
     def generate(self, prompts: list[str], params: list[SamplingParams], chat: bool = False) -> list[RequestOutput]: ...
     def generate_from_ids(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> RequestOutput: ...
     def stream(self, prompt: str, params: SamplingParams) -> Stream: ...
@@ -152,6 +155,7 @@ class Engine_:
     def tokenizer(self) -> Tokenizer: ...
     @property
     def info(self) -> dict[str, object]: ...
+    def prefix_cache_stats(self) -> dict[str, int]: ...
 
 Engine = Engine_
 

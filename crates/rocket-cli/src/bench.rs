@@ -23,9 +23,10 @@ pub struct BenchArgs {
     /// Batch sizes, comma separated
     #[arg(long, default_value = "1", value_delimiter = ',')]
     batch: Vec<usize>,
-    /// Prompt length in tokens (random ids, seeded)
-    #[arg(long, default_value_t = 128)]
-    prompt_len: usize,
+    /// Prompt lengths in tokens, comma separated (random ids, seeded): each is
+    /// timed at every batch size, with its own table
+    #[arg(long, default_value = "128", value_delimiter = ',')]
+    prompt_len: Vec<usize>,
     /// Tokens generated per sequence (EOS ignored)
     #[arg(long, default_value_t = 256)]
     gen_len: usize,
@@ -40,6 +41,13 @@ pub struct BenchArgs {
     /// Also write the results as JSON to FILE
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also time prefix reuse: a first request of N prompt tokens fills the
+    /// prefix cache, then the TTFT of a second one, the same N tokens followed
+    /// by --prompt-len new ones (its first length), with its whole blocks reused, against the same
+    /// prompt with the cache emptied (e.g. --prefix-reuse 4000 --prompt-len 100:
+    /// a chat turn over a 4,000-token conversation)
+    #[arg(long, value_name = "N")]
+    prefix_reuse: Option<usize>,
 }
 
 /// An f32 setting as the user wrote it (0.8, not its f64 widening 0.800000011920929).
@@ -115,11 +123,15 @@ struct Run {
 
 fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize, sampling: &SamplingParams) -> anyhow::Result<Run> {
     let params = SamplingParams { max_tokens: gen_len, ..sampling.clone() };
+    // Every run prefills its whole prompts: the bench repeats them, and the prefix
+    // cache would otherwise serve the repeats (that case is `--prefix-reuse`'s).
+    engine.clear_prefix_cache();
     let requests = |max_tokens| prompts.iter().map(|p| EngineRequest { prompt: String::new(), prompt_ids: p.clone(), params: SamplingParams { max_tokens, ..params.clone() } }).collect();
     // The prefill (and first token) alone, so the decode's host CPU time can be told apart.
     let cpu = thread_cpu_seconds();
     engine.generate_many(requests(1))?;
     let prefill_cpu = thread_cpu_seconds() - cpu;
+    engine.clear_prefix_cache();
     let cpu = thread_cpu_seconds();
     let outs = engine.generate_many(requests(gen_len))?;
     let decoded = (prompts.len() * gen_len.saturating_sub(1)).max(1) as f64;
@@ -132,7 +144,49 @@ fn run_batch(engine: &Engine, prompts: &[Vec<u32>], gen_len: usize, sampling: &S
     Ok(Run { ttft: m.time_to_first_token, step: (m.total_seconds - m.time_to_first_token) / steps, host_cpu_per_token })
 }
 
+/// The prefix-reuse case: TTFT of a prompt whose first `shared` tokens were
+/// another's, with (`reused` of them from the cache) and without reuse.
+struct PrefixRow {
+    shared: usize,
+    new: usize,
+    reused: usize,
+    ttft: (f64, f64),
+    ttft_no_reuse: (f64, f64),
+}
+
+fn prefix_case(engine: &Engine, shared: usize, new: usize, vocab: usize, sampling: &SamplingParams, reps: usize) -> anyhow::Result<PrefixRow> {
+    let first = random_prompt(2000, shared, vocab);
+    let second: Vec<u32> = first.iter().copied().chain(random_prompt(2001, new, vocab)).collect();
+    let params = SamplingParams { max_tokens: 1, ..sampling.clone() };
+    let ttft_of = |ids: &Vec<u32>| -> anyhow::Result<(f64, usize)> {
+        let out = engine.generate_ids(String::new(), ids.clone(), &params, &mut |_| true)?;
+        Ok((out.metrics.time_to_first_token, out.metrics.cached_prompt_tokens))
+    };
+    let (mut with, mut without, mut reused) = (Vec::new(), Vec::new(), 0);
+    for rep in 0..=reps {
+        engine.clear_prefix_cache();
+        ttft_of(&first)?;
+        let (t, r) = ttft_of(&second)?;
+        engine.clear_prefix_cache();
+        let (t0, _) = ttft_of(&second)?;
+        if rep == 0 {
+            continue; // warm-up
+        }
+        eprintln!("bench: prefix reuse rep {rep}/{reps}: ttft {:.2} ms with {r} tokens reused, {:.2} ms without", t * 1e3, t0 * 1e3);
+        with.push(t);
+        without.push(t0);
+        reused = r;
+    }
+    engine.clear_prefix_cache();
+    if reused == 0 {
+        eprintln!("bench: nothing was reused: --prefix-reuse {shared} is less than one prefix block ({} tokens)", engine.prefix_cache_limits().1);
+    }
+    let ms = |(m, s): (f64, f64)| (m * 1e3, s * 1e3);
+    Ok(PrefixRow { shared, new, reused, ttft: ms(stats(&with)), ttft_no_reuse: ms(stats(&without)) })
+}
+
 struct Row {
+    prompt_len: usize,
     batch: usize,
     path: &'static str,
     /// None on the CPU backend, where the host thread is the one computing.
@@ -149,12 +203,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.batch.is_empty() || args.batch.contains(&0) {
         bail!("--batch needs sizes of at least 1");
     }
-    if args.prompt_len == 0 || args.gen_len < 2 || args.reps == 0 {
+    if args.prompt_len.is_empty() || args.prompt_len.contains(&0) || args.gen_len < 2 || args.reps == 0 {
         bail!("--prompt-len must be >= 1, --gen-len >= 2 and --reps >= 1");
     }
+    let first_len = args.prompt_len[0];
     let t = Instant::now();
     let engine = args.model.load().context("loading the model")?;
     let load_s = t.elapsed().as_secs_f64();
+    if args.prefix_reuse.is_some() && engine.prefix_cache_limits().0 == 0 {
+        bail!("--prefix-reuse needs the prefix cache (--prefix-cache-bytes above 0)");
+    }
     let info = engine.info().clone();
     let copy_gbs = engine.copy_bandwidth_gbs()?;
     let device = engine.device_description();
@@ -173,17 +231,18 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         ignore_eos: true,
         ..given
     };
-    let sampling = engine.resolve(&options, RequestKind::Completion, args.prompt_len)?;
+    let longest = args.prompt_len.iter().copied().max().unwrap_or(first_len);
+    let sampling = engine.resolve(&options, RequestKind::Completion, longest)?;
 
     let mut rows = Vec::new();
-    for &b in &args.batch {
-        let prompts: Vec<Vec<u32>> = (0..b).map(|i| random_prompt(1000 + i as u64, args.prompt_len, vocab)).collect();
+    for (&prompt_len, &b) in args.prompt_len.iter().flat_map(|p| args.batch.iter().map(move |b| (p, b))) {
+        let prompts: Vec<Vec<u32>> = (0..b).map(|i| random_prompt(1000 + i as u64, prompt_len, vocab)).collect();
         run_batch(&engine, &prompts, args.gen_len.min(8), &sampling)?; // warm-up: graphs, caches
         let (mut ttfts, mut steps, mut host) = (Vec::new(), Vec::new(), Vec::new());
         for rep in 0..args.reps {
             let r = run_batch(&engine, &prompts, args.gen_len, &sampling)?;
             let host_cpu = if info.backend == "cpu" { String::new() } else { format!(", host CPU {:.1} µs/token", r.host_cpu_per_token * 1e6) };
-            eprintln!("bench: batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step{host_cpu}", rep + 1, args.reps, r.ttft * 1e3, r.step * 1e3);
+            eprintln!("bench: prompt {prompt_len} batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step{host_cpu}", rep + 1, args.reps, r.ttft * 1e3, r.step * 1e3);
             ttfts.push(r.ttft);
             steps.push(r.step);
             host.push(r.host_cpu_per_token);
@@ -192,17 +251,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let step = stats(&steps);
         let gbs = info.bytes_per_decode_step as f64 / step.0 / 1e9;
         rows.push(Row {
+            prompt_len,
             batch: b,
             path: engine.decode_path(b, &sampling),
             host_us_per_token: (info.backend != "cpu").then(|| stats(&host).0 * 1e6),
             ttft: (ttft.0 * 1e3, ttft.1 * 1e3),
-            prefill_tps: (b * args.prompt_len) as f64 / ttft.0,
+            prefill_tps: (b * prompt_len) as f64 / ttft.0,
             step_ms: (step.0 * 1e3, step.1 * 1e3),
             tokens_per_s: b as f64 / step.0,
             gbs,
             pct_copy: copy_gbs.map(|c| 100.0 * gbs / c),
         });
     }
+
+    let prefix = args.prefix_reuse.map(|n| prefix_case(&engine, n, first_len, vocab, &sampling, args.reps)).transpose()?;
 
     if let Some(path) = &args.json {
         let report = json!({
@@ -216,11 +278,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "bytes_per_decode_step": info.bytes_per_decode_step,
             "copy_bandwidth_gbs": copy_gbs,
             "load_seconds": load_s,
-            "prompt_len": args.prompt_len,
+            "prompt_len": first_len,
+            "prompt_lens": args.prompt_len,
             "gen_len": args.gen_len,
             "sampling": sampling_report(&sampling),
             "reps": args.reps,
             "results": rows.iter().map(|r| json!({
+                "prompt_len": r.prompt_len,
                 "batch": r.batch,
                 "decode_path": r.path,
                 "host_cpu_us_per_token": r.host_us_per_token,
@@ -231,6 +295,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 "effective_gbs": r.gbs,
                 "pct_of_copy_bandwidth": r.pct_copy,
             })).collect::<Vec<_>>(),
+            "prefix_reuse": prefix.as_ref().map(|p| json!({
+                "shared_tokens": p.shared,
+                "new_tokens": p.new,
+                "reused_tokens": p.reused,
+                "prefix_block": engine.prefix_cache_limits().1,
+                "ttft_ms": p.ttft.0, "ttft_ms_std": p.ttft.1,
+                "ttft_no_reuse_ms": p.ttft_no_reuse.0, "ttft_no_reuse_ms_std": p.ttft_no_reuse.1,
+            })),
         });
         std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -241,25 +313,46 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         info.bytes_per_decode_step as f64 / 1e9,
         copy_gbs.map_or("n/a".into(), |c| format!("{c:.0} GB/s"))
     );
-    println!(
-        "| batch | decode path | TTFT ms (p={}) | prefill tok/s | decode ms/step | tok/s | GB/s | % copy BW | decode host CPU µs/tok |",
-        args.prompt_len
-    );
-    println!("|------:|:------------|---------------:|--------------:|---------------:|------:|-----:|----------:|----------------:|");
-    for r in &rows {
+    // One table per prompt length, each headed by its length.
+    for (i, &prompt_len) in args.prompt_len.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
         println!(
-            "| {} | {} | {:.2} ± {:.2} | {:.0} | {:.3} ± {:.3} | {:.1} | {:.0} | {} | {} |",
-            r.batch,
-            r.path,
-            r.ttft.0,
-            r.ttft.1,
-            r.prefill_tps,
-            r.step_ms.0,
-            r.step_ms.1,
-            r.tokens_per_s,
-            r.gbs,
-            r.pct_copy.map_or("n/a".into(), |p| format!("{p:.1}%")),
-            r.host_us_per_token.map_or("-".into(), |h| format!("{h:.1}"))
+            "| batch | decode path | TTFT ms (p={prompt_len}) | prefill tok/s | decode ms/step | tok/s | GB/s | % copy BW | decode host CPU µs/tok |"
+        );
+        println!("|------:|:------------|---------------:|--------------:|---------------:|------:|-----:|----------:|----------------:|");
+        for r in rows.iter().filter(|r| r.prompt_len == prompt_len) {
+            println!(
+                "| {} | {} | {:.2} ± {:.2} | {:.0} | {:.3} ± {:.3} | {:.1} | {:.0} | {} | {} |",
+                r.batch,
+                r.path,
+                r.ttft.0,
+                r.ttft.1,
+                r.prefill_tps,
+                r.step_ms.0,
+                r.step_ms.1,
+                r.tokens_per_s,
+                r.gbs,
+                r.pct_copy.map_or("n/a".into(), |p| format!("{p:.1}%")),
+                r.host_us_per_token.map_or("-".into(), |h| format!("{h:.1}"))
+            );
+        }
+    }
+    if let Some(p) = &prefix {
+        println!();
+        println!("| prefix reuse | prompt tokens | reused | TTFT ms | TTFT ms without reuse |");
+        println!("|:-------------|--------------:|-------:|--------:|----------------------:|");
+        println!(
+            "| {} shared + {} new | {} | {} | {:.2} ± {:.2} | {:.2} ± {:.2} |",
+            p.shared,
+            p.new,
+            p.shared + p.new,
+            p.reused,
+            p.ttft.0,
+            p.ttft.1,
+            p.ttft_no_reuse.0,
+            p.ttft_no_reuse.1
         );
     }
     Ok(())

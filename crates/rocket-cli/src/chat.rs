@@ -152,7 +152,13 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         });
         writeln!(stdout)?;
         match result {
-            Ok(out) => messages.push(ChatMessage { role: "assistant".into(), content: out.text }),
+            Ok(out) => {
+                // Each turn's prompt starts with the last one's: the prefix cache
+                // (--prefix-cache-bytes) skips the prefill of its whole blocks.
+                let m = &out.metrics;
+                tracing::info!(prompt_tokens = m.prompt_tokens, cached_prompt_tokens = m.cached_prompt_tokens, ttft_s = m.time_to_first_token, "chat turn");
+                messages.push(ChatMessage { role: "assistant".into(), content: out.text });
+            }
             Err(e) => {
                 // Keep the conversation usable: drop the turn that failed (e.g. context full).
                 messages.pop();

@@ -92,6 +92,12 @@ pub(crate) struct ModelArgs {
     /// GPU: each megakernel decode launch logs where step N's time went (with ROCKET_LOG=info) [default: none]
     #[arg(long, value_name = "N", value_parser = |v: &str| rocket_core::options::parse_trace_step("--trace-step", v))]
     trace_step: Option<usize>,
+    /// Memory the prefix cache may hold: KV of earlier prompts, reused by prompts that start with the same whole blocks (bytes, or with K/M/G; 0 disables) [default: 1G]
+    #[arg(long, value_name = "BYTES", value_parser = |v: &str| rocket_core::options::parse_bytes("--prefix-cache-bytes", v))]
+    prefix_cache_bytes: Option<usize>,
+    /// Prefix cache block in tokens: prompts are cached and reused in whole blocks, and prefill passes split at every block [default: 512]
+    #[arg(long, value_name = "TOKENS", value_parser = |v: &str| rocket_core::options::parse_prefix_block("--prefix-block", v))]
+    prefix_block: Option<usize>,
 }
 
 fn switch_parser(flag: &'static str) -> impl TypedValueParser<Value = bool> {
@@ -129,7 +135,8 @@ impl ModelArgs {
         }
         set!(self.progress => o.progress, self.decode => g.decode, self.matmul => g.matmul, self.sampler => g.sampler,
             self.cuda_graphs => g.cuda_graphs, self.loop_sampling => g.loop_sampling, self.pdl => g.pdl, self.fuse => g.fuse,
-            self.tc_attention => g.tc_attention, self.watchdog_ms => g.watchdog);
+            self.tc_attention => g.tc_attention, self.watchdog_ms => g.watchdog, self.prefix_cache_bytes => o.prefix_cache_bytes,
+            self.prefix_block => o.prefix_block);
         if self.trace_step.is_some() {
             g.trace_step = self.trace_step;
         }
@@ -239,6 +246,7 @@ mod tests {
         let flags = [
             "--decode", "graph", "--matmul", "tensor", "--sampler", "device", "--cuda-graphs", "off", "--loop-sampling", "on",
             "--pdl", "on", "--fuse", "false", "--tc-attention", "off", "--watchdog-ms", "7", "--trace-step", "3", "--progress", "always", "--max-seq-len", "9",
+            "--prefix-cache-bytes", "256M", "--prefix-block", "64",
         ];
         let o = options(&flags, &env).unwrap();
         let want = GpuOptions {
@@ -252,8 +260,13 @@ mod tests {
             tc_attention: false,
             watchdog: std::time::Duration::from_millis(7),
             trace_step: Some(3),
+            device_ordinal: 0,
         };
         assert_eq!((o.gpu, o.progress, o.max_seq_len), (want, Progress::Always, Some(9)));
+        assert_eq!((o.prefix_cache_bytes, o.prefix_block), (256 << 20, 64));
+        let o = options(&["--prefix-cache-bytes", "0"], &[("ROCKET_PREFIX_CACHE_BYTES", "2G")]).unwrap();
+        assert_eq!((o.prefix_cache_bytes, o.prefix_block), (0, rocket_core::batch::PREFILL_CHUNK));
+        assert_eq!(options(&[], &[]).unwrap().prefix_cache_bytes, rocket_core::DEFAULT_PREFIX_CACHE_BYTES);
         // A bad variable is an error naming it, flag or not.
         let e = options(&["--decode", "graph"], &[("ROCKET_DECODE", "bogus")]).unwrap_err().to_string();
         assert!(e.contains("ROCKET_DECODE") && e.contains("bogus"), "{e}");
@@ -269,6 +282,8 @@ mod tests {
             ("--progress", "0", "auto, off, always"),
             ("--watchdog-ms", "0", "from 1 to 3600000"),
             ("--trace-step", "x", "step number"),
+            ("--prefix-cache-bytes", "1T", "K, M or G"),
+            ("--prefix-block", "0", "at least 1"),
         ] {
             let e = Args::try_parse_from(["rocket", flag, value]).err().unwrap_or_else(|| panic!("{flag} {value} parsed"));
             let text = e.to_string();

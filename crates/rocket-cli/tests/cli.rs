@@ -97,6 +97,38 @@ fn bench_on_the_cpu_has_no_host_cpu_figure() {
 }
 
 #[test]
+fn bench_times_every_prompt_length_at_every_batch_size() {
+    let json = std::env::temp_dir().join(format!("rocket-bench-lens-{}.json", std::process::id()));
+    let out = rocket()
+        .args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu", "--prompt-len", "3,9", "--batch", "1,2", "--gen-len", "2", "--reps", "1"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    // A table per prompt length, each with a row per batch size.
+    for p in [3, 9] {
+        let at = table.find(&format!("TTFT ms (p={p})")).unwrap_or_else(|| panic!("no table for prompt {p}: {table}"));
+        let rows: Vec<&str> = table[at..].lines().skip(2).take_while(|l| l.starts_with("| ")).collect();
+        assert_eq!(rows.iter().map(|r| r.split('|').nth(1).unwrap().trim()).collect::<Vec<_>>(), ["1", "2"], "{table}");
+    }
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    let got: Vec<(u64, u64)> = report["results"].as_array().unwrap().iter().map(|r| (r["prompt_len"].as_u64().unwrap(), r["batch"].as_u64().unwrap())).collect();
+    assert_eq!(got, [(3, 1), (3, 2), (9, 1), (9, 2)], "{report}");
+    assert_eq!(report["prompt_lens"], serde_json::json!([3, 9]));
+    // prefill tokens/s is per prompt length: batch x prompt over the TTFT.
+    for r in report["results"].as_array().unwrap() {
+        let want = (r["batch"].as_f64().unwrap() * r["prompt_len"].as_f64().unwrap()) / (r["ttft_ms"].as_f64().unwrap() / 1e3);
+        let tps = r["prefill_tokens_per_s"].as_f64().unwrap();
+        assert!((tps - want).abs() <= 1e-6 * want, "{r}");
+    }
+    let bad = rocket().args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu", "--prompt-len", "4,0"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("--prompt-len"));
+}
+
+#[test]
 fn bad_model_path_is_one_line_on_stderr() {
     let out = rocket().args(["generate", "--model", "/no/such/model", "hi"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -227,4 +259,67 @@ fn a_long_chat_drops_its_oldest_turns_instead_of_failing() {
     assert_eq!(answers.len(), 9, "{answers:?}");
     assert!(!err.contains("error"), "{err}");
     assert!(err.contains("dropped"), "{err}");
+}
+
+/// The `cached_prompt_tokens` of each turn that `ROCKET_LOG=info` logs.
+fn cached_per_turn(log: &str) -> Vec<usize> {
+    log.lines()
+        .filter(|l| l.contains("chat turn"))
+        .map(|l| l.split("cached_prompt_tokens=").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_chat_turn_reuses_the_previous_turns_prompt_with_the_same_answers() {
+    let run = |extra: &[&str]| {
+        let out = rocket()
+            .args(["chat", "--model", &fixture("tiny-llama"), "-n", "6", "--temperature", "0", "--prefix-block", "8"])
+            .args(extra)
+            .env("ROCKET_LOG", "info")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child.stdin.take().unwrap().write_all(b"hello there\nand then again\n")?;
+                child.wait_with_output()
+            })
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8_lossy(&out.stdout).into_owned(), cached_per_turn(&String::from_utf8_lossy(&out.stderr)))
+    };
+    let (answers, cached) = run(&[]);
+    assert_eq!(cached.len(), 2);
+    assert_eq!(cached[0], 0);
+    assert!(cached[1] > 0 && cached[1] % 8 == 0, "{cached:?}");
+    let (plain, none) = run(&["--prefix-cache-bytes", "0"]);
+    assert_eq!(none, [0, 0]);
+    assert_eq!(plain, answers, "the same answers without reuse");
+}
+
+#[test]
+fn bench_times_prefix_reuse() {
+    let json = std::env::temp_dir().join(format!("rocket-bench-prefix-{}.json", std::process::id()));
+    let out = rocket()
+        .args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu", "--prompt-len", "5", "--gen-len", "2", "--reps", "1"])
+        .args(["--prefix-reuse", "20", "--prefix-block", "8", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.lines().any(|l| l.starts_with("| 20 shared + 5 new | 25 | 16 |")), "{table}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    let p = &report["prefix_reuse"];
+    assert_eq!((p["shared_tokens"].as_u64(), p["reused_tokens"].as_u64(), p["prefix_block"].as_u64()), (Some(20), Some(16), Some(8)), "{report}");
+    assert!(p["ttft_ms"].as_f64().unwrap() > 0.0 && p["ttft_no_reuse_ms"].as_f64().unwrap() > 0.0);
+    let off = rocket()
+        .args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu", "--prompt-len", "5", "--gen-len", "2"])
+        .args(["--reps", "1", "--prefix-reuse", "20", "--prefix-cache-bytes", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(off.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&off.stderr).contains("--prefix-cache-bytes"));
 }

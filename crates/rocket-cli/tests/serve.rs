@@ -143,3 +143,42 @@ fn bad_limits_are_usage_errors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--max-batch"));
 }
+
+#[test]
+fn a_prompt_sharing_whole_blocks_with_an_earlier_one_reuses_them() {
+    let server = Server::start(&["--prefix-block", "4"]);
+    let ask = |prompt: &str| {
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": 4, "temperature": 0}).to_string();
+        let (status, body) = server.request("POST", "/v1/completions", &body);
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let shared = "the quick brown fox jumps over the lazy dog and then";
+    let first = ask(&format!("{shared} sleeps"));
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let second = ask(&format!("{shared} runs far away"));
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 0 && cached % 4 == 0, "{second}");
+    let (_, metrics) = server.request("GET", "/metrics", "");
+    assert!(metrics.lines().any(|l| l == "rocket_prefix_cache_hits_total 1"), "{metrics}");
+    assert!(metrics.lines().any(|l| l == format!("rocket_prefix_cache_reused_tokens_total {cached}")), "{metrics}");
+    let (_, health) = server.request("GET", "/health", "");
+    let h: serde_json::Value = serde_json::from_str(&health).unwrap();
+    assert_eq!((h["prefix_cache"]["hits"].as_u64(), h["prefix_cache"]["block"].as_u64()), (Some(1), Some(4)), "{h}");
+    assert!(h["prefix_cache"]["bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn devices_are_checked_and_a_cpu_engine_cannot_take_a_gpu_list() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rocket")).args(["serve", "--devices", "gpu0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--devices") && err.contains("\"all\""), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_rocket"))
+        .args(["serve", "--model", &fixture("tiny-llama"), "--device", "cpu", "--devices", "0,1", "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.lines().last().unwrap().contains("devices") && err.contains("\"cpu\""), "{err}");
+}

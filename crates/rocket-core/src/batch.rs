@@ -4,10 +4,12 @@
 //! step counter, so its tokens do not depend on what else is in the batch.
 
 use std::collections::VecDeque;
+use std::sync::Mutex;
 
 use crate::backend::{Backend, Chunk, Logits, LoopRequest, Session};
 use crate::error::{Result, RocketError};
 use crate::output::{RequestOutput, StreamDelta};
+use crate::prefix_cache::PrefixCache;
 use crate::request::{EngineRequest, LoopSampling, RequestState};
 use crate::text::Tokenizer;
 
@@ -22,7 +24,16 @@ pub struct BatchModel<'a> {
     pub(crate) vocab_size: usize,
     /// Context limit: prompt + max_tokens must fit in it.
     pub(crate) max_seq_len: usize,
+    /// Prefill passes never cross a multiple of this many prompt tokens (the
+    /// prefix cache's block), whether or not the cache is on, so outputs do not
+    /// depend on it (see `prefix_cache`).
+    pub(crate) prefix_block: usize,
+    /// Where prompt KV is kept for later requests; None when disabled.
+    pub(crate) prefix_cache: Option<&'a Mutex<KvPrefixCache>>,
 }
+
+/// Cached prompt prefixes as sessions, each holding exactly its tokens' KV.
+pub type KvPrefixCache = PrefixCache<Box<dyn Session>>;
 
 impl BatchModel<'_> {
     /// Whether `request` can run: valid params, a non-empty prompt of known
@@ -109,6 +120,52 @@ fn end(mut a: Active<'_>, after: After) {
             }
             (a.sink)(BatchEvent::Finished(a.state.finish()));
         }
+    }
+}
+
+/// Where a prefill pass starting at prompt position `start` ends, with
+/// passes of at most `chunk` tokens and the prefix cache's `block`: at the
+/// prompt's end, or at the next multiple of the prefill chunk or of the
+/// prefix block, whichever comes first. Every pass boundary is so a fixed
+/// position of the prompt, and a request that starts from a cached prefix
+/// (a multiple of the block) runs exactly the passes the same request run
+/// from position 0 runs after that point: prefix reuse leaves every row's
+/// arithmetic as it was. From position 0 with the block equal to the chunk
+/// (the default) these are the plain chunk-by-chunk passes.
+pub(crate) fn chunk_end(start: usize, prompt_len: usize, chunk: usize, block: usize) -> usize {
+    let next = |n: usize| (start / n + 1) * n;
+    next(chunk).min(next(block)).min(prompt_len)
+}
+
+/// After a prefill pass: when `a`'s session now holds exactly its prompt's
+/// whole blocks, a copy of them joins the prefix cache (unless an entry
+/// already covers them). Failures only cost the reuse.
+fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>) {
+    let Some(cache) = model.prefix_cache else { return };
+    let session = a.session.as_deref_mut().expect("running requests hold a session");
+    let prompt = a.state.prompt_ids();
+    let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+    let aligned = cache.aligned_len(prompt.len());
+    if aligned == 0 || session.len() != aligned || cache.covers(&prompt[..aligned]) {
+        return;
+    }
+    // Room first, from the running session's bytes per position (what the copy
+    // will hold), so the cache never holds more than its budget, even briefly.
+    let bytes = aligned * (session.kv_bytes() / session.capacity().max(1));
+    if !cache.make_room(bytes) {
+        return;
+    }
+    let backend = model.backend;
+    let copy = backend.new_session(aligned).and_then(|mut kept| {
+        backend.copy_prefix(session, kept.as_mut(), aligned)?;
+        Ok(kept)
+    });
+    match copy {
+        Ok(kept) => {
+            let bytes = kept.kv_bytes();
+            cache.insert(prompt[..aligned].to_vec(), kept, bytes);
+        }
+        Err(e) => tracing::warn!(error = %e, "a prompt's KV could not be kept for reuse"),
     }
 }
 
@@ -218,17 +275,22 @@ impl<'a> Batcher<'a> {
         // Whether the pass gives each request its next token (a decode step, or the
         // last piece of its prompt) rather than only filling its cache.
         let mut picks = Vec::with_capacity(self.running.len());
+        // Whether the pass feeds a piece of the request's prompt (it may then
+        // complete the prompt's whole blocks, which the prefix cache keeps).
+        let mut prefilling = Vec::with_capacity(self.running.len());
         let mut requests = Vec::with_capacity(if device_sampling { self.running.len() } else { 0 });
+        let (chunk, block) = (self.prefill_chunk, self.model.prefix_block);
         for (a, last) in self.running.iter_mut().zip(&last_tokens) {
             let Active { state, session, .. } = a;
             let session = session.as_deref_mut().expect("running requests hold a session");
             if device_sampling {
                 requests.push(state.sample_request());
             }
+            prefilling.push(state.last_token().is_none());
             let tokens = match state.last_token() {
                 None => {
                     let prompt = state.prompt_ids();
-                    let end = (session.len() + self.prefill_chunk).min(prompt.len());
+                    let end = chunk_end(session.len(), prompt.len(), chunk, block);
                     picks.push(end == prompt.len());
                     &prompt[session.len()..end]
                 }
@@ -262,6 +324,10 @@ impl<'a> Batcher<'a> {
                 return Err(e);
             }
         };
+        let model = self.model;
+        for (a, _) in self.running.iter_mut().zip(&prefilling).filter(|(_, p)| **p) {
+            keep_prefix(&model, a);
+        }
         let vocab = self.model.vocab_size;
         let tokenizer = self.model.tokenizer;
         let mut still_running = Vec::with_capacity(self.running.len());
@@ -331,6 +397,35 @@ impl<'a> Batcher<'a> {
         Some(Ok(self.pending()))
     }
 
+    /// A session for `a`, starting from the longest cached prefix of its
+    /// prompt. When the device has no room, cached prefixes are dropped (least
+    /// recently used first) until it has.
+    fn open_session(&self, a: &mut Active<'a>) -> Result<Box<dyn Session>> {
+        let backend = self.model.backend;
+        let Some(cache) = self.model.prefix_cache else { return backend.new_session(a.state.capacity()) };
+        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut session = loop {
+            match backend.new_session(a.state.capacity()) {
+                Ok(s) => break s,
+                Err(e) => {
+                    if !cache.evict_one() {
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        if let Some(hit) = cache.lookup(a.state.prompt_ids()) {
+            match backend.copy_prefix(hit.value.as_mut(), session.as_mut(), hit.tokens) {
+                Ok(()) => a.state.reused_prefix(hit.tokens),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a cached prefix could not be copied; prefilling the whole prompt");
+                    session = backend.new_session(a.state.capacity())?;
+                }
+            }
+        }
+        Ok(session)
+    }
+
     /// Runs until every queued request has finished.
     pub fn run_to_completion(&mut self) -> Result<()> {
         while self.step()? > 0 {}
@@ -340,7 +435,7 @@ impl<'a> Batcher<'a> {
     fn admit(&mut self) {
         while self.running.len() < self.max_batch {
             let Some(mut a) = self.waiting.pop_front() else { break };
-            match self.model.backend.new_session(a.state.capacity()) {
+            match self.open_session(&mut a) {
                 Ok(session) => {
                     a.session = Some(session);
                     self.running.push(a);

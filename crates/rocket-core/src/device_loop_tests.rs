@@ -34,6 +34,9 @@ impl Backend for SteppingLoop {
     fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
         self.inner.forward(chunks, logits)
     }
+    fn copy_prefix(&self, src: &mut dyn Session, dst: &mut dyn Session, len: usize) -> Result<()> {
+        self.inner.copy_prefix(src, dst, len)
+    }
     fn loops_sampling(&self, _params: &SamplingParams) -> bool {
         true
     }
@@ -188,4 +191,30 @@ fn logprobs_and_batched_requests_do_not_loop_and_a_closed_stream_stops_one() {
     assert_eq!(out.finish_reason, FinishReason::Cancelled);
     assert_eq!(out.token_ids.len(), 5);
     assert_eq!(launches.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_device_loop_after_a_reused_prefix_gives_the_same_outputs() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
+    let opts = EngineOptions { device: Device::Cpu, progress: crate::options::Progress::Off, prefix_block: 8, ..EngineOptions::default() };
+    let launches = Arc::new(AtomicUsize::new(0));
+    let counter = launches.clone();
+    let looping = Engine::load(path, opts.clone())
+        .unwrap()
+        .wrap_backend(|inner| Box::new(SteppingLoop { inner, launches: counter, fail_after: None }));
+    let plain = Engine::load(path, EngineOptions { prefix_cache_bytes: 0, ..opts }).unwrap();
+    let first: Vec<u32> = (0..35).map(|i| (i * 37 + 11) % 500).collect();
+    let second: Vec<u32> = first.iter().copied().chain([4, 40, 400]).collect();
+    for params in [
+        SamplingParams { ignore_eos: true, ..SamplingParams::greedy(40) },
+        SamplingParams { temperature: 0.8, top_p: 0.9, seed: Some(5), ignore_eos: true, ..SamplingParams::greedy(40) },
+    ] {
+        let run = |e: &Engine, ids: &[u32]| e.generate_ids(String::new(), ids.to_vec(), &params, &mut |_| true).unwrap();
+        run(&looping, &first);
+        let before = launches.load(Ordering::Relaxed);
+        let got = run(&looping, &second);
+        assert_eq!(got.metrics.cached_prompt_tokens, 32);
+        assert!(launches.load(Ordering::Relaxed) > before, "the reused session decoded in the device loop");
+        assert_eq!(got.token_ids, run(&plain, &second).token_ids);
+    }
 }

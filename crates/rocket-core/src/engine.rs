@@ -3,16 +3,17 @@
 //! backends, so every backend inherits it.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Chunk, Device, Logits};
-use crate::batch::{BatchEvent, BatchModel, Batcher};
+use crate::batch::{BatchEvent, BatchModel, Batcher, KvPrefixCache, PREFILL_CHUNK};
 use crate::error::{Result, RocketError};
 use crate::model::{Format, GenerationConfig, ModelSource, ModelSpec, ModelWeights};
-use crate::options::{GpuOptions, Progress};
+use crate::options::{Devices, GpuOptions, Progress};
 use crate::output::{RequestOutput, StreamDelta};
+use crate::prefix_cache::{PrefixCache, PrefixCacheStats};
 use crate::progress::LoadProgress;
 use crate::request::EngineRequest;
 use crate::sampling::SamplingParams;
@@ -33,11 +34,34 @@ pub struct EngineOptions {
     pub progress: Progress,
     /// What the CUDA backend does (ignored on the CPU). Default `GpuOptions::default()`.
     pub gpu: GpuOptions,
+    /// Memory (bytes; device memory on a GPU) the prefix cache may hold: KV of
+    /// earlier prompts, reused by later prompts that start with the same whole
+    /// blocks of tokens (least recently used dropped first). 0 disables reuse.
+    /// Default [`DEFAULT_PREFIX_CACHE_BYTES`] (1 GiB).
+    pub prefix_cache_bytes: usize,
+    /// The prefix cache's block in tokens: prompts are cached and reused in
+    /// whole blocks from their start, and prefill passes never cross a multiple
+    /// of it, so outputs are the same bit for bit with or without reuse.
+    /// Smaller blocks reuse more of a diverging prompt but split long prefills
+    /// into more passes. Default [`PREFILL_CHUNK`] (512: the passes prefill
+    /// runs anyway).
+    pub prefix_block: usize,
 }
+
+/// The prefix cache's default budget: 1 GiB, e.g. 32K tokens of Llama-3.2-1B's
+/// bf16 KV on the GPU, or 23K tokens of SmolLM2-135M's f32 KV on the CPU.
+pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 1 << 30;
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { device: Device::Auto, max_seq_len: None, progress: Progress::Auto, gpu: GpuOptions::default() }
+        EngineOptions {
+            device: Device::Auto,
+            max_seq_len: None,
+            progress: Progress::Auto,
+            gpu: GpuOptions::default(),
+            prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
+            prefix_block: PREFILL_CHUNK,
+        }
     }
 }
 
@@ -63,6 +87,9 @@ pub struct Engine {
     chat: Option<ChatTemplate>,
     generation: GenerationConfig,
     info: ModelInfo,
+    prefix_block: usize,
+    /// None when `prefix_cache_bytes` is 0.
+    prefix_cache: Option<Mutex<KvPrefixCache>>,
 }
 
 /// The backend `device` asks for. `Auto` takes CUDA when this build has it and a
@@ -84,14 +111,55 @@ fn select_backend(device: Device, gpu: &GpuOptions, spec: &ModelSpec, weights: A
     Ok(Box::new(CpuBackend::new(spec.clone(), weights)))
 }
 
+/// How many CUDA devices this process sees.
+pub(crate) fn cuda_device_count() -> Result<usize> {
+    #[cfg(feature = "cuda")]
+    return crate::backend::cuda::device_count();
+    #[cfg(not(feature = "cuda"))]
+    Err(RocketError::Device("this build of rocket has no CUDA backend; a list of devices needs one".into()))
+}
+
+/// A list of GPUs with `device` "cpu" is a contradiction, refused before anything loads.
+pub(crate) fn check_devices_device(device: Device, devices: &Devices) -> Result<()> {
+    if device == Device::Cpu {
+        let shown = match devices {
+            Devices::All => "all".to_string(),
+            Devices::List(l) => l.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","),
+        };
+        return Err(RocketError::invalid_arg("devices", shown, "a list of GPUs needs device \"cuda\" or \"auto\", not \"cpu\""));
+    }
+    Ok(())
+}
+
 impl Engine {
     pub fn load(path: impl AsRef<Path>, options: EngineOptions) -> Result<Self> {
+        let mut engines = Self::load_on(path.as_ref(), options, None)?;
+        Ok(engines.pop().expect("one engine per backend"))
+    }
+
+    /// One engine per GPU of `devices` (`rocket serve --devices`), each with
+    /// its own backend (weights on its device, KV cache, megakernel); the file
+    /// is opened and read once (memory-mapped), and the weights are uploaded
+    /// to the GPUs in parallel, one thread each. Engines come in the order of
+    /// `devices`; `options.device` must not be `Cpu`, and `gpu.device_ordinal`
+    /// is set per engine. Any device failing to load fails the whole load.
+    pub fn load_devices(path: impl AsRef<Path>, options: EngineOptions, devices: &Devices) -> Result<Vec<Self>> {
+        check_devices_device(options.device, devices)?;
+        let ordinals = devices.ordinals(cuda_device_count()?)?;
+        Self::load_on(path.as_ref(), options, Some(&ordinals))
+    }
+
+    /// `ordinals`: None for one engine on `options.device`; else a CUDA engine per ordinal.
+    fn load_on(path: &Path, options: EngineOptions, ordinals: Option<&[usize]>) -> Result<Vec<Self>> {
         let start = Instant::now();
         let progress = LoadProgress::new(options.progress);
         // Quantized GGUF tensors: f32 where the CPU reference will compute (exact), bf16
         // where a GPU may take them (half the host memory; its kernels read bf16).
         let quantized_as = if options.device == Device::Cpu || !cfg!(feature = "cuda") { DType::F32 } else { DType::BF16 };
-        let source = ModelSource::open_with_progress(path.as_ref(), quantized_as, &progress)?;
+        if options.prefix_block == 0 {
+            return Err(RocketError::invalid_arg("prefix_block", 0, "must be at least 1 token"));
+        }
+        let source = ModelSource::open_with_progress(path, quantized_as, &progress)?;
         let spec = source.spec.clone();
         let max_seq_len = match options.max_seq_len {
             None => spec.max_position_embeddings,
@@ -108,26 +176,72 @@ impl Engine {
         let weights = Arc::new(ModelWeights::from_weights(&spec, source.weights)?);
         let dtype_groups = weights.dtype_groups();
         let bytes_per_decode_step = weights.bytes_per_decode_step();
-        let backend = select_backend(options.device, &options.gpu, &spec, weights, &progress)?;
-        let chat = source
-            .chat_template
-            .as_deref()
-            .map(|t| ChatTemplate::new(t, &source.special.bos_token, &source.special.eos_token))
-            .transpose()?;
-        let info = ModelInfo {
-            path: source.path,
-            format: source.format,
-            spec,
-            dtype_groups,
-            bytes_per_decode_step,
-            tokenizer_size: source.tokenizer.vocab_size(),
-            has_chat_template: chat.is_some(),
-            eos_token_ids: source.generation.eos_token_ids.clone(),
-            load_seconds: start.elapsed().as_secs_f64(),
-            max_seq_len,
-            backend: backend.name(),
+        let backends = match ordinals {
+            None => vec![select_backend(options.device, &options.gpu, &spec, weights, &progress)?],
+            Some(ordinals) => {
+                // One upload thread per GPU; only the first draws the progress bar.
+                let quiet = LoadProgress::new(Progress::Off);
+                std::thread::scope(|scope| {
+                    let loads: Vec<_> = ordinals
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &ordinal)| {
+                            let gpu = GpuOptions { device_ordinal: ordinal, ..options.gpu.clone() };
+                            let (spec, weights, progress) = (&spec, weights.clone(), if i == 0 { &progress } else { &quiet });
+                            scope.spawn(move || select_backend(Device::Cuda, &gpu, spec, weights, progress))
+                        })
+                        .collect();
+                    loads
+                        .into_iter()
+                        .zip(ordinals)
+                        .map(|(load, ordinal)| match load.join() {
+                            Ok(Ok(backend)) => Ok(backend),
+                            Ok(Err(e)) => Err(RocketError::Device(format!("loading on cuda:{ordinal}: {e}"))),
+                            Err(_) => Err(RocketError::Internal(format!("loading on cuda:{ordinal} panicked"))),
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })?
+            }
         };
-        Ok(Engine { backend, tokenizer: Arc::new(source.tokenizer), chat, generation: source.generation, info })
+        let chat_template = || {
+            source
+                .chat_template
+                .as_deref()
+                .map(|t| ChatTemplate::new(t, &source.special.bos_token, &source.special.eos_token))
+                .transpose()
+        };
+        let tokenizer = Arc::new(source.tokenizer);
+        let load_seconds = start.elapsed().as_secs_f64();
+        backends
+            .into_iter()
+            .map(|backend| {
+                let chat = chat_template()?;
+                let info = ModelInfo {
+                    path: source.path.clone(),
+                    format: source.format,
+                    spec: spec.clone(),
+                    dtype_groups: dtype_groups.clone(),
+                    bytes_per_decode_step,
+                    tokenizer_size: tokenizer.vocab_size(),
+                    has_chat_template: chat.is_some(),
+                    eos_token_ids: source.generation.eos_token_ids.clone(),
+                    load_seconds,
+                    max_seq_len,
+                    backend: backend.name(),
+                };
+                // Each engine keeps its own prefix cache: cached KV lives on its device.
+                let prefix_cache = (options.prefix_cache_bytes > 0).then(|| Mutex::new(PrefixCache::new(options.prefix_cache_bytes, options.prefix_block)));
+                Ok(Engine {
+                    backend,
+                    tokenizer: tokenizer.clone(),
+                    chat,
+                    generation: source.generation.clone(),
+                    info,
+                    prefix_block: options.prefix_block,
+                    prefix_cache,
+                })
+            })
+            .collect()
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -243,6 +357,26 @@ impl Engine {
             eos_ids: &self.info.eos_token_ids,
             vocab_size: self.info.spec.vocab_size,
             max_seq_len: self.info.max_seq_len,
+            prefix_block: self.prefix_block,
+            prefix_cache: self.prefix_cache.as_ref(),
+        }
+    }
+
+    /// What the prefix cache has done and holds (all zero when it is disabled).
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.prefix_cache.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()).stats()).unwrap_or_default()
+    }
+
+    /// The prefix cache's byte budget (0: disabled) and block in tokens.
+    pub fn prefix_cache_limits(&self) -> (usize, usize) {
+        (self.prefix_cache.as_ref().map_or(0, |c| c.lock().unwrap_or_else(|p| p.into_inner()).max_bytes()), self.prefix_block)
+    }
+
+    /// Drops every cached prefix (the memory returns to the backend).
+    pub fn clear_prefix_cache(&self) {
+        if let Some(c) = &self.prefix_cache {
+            let mut c = c.lock().unwrap_or_else(|p| p.into_inner());
+            while c.evict_one() {}
         }
     }
 

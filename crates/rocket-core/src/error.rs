@@ -70,6 +70,10 @@ pub enum RocketError {
     #[error("the scheduler is shutting down; it takes no new requests")]
     ShuttingDown,
 
+    /// Every engine of a router is out of service (their devices failed).
+    #[error("no device is in service: {0}")]
+    NoDevice(String),
+
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -106,7 +110,7 @@ impl RocketError {
             InvalidArgument { .. } | EmptyPrompt => ErrorKind::InvalidArgument,
             ContextOverflow { .. } => ErrorKind::ContextLength,
             Device(_) | Megakernel(_) => ErrorKind::Device,
-            QueueFull { .. } | ShuttingDown => ErrorKind::Unavailable,
+            QueueFull { .. } | ShuttingDown | NoDevice(_) => ErrorKind::Unavailable,
             Internal(_) => ErrorKind::Internal,
         }
     }

@@ -28,8 +28,10 @@ pub mod megakernel;
 pub mod model;
 pub mod options;
 pub mod output;
+pub mod prefix_cache;
 pub mod progress;
 pub mod race;
+pub mod router;
 mod request;
 pub mod portable_exp;
 pub mod sampling;
@@ -40,16 +42,19 @@ pub mod weights;
 
 #[cfg(test)]
 mod device_loop_tests;
+#[cfg(test)]
+mod prefix_pass_tests;
 
 pub use backend::{BackendCounters, Device};
 pub use batch::{BatchEvent, BatchModel, Batcher, RequestId};
-pub use engine::{Engine, EngineOptions, ModelInfo};
+pub use engine::{Engine, EngineOptions, ModelInfo, DEFAULT_PREFIX_CACHE_BYTES};
+pub use prefix_cache::PrefixCacheStats;
 pub use output::{FinishReason, Metrics, RequestOutput, StopReason, StreamDelta, TokenLogprob};
 pub use request::EngineRequest;
 pub use scheduler::{DecodePaths, EventSink, RequestHandle, Scheduler, SchedulerOptions};
 pub use error::{ErrorKind, Result, RocketError};
 pub use model::ModelSpec;
-pub use options::{DecodePath, GpuOptions, MatmulPath, Progress, SamplerPlacement};
+pub use options::{DecodePath, Devices, GpuOptions, MatmulPath, Progress, SamplerPlacement};
 pub use sampling::SamplingParams;
 pub use sampling_options::{RequestKind, SamplingOptions, DEFAULT_COMPLETION_MAX_TOKENS};
 pub use text::ChatMessage;

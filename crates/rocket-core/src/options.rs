@@ -144,6 +144,32 @@ pub fn parse_trace_step(param: &str, value: &str) -> Result<usize> {
     value.parse::<usize>().map_err(|_| RocketError::invalid_arg(param, value, "expected a step number (0, 1, ...)"))
 }
 
+/// A size in bytes named `param`: a whole number, optionally with a binary
+/// suffix K, M or G (also KiB, MiB, GiB): "0", "1073741824", "512M", "1GiB".
+pub fn parse_bytes(param: &str, value: &str) -> Result<usize> {
+    let bad = || RocketError::invalid_arg(param, value, "expected a whole number of bytes, optionally with K, M or G (e.g. 512M, 2G; 0 disables)");
+    let v = value.trim();
+    let digits = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (number, suffix) = v.split_at(digits);
+    let unit: u64 = match suffix.trim() {
+        "" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    n.checked_mul(unit).and_then(|b| usize::try_from(b).ok()).ok_or_else(bad)
+}
+
+/// A prefix-cache block in tokens (at least 1), named `param`.
+pub fn parse_prefix_block(param: &str, value: &str) -> Result<usize> {
+    match value.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(RocketError::invalid_arg(param, value, "expected a whole number of tokens, at least 1")),
+    }
+}
+
 /// What the CUDA backend does (ignored by the CPU backend). Tests and benches
 /// pick paths here; `Default` is what users get.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,6 +210,9 @@ pub struct GpuOptions {
     /// its step N and logs where the time went (at level info), the table
     /// `megakernel::Profile` prints. Default `None` (no tracing).
     pub trace_step: Option<usize>,
+    /// Which CUDA device the engine runs on (0 is the first visible GPU).
+    /// Default 0; `Engine::load_devices` sets it per engine from a [`Devices`].
+    pub device_ordinal: usize,
 }
 
 impl Default for GpuOptions {
@@ -199,7 +228,56 @@ impl Default for GpuOptions {
             tc_attention: true,
             watchdog: Duration::from_millis(2000),
             trace_step: None,
+            device_ordinal: 0,
         }
+    }
+}
+
+/// The GPUs a multi-engine load runs on, one engine each (`rocket serve
+/// --devices`, Python `devices=`): `All` is every CUDA device this process
+/// sees, `List` the given ordinals. Parses from `"all"` or `"0,1,..."`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Devices {
+    All,
+    List(Vec<usize>),
+}
+
+impl std::str::FromStr for Devices {
+    type Err = RocketError;
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        if s == "all" {
+            return Ok(Devices::All);
+        }
+        let mut ordinals = Vec::new();
+        for part in s.split(',') {
+            let n = part.trim().parse::<usize>().map_err(|_| {
+                RocketError::invalid_arg("devices", s, "expected \"all\" or GPU ordinals separated by commas, like \"0,1\"")
+            })?;
+            if ordinals.contains(&n) {
+                return Err(RocketError::invalid_arg("devices", s, format!("GPU {n} is listed twice")));
+            }
+            ordinals.push(n);
+        }
+        Ok(Devices::List(ordinals))
+    }
+}
+
+impl Devices {
+    /// The ordinals, given how many CUDA devices exist (`count`): `All` is
+    /// `0..count`; a listed ordinal must be below `count`.
+    pub fn ordinals(&self, count: usize) -> Result<Vec<usize>> {
+        let list = match self {
+            Devices::All => (0..count).collect::<Vec<_>>(),
+            Devices::List(l) => l.clone(),
+        };
+        if list.is_empty() {
+            return Err(RocketError::Device("no CUDA device found".into()));
+        }
+        if let Some(bad) = list.iter().find(|&&n| n >= count) {
+            return Err(RocketError::invalid_arg("devices", bad, format!("this machine has {count} CUDA device(s)")));
+        }
+        Ok(list)
     }
 }
 
@@ -217,6 +295,8 @@ pub const ENV_SETTINGS: &[(&str, &str)] = &[
     ("ROCKET_WATCHDOG_MS", "watchdog_ms"),
     ("ROCKET_MK_TRACE_STEP", "trace_step"),
     ("ROCKET_PROGRESS", "progress"),
+    ("ROCKET_PREFIX_CACHE_BYTES", "prefix_cache_bytes"),
+    ("ROCKET_PREFIX_BLOCK", "prefix_block"),
 ];
 
 /// `value` parsed as `T`, an error naming `name` (the variable or flag that carried it).
@@ -252,6 +332,8 @@ impl crate::EngineOptions {
                 "ROCKET_WATCHDOG_MS" => gpu.watchdog = parse_watchdog_ms(name, v)?,
                 "ROCKET_MK_TRACE_STEP" => gpu.trace_step = Some(parse_trace_step(name, v)?),
                 "ROCKET_PROGRESS" => self.progress = if v == "0" { Progress::Off } else { named(name, v)? },
+                "ROCKET_PREFIX_CACHE_BYTES" => self.prefix_cache_bytes = parse_bytes(name, v)?,
+                "ROCKET_PREFIX_BLOCK" => self.prefix_block = parse_prefix_block(name, v)?,
                 _ => {}
             }
         }
@@ -266,6 +348,21 @@ mod tests {
 
     fn message(e: RocketError) -> String {
         e.to_string()
+    }
+
+    #[test]
+    fn devices_parse_all_or_ordinals_and_check_them_against_the_count() {
+        assert_eq!("all".parse::<Devices>().unwrap(), Devices::All);
+        assert_eq!(" 1, 0 ".parse::<Devices>().unwrap(), Devices::List(vec![1, 0]));
+        for bad in ["", "0,,1", "gpu0", "-1", "0,0"] {
+            let e = message(bad.parse::<Devices>().unwrap_err());
+            assert!(e.contains("devices"), "{bad:?}: {e}");
+        }
+        assert_eq!(Devices::All.ordinals(3).unwrap(), vec![0, 1, 2]);
+        assert_eq!(Devices::List(vec![1]).ordinals(2).unwrap(), vec![1]);
+        let e = message(Devices::List(vec![0, 2]).ordinals(2).unwrap_err());
+        assert!(e.contains("devices") && e.contains('2'), "{e}");
+        assert!(Devices::All.ordinals(0).is_err());
     }
 
     #[test]
@@ -312,6 +409,17 @@ mod tests {
             assert!(e.contains("watchdog_ms") && e.contains("from 1 to 3600000"), "{bad}: {e}");
         }
         assert_eq!(parse_trace_step("trace_step", "100").unwrap(), 100);
+        for (text, bytes) in [("0", 0), ("1073741824", 1 << 30), ("512M", 512 << 20), ("2G", 2 << 30), ("64KiB", 64 << 10), ("3 GiB", 3 << 30)] {
+            assert_eq!(parse_bytes("prefix_cache_bytes", text).unwrap(), bytes, "{text}");
+        }
+        for bad in ["", "-1", "1.5G", "12T", "G", "1e9", "99999999999999999999"] {
+            let e = message(parse_bytes("prefix_cache_bytes", bad).unwrap_err());
+            assert!(e.contains("prefix_cache_bytes") && e.contains("K, M or G"), "{bad}: {e}");
+        }
+        assert_eq!(parse_prefix_block("prefix_block", "256").unwrap(), 256);
+        for bad in ["0", "-4", "x", ""] {
+            assert!(message(parse_prefix_block("prefix_block", bad).unwrap_err()).contains("at least 1"), "{bad}");
+        }
         assert!(parse_trace_step("trace_step", "-1").is_err());
     }
 
@@ -331,6 +439,8 @@ mod tests {
             ("ROCKET_WATCHDOG_MS", "120000"),
             ("ROCKET_MK_TRACE_STEP", "100"),
             ("ROCKET_PROGRESS", "0"),
+            ("ROCKET_PREFIX_CACHE_BYTES", "64M"),
+            ("ROCKET_PREFIX_BLOCK", "256"),
             ("ROCKET_MK_HOLD", "not a setting any more: ignored"),
             ("PATH", "/bin"),
         ])
@@ -346,9 +456,11 @@ mod tests {
             tc_attention: false,
             watchdog: Duration::from_secs(120),
             trace_step: Some(100),
+            device_ordinal: 0,
         };
         assert_eq!(o.gpu, want);
         assert_eq!(o.progress, Progress::Off);
+        assert_eq!((o.prefix_cache_bytes, o.prefix_block), (64 << 20, 256));
         // Empty values leave settings as they are.
         o.apply_env([("ROCKET_DECODE", ""), ("ROCKET_PROGRESS", "")]).unwrap();
         assert_eq!((o.gpu.decode, o.progress), (DecodePath::Megakernel, Progress::Off));
@@ -364,6 +476,8 @@ mod tests {
             ("ROCKET_WATCHDOG_MS", "0"),
             ("ROCKET_MK_TRACE_STEP", "last"),
             ("ROCKET_PROGRESS", "sometimes"),
+            ("ROCKET_PREFIX_CACHE_BYTES", "lots"),
+            ("ROCKET_PREFIX_BLOCK", "0"),
         ] {
             let e = EngineOptions::default().apply_env([(var, bad)]).unwrap_err();
             match e {

@@ -61,6 +61,9 @@ pub struct Metrics {
     /// The most requests in one forward pass with this one (itself included):
     /// 1 when it ran alone, more when it shared passes with other requests.
     pub max_batch_size: usize,
+    /// Prompt tokens whose KV came from the prefix cache (their prefill was
+    /// skipped; see `prefix_cache`): 0 when nothing was reused.
+    pub cached_prompt_tokens: usize,
 }
 
 #[derive(Debug, Clone)]

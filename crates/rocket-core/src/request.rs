@@ -52,6 +52,8 @@ pub(crate) struct RequestState {
     started: Instant,
     first_token_at: Option<f64>,
     max_batch_size: usize,
+    /// Leading prompt tokens whose KV was copied from the prefix cache.
+    cached_prompt_tokens: usize,
 }
 
 impl RequestState {
@@ -75,6 +77,7 @@ impl RequestState {
             started: Instant::now(),
             first_token_at: None,
             max_batch_size: 0,
+            cached_prompt_tokens: 0,
             prompt,
             prompt_ids,
             params,
@@ -91,6 +94,11 @@ impl RequestState {
     /// KV room the request needs.
     pub(crate) fn capacity(&self) -> usize {
         self.prompt_ids.len() + self.params.max_tokens
+    }
+
+    /// Records that the first `tokens` of the prompt came from the prefix cache.
+    pub(crate) fn reused_prefix(&mut self, tokens: usize) {
+        self.cached_prompt_tokens = tokens;
     }
 
     /// Records that a forward pass of `rows` requests included this one.
@@ -238,6 +246,7 @@ impl RequestState {
             output_tokens: self.token_ids.len(),
             total_seconds: total,
             max_batch_size: self.max_batch_size,
+            cached_prompt_tokens: self.cached_prompt_tokens,
         };
         RequestOutput {
             prompt: self.prompt,

@@ -45,8 +45,12 @@ impl Default for SchedulerOptions {
     }
 }
 
+/// Called on the scheduler thread when a forward pass fails with a device
+/// error (the router takes the engine out of service).
+pub type DeviceErrorHook = Box<dyn Fn(&RocketError) + Send + Sync>;
+
 /// State shared by the scheduler, its thread and the slots.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Shared {
     /// Requests admitted and not yet finished.
     in_flight: AtomicUsize,
@@ -57,6 +61,7 @@ struct Shared {
     running: AtomicUsize,
     kv_bytes: AtomicUsize,
     decode_paths: Mutex<DecodePaths>,
+    on_device_error: Mutex<Option<DeviceErrorHook>>,
 }
 
 /// How a decode step runs (`Engine::decode_path`), per batch shape, as the
@@ -240,6 +245,20 @@ impl Scheduler {
         self.shared.cancel_all.store(true, Ordering::SeqCst);
     }
 
+    /// Calls `hook` (on the scheduler thread) each time a forward pass fails
+    /// with a device error, after that pass's requests got their `Failed`
+    /// (the batcher reports those as internal errors, so the kind is seen only here).
+    pub fn on_device_error(&self, hook: DeviceErrorHook) {
+        *self.shared.on_device_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+    }
+
+    /// Does what [`Scheduler::cancel_all`] does, from anywhere, even from a
+    /// sink on the scheduler's own thread (the router's, when its device fails).
+    pub fn canceller(&self) -> impl Fn() + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move || shared.cancel_all.store(true, Ordering::SeqCst)
+    }
+
     /// Stop taking requests, let the thread finish what it has, and join it.
     pub fn shutdown(&self) {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -315,6 +334,11 @@ fn run(engine: &Engine, max_batch: usize, jobs: &mpsc::Receiver<Job>, shared: &S
         if let Err(e) = batcher.step() {
             // The requests of that pass got `Failed`; the others carry on.
             tracing::error!("forward pass failed: {e}");
+            if e.kind() == crate::error::ErrorKind::Device {
+                if let Some(hook) = shared.on_device_error.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                    hook(&e);
+                }
+            }
         }
         publish(engine, &batcher, shared);
     }

@@ -573,3 +573,56 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
         }
     }
 }
+
+/// Prefix reuse on the GPU: a second prompt sharing whole blocks with a first
+/// one copies their KV (one device-to-device copy) and must then give the same
+/// greedy tokens, and the same first-token logprobs bit for bit, as the cache
+/// off: on the graph path with the production matmul (tensor-core prefill,
+/// whose rounding depends on a pass's rows: the block rule keeps the passes
+/// equal) and with `DecodePath::Auto` (the megakernel where the checkpoint is a
+/// fuel's). Prints PREFIX-REUSE lines.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn prefix_reuse_gives_the_same_output_on_the_graph_path_and_the_megakernel() {
+    require_gpu();
+    for path in checkpoints() {
+        let probe = load(&path, Device::Cpu);
+        let (vocab, max_pos) = (probe.spec().vocab_size, probe.info().max_seq_len);
+        drop(probe);
+        // The default block where the context allows, so passes of 512 rows are reused.
+        let (block, first_len, shared, new) = if max_pos >= 2048 { (512, 1200, 1024, 100) } else { (64, 150, 128, 60) };
+        let first = random_ids(31, first_len, vocab);
+        let second: Vec<u32> = first[..shared].iter().copied().chain(random_ids(32, new, vocab)).collect();
+        let graph_auto = GpuOptions { decode: DecodePath::Graph, ..GpuOptions::default() };
+        for options in [graph_auto, GpuOptions::default()] {
+            let opts = |bytes| EngineOptions {
+                device: Device::Cuda,
+                progress: Progress::Off,
+                gpu: options.clone(),
+                prefix_block: block,
+                prefix_cache_bytes: bytes,
+                ..EngineOptions::default()
+            };
+            let cached = Engine::load(&path, opts(1 << 30)).unwrap();
+            let plain = Engine::load(&path, opts(0)).unwrap();
+            let greedy = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(64) };
+            let path_name = cached.decode_path(1, &greedy);
+            let at = format!("{} (decode {path_name}, block {block})", path.display());
+            let run = |e: &Engine, ids: &[u32], p: &SamplingParams| e.generate_ids(String::new(), ids.to_vec(), p, &mut |_| true).unwrap();
+            run(&cached, &first, &greedy);
+            let got = run(&cached, &second, &greedy);
+            assert_eq!(got.metrics.cached_prompt_tokens, shared, "{at}: reused tokens");
+            assert_eq!(got.token_ids, run(&plain, &second, &greedy).token_ids, "{at}: greedy output differs with prefix reuse");
+            // Logprobs come from host logits: the first token's row is the prefill's last.
+            let lp = SamplingParams { logprobs: Some(5), ..SamplingParams::greedy(4) };
+            let bits = |o: &rocket_core::RequestOutput| {
+                o.logprobs.as_ref().unwrap().iter().map(|t| (t.token_id, t.logprob.to_bits(), t.top.iter().map(|&(i, p)| (i, p.to_bits())).collect::<Vec<_>>())).collect::<Vec<_>>()
+            };
+            let with = run(&cached, &second, &lp);
+            assert_eq!(with.metrics.cached_prompt_tokens, shared, "{at}");
+            assert_eq!(bits(&with), bits(&run(&plain, &second, &lp)), "{at}: logprobs differ with prefix reuse");
+            let s = cached.prefix_cache_stats();
+            println!("PREFIX-REUSE {at}: {shared} of {} prompt tokens reused, output identical; cache {s:?}", second.len());
+        }
+    }
+}

@@ -14,7 +14,8 @@ use std::time::Duration;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
-use rocket_core::{BatchEvent, ChatMessage, Engine, EngineRequest, RequestHandle, RequestKind, RocketError, Scheduler, SchedulerOptions};
+use rocket_core::router::Router;
+use rocket_core::{BatchEvent, ChatMessage, Devices, Engine, EngineRequest, RequestHandle, RequestKind, RocketError, SchedulerOptions};
 
 use errors::to_py_err;
 use options::EngineOptions_;
@@ -292,7 +293,8 @@ pub struct RequestOutput {
     /// Per token: {"token_id", "logprob", "top": [(id, logprob), ...]}, when requested.
     logprobs: Py<PyAny>,
     /// time_to_first_token (s), decode_tokens_per_second, prompt_tokens, output_tokens, total_seconds,
-    /// max_batch_size (most requests in one forward pass with this one)
+    /// max_batch_size (most requests in one forward pass with this one),
+    /// cached_prompt_tokens (prompt tokens whose KV came from the prefix cache)
     metrics: Py<PyDict>,
 }
 
@@ -316,6 +318,7 @@ fn output_to_py(py: Python<'_>, out: rocket_core::RequestOutput) -> PyResult<Req
     m.set_item("output_tokens", out.metrics.output_tokens)?;
     m.set_item("total_seconds", out.metrics.total_seconds)?;
     m.set_item("max_batch_size", out.metrics.max_batch_size)?;
+    m.set_item("cached_prompt_tokens", out.metrics.cached_prompt_tokens)?;
     let stop_reason = match &out.stop_reason {
         None => py.None(),
         Some(rocket_core::StopReason::Token(id)) => id.into_pyobject(py)?.into_any().unbind(),
@@ -407,13 +410,13 @@ fn render_chat_template(
     })
 }
 
-/// A loaded model and the scheduler that runs it: every generation of this
-/// engine, from any Python thread, goes through the one scheduler, so
-/// concurrent calls share forward passes.
+/// A loaded model and the router over its engines (one, or one per GPU of
+/// `devices`), each with its scheduler: every generation, from any Python
+/// thread, goes to the least-loaded engine, so concurrent calls share forward passes.
 #[pyclass(module = "rocket._rocket", frozen)]
 pub struct Engine_ {
     engine: Arc<Engine>,
-    scheduler: Scheduler,
+    router: Router,
 }
 
 impl Engine_ {
@@ -432,7 +435,7 @@ impl Engine_ {
                 end => tx.send((i, end)).is_ok(),
             });
             // On error the handles submitted so far drop, cancelling them.
-            handles.push(self.scheduler.submit(request, sink).map_err(|e| to_py_err(py, e))?);
+            handles.push(self.router.submit(request, sink).map_err(|e| to_py_err(py, e))?.handle);
         }
         drop(tx);
         wait_all(py, handles, rx)
@@ -441,12 +444,14 @@ impl Engine_ {
 
 #[pymethods]
 impl Engine_ {
+    /// `devices`: None for one engine on `options.device`, else "all" or "0,1,...".
     #[new]
-    fn new(py: Python<'_>, model: PathBuf, options: PyRef<'_, EngineOptions_>) -> PyResult<Self> {
+    #[pyo3(signature = (model, options, devices=None))]
+    fn new(py: Python<'_>, model: PathBuf, options: PyRef<'_, EngineOptions_>, devices: Option<String>) -> PyResult<Self> {
         let options = options.options.clone();
-        let engine = Arc::new(run_detached(py, move || Engine::load(&model, options))?);
-        let scheduler = Scheduler::start(engine.clone(), SchedulerOptions::default()).map_err(|e| to_py_err(py, e))?;
-        Ok(Engine_ { engine, scheduler })
+        let devices = devices.map(|d| d.parse::<Devices>()).transpose().map_err(|e| to_py_err(py, e))?;
+        let router = run_detached(py, move || Router::load(&model, options, devices.as_ref(), SchedulerOptions::default()))?;
+        Ok(Engine_ { engine: router.engine().clone(), router })
     }
 
     /// Generate for each prompt through the engine's scheduler (they run
@@ -503,7 +508,7 @@ impl Engine_ {
             })
             .is_ok()
         });
-        let handle = self.scheduler.submit(EngineRequest { prompt, prompt_ids, params }, sink).map_err(|e| to_py_err(py, e))?;
+        let handle = self.router.submit(EngineRequest { prompt, prompt_ids, params }, sink).map_err(|e| to_py_err(py, e))?.handle;
         Ok(Stream {
             rx: Mutex::new(Some(rx)),
             handle: Mutex::new(Some(handle)),
@@ -559,6 +564,26 @@ impl Engine_ {
         d.set_item("has_chat_template", i.has_chat_template)?;
         d.set_item("eos_token_ids", i.eos_token_ids.clone())?;
         d.set_item("load_seconds", i.load_seconds)?;
+        Ok(d)
+    }
+
+    /// The prefix cache: what it has done since load (lookups, hits,
+    /// tokens_reused, inserts, evictions) and holds (entries, bytes), with its
+    /// limits (max_bytes: 0 when disabled, block in tokens); with several
+    /// devices, the engines' caches summed (max_bytes is each one's budget).
+    fn prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.router.prefix_cache_stats();
+        let (max_bytes, block) = self.engine.prefix_cache_limits();
+        let d = PyDict::new(py);
+        d.set_item("lookups", s.lookups)?;
+        d.set_item("hits", s.hits)?;
+        d.set_item("tokens_reused", s.tokens_reused)?;
+        d.set_item("inserts", s.inserts)?;
+        d.set_item("evictions", s.evictions)?;
+        d.set_item("entries", s.entries)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("max_bytes", max_bytes)?;
+        d.set_item("block", block)?;
         Ok(d)
     }
 }

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyString};
-use rocket_core::options::{parse_trace_step, parse_watchdog_ms};
+use rocket_core::options::{parse_bytes, parse_prefix_block, parse_trace_step, parse_watchdog_ms};
 use rocket_core::{EngineOptions, RocketError};
 
 use crate::errors::to_py_err;
@@ -46,7 +46,7 @@ fn whole(name: &str, value: &Bound<'_, PyAny>) -> Result<String, RocketError> {
 #[pymethods]
 impl EngineOptions_ {
     #[new]
-    #[pyo3(signature = (*, device=None, max_seq_len=None, progress=None, decode=None, matmul=None, sampler=None, cuda_graphs=None, loop_sampling=None, pdl=None, fuse=None, tc_attention=None, watchdog_ms=None, trace_step=None, env=Vec::new()))]
+    #[pyo3(signature = (*, device=None, max_seq_len=None, progress=None, decode=None, matmul=None, sampler=None, cuda_graphs=None, loop_sampling=None, pdl=None, fuse=None, tc_attention=None, watchdog_ms=None, trace_step=None, prefix_cache_bytes=None, prefix_block=None, env=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -63,6 +63,8 @@ impl EngineOptions_ {
         tc_attention: Option<Bound<'_, PyAny>>,
         watchdog_ms: Option<Bound<'_, PyAny>>,
         trace_step: Option<Bound<'_, PyAny>>,
+        prefix_cache_bytes: Option<Bound<'_, PyAny>>,
+        prefix_block: Option<Bound<'_, PyAny>>,
         env: Vec<(String, String)>,
     ) -> PyResult<Self> {
         let build = || -> Result<EngineOptions, RocketError> {
@@ -80,6 +82,12 @@ impl EngineOptions_ {
             }
             if let Some(v) = &progress {
                 o.progress = choice("progress", v)?;
+            }
+            if let Some(v) = &prefix_cache_bytes {
+                o.prefix_cache_bytes = parse_bytes("prefix_cache_bytes", &whole("prefix_cache_bytes", v)?)?;
+            }
+            if let Some(v) = &prefix_block {
+                o.prefix_block = parse_prefix_block("prefix_block", &whole("prefix_block", v)?)?;
             }
             let g = &mut o.gpu;
             if let Some(v) = &decode {

@@ -131,6 +131,7 @@ impl ApiError {
             RocketError::ChatTemplate(m) | RocketError::Tokenizer(m) => Self::invalid_value(prompt_param, m.clone()),
             RocketError::QueueFull { max_queue } => Self::overloaded(*max_queue),
             RocketError::ShuttingDown => Self::shutting_down(),
+            RocketError::NoDevice(m) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "no_device", format!("no device is in service: {m}")),
             other => Self::internal(other.to_string()),
         }
     }
@@ -175,6 +176,9 @@ mod tests {
         assert!(e.message.contains("12 tokens") && e.message.contains("15 tokens"), "{}", e.message);
         let e = ApiError::from_engine(&RocketError::invalid_arg("top_p", 2.0, "must be in (0, 1]"), "prompt");
         assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some("top_p")));
+        let e = ApiError::from_engine(&RocketError::NoDevice("cuda:0 (lost)".into()), "prompt");
+        assert_eq!((e.status, e.code), (StatusCode::SERVICE_UNAVAILABLE, Some("no_device")));
+        assert!(e.message.contains("cuda:0 (lost)"), "{}", e.message);
         let e = ApiError::from_engine(&RocketError::Internal("boom".into()), "prompt");
         assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
     }

@@ -3,7 +3,8 @@
 //! Request and token counts and the latency histograms are recorded as
 //! requests go; the gauges (queue, running batch, KV bytes, decode path) and the
 //! backend's counters are read from the scheduler and engine at each scrape,
-//! from atomics that never wait on a forward pass.
+//! from atomics that never wait on a forward pass (the prefix cache's numbers
+//! behind its lock, which is held for a lookup or a KV copy, never a pass).
 
 use std::sync::Mutex;
 
@@ -31,6 +32,11 @@ struct PathLabels {
     path: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    device: String,
+}
+
 pub struct ServerMetrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -44,6 +50,16 @@ pub struct ServerMetrics {
     decode_path: Family<PathLabels, Gauge>,
     megakernel_launches: Counter,
     watchdog_events: Counter,
+    prefix_lookups: Counter,
+    prefix_hits: Counter,
+    prefix_reused_tokens: Counter,
+    prefix_evictions: Counter,
+    prefix_bytes: Gauge,
+    prefix_entries: Gauge,
+    device_in_service: Family<DeviceLabels, Gauge>,
+    device_running: Family<DeviceLabels, Gauge>,
+    device_queue_depth: Family<DeviceLabels, Gauge>,
+    device_queued_prompt_tokens: Family<DeviceLabels, Gauge>,
     /// One scrape at a time: refreshing the read-at-scrape values is not atomic.
     scrape: Mutex<()>,
 }
@@ -64,6 +80,16 @@ impl ServerMetrics {
             decode_path: Family::default(),
             megakernel_launches: Counter::default(),
             watchdog_events: Counter::default(),
+            prefix_lookups: Counter::default(),
+            prefix_hits: Counter::default(),
+            prefix_reused_tokens: Counter::default(),
+            prefix_evictions: Counter::default(),
+            prefix_bytes: Gauge::default(),
+            prefix_entries: Gauge::default(),
+            device_in_service: Family::default(),
+            device_running: Family::default(),
+            device_queue_depth: Family::default(),
+            device_queued_prompt_tokens: Family::default(),
             scrape: Mutex::new(()),
             registry: Registry::default(),
         };
@@ -78,6 +104,16 @@ impl ServerMetrics {
         registry.register("decode_path_info", "How a decode step runs, by batch shape (value 1)", m.decode_path.clone());
         registry.register("megakernel_launches", "Megakernel token-loop launches", m.megakernel_launches.clone());
         registry.register("megakernel_watchdog_events", "Megakernel launches ended by its watchdog (then decoding falls back to CUDA graphs)", m.watchdog_events.clone());
+        registry.register("prefix_cache_lookups", "Prompts looked up in the prefix cache", m.prefix_lookups.clone());
+        registry.register("prefix_cache_hits", "Prompts that reused cached KV of an earlier prompt's whole blocks", m.prefix_hits.clone());
+        registry.register("prefix_cache_reused_tokens", "Prompt tokens whose prefill was skipped by prefix reuse", m.prefix_reused_tokens.clone());
+        registry.register("prefix_cache_evictions", "Cached prefixes dropped to stay within the budget or to make room", m.prefix_evictions.clone());
+        registry.register_with_unit("prefix_cache_usage", "Memory held by the prefix cache (at most --prefix-cache-bytes)", Unit::Bytes, m.prefix_bytes.clone());
+        registry.register("prefix_cache_entries", "Cached prompt prefixes", m.prefix_entries.clone());
+        registry.register("device_in_service", "Whether a device's engine takes requests (0 once it failed)", m.device_in_service.clone());
+        registry.register("device_running_requests", "Requests in a device's running batch", m.device_running.clone());
+        registry.register("device_queue_depth", "Admitted requests waiting on a device", m.device_queue_depth.clone());
+        registry.register("device_queued_prompt_tokens", "Prompt tokens of a device's requests that have not produced a token yet", m.device_queued_prompt_tokens.clone());
         ServerMetrics { registry, ..m }
     }
 
@@ -106,16 +142,35 @@ impl ServerMetrics {
     pub fn render(&self, ready: Option<&Ready>) -> String {
         let _one = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(r) = ready {
-            let s = &r.scheduler;
+            let s = &r.router;
             let running = s.running();
             self.running.set(running as i64);
             self.queue_depth.set(s.in_flight().saturating_sub(running) as i64);
             self.kv_bytes.set(s.kv_bytes() as i64);
-            let c = r.engine.backend_counters();
-            // The engine's counters only grow: add what is new since the last scrape.
-            self.megakernel_launches.inc_by(c.megakernel_launches.saturating_sub(self.megakernel_launches.get()));
-            self.watchdog_events.inc_by(c.watchdog_events.saturating_sub(self.watchdog_events.get()));
-            let p = s.decode_paths();
+            for d in s.loads() {
+                let device = DeviceLabels { device: d.name.clone() };
+                self.device_in_service.get_or_create(&device).set(d.in_service as i64);
+                self.device_running.get_or_create(&device).set(d.running as i64);
+                self.device_queue_depth.get_or_create(&device).set(d.in_flight.saturating_sub(d.running) as i64);
+                self.device_queued_prompt_tokens.get_or_create(&device).set(d.queued_prompt_tokens as i64);
+            }
+            // Summed over the engines; each engine's counters only grow: add what is new since the last scrape.
+            let (launches, watchdog) = (0..s.len()).map(|i| s.scheduler(i).engine().backend_counters()).fold((0, 0), |(l, w), c| (l + c.megakernel_launches, w + c.watchdog_events));
+            self.megakernel_launches.inc_by(launches.saturating_sub(self.megakernel_launches.get()));
+            self.watchdog_events.inc_by(watchdog.saturating_sub(self.watchdog_events.get()));
+            let pc = s.prefix_cache_stats();
+            for (counter, now) in [
+                (&self.prefix_lookups, pc.lookups),
+                (&self.prefix_hits, pc.hits),
+                (&self.prefix_reused_tokens, pc.tokens_reused),
+                (&self.prefix_evictions, pc.evictions),
+            ] {
+                counter.inc_by(now.saturating_sub(counter.get()));
+            }
+            self.prefix_bytes.set(pc.bytes as i64);
+            self.prefix_entries.set(pc.entries as i64);
+            // The first engine's paths stand for all: every device loads the same model with the same options.
+            let p = s.scheduler(0).decode_paths();
             self.decode_path.clear();
             for (batch, sampling, path) in
                 [("1", "greedy", p.single_greedy), ("1", "sampled", p.single_sampled), (">1", "greedy", p.batch_greedy), (">1", "sampled", p.batch_sampled)]
@@ -159,6 +214,12 @@ mod tests {
             "rocket_kv_cache_usage_bytes 0",
             "rocket_megakernel_launches_total 0",
             "rocket_megakernel_watchdog_events_total 0",
+            "rocket_prefix_cache_lookups_total 0",
+            "rocket_prefix_cache_hits_total 0",
+            "rocket_prefix_cache_reused_tokens_total 0",
+            "rocket_prefix_cache_evictions_total 0",
+            "rocket_prefix_cache_usage_bytes 0",
+            "rocket_prefix_cache_entries 0",
         ] {
             assert!(text.lines().any(|l| l == want), "no line {want:?} in\n{text}");
         }

@@ -22,7 +22,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use rocket_core::{Engine, Scheduler, SchedulerOptions};
+use rocket_core::router::Router;
+use rocket_core::{Devices, Engine, SchedulerOptions};
 use tokio::sync::watch;
 
 use crate::ModelArgs;
@@ -79,6 +80,10 @@ pub struct ServeArgs {
     /// keeps keys out of the process list
     #[arg(long, value_name = "PATH")]
     api_key_file: Option<PathBuf>,
+    /// Run one engine per GPU: "all" or ordinals like "0,1" (each GPU gets its own
+    /// weights, KV cache and scheduler; requests go to the least-loaded) [default: one engine on --device]
+    #[arg(long, value_name = "all|0,1,...", value_parser = |v: &str| v.parse::<Devices>().map_err(|e| e.to_string()))]
+    devices: Option<Devices>,
     /// Include each request's prompt text in its log line (ROCKET_LOG=info) [default: prompts are not logged]
     #[arg(long)]
     log_prompts: bool,
@@ -86,8 +91,10 @@ pub struct ServeArgs {
 
 /// What exists once the model has loaded.
 pub struct Ready {
+    /// The first engine: tokenizer, chat template and request checks (every engine loads the same model).
     pub engine: Arc<Engine>,
-    pub scheduler: Scheduler,
+    /// One engine per device, each with its scheduler; requests go to the least-loaded.
+    pub router: Router,
 }
 
 /// State shared by every handler.
@@ -218,28 +225,25 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
         let (app, stop_tx, load_error) = (app.clone(), stop_tx.clone(), load_error.clone());
         let (max_batch, max_queue) = (args.max_batch, args.max_queue);
         let path = path.clone();
+        let devices = args.devices.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let loaded = tokio::task::spawn_blocking(move || Engine::load(path, options))
+            let loaded = tokio::task::spawn_blocking(move || Router::load(path, options, devices.as_ref(), SchedulerOptions { max_batch, max_queue }))
             .await;
             let failure = match loaded {
-                Ok(Ok(engine)) if !app.is_shutting_down() => {
-                    let engine = Arc::new(engine);
-                    match Scheduler::start(engine.clone(), SchedulerOptions { max_batch, max_queue }) {
-                        Ok(scheduler) => {
-                            let info = engine.info();
-                            eprintln!(
-                                "rocket serve: ready — {} ({} backend, context {} tokens, max batch {max_batch}, max queue {max_queue}) loaded in {:.1} s",
-                                app.model_name,
-                                info.backend,
-                                info.max_seq_len,
-                                started.elapsed().as_secs_f64()
-                            );
-                            let _ = app.ready.set(Ready { engine, scheduler });
-                            None
-                        }
-                        Err(e) => Some(anyhow::Error::new(e).context("starting the scheduler")),
-                    }
+                Ok(Ok(router)) if !app.is_shutting_down() => {
+                    let engine = router.engine().clone();
+                    let names = (0..router.len()).map(|i| router.name(i)).collect::<Vec<_>>().join(", ");
+                    let info = engine.info();
+                    eprintln!(
+                        "rocket serve: ready — {} ({} backend on {names}, context {} tokens, max batch {max_batch}, max queue {max_queue} per device) loaded in {:.1} s",
+                        app.model_name,
+                        info.backend,
+                        info.max_seq_len,
+                        started.elapsed().as_secs_f64()
+                    );
+                    let _ = app.ready.set(Ready { engine, router });
+                    None
                 }
                 Ok(Ok(_)) => None,
                 Ok(Err(e)) => Some(anyhow::Error::new(e)),
@@ -263,7 +267,7 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
                 _ = stopped(stop_rx) => return,
             }
             app.shutting_down.store(true, Ordering::SeqCst);
-            let in_flight = app.ready().map_or(0, |r| r.scheduler.in_flight());
+            let in_flight = app.ready().map_or(0, |r| r.router.in_flight());
             eprintln!(
                 "rocket serve: shutting down; letting {in_flight} in-flight request(s) finish (up to {:.0} s; signal again to cancel them)",
                 drain.as_secs_f64()
@@ -274,10 +278,10 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
                 _ = signal() => {}
             }
             if let Some(r) = app.ready() {
-                if r.scheduler.in_flight() > 0 {
-                    eprintln!("rocket serve: cancelling {} request(s)", r.scheduler.in_flight());
+                if r.router.in_flight() > 0 {
+                    eprintln!("rocket serve: cancelling {} request(s)", r.router.in_flight());
                 }
-                r.scheduler.cancel_all();
+                r.router.cancel_all();
             }
         });
     }
@@ -293,8 +297,8 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
         _ = deadline => eprintln!("rocket serve: connections still open after the drain; closing them"),
     }
     if let Some(r) = app.ready() {
-        r.scheduler.cancel_all();
-        r.scheduler.shutdown();
+        r.router.cancel_all();
+        r.router.shutdown();
     }
     if let Some(e) = load_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);

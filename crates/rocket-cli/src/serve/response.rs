@@ -15,11 +15,15 @@ pub struct Meta {
     pub model: String,
 }
 
-pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+/// OpenAI's usage object; `prompt_tokens_details.cached_tokens` counts the
+/// prompt tokens whose KV came from the prefix cache.
+pub fn usage(out: &RequestOutput) -> Value {
+    let (prompt_tokens, completion_tokens) = (out.prompt_token_ids.len(), out.token_ids.len());
     json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": out.metrics.cached_prompt_tokens},
     })
 }
 
@@ -142,7 +146,7 @@ pub fn completion_body(meta: &Meta, text: String, logprobs: Option<Value>, out: 
             "finish_reason": finish_reason(out),
             "stop_reason": stop_reason(out),
         }],
-        "usage": usage(out.prompt_token_ids.len(), out.token_ids.len()),
+        "usage": usage(out),
         "system_fingerprint": null,
     })
 }
@@ -161,7 +165,7 @@ pub fn chat_body(meta: &Meta, logprobs: Option<Value>, out: &RequestOutput) -> V
             "finish_reason": finish_reason(out),
             "stop_reason": stop_reason(out),
         }],
-        "usage": usage(out.prompt_token_ids.len(), out.token_ids.len()),
+        "usage": usage(out),
         "system_fingerprint": null,
     })
 }
@@ -267,7 +271,7 @@ impl ChunkWriter {
         if self.include_usage {
             let mut last = self.chunk(Value::Null);
             last["choices"] = json!([]);
-            last["usage"] = usage(out.prompt_token_ids.len(), out.token_ids.len());
+            last["usage"] = usage(out);
             chunks.push(last);
         }
         chunks
@@ -391,7 +395,11 @@ mod tests {
         assert_eq!(b["choices"][0]["text"], "Paris.");
         assert_eq!(b["choices"][0]["finish_reason"], "stop");
         assert_eq!(b["choices"][0]["stop_reason"], "\n");
-        assert_eq!(b["usage"], json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}));
+        let details = json!({"cached_tokens": 0});
+        assert_eq!(b["usage"], json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "prompt_tokens_details": details}));
+        let mut cached = out.clone();
+        cached.metrics.cached_prompt_tokens = 2;
+        assert_eq!(completion_body(&meta(), out.text.clone(), None, &cached)["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
         let out = output("Hi", vec![5], FinishReason::Length, None);
         let b = chat_body(&meta(), None, &out);
         assert_eq!(b["object"], "chat.completion");

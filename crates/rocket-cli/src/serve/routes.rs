@@ -50,14 +50,41 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
     } else {
         match app.ready() {
             None => (StatusCode::SERVICE_UNAVAILABLE, "loading"),
-            Some(r) if !r.scheduler.healthy() => (StatusCode::SERVICE_UNAVAILABLE, "failed"),
+            Some(r) if !r.router.healthy() => (StatusCode::SERVICE_UNAVAILABLE, "failed"),
+            // Some devices failed; the others serve.
+            Some(r) if r.router.in_service() < r.router.len() => (StatusCode::OK, "degraded"),
             Some(_) => (StatusCode::OK, "ok"),
         }
     };
     let mut body = json!({"status": state, "model": app.model_name});
     if let Some(r) = app.ready() {
-        body["requests_in_flight"] = json!(r.scheduler.in_flight());
-        body["max_queue"] = json!(r.scheduler.options().max_queue);
+        body["requests_in_flight"] = json!(r.router.in_flight());
+        body["max_queue"] = json!(r.router.options().max_queue);
+        let devices: Vec<Value> = r
+            .router
+            .loads()
+            .into_iter()
+            .map(|d| {
+                json!({
+                    "device": d.name,
+                    "in_service": d.in_service,
+                    "requests_in_flight": d.in_flight,
+                    "running": d.running,
+                    "queued_prompt_tokens": d.queued_prompt_tokens,
+                    "error": d.error,
+                })
+            })
+            .collect();
+        body["devices"] = json!(devices);
+        // Each engine has its own prefix cache (its KV lives on its device): the
+        // figures are summed, and max_bytes is the budget of each.
+        let pc = r.router.prefix_cache_stats();
+        let (max_bytes, block) = r.engine.prefix_cache_limits();
+        body["prefix_cache"] = json!({
+            "hits": pc.hits, "lookups": pc.lookups, "tokens_reused": pc.tokens_reused,
+            "entries": pc.entries, "bytes": pc.bytes, "max_bytes": max_bytes,
+            "block": block,
+        });
     }
     (status, Json(body)).into_response()
 }
@@ -193,13 +220,13 @@ impl Drop for Submitted {
 fn submit(app: &AppState, ready: &Ready, log: &Arc<RequestLog>, request: EngineRequest, prompt_param: &str) -> Result<Submitted, ApiError> {
     let (tx, rx) = unbounded_channel();
     let (prompt, prompt_tokens) = (request.prompt.clone(), request.prompt_ids.len());
-    let handle = ready
-        .scheduler
+    let routed = ready
+        .router
         .submit(request, Box::new(move |event| tx.send(event).is_ok()))
         .map_err(|e| ApiError::from_engine(&e, prompt_param))?;
     app.metrics.add_prompt_tokens(prompt_tokens);
     log.submitted(&prompt, prompt_tokens);
-    Ok(Submitted { rx, _handle: handle, log: log.clone(), metrics: app.metrics.clone(), last_token: None, tokens: 0, ended: false })
+    Ok(Submitted { rx, _handle: routed.handle, log: log.clone(), metrics: app.metrics.clone(), last_token: None, tokens: 0, ended: false })
 }
 
 /// Wait for a request's result (non-streamed responses).
@@ -330,4 +357,67 @@ async fn chat_inner(app: &AppState, log: &Arc<RequestLog>, body: Result<Bytes, B
     let tt = TokenText::new(engine.tokenizer());
     let logprobs = out.logprobs.as_ref().map(|items| response::chat_logprobs(&tt, items));
     Ok(Json(response::chat_body(&meta, logprobs, &out)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    //! /health over two CPU engines standing in for GPUs (the router the server runs).
+
+    use rocket_core::router::Router;
+    use rocket_core::{Device, EngineOptions, Progress, SchedulerOptions};
+
+    use super::super::auth::ApiKeys;
+    use super::*;
+
+    fn app_with_two_engines() -> Arc<AppState> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
+        let engines: Vec<_> = (0..2)
+            .map(|i| {
+                let e = Engine::load(path, EngineOptions { device: Device::Cpu, progress: Progress::Off, ..EngineOptions::default() }).unwrap();
+                (format!("cpu:{i}"), Arc::new(e))
+            })
+            .collect();
+        let engine = engines[0].1.clone();
+        let router = Router::new(engines, SchedulerOptions { max_batch: 2, max_queue: 4 }).unwrap();
+        let app = Arc::new(AppState::new("tiny".into(), None, ApiKeys::default(), false));
+        assert!(app.ready.set(Ready { engine, router }).is_ok());
+        app
+    }
+
+    fn get_health(app: &Arc<AppState>) -> (StatusCode, Value) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let response = health(State(app.clone())).await;
+            let status = response.status();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+            (status, serde_json::from_slice(&body).unwrap())
+        })
+    }
+
+    #[test]
+    fn health_reports_each_device_and_turns_503_when_none_is_in_service() {
+        let app = app_with_two_engines();
+        let (status, body) = get_health(&app);
+        assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("ok")));
+        let devices = body["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 2);
+        for (i, d) in devices.iter().enumerate() {
+            assert_eq!(d["device"], json!(format!("cpu:{i}")));
+            assert_eq!((d["in_service"].clone(), d["requests_in_flight"].clone(), d["running"].clone()), (json!(true), json!(0), json!(0)));
+            assert_eq!((d["queued_prompt_tokens"].clone(), d["error"].clone()), (json!(0), Value::Null));
+        }
+        let router = &app.ready().unwrap().router;
+        router.take_out_of_service(1, "a simulated lost device");
+        let (status, body) = get_health(&app);
+        assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("degraded")));
+        assert_eq!(body["devices"][0]["in_service"], json!(true));
+        assert_eq!((body["devices"][1]["in_service"].clone(), body["devices"][1]["error"].clone()), (json!(false), json!("a simulated lost device")));
+        router.take_out_of_service(0, "another");
+        let (status, body) = get_health(&app);
+        assert_eq!((status, body["status"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("failed")));
+        let text = app.metrics.render(app.ready());
+        for want in ["rocket_device_in_service{device=\"cpu:0\"} 0", "rocket_device_in_service{device=\"cpu:1\"} 0", "rocket_device_running_requests{device=\"cpu:1\"} 0"] {
+            assert!(text.lines().any(|l| l == want), "no line {want:?} in\n{text}");
+        }
+    }
 }

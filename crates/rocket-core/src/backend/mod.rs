@@ -84,6 +84,27 @@ pub trait Backend: Send + Sync {
     fn counters(&self) -> BackendCounters {
         BackendCounters::default()
     }
+    /// Copies the KV of `src`'s first `len` positions into `dst`, which then
+    /// holds exactly those `len` tokens (whatever it held is dropped) and is an
+    /// ordinary session for every later pass, the device token loop included.
+    /// Both sessions come from this backend; `len` is at most `src.len()` and
+    /// `dst.capacity()` (`check_copy`). Prefix reuse (`prefix_cache`) moves KV
+    /// with it. The default: this backend cannot (nothing is changed).
+    fn copy_prefix(&self, _src: &mut dyn Session, _dst: &mut dyn Session, _len: usize) -> Result<()> {
+        Err(RocketError::Internal(format!("the {} backend cannot copy a KV cache", self.name())))
+    }
+}
+
+/// Checks a `copy_prefix` of `len` positions from `src` into `dst`.
+pub fn check_copy(src: &dyn Session, dst: &dyn Session, len: usize) -> Result<()> {
+    if len > src.len() || len > dst.capacity() {
+        return Err(RocketError::Internal(format!(
+            "cannot copy {len} KV positions from a session of {} into one with room for {}",
+            src.len(),
+            dst.capacity()
+        )));
+    }
+    Ok(())
 }
 
 /// What a backend has counted since it loaded (read without waiting on a pass).

@@ -7,7 +7,7 @@ pub mod linalg;
 
 use std::sync::Arc;
 
-use super::{check_chunks, own_session, Backend, Chunk, Logits, Session};
+use super::{check_chunks, check_copy, own_session, Backend, Chunk, Logits, Session};
 use crate::error::Result;
 use crate::model::{rope, ModelSpec, ModelWeights};
 use linalg::{matmul, rms_norm, rms_norm_in_place, silu};
@@ -48,6 +48,19 @@ impl Backend for CpuBackend {
             seqs.push((own_session::<CpuSession>(c.session, "cpu")?, c.tokens));
         }
         Ok(self.forward_rows(&mut seqs, logits))
+    }
+
+    fn copy_prefix(&self, src: &mut dyn Session, dst: &mut dyn Session, len: usize) -> Result<()> {
+        check_copy(src, dst, len)?;
+        let kvd = self.spec.kv_dim();
+        let src = own_session::<CpuSession>(src, "cpu")?;
+        let dst = own_session::<CpuSession>(dst, "cpu")?;
+        for (to, from) in dst.keys.iter_mut().zip(&src.keys).chain(dst.values.iter_mut().zip(&src.values)) {
+            to.clear();
+            to.extend_from_slice(&from[..len * kvd]);
+        }
+        dst.len = len;
+        Ok(())
     }
 }
 

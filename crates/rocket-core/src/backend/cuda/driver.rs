@@ -17,9 +17,10 @@ pub(crate) fn device_err(what: &str, e: DriverError) -> RocketError {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// The primary context of device 0, current on the calling thread.
+/// The primary context of one device, current on the calling thread.
 pub(crate) struct Context {
     ctx: sys::CUcontext,
+    dev: sys::CUdevice,
     pub name: String,
     pub compute_capability: (i32, i32),
     pub sm_count: i32,
@@ -32,7 +33,21 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
-    pub(crate) fn open() -> Result<Self> {
+    /// The CUDA devices this process sees (after CUDA_VISIBLE_DEVICES).
+    pub(crate) fn device_count() -> Result<usize> {
+        // SAFETY: only checks whether libcuda can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(RocketError::Device(
+                "no CUDA driver: libcuda.so could not be loaded (no NVIDIA driver on this machine?)".into(),
+            ));
+        }
+        result::init().map_err(|e| device_err("cuInit", e))?;
+        let count = result::device::get_count().map_err(|e| device_err("cuDeviceGetCount", e))?;
+        Ok(count.max(0) as usize)
+    }
+
+    /// Opens device `ordinal` (0 is the first visible GPU).
+    pub(crate) fn open(ordinal: usize) -> Result<Self> {
         // SAFETY: only checks whether libcuda can be loaded.
         if !unsafe { sys::is_culib_present() } {
             return Err(RocketError::Device(
@@ -54,7 +69,10 @@ impl Context {
         if count < 1 {
             return Err(RocketError::Device("no CUDA device found".into()));
         }
-        let dev = result::device::get(0).map_err(|e| device_err("cuDeviceGet", e))?;
+        if ordinal >= count as usize {
+            return Err(RocketError::invalid_arg("devices", ordinal, format!("this machine has {count} CUDA device(s): ordinals 0..{}", count - 1)));
+        }
+        let dev = result::device::get(ordinal as i32).map_err(|e| device_err("cuDeviceGet", e))?;
         let attr = |a| {
             // SAFETY: dev is a valid device.
             unsafe { result::device::get_attribute(dev, a) }.map_err(|e| device_err("cuDeviceGetAttribute", e))
@@ -70,7 +88,7 @@ impl Context {
         }
         // SAFETY: dev is valid; the retained context is released in Drop.
         let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| device_err("cuDevicePrimaryCtxRetain", e))?;
-        let c = Context { ctx, name, compute_capability: (major, minor), sm_count, driver_version };
+        let c = Context { ctx, dev, name, compute_capability: (major, minor), sm_count, driver_version };
         c.bind()?;
         Ok(c)
     }
@@ -89,10 +107,8 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        if let Ok(dev) = result::device::get(0) {
-            // SAFETY: balances the retain in `open`.
-            let _ = unsafe { result::primary_ctx::release(dev) };
-        }
+        // SAFETY: balances the retain in `open`.
+        let _ = unsafe { result::primary_ctx::release(self.dev) };
     }
 }
 
@@ -167,6 +183,16 @@ impl DeviceBuffer {
         let n = self.bytes.min(src.bytes);
         // SAFETY: both buffers are at least n bytes.
         unsafe { result::memcpy_dtod_async(self.ptr, src.ptr, n, stream.raw) }.map_err(|e| device_err("cuMemcpyDtoDAsync", e))
+    }
+
+    /// Copies the first `bytes` of `src` to the start of this buffer.
+    pub(crate) fn copy_prefix_from(&self, stream: &Stream, src: &DeviceBuffer, bytes: usize) -> Result<()> {
+        assert!(bytes <= self.bytes && bytes <= src.bytes, "device copy out of bounds");
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both buffers hold at least `bytes` (checked above).
+        unsafe { result::memcpy_dtod_async(self.ptr, src.ptr, bytes, stream.raw) }.map_err(|e| device_err("cuMemcpyDtoDAsync", e))
     }
 
     pub(crate) fn fill_u8(&self, stream: &Stream, value: u8) -> Result<()> {

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::{check_chunks, own_session, Backend, BackendCounters, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest, Session};
+use super::{check_chunks, check_copy, own_session, Backend, BackendCounters, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest, Session};
 use crate::error::{Result, RocketError};
 use crate::megakernel::{MegakernelError, Profile};
 use crate::model::{ModelSpec, ModelWeights};
@@ -284,10 +284,10 @@ impl CudaBackend {
         Self::with_options(spec, weights, progress, GpuOptions::default())
     }
 
-    /// Opens device 0 with `options` (`EngineOptions::gpu`; tests compare paths side by side).
+    /// Opens device `options.device_ordinal` with `options` (`EngineOptions::gpu`; tests compare paths side by side).
     pub fn with_options(spec: ModelSpec, weights: &ModelWeights, progress: &LoadProgress, options: GpuOptions) -> Result<Self> {
         check_shapes(&spec)?;
-        let ctx = Arc::new(Context::open()?);
+        let ctx = Arc::new(Context::open(options.device_ordinal)?);
         let stream = Stream::new()?;
         let mut kernels = Kernels::load(&ctx, spec.head_dim)?;
         kernels.pdl = options.pdl;
@@ -601,6 +601,23 @@ impl Backend for CudaBackend {
         Ok(Box::new(CudaSession { kv, len: 0, capacity }))
     }
 
+    /// One device-to-device copy: the cache is position-major
+    /// ([capacity][layers][k|v][kv_dim]), so the first `len` positions of every
+    /// layer are one contiguous range whatever the capacity. Synchronised before
+    /// returning, so `src` may be freed (evicted) at once. Compile-checked only:
+    /// no GPU has run it yet (tests/cuda.rs `prefix_reuse_*` are its checks).
+    fn copy_prefix(&self, src: &mut dyn Session, dst: &mut dyn Session, len: usize) -> Result<()> {
+        check_copy(src, dst, len)?;
+        let bytes = len * self.spec.num_layers * 2 * self.spec.kv_dim() * 2;
+        let inner = self.lock()?;
+        let src = own_session::<CudaSession>(src, "cuda")?;
+        let dst = own_session::<CudaSession>(dst, "cuda")?;
+        dst.kv.copy_prefix_from(&inner.stream, &src.kv, bytes)?;
+        inner.stream.sync()?;
+        dst.len = len;
+        Ok(())
+    }
+
     fn device_description(&self) -> String {
         let i = &self.info;
         format!("{} (sm_{}{}, {} SMs, {})", i.device_name, i.compute_capability.0, i.compute_capability.1, i.sm_count, i.kernel_image)
@@ -768,7 +785,12 @@ impl CudaBackend {
 
 /// Why CUDA is unavailable here, or None when a usable device exists.
 pub fn unavailable_reason() -> Option<String> {
-    Context::open().err().map(|e| e.to_string())
+    Context::open(0).err().map(|e| e.to_string())
+}
+
+/// How many CUDA devices this process sees (`Devices::All` opens each).
+pub fn device_count() -> Result<usize> {
+    Context::device_count()
 }
 
 #[cfg(test)]
