@@ -518,6 +518,20 @@ mod tests {
     /// Llama-3.2-1B's products: qkv, O, gate|up, down, LM head.
     const LLAMA: [(usize, usize); 5] = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128_256, 2048)];
 
+    /// The prefill attention's tile and block size, as attention_prefill.cu
+    /// defines them: a host tile longer than the kernel's would leave rows unwritten.
+    #[test]
+    fn prefill_attention_constants_are_the_kernels() {
+        let src = include_str!("../../../../../kernels/src/attention_prefill.cu");
+        let define = |name: &str| -> usize {
+            let prefix = format!("#define {name} ");
+            let line = src.lines().find_map(|l| l.strip_prefix(prefix.as_str())).unwrap_or_else(|| panic!("no #define {name}"));
+            line.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("#define {name} {line}"))
+        };
+        assert_eq!(define("PREFILL_TILE"), PREFILL_TILE);
+        assert_eq!(define("PREFILL_THREADS"), PREFILL_THREADS as usize);
+    }
+
     #[test]
     fn gemm_splits_fill_the_gpu_and_never_depend_on_rows() {
         let splits: Vec<usize> = LLAMA.iter().map(|&(n, k)| GemmPlan::new(n, k, 16, H200_SMS).splits).collect();
