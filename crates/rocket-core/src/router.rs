@@ -662,6 +662,8 @@ mod tests {
             let text = err.to_string();
             assert!(text.contains("cpu:1") && (text.contains("simulated lost device") || text.contains("out of service")), "{text}");
         }
+        // The scheduler's hook marks it right after the pass's requests got their errors.
+        eventually("cpu:1 out of service", || !router.loads()[1].in_service);
         let loads = router.loads();
         assert!(loads[0].in_service && !loads[1].in_service);
         assert!(loads[1].error.as_deref().is_some_and(|r| r.contains("simulated lost device")), "{loads:?}");
