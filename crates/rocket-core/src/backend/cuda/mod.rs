@@ -416,7 +416,9 @@ impl CudaBackend {
         let bytes = inner.host_inputs.as_mut_slice::<u8>();
         let mut row = 0usize;
         let mut row_map = Vec::with_capacity(chunks.len());
-        let (mut split_rows, mut tiles) = (Vec::new(), Vec::new());
+        // With prompts tiled, the tiles and the split kernel's rows go straight into the
+        // staging buffer (no list on a decode pass, where every row is the split kernel's).
+        let (mut split_rows, mut tiles) = (0usize, 0usize);
         for c in chunks.iter_mut() {
             let sess = own_session::<CudaSession>(c.session, "cuda")?;
             let first = row;
@@ -429,26 +431,25 @@ impl CudaBackend {
             }
             if tiled && c.tokens.len() >= 2 {
                 for start in (first..row).step_by(PREFILL_TILE) {
-                    tiles.push(PrefillTile { first_row: start as i32, rows: (row - start).min(PREFILL_TILE) as i32 });
+                    let tile = PrefillTile { first_row: start as i32, rows: (row - start).min(PREFILL_TILE) as i32 };
+                    put(bytes, Scratch::tiles_offset(cap) + tiles * std::mem::size_of::<PrefillTile>(), tile);
+                    tiles += 1;
                 }
-            } else {
-                split_rows.extend(first as i32..row as i32);
+            } else if tiled {
+                for r in first..row {
+                    put(bytes, Scratch::split_rows_offset(cap) + split_rows * 4, r as i32);
+                    split_rows += 1;
+                }
             }
             row_map.push(row as i32 - 1);
         }
         for (i, &r) in row_map.iter().enumerate() {
             put(bytes, Scratch::row_map_offset(cap) + i * 4, r);
         }
-        if !tiles.is_empty() {
-            for (i, &r) in split_rows.iter().enumerate() {
-                put(bytes, Scratch::split_rows_offset(cap) + i * 4, r);
-            }
-            for (i, &t) in tiles.iter().enumerate() {
-                put(bytes, Scratch::tiles_offset(cap) + i * std::mem::size_of::<PrefillTile>(), t);
-            }
-            shape.split_rows = split_rows.len();
+        if tiles > 0 {
+            shape.split_rows = split_rows;
             shape.split_listed = true;
-            shape.prefill_tiles = tiles.len();
+            shape.prefill_tiles = tiles;
         }
         scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
