@@ -72,6 +72,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gguf"))
+from llama_cpp_layout import gguf_to_hf_name, hf_to_gguf_name, use_more_bits  # noqa: E402
+
 try:
     import gguf
     from gguf import GGMLQuantizationType as T
@@ -210,32 +213,6 @@ def unpermute(w, n_head):
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_name(name):
-    fixed = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    if name in fixed:
-        return fixed[name]
-    _, _, layer, rest = name.split(".", 3)
-    part = {"input_layernorm.weight": "attn_norm", "self_attn.q_proj.weight": "attn_q", "self_attn.k_proj.weight": "attn_k",
-            "self_attn.v_proj.weight": "attn_v", "self_attn.o_proj.weight": "attn_output",
-            "self_attn.q_norm.weight": "attn_q_norm", "self_attn.k_norm.weight": "attn_k_norm",
-            "post_attention_layernorm.weight": "ffn_norm", "mlp.gate_proj.weight": "ffn_gate",
-            "mlp.up_proj.weight": "ffn_up", "mlp.down_proj.weight": "ffn_down"}[rest]
-    return f"blk.{layer}.{part}.weight"
-
-
-def hf_name(gname):
-    fixed = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-             "output.weight": "lm_head.weight"}
-    if gname in fixed:
-        return fixed[gname]
-    _, layer, part, _ = gname.split(".")
-    rest = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-            "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-            "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}[part]
-    return f"model.layers.{layer}.{rest}.weight"
-
-
 def rope_freqs(head_dim, theta, rope):
     """`LlamaModel.generate_extra_tensors`: llama3 per-frequency divisors, in float32 as the
     converter computes them (torch float32 there, numpy float32 here)."""
@@ -365,16 +342,11 @@ def random_kquant(w, qtype, rng):
     return raw.reshape(rows, cols // elems * nbytes)
 
 
-def more_bits(i, n):
-    """llama.cpp's `use_more_bits` for attn_v / ffn_down in Q4_K_M."""
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
 def q4km_type(name, layers):
     if name in ("token_embd.weight", "output.weight"):
         return T.Q6_K
     part = name.split(".")[2]
-    if part in ("attn_v", "ffn_down") and more_bits(int(name.split(".")[1]), layers):
+    if part in ("attn_v", "ffn_down") and use_more_bits(int(name.split(".")[1]), layers):
         return T.Q6_K
     return T.Q4_K
 
@@ -413,7 +385,7 @@ def write_gguf(path, cfg, tok, weights, quantized, llama3_meta, seed):
 
     def encode(item):
         index, name = item
-        g = gguf_name(name)
+        g = hf_to_gguf_name(name)
         if weights[name][1].ndim == 1:
             return g, T.F32, np.ascontiguousarray(as_f32(weights[name]))
         x = as_f32(weights[name]) if quantized else as_bf16(weights[name])
@@ -451,7 +423,7 @@ def hf_copy_of_gguf(written, ckpt, out, cfg, bf16):
     def decode(g):
         qtype, data = written[g]
         x = gguf.quants.dequantize(data, qtype).astype(np.float32, copy=False)
-        name = hf_name(g)
+        name = gguf_to_hf_name(g)
         if arch == "llama" and name.endswith("q_proj.weight"):
             x = unpermute(x, heads)
         if arch == "llama" and name.endswith("k_proj.weight"):

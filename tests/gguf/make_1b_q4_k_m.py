@@ -17,6 +17,7 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
+from llama_cpp_layout import use_more_bits
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 2048, 16, 32, 8, 64, 8192, 128256
 # Byte offsets of each block's f16 scales.
@@ -29,10 +30,6 @@ def blocks(rng, qtype, rows, cols):
     for off in SCALES[qtype]:
         raw[:, off:off + 2] = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)
     return raw.reshape(rows, cols // elems * nbytes)
-
-
-def more_bits(i, n):
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
 def main(path):
@@ -65,7 +62,7 @@ def main(path):
     w.add_tensor("rope_freqs.weight", np.ones(HEAD_DIM // 2, np.float32))
     q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     for i in range(LAYERS):
-        hi = T.Q6_K if more_bits(i, LAYERS) else T.Q4_K
+        hi = T.Q6_K if use_more_bits(i, LAYERS) else T.Q4_K
         for name, qtype, rows, cols in [("attn_q", T.Q4_K, q, HIDDEN), ("attn_k", T.Q4_K, kv, HIDDEN), ("attn_v", hi, kv, HIDDEN),
                                         ("attn_output", T.Q4_K, HIDDEN, q), ("ffn_gate", T.Q4_K, INTER, HIDDEN),
                                         ("ffn_up", T.Q4_K, INTER, HIDDEN), ("ffn_down", hi, HIDDEN, INTER)]:

