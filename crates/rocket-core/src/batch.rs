@@ -464,6 +464,9 @@ impl<'a> Batcher<'a> {
     /// Moves waiting requests into the running batch in arrival order, up to
     /// `max_batch`, except those that do better waiting for another request's
     /// prefill (`waits_for_shared_prefill`); later arrivals may pass them.
+    /// A request whose KV cache does not fit in device memory waits, first in
+    /// line, while running requests hold memory they will free; with none
+    /// running it fails (nothing else would free any).
     fn admit(&mut self) {
         let mut i = 0;
         while self.running.len() < self.max_batch && i < self.waiting.len() {
@@ -476,6 +479,11 @@ impl<'a> Batcher<'a> {
                 Ok(session) => {
                     a.session = Some(session);
                     self.running.push(a);
+                }
+                Err(RocketError::DeviceMemory(m)) if !self.running.is_empty() => {
+                    tracing::debug!(reason = %m, running = self.running.len(), "a request waits for device memory");
+                    self.waiting.insert(i, a);
+                    break;
                 }
                 Err(e) => {
                     (a.sink)(BatchEvent::Failed(e));
