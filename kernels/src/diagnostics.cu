@@ -3,3 +3,4 @@
 // rocket-core's `diagnostics` feature embeds and loads it (backend/cuda/probe.rs).
 #include "stream_probe.cu"
 #include "latency_probe.cu"
+#include "handoff_probe.cu"

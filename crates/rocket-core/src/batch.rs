@@ -137,33 +137,62 @@ pub(crate) fn chunk_end(start: usize, prompt_len: usize, chunk: usize, block: us
     next(chunk).min(next(block)).min(prompt_len)
 }
 
+/// The lengths of `prompt`'s prefix that waiting requests would copy from the
+/// prefix cache if it held them: each one's whole blocks in common with
+/// `prompt`, where that is more than the cache offers it now.
+fn wanted_by_waiting(cache: &KvPrefixCache, waiting: &VecDeque<Active<'_>>, prompt: &[u32]) -> Vec<usize> {
+    waiting
+        .iter()
+        .filter_map(|w| {
+            let theirs = w.state.prompt_ids();
+            let shared = cache.shared_len(theirs, prompt);
+            (shared > cache.reusable(theirs)).then_some(shared)
+        })
+        .collect()
+}
+
+/// The prompt length at which `a`'s prefill will next put blocks covering
+/// `shared` tokens in the prefix cache: `shared` itself while its prefill has
+/// not passed it (`keep_prefix` keeps what waiting requests want), else the
+/// prompt's whole blocks, kept when its prefill reaches them.
+fn next_kept_len(cache: &KvPrefixCache, a: &Active<'_>, shared: usize) -> usize {
+    let done = a.session.as_deref().map_or(0, |s| s.len());
+    if done <= shared {
+        shared
+    } else {
+        cache.aligned_len(a.state.prompt_ids().len())
+    }
+}
+
 /// After a prefill pass: when `a`'s session now holds exactly its prompt's
-/// whole blocks, a copy of them joins the prefix cache (unless an entry
-/// already covers them). Failures only cost the reuse.
-fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>) {
+/// whole blocks, or the whole blocks a waiting request shares with it
+/// (`wanted`), a copy of them joins the prefix cache (unless an entry already
+/// covers them). Failures only cost the reuse.
+fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>, waiting: &VecDeque<Active<'_>>) {
     let Some(cache) = model.prefix_cache else { return };
     let session = a.session.as_deref_mut().expect("running requests hold a session");
     let prompt = a.state.prompt_ids();
     let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
-    let aligned = cache.aligned_len(prompt.len());
-    if aligned == 0 || session.len() != aligned || cache.covers(&prompt[..aligned]) {
+    let done = session.len();
+    let keep = done == cache.aligned_len(prompt.len()) || wanted_by_waiting(&cache, waiting, prompt).contains(&done);
+    if done == 0 || !keep || cache.covers(&prompt[..done]) {
         return;
     }
     // Room first, from the running session's bytes per position (what the copy
     // will hold), so the cache never holds more than its budget, even briefly.
-    let bytes = aligned * (session.kv_bytes() / session.capacity().max(1));
+    let bytes = done * (session.kv_bytes() / session.capacity().max(1));
     if !cache.make_room(bytes) {
         return;
     }
     let backend = model.backend;
-    let copy = backend.new_session(aligned).and_then(|mut kept| {
-        backend.copy_prefix(session, kept.as_mut(), aligned)?;
+    let copy = backend.new_session(done).and_then(|mut kept| {
+        backend.copy_prefix(session, kept.as_mut(), done)?;
         Ok(kept)
     });
     match copy {
         Ok(kept) => {
             let bytes = kept.kv_bytes();
-            cache.insert(prompt[..aligned].to_vec(), kept, bytes);
+            cache.insert(prompt[..done].to_vec(), kept, bytes);
         }
         Err(e) => tracing::warn!(error = %e, "a prompt's KV could not be kept for reuse"),
     }
@@ -326,7 +355,7 @@ impl<'a> Batcher<'a> {
         };
         let model = self.model;
         for (a, _) in self.running.iter_mut().zip(&prefilling).filter(|(_, p)| **p) {
-            keep_prefix(&model, a);
+            keep_prefix(&model, a, &self.waiting);
         }
         let vocab = self.model.vocab_size;
         let tokenizer = self.model.tokenizer;
@@ -432,18 +461,57 @@ impl<'a> Batcher<'a> {
         Ok(())
     }
 
+    /// Moves waiting requests into the running batch in arrival order, up to
+    /// `max_batch`, except those that do better waiting for another request's
+    /// prefill (`waits_for_shared_prefill`); later arrivals may pass them.
+    /// A request whose KV cache does not fit in device memory waits, first in
+    /// line, while running requests hold memory they will free; with none
+    /// running it fails (nothing else would free any).
     fn admit(&mut self) {
-        while self.running.len() < self.max_batch {
-            let Some(mut a) = self.waiting.pop_front() else { break };
+        let mut i = 0;
+        while self.running.len() < self.max_batch && i < self.waiting.len() {
+            if self.waits_for_shared_prefill(&self.waiting[i]) {
+                i += 1;
+                continue;
+            }
+            let mut a = self.waiting.remove(i).expect("a waiting request at this index");
             match self.open_session(&mut a) {
                 Ok(session) => {
                     a.session = Some(session);
                     self.running.push(a);
+                }
+                Err(RocketError::DeviceMemory(m)) if !self.running.is_empty() => {
+                    tracing::debug!(reason = %m, running = self.running.len(), "a request waits for device memory");
+                    self.waiting.insert(i, a);
+                    break;
                 }
                 Err(e) => {
                     (a.sink)(BatchEvent::Failed(e));
                 }
             }
         }
+    }
+
+    /// Whether `a` should wait for a running request that is prefilling a
+    /// prompt with whole blocks in common with `a`'s, uncached so far: that
+    /// prefill puts them in the prefix cache as it passes them (`keep_prefix`),
+    /// and `a` then copies them instead of prefilling them again beside it. So
+    /// requests that arrive together with one system prompt prefill it once,
+    /// not once each (outputs are the same either way: see `prefix_cache`).
+    /// `a` waits only when the other has no more tokens left to prefill before
+    /// the blocks are kept than `a` would skip, and when the cache can hold them.
+    fn waits_for_shared_prefill(&self, a: &Active<'a>) -> bool {
+        let Some(cache) = self.model.prefix_cache else { return false };
+        let cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        let prompt = a.state.prompt_ids();
+        let cached = cache.reusable(prompt);
+        self.running.iter().filter(|r| r.state.last_token().is_none()).any(|r| {
+            let Some(session) = r.session.as_deref() else { return false };
+            let shared = cache.shared_len(prompt, r.state.prompt_ids());
+            let kept = next_kept_len(&cache, r, shared);
+            let bytes = kept * (session.kv_bytes() / session.capacity().max(1));
+            // (Past `kept`, its prefill keeps nothing more.)
+            shared > cached && kept >= session.len() && kept - session.len() <= shared - cached && cache.admits(bytes)
+        })
     }
 }

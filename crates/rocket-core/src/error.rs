@@ -56,6 +56,12 @@ pub enum RocketError {
     #[error("device error: {0}")]
     Device(String),
 
+    /// Device memory ran short for an allocation (a request's KV cache): the
+    /// device itself is fine, and the allocation may fit once other requests
+    /// free theirs.
+    #[error("device error: {0}")]
+    DeviceMemory(String),
+
     /// A megakernel launch failed (watchdog, copy fault, hang); decoding goes
     /// on with CUDA graphs where the device still works.
     #[error("device error: {0}")]
@@ -99,6 +105,13 @@ impl RocketError {
         }
     }
 
+    /// Whether the device itself failed (a fault, a lost device, a megakernel
+    /// launch that failed), as opposed to running short of memory for one
+    /// allocation: a server takes a failed device out of service.
+    pub fn is_device_fault(&self) -> bool {
+        matches!(self, RocketError::Device(_) | RocketError::Megakernel(_))
+    }
+
     /// A short stable name for the error class; the Python layer maps it to an exception type.
     pub fn kind(&self) -> ErrorKind {
         use RocketError::*;
@@ -109,7 +122,7 @@ impl RocketError {
             Tokenizer(_) | ChatTemplate(_) => ErrorKind::Tokenizer,
             InvalidArgument { .. } | EmptyPrompt => ErrorKind::InvalidArgument,
             ContextOverflow { .. } => ErrorKind::ContextLength,
-            Device(_) | Megakernel(_) => ErrorKind::Device,
+            Device(_) | DeviceMemory(_) | Megakernel(_) => ErrorKind::Device,
             QueueFull { .. } | ShuttingDown | NoDevice(_) => ErrorKind::Unavailable,
             Internal(_) => ErrorKind::Internal,
         }

@@ -43,6 +43,8 @@ pub mod weights;
 #[cfg(test)]
 mod device_loop_tests;
 #[cfg(test)]
+mod device_memory_tests;
+#[cfg(test)]
 mod prefix_pass_tests;
 
 pub use backend::{BackendCounters, Device};

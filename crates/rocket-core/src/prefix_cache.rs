@@ -118,22 +118,38 @@ impl<V> PrefixCache<V> {
     /// lookup, and a hit when found; the entry becomes the most recently used.
     pub fn lookup(&mut self, prompt: &[u32]) -> Option<Hit<'_, V>> {
         self.stats.lookups += 1;
-        let limit = self.aligned_len(prompt.len().saturating_sub(1));
-        let mut best: Option<(usize, usize)> = None;
-        for (i, e) in self.entries.iter().enumerate() {
-            let common = e.tokens.iter().zip(prompt).take(limit).take_while(|(a, b)| a == b).count();
-            let reusable = self.aligned_len(common);
-            if reusable > 0 && best.is_none_or(|(_, n)| reusable > n) {
-                best = Some((i, reusable));
-            }
-        }
-        let (i, tokens) = best?;
+        let (i, tokens) = self.best(prompt)?;
         self.stats.hits += 1;
         self.stats.tokens_reused += tokens as u64;
         let now = self.tick();
         let e = &mut self.entries[i];
         e.last_used = now;
         Some(Hit { value: &mut e.value, tokens })
+    }
+
+    /// How many tokens `lookup` would reuse for `prompt` now (0: none), without
+    /// counting a lookup or touching the entry.
+    pub fn reusable(&self, prompt: &[u32]) -> usize {
+        self.best(prompt).map_or(0, |(_, tokens)| tokens)
+    }
+
+    /// The whole blocks `prompt` may reuse from a prefix of `tokens` (another
+    /// prompt's), leaving at least one prompt token to compute.
+    pub fn shared_len(&self, prompt: &[u32], tokens: &[u32]) -> usize {
+        let limit = self.aligned_len(prompt.len().saturating_sub(1));
+        self.aligned_len(tokens.iter().zip(prompt).take(limit).take_while(|(a, b)| a == b).count())
+    }
+
+    /// The entry with the longest reusable prefix of `prompt`, and its length.
+    fn best(&self, prompt: &[u32]) -> Option<(usize, usize)> {
+        let mut best: Option<(usize, usize)> = None;
+        for (i, e) in self.entries.iter().enumerate() {
+            let reusable = self.shared_len(prompt, &e.tokens);
+            if reusable > 0 && best.is_none_or(|(_, n)| reusable > n) {
+                best = Some((i, reusable));
+            }
+        }
+        best
     }
 
     /// Whether an entry already holds all of `tokens` (then it becomes the most
@@ -230,6 +246,18 @@ mod tests {
         let s = c.stats();
         assert_eq!((s.lookups, s.hits, s.tokens_reused), (9, 6, 8 + 12 + 8 + 12 + 8 + 12));
         assert_eq!((s.entries, s.bytes, s.inserts), (2, 20, 2));
+        // `reusable` answers as `lookup` would, without counting anything.
+        for prompt in [ids(0..13), ids(0..12), ids(0..4), vec![0, 1, 2, 3, 50, 51, 52, 53, 9], ids(0..30)] {
+            let want = c.lookup(&prompt).map_or(0, |h| h.tokens);
+            let counted = c.stats();
+            assert_eq!(c.reusable(&prompt), want, "{prompt:?}");
+            assert_eq!(c.stats(), counted);
+        }
+        // Between two prompts: their common whole blocks, leaving the first one token.
+        assert_eq!(c.shared_len(&ids(0..13), &ids(0..100)), 12);
+        assert_eq!(c.shared_len(&ids(0..12), &ids(0..100)), 8);
+        assert_eq!(c.shared_len(&ids(0..30), &ids(0..7)), 4);
+        assert_eq!(c.shared_len(&[9, 1, 2, 3, 4], &ids(0..100)), 0);
     }
 
     #[test]

@@ -5,11 +5,14 @@
 //! (ties go to the lowest index). A request is submitted once, so all of a
 //! stream's tokens come from the engine that started it.
 //!
-//! A device error reaching a request (a failed forward pass: a watchdog, a lost
-//! device, out of memory) or a dead scheduler thread takes that engine out of
+//! A device fault reaching a request (a failed forward pass: a watchdog, a lost
+//! device) or a dead scheduler thread takes that engine out of
 //! service for good: the failing request and every other request on it end
 //! with a `Device` error naming the engine, new requests go to the others, and
 //! once none is left `submit` refuses at once with [`RocketError::NoDevice`].
+//! Running short of device memory for one request's KV cache is no fault: the
+//! request waits in its engine's batcher for others to free theirs, or fails
+//! alone when none holds any (`Batcher::admit`).
 //! The counts are the router's own, kept by a wrapper around each request's
 //! sink, so they are exact at every submit (the scheduler publishes its own
 //! only between passes).
@@ -379,8 +382,8 @@ impl Guard {
                 }
                 self.send(BatchEvent::Delta(d))
             }
-            BatchEvent::Failed(e) if e.kind() == ErrorKind::Device => {
-                // A device error of this request alone (its KV cache could not be allocated).
+            BatchEvent::Failed(e) if e.is_device_fault() => {
+                // A device fault reported to this request alone.
                 if self.load.fail(&self.name, e.to_string()) {
                     // The others on this engine end at their next event.
                     (self.cancel)();

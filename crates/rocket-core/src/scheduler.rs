@@ -334,7 +334,7 @@ fn run(engine: &Engine, max_batch: usize, jobs: &mpsc::Receiver<Job>, shared: &S
         if let Err(e) = batcher.step() {
             // The requests of that pass got `Failed`; the others carry on.
             tracing::error!("forward pass failed: {e}");
-            if e.kind() == crate::error::ErrorKind::Device {
+            if e.is_device_fault() {
                 if let Some(hook) = shared.on_device_error.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
                     hook(&e);
                 }

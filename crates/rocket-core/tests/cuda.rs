@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, MatmulFusion, MatmulKernel};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, HandoffMode, MatmulFusion, MatmulKernel};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
 use rocket_core::{DecodePath, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, SamplingParams};
@@ -506,6 +506,42 @@ fn fence_probe_times_a_release_beside_the_weight_stream() {
         assert!(c.release_ns > 0.0 && c.release_ns < 1e6 && c.load_ns > 0.0 && c.load_ns < 1e6, "{c:?}");
     }
     assert_eq!(costs.len(), 5);
+}
+
+/// What one grid-wide hand-off (every SM publishes a slice, every SM waits for
+/// and reads the whole vector) costs in each protocol a megakernel could use,
+/// while each SM keeps 0, 4 or 12 weight copies landing, at Qwen3-0.6B's and
+/// Llama-3.2-1B's hidden sizes. Every protocol the memory model guarantees must
+/// end on the host's digest; the control that does not wait must not (it shows
+/// the digest catches stale reads). The bulk store with a relaxed arrival is
+/// not guaranteed, so its digest is reported, not asserted.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn handoff_probe_times_each_protocol_beside_the_weight_stream() {
+    require_gpu();
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    for width in [1024, 2048] {
+        let costs = gpu.handoff_probe(&HandoffMode::ALL, &[0, 4, 12], width, 2000, 2, 0x4a4d ^ width as u64).unwrap();
+        assert_eq!(costs.len(), 3 * HandoffMode::ALL.len());
+        for c in &costs {
+            println!(
+                "HANDOFF width {width} {:<28} {:2} copies in flight: {:6.0} ns per hand-off (slowest SM {:6.0}), digest {}{}",
+                c.mode.name(),
+                c.inflight,
+                c.ns,
+                c.max_ns,
+                if c.digest_ok { "right" } else { "WRONG" },
+                if c.timed_out { ", a wait timed out" } else { "" }
+            );
+            if c.mode.is_ordered() {
+                assert!(c.digest_ok && !c.timed_out, "{}: a guaranteed hand-off read a stale word or hung: {c:?}", c.mode.name());
+                assert!(c.ns > 10.0 && c.ns < 1e6, "{c:?}");
+            }
+            if c.mode == HandoffMode::NoWait {
+                assert!(!c.digest_ok, "the control that never waits ended on the right digest: the check cannot see stale reads");
+            }
+        }
+    }
 }
 
 /// Every matmul shape of the four fuels (qkv, O, gate|up, down, LM head) on both

@@ -2,8 +2,9 @@
 //! of an earlier prompt skips their prefill, and every output (tokens and
 //! logprobs, bit for bit) is what the same request gives with the cache off.
 //! Also: chat turns, a prompt diverging inside a block, eviction under a small
-//! budget, requests sharing a system prompt through the scheduler, and the
-//! KV copy itself (logits of a copied prefix equal a full prefill's).
+//! budget, requests sharing a system prompt through the scheduler, requests
+//! that arrive together prefilling their shared prompt once, and the KV copy
+//! itself (logits of a copied prefix equal a full prefill's).
 
 mod common;
 
@@ -14,7 +15,7 @@ use common::*;
 use rocket_core::backend::cpu::CpuBackend;
 use rocket_core::backend::{Backend, Chunk, Logits};
 use rocket_core::{
-    BatchEvent, ChatMessage, Engine, EngineOptions, EngineRequest, Progress, RequestOutput, SamplingParams, Scheduler, SchedulerOptions,
+    BatchEvent, Batcher, ChatMessage, Engine, EngineOptions, EngineRequest, Progress, RequestOutput, SamplingParams, Scheduler, SchedulerOptions,
 };
 
 const BLOCK: usize = 8;
@@ -213,6 +214,117 @@ fn requests_sharing_a_system_prompt_through_the_scheduler_reuse_it() {
         assert_same(out, &run(&plain, p, sp), &format!("request {i}"));
     }
     drop(handles);
+}
+
+/// What `batched` saw: the outputs in order, the most requests that ran at
+/// once, and the step at which each request got its first token.
+struct Batched {
+    outs: Vec<RequestOutput>,
+    most_running: usize,
+    first_token_step: Vec<usize>,
+}
+
+/// Runs `prompts` through one batcher with prefill passes of `chunk` tokens,
+/// each queued just before the step numbered with it (0: before the first).
+fn batched(e: &Engine, prompts: &[(Vec<u32>, usize)], params: &SamplingParams, chunk: usize) -> Batched {
+    let (tx, rx) = mpsc::channel();
+    let (first_tx, first_rx) = mpsc::channel();
+    let mut b = Batcher::new(e, 8);
+    b.set_prefill_chunk(chunk);
+    let mut most_running = 0;
+    let mut first_token_step = vec![usize::MAX; prompts.len()];
+    let mut step = 0;
+    loop {
+        for (i, (p, _)) in prompts.iter().enumerate().filter(|(_, (_, at))| *at == step) {
+            let (tx, first_tx) = (tx.clone(), first_tx.clone());
+            let mut first = true;
+            let sink = Box::new(move |event: BatchEvent| {
+                match event {
+                    BatchEvent::Delta(_) if std::mem::take(&mut first) => first_tx.send(i).unwrap(),
+                    BatchEvent::Finished(out) => tx.send((i, out)).unwrap(),
+                    _ => {}
+                }
+                true
+            });
+            b.add(req(p, params), sink).unwrap();
+        }
+        let pending = b.step().unwrap();
+        most_running = most_running.max(b.running());
+        for i in first_rx.try_iter() {
+            first_token_step[i] = step;
+        }
+        step += 1;
+        if pending == 0 && prompts.iter().all(|(_, at)| *at < step) {
+            break;
+        }
+    }
+    drop(tx);
+    let mut outs: Vec<(usize, RequestOutput)> = rx.iter().collect();
+    outs.sort_by_key(|(i, _)| *i);
+    assert_eq!(outs.len(), prompts.len());
+    Batched { outs: outs.into_iter().map(|(_, o)| o).collect(), most_running, first_token_step }
+}
+
+#[test]
+fn requests_arriving_together_prefill_their_shared_prompt_once() {
+    let (cached, plain) = (engine("tiny-qwen3", 1 << 30), engine("tiny-qwen3", 0));
+    let system = random_ids(30, 43, 500);
+    let prompts: Vec<(Vec<u32>, usize)> =
+        (0..4).map(|i| (system.iter().copied().chain(random_ids(31 + i, 5 + 3 * i as usize, 500)).collect(), 0)).collect();
+    for params in [greedy(6), sampled(6, 11)] {
+        cached.clear_prefix_cache();
+        let before = cached.prefix_cache_stats();
+        let Batched { outs, most_running, first_token_step } = batched(&cached, &prompts, &params, BLOCK);
+        // The first prefills the 40 tokens of whole blocks it shares with the
+        // others, keeping them as it passes them (5 passes); the others wait,
+        // then copy them and prefill the rest in passes of 8, and get their
+        // first tokens at the steps they would have without waiting (prompts
+        // of 48, 51, 54 and 57 tokens: 6, 7, 7 and 8 passes).
+        let reused: Vec<usize> = outs.iter().map(|o| o.metrics.cached_prompt_tokens).collect();
+        assert_eq!(reused, [0, 40, 40, 40]);
+        assert_eq!(first_token_step, [5, 6, 6, 7]);
+        let after = cached.prefix_cache_stats();
+        assert_eq!((after.hits - before.hits, after.tokens_reused - before.tokens_reused), (3, 120));
+        assert_eq!(most_running, 4, "the waiting requests joined the batch once the shared blocks were kept");
+        for (i, (out, (p, _))) in outs.iter().zip(&prompts).enumerate() {
+            assert_same(out, &run(&plain, p, &params), &format!("request {i}"));
+        }
+        // With the cache off they all prefill at once, and give the same outputs.
+        let alone = batched(&plain, &prompts, &params, BLOCK);
+        assert_eq!(alone.most_running, 4);
+        for (i, (a, b)) in outs.iter().zip(&alone.outs).enumerate() {
+            assert_same(a, b, &format!("request {i} beside the others, cache off"));
+        }
+    }
+}
+
+#[test]
+fn a_request_waits_only_for_a_prefill_that_keeps_its_blocks_sooner_than_it_would() {
+    let (e, plain) = (engine("tiny-llama", 1 << 30), engine("tiny-llama", 0));
+    let long = random_ids(40, 100, 500);
+    let later = |shared: usize, seed: u64| long[..shared].iter().copied().chain(random_ids(seed, 6, 500)).collect::<Vec<u32>>();
+    // (the later prompt, the step it arrives at, the tokens it should reuse, the
+    // step of its first token)
+    let cases = [
+        // One block in common, and the long prefill is three blocks in: it keeps
+        // nothing more until its 12th block, so the later request prefills its
+        // block itself, beside it.
+        (later(BLOCK, 41), 3, 0, 4),
+        // Two blocks in common, the long prefill one block in: it keeps them one
+        // pass later, and the later request waits for them.
+        (later(2 * BLOCK, 42), 1, 2 * BLOCK, 2),
+        // Together from the start: the long prefill keeps the one shared block first.
+        (later(BLOCK, 43), 0, BLOCK, 1),
+    ];
+    for (i, (prompt, at, want, first_token)) in cases.into_iter().enumerate() {
+        e.clear_prefix_cache();
+        let Batched { outs, most_running, first_token_step } = batched(&e, &[(long.clone(), 0), (prompt.clone(), at)], &greedy(3), BLOCK);
+        assert_eq!(outs[1].metrics.cached_prompt_tokens, want, "case {i}");
+        assert_eq!(first_token_step[1], first_token, "case {i}");
+        assert_eq!(most_running, 2, "case {i}");
+        assert_same(&outs[1], &run(&plain, &prompt, &greedy(3)), &format!("case {i}"));
+        assert_same(&outs[0], &run(&plain, &long, &greedy(3)), &format!("case {i}: the long prompt"));
+    }
 }
 
 #[test]

@@ -132,6 +132,10 @@ impl ApiError {
             RocketError::QueueFull { max_queue } => Self::overloaded(*max_queue),
             RocketError::ShuttingDown => Self::shutting_down(),
             RocketError::NoDevice(m) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "no_device", format!("no device is in service: {m}")),
+            // Raised only when no running request would free memory for it: a smaller
+            // max_tokens or prompt may fit, or the same request once the prefix cache
+            // and other servers' work on the GPU have shrunk.
+            RocketError::DeviceMemory(m) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "insufficient_device_memory", m.clone()),
             other => Self::internal(other.to_string()),
         }
     }
@@ -179,6 +183,9 @@ mod tests {
         let e = ApiError::from_engine(&RocketError::NoDevice("cuda:0 (lost)".into()), "prompt");
         assert_eq!((e.status, e.code), (StatusCode::SERVICE_UNAVAILABLE, Some("no_device")));
         assert!(e.message.contains("cuda:0 (lost)"), "{}", e.message);
+        let e = ApiError::from_engine(&RocketError::DeviceMemory("not enough device memory for the KV cache".into()), "prompt");
+        assert_eq!((e.status, e.code), (StatusCode::SERVICE_UNAVAILABLE, Some("insufficient_device_memory")));
+        assert!(e.message.contains("KV cache"), "{}", e.message);
         let e = ApiError::from_engine(&RocketError::Internal("boom".into()), "prompt");
         assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
     }

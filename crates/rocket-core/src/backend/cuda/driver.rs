@@ -139,7 +139,7 @@ impl DeviceBuffer {
         let bytes = bytes.max(256);
         let (free, total) = ctx.memory()?;
         let too_big = || {
-            RocketError::Device(format!(
+            RocketError::DeviceMemory(format!(
                 "not enough device memory for {what}: need {:.2} GiB, {:.2} GiB free of {:.2} GiB on {}",
                 bytes as f64 / GIB,
                 free as f64 / GIB,

@@ -9,6 +9,10 @@
 #[cfg(feature = "diagnostics")]
 mod diagnostics;
 mod driver;
+#[cfg(feature = "diagnostics")]
+mod handoff_probe;
+#[cfg(feature = "diagnostics")]
+pub use handoff_probe::{HandoffCost, HandoffMode};
 mod kernels;
 #[cfg(feature = "diagnostics")]
 mod matmul_check;

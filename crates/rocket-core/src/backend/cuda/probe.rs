@@ -20,7 +20,7 @@ static PTX: &[u8] = include_bytes!("../../../../../kernels/build/diagnostics.ptx
 /// The probe kernels for this GPU: the sm_90a cubin on Hopper, else the PTX
 /// (JIT), as `Kernels::load` picks the product's image. Loaded per probe call
 /// (a few ms), so a backend that never probes never holds the module.
-fn probe_module(ctx: &Context) -> Result<Module> {
+pub(super) fn probe_module(ctx: &Context) -> Result<Module> {
     if ctx.compute_capability == (9, 0) {
         Module::load(CUBIN)
     } else {
@@ -47,7 +47,7 @@ const RINGS: [(&str, usize, usize); 4] =
 
 /// Fresh random bytes for the buffer (never time on zeros): the splitmix64 stream
 /// from `seed` (splitmix64 adds its own increment to each input).
-fn random_words(n: usize, seed: u64) -> Vec<u64> {
+pub(super) fn random_words(n: usize, seed: u64) -> Vec<u64> {
     let mut state = seed;
     (0..n)
         .map(|_| {
