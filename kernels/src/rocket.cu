@@ -7,6 +7,7 @@
 #include "rope_kv.cu"
 #include "attention.cu"
 #include "silu_mul.cu"
+#include "to_bf16.cu"
 #include "transpose.cu"
 #include "argmax.cu"
 #include "sample.cu"
