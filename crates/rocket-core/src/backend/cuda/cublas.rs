@@ -31,6 +31,15 @@ fn lt_err(what: &str, e: CublasError) -> RocketError {
     RocketError::Device(format!("cuBLASLt {what}: {e}"))
 }
 
+/// The alignment cuBLASLt may assume of a pointer: the largest power of two
+/// dividing it, up to the 256 bytes its heuristics assume unless told.
+fn alignment(ptr: u64) -> u32 {
+    1 << ptr.trailing_zeros().min(8)
+}
+
+/// One product's shape and its pointers' alignments: what a plan depends on.
+type PlanKey = (usize, usize, usize, [u32; 3]);
+
 /// The descriptors and the chosen algorithm of one product shape.
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
@@ -44,7 +53,7 @@ struct Plan {
 unsafe impl Send for Plan {}
 
 impl Plan {
-    fn new(handle: sys::cublasLtHandle_t, n: usize, k: usize, rows: usize) -> std::result::Result<Self, CublasError> {
+    fn new(handle: sys::cublasLtHandle_t, (n, k, rows, aligned): PlanKey) -> std::result::Result<Self, CublasError> {
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
         let mut plan = Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), c: std::ptr::null_mut(), algo: unsafe { std::mem::zeroed() } };
         // Transposed A: 1 is CUBLAS_OP_T.
@@ -65,12 +74,23 @@ impl Plan {
         let workspace = WORKSPACE_BYTES as u64;
         // SAFETY: every descriptor is live; the preference is destroyed below.
         let heuristic = unsafe {
-            let set = lt::set_matmul_pref_attribute(
+            use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+            let mut set = lt::set_matmul_pref_attribute(
                 pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 &workspace as *const u64 as *const c_void,
                 std::mem::size_of::<u64>(),
             );
+            // Only algorithms that work at the pointers' alignment (W, x, then y as C and D).
+            let [w_align, x_align, y_align] = aligned;
+            for (attr, bytes) in [
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, w_align),
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, x_align),
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, y_align),
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, y_align),
+            ] {
+                set = set.and_then(|()| lt::set_matmul_pref_attribute(pref, attr, &bytes as *const u32 as *const c_void, std::mem::size_of::<u32>()));
+            }
             let found = set.and_then(|()| lt::get_matmul_algo_heuristic(handle, desc, plan.a, plan.b, plan.c, plan.c, pref));
             lt::destroy_matmul_pref(pref)?;
             found?
@@ -98,7 +118,7 @@ impl Drop for Plan {
 pub(crate) struct Cublas {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuffer,
-    plans: Mutex<HashMap<(usize, usize, usize), Plan>>,
+    plans: Mutex<HashMap<PlanKey, Plan>>,
 }
 
 // SAFETY: cuBLASLt handles may be used from any thread, one call at a time;
@@ -128,10 +148,11 @@ impl Cublas {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul(&self, stream: &Stream, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
         let mut plans = self.plans.lock().map_err(|_| RocketError::Internal("the cuBLASLt plans' lock is poisoned".into()))?;
-        let plan = match plans.entry((n, k, rows)) {
+        let key = (n, k, rows, [alignment(w), alignment(x), alignment(y)]);
+        let plan = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(Plan::new(self.handle, n, k, rows).map_err(|err| lt_err(&format!("plan for {n}x{k} at {rows} rows"), err))?)
+                e.insert(Plan::new(self.handle, key).map_err(|err| lt_err(&format!("plan for {n}x{k} at {rows} rows"), err))?)
             }
         };
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
@@ -171,5 +192,20 @@ impl Drop for Cublas {
         unsafe {
             let _ = lt::destroy_handle(self.handle);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alignment_is_the_largest_power_of_two_up_to_256() {
+        assert_eq!(alignment(0x7f00_0000_0000), 256);
+        assert_eq!(alignment(0x7f00_0000_0100), 256);
+        assert_eq!(alignment(0x7f00_0000_0080), 128);
+        assert_eq!(alignment(0x7f00_0000_0010), 16);
+        assert_eq!(alignment(0x7f00_0000_0002), 2);
+        assert_eq!(alignment(0x7f00_0000_0001), 1);
     }
 }
