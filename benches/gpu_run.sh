@@ -27,6 +27,10 @@
 #             BENCH_CONFIGS="default graph" runs a subset; "nopdl" / "nofuse" run the
 #             defaults with ROCKET_PDL=0 / ROCKET_FUSE=0 (plain launches / unfused RMSNorm
 #             and SiLU) for an A/B
+#   cublas    `--matmul cublas` (cuBLASLt, from CUBLAS_LIB, default the toolkit's lib64): the matmul
+#             check at every fuel shape beside rocket's tensor-core GEMM and the parity test
+#             (CUBLAS lines), then `rocket bench` TTFT at 128 and 4096 tokens and batch 16 with
+#             `--matmul tensor` and `cublas` (Llama-3.2-1B, Qwen3-0.6B)
 #   tcb1      the tensor-core matmul at batch 1 (Llama-3.2-1B, Qwen3-0.6B)
 #   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
@@ -188,6 +192,20 @@ if has bench; then
         [[ $configs == *" mk "* ]] && bench "bench-mk-$f" megakernel 1 128 256 5 "$f"
         [[ $configs == *" nopdl "* ]] && ROCKET_PDL=0 bench "bench-nopdl-$f" auto 1,16 128 256 5 "$f"
         [[ $configs == *" nofuse "* ]] && ROCKET_FUSE=0 bench "bench-nofuse-$f" auto 1,16 128 256 5 "$f"
+    done
+fi
+# cuBLASLt for `--matmul cublas`: the toolkit's copy, not on the loader path there (MACHINES.md).
+CUBLAS_LIB=${CUBLAS_LIB:-/usr/local/cuda/lib64}
+if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (CUBLAS lines), then TTFT and batch 16
+    LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_FIXTURES=$PWD/tests/parity/fixtures \
+        ROCKET_GPU_CHECKPOINTS=$CK/qwen3-0.6b,$CK/llama-3.2-1b timeout 300 "$CARRY/cuda-test" --include-ignored --exact --nocapture \
+        cublas_matmul_matches_the_host_and_the_reference > "$LOGS/cublas.log" 2>&1
+    check "cublas checks" $?
+    grep -E "CUBLAS|test result|FAILED|panicked" "$LOGS/cublas.log"
+    for f in llama-3.2-1b qwen3-0.6b; do
+        bench "ttft-tensor-$f" auto 1,16 128,4096 8 3 "$f" tensor
+        LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} bench "ttft-cublas-$f" auto 1,16 128,4096 8 3 "$f" cublas
+        for m in tensor cublas; do echo "--- $f matmul $m"; cat "$LOGS/ttft-$m-$f.txt"; done
     done
 fi
 if has tcb1; then  # the tensor-core matmul at batch 1 (every pass uses it when enabled)

@@ -102,7 +102,7 @@ def test_bad_devices_are_named() -> None:
     ("keyword", "value", "listed"),
     [
         ("decode", "bogus", '"auto", "graph" or "megakernel"'),
-        ("matmul", "cublas", '"auto", "gemv" or "tensor"'),
+        ("matmul", "blas", '"auto", "gemv", "tensor" or "cublas"'),
         ("sampler", "gpu", '"device" or "host"'),
         ("progress", "sometimes", '"auto", "off" or "always"'),
         ("decode", 3, "expected a str"),

@@ -8,6 +8,7 @@
 #include "attention.cu"
 #include "attention_prefill.cu"
 #include "silu_mul.cu"
+#include "to_bf16.cu"
 #include "transpose.cu"
 #include "argmax.cu"
 #include "sample.cu"

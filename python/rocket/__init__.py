@@ -31,7 +31,7 @@ __version__: str = _rocket.__version__
 
 Device = Literal["auto", "cpu", "cuda"]
 Decode = Literal["auto", "graph", "megakernel"]
-Matmul = Literal["auto", "gemv", "tensor"]
+Matmul = Literal["auto", "gemv", "tensor", "cublas"]
 Sampler = Literal["device", "host"]
 Progress = Literal["auto", "off", "always"]
 
@@ -84,7 +84,7 @@ class LLM:
 
     - ``progress``: ``"auto"`` (a bar once a load takes over a second, on a terminal), ``"off"``, ``"always"``
     - ``decode``: batch-1 decode path, ``"auto"`` (default), ``"graph"``, ``"megakernel"``
-    - ``matmul``: matmul kernel per pass, ``"auto"`` (default), ``"gemv"``, ``"tensor"``
+    - ``matmul``: matmul kernel per pass, ``"auto"`` (default), ``"gemv"``, ``"tensor"``, ``"cublas"``
     - ``sampler``: where sampled tokens are picked, ``"device"`` (default) or ``"host"``
     - ``cuda_graphs`` (True), ``loop_sampling`` (False), ``pdl`` (True), ``fuse`` (True),
       ``tc_attention`` (True): on/off switches

@@ -276,7 +276,7 @@ mod tests {
     fn bad_flag_values_are_usage_errors_naming_the_flag() {
         for (flag, value, listed) in [
             ("--decode", "bogus", "auto, graph, megakernel"),
-            ("--matmul", "cublas", "auto, gemv, tensor"),
+            ("--matmul", "blas", "auto, gemv, tensor, cublas"),
             ("--sampler", "gpu", "device, host"),
             ("--pdl", "maybe", "on, off"),
             ("--progress", "0", "auto, off, always"),

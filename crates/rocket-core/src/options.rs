@@ -89,6 +89,10 @@ choice! {
         Gemv = "gemv",
         /// The tensor-core GEMM (kernels/src/gemm_tc.cu) for every pass.
         Tensor = "tensor",
+        /// NVIDIA's cuBLASLt (loaded at run time) for passes of at least
+        /// `TENSOR_CORE_MIN_ROWS` rows, with the activations rounded to bf16,
+        /// and the GEMV below; loading fails where cuBLASLt is not found.
+        Cublas = "cublas",
     }
 }
 
@@ -376,6 +380,7 @@ mod tests {
         assert_eq!("graph".parse::<DecodePath>().unwrap(), DecodePath::Graph);
         assert_eq!("tensor".parse::<MatmulPath>().unwrap(), MatmulPath::Tensor);
         assert_eq!("gemv".parse::<MatmulPath>().unwrap(), MatmulPath::Gemv);
+        assert_eq!("cublas".parse::<MatmulPath>().unwrap(), MatmulPath::Cublas);
         assert_eq!("host".parse::<SamplerPlacement>().unwrap(), SamplerPlacement::Host);
         assert_eq!("always".parse::<Progress>().unwrap(), Progress::Always);
         let e = message("bogus".parse::<DecodePath>().unwrap_err());
@@ -383,7 +388,7 @@ mod tests {
         let e = message("Graph".parse::<DecodePath>().unwrap_err());
         assert!(e.contains("decode"), "{e}");
         let e = message("".parse::<MatmulPath>().unwrap_err());
-        assert_eq!(e, "invalid value for matmul:  (expected \"auto\", \"gemv\" or \"tensor\")");
+        assert_eq!(e, "invalid value for matmul:  (expected \"auto\", \"gemv\", \"tensor\" or \"cublas\")");
         let e = message("gpu".parse::<SamplerPlacement>().unwrap_err());
         assert_eq!(e, "invalid value for sampler: gpu (expected \"device\" or \"host\")");
         assert!(message("0".parse::<Progress>().unwrap_err()).contains("\"auto\", \"off\" or \"always\""));
@@ -466,7 +471,7 @@ mod tests {
         assert_eq!((o.gpu.decode, o.progress), (DecodePath::Megakernel, Progress::Off));
         for (var, bad) in [
             ("ROCKET_DECODE", "bogus"),
-            ("ROCKET_MATMUL", "cublas"),
+            ("ROCKET_MATMUL", "blas"),
             ("ROCKET_CUDA_GRAPHS", "no"),
             ("ROCKET_SAMPLER", "gpu"),
             ("ROCKET_LOOP_SAMPLING", "2"),

@@ -610,6 +610,52 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
     }
 }
 
+/// The cuBLASLt matmul path (`MatmulPath::Cublas`, opt-in): every fuel's
+/// products at decode-batch and prefill row counts against the host's f64
+/// product (its inputs are rounded to bf16, ~1.1e-3 relative each, so the bar
+/// is 4e-3; a wrong term shows as 1e-2 or more), timed beside rocket's own
+/// tensor-core GEMM at the same shape; then teacher-forced logits of each
+/// checkpoint on the graph path with it against the CPU reference, under the
+/// bar the other paths meet. Prints CUBLAS lines. Needs libcublasLt.so on the
+/// loader path (benches/gpu_run.sh adds the toolkit's).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn cublas_matmul_matches_the_host_and_the_reference() {
+    require_gpu();
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    // (fuel, hidden, q_dim, kv_dim, intermediate)
+    let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072), ("smollm2-135m", 576, 576, 192, 1536)];
+    let mut seed = 0xc0b1a5;
+    for (fuel, d, qd, kvd, ff) in fuels {
+        for (name, n, k, accumulate) in [("qkv", qd + 2 * kvd, d, false), ("o", d, qd, true), ("gate_up", 2 * ff, d, false), ("down", d, ff, true)] {
+            for rows in [2usize, 17, 128, 512] {
+                seed += 1;
+                let c = gpu.matmul_check(MatmulKernel::Cublas, MatmulFusion::default(), n, k, rows, accumulate, 10, seed).unwrap();
+                let t = gpu.matmul_check(MatmulKernel::Tensor, MatmulFusion::default(), n, k, rows, accumulate, 10, seed).unwrap();
+                let tflops = |us: f64| 2.0 * (n * k * rows) as f64 / us / 1e6;
+                println!(
+                    "CUBLAS {fuel} {name} {n}x{k} rows {rows}: rel L2 {:.2e}, {:.1} us ({:.0} TFLOP/s); tensor-core GEMM {:.1} us ({:.0} TFLOP/s), rel L2 {:.2e}",
+                    c.rel_l2, c.micros, tflops(c.micros), t.micros, tflops(t.micros), t.rel_l2
+                );
+                assert!(c.all_written, "{fuel} {name} rows {rows}: an output was never written");
+                assert!(c.rel_l2 <= 4e-3, "{fuel} {name} rows {rows}: rel L2 {}", c.rel_l2);
+            }
+        }
+    }
+    let cublas = GpuOptions { matmul: MatmulPath::Cublas, ..graph_gemv() };
+    for path in checkpoints() {
+        let cpu = load(&path, Device::Cpu);
+        let vocab = cpu.spec().vocab_size;
+        let len = if vocab > 100_000 { 40 } else { 96 };
+        let ids = random_ids(7, len, vocab);
+        let want = cpu.teacher_forced_logits(&ids).unwrap();
+        let got = load_with(&path, Device::Cuda, cublas.clone()).teacher_forced_logits(&ids).unwrap();
+        let rel = rel_l2(&got, &want);
+        println!("CUBLAS {}: teacher-forced logits rel L2 {rel:.3e} against the CPU reference ({len} positions)", path.display());
+        assert!(rel <= 1e-2, "{}: rel L2 {rel}", path.display());
+    }
+}
+
 /// Prefix reuse on the GPU: a second prompt sharing whole blocks with a first
 /// one copies their KV (one device-to-device copy) and must then give the same
 /// greedy tokens, and the same first-token logprobs bit for bit, as the cache

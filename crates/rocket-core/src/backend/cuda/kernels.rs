@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use super::cublas::Cublas;
 use super::driver::{Arg, Context, DeviceBuffer, Function, Module, Stream};
 use crate::error::{Result, RocketError};
 
@@ -176,9 +177,12 @@ pub(crate) struct Kernels {
     attn_merge: Function,
     attn_prefill: Function,
     silu_mul: Function,
+    to_bf16: Function,
     argmax: Function,
     sample: Function,
     head_dim: u32,
+    /// cuBLASLt, loaded only for `MatmulPath::Cublas` (backend/cuda/cublas.rs).
+    pub cublas: Option<Cublas>,
     /// Launch every kernel as a programmatic dependent launch (common.cuh
     /// `pdl_wait`): its CTAs start, and the GEMM's weights stream, while the
     /// previous kernel finishes. `GpuOptions::pdl` off turns it off.
@@ -217,9 +221,11 @@ impl Kernels {
             attn_merge: f(&format!("attn_merge_hd{head_dim}"))?,
             attn_prefill: f(&format!("attn_prefill_hd{head_dim}"))?,
             silu_mul: f("silu_mul")?,
+            to_bf16: f("to_bf16")?,
             argmax: f("argmax")?,
             sample: f("sample_rows")?,
             head_dim: head_dim as u32,
+            cublas: None,
             pdl: true,
             image,
             load_seconds: start.elapsed().as_secs_f64(),
@@ -428,6 +434,14 @@ impl Kernels {
 
     pub(crate) fn silu_mul(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize) -> Result<()> {
         self.go(&self.silu_mul, s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, 0, &[Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32)])
+    }
+
+    /// y[i] = x[i] as bf16 (round to nearest even) for i < n: the cuBLASLt path's inputs.
+    pub(crate) fn to_bf16(&self, s: &Stream, x: u64, y: u64, n: usize) -> Result<()> {
+        if n > i32::MAX as usize {
+            return Err(RocketError::Internal(format!("to_bf16 of {n} elements (at most 2^31 - 1)")));
+        }
+        self.go(&self.to_bf16, s, (n.div_ceil(1024) as u32, 1, 1), 256, 0, &[Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32)])
     }
 
     /// out[r] = argmax of logits row r; `state` holds `argmax_state_bytes(rows)`

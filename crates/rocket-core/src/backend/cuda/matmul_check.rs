@@ -1,4 +1,4 @@
-//! One matmul kernel (kernels/src/gemm_tc.cu or gemv.cu) on its own: checked
+//! One matmul kernel (kernels/src/gemm_tc.cu or gemv.cu, or cuBLASLt) on its own: checked
 //! against an f64 product on the host, on fresh random inputs with a poisoned
 //! output, then timed streaming weights from HBM (in the manner of llm.c's
 //! dev/cuda: one kernel, a CPU check, a GB/s figure).
@@ -6,6 +6,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
+use super::cublas::Cublas;
 use super::driver::{DeviceBuffer, TimedEvent};
 use super::kernels::{GemmFusion, GemmPlan, GemmScratch};
 use super::CudaBackend;
@@ -19,6 +20,8 @@ pub enum MatmulKernel {
     Tensor,
     /// The CUDA-core GEMV.
     Gemv,
+    /// cuBLASLt on the inputs rounded to bf16 (kernels/src/to_bf16.cu, timed with it).
+    Cublas,
 }
 
 /// What the tensor-core GEMM folds into the product (gemm_tc.cu's fused prologue
@@ -83,7 +86,7 @@ impl CudaBackend {
         if n == 0 || k == 0 || rows == 0 || reps == 0 {
             return Err(RocketError::invalid_arg("n, k, rows, reps", format!("{n}, {k}, {rows}, {reps}"), "must all be at least 1"));
         }
-        if fusion != MatmulFusion::default() && kernel == MatmulKernel::Gemv {
+        if fusion != MatmulFusion::default() && kernel != MatmulKernel::Tensor {
             return Err(RocketError::invalid_arg("fusion", format!("{fusion:?}"), "only the tensor-core GEMM fuses"));
         }
         if fusion.silu && (!GemmFusion::silu_fits(n) || accumulate) {
@@ -92,6 +95,7 @@ impl CudaBackend {
         let needs = match kernel {
             MatmulKernel::Tensor => (k % 64 == 0, "a multiple of 64"),
             MatmulKernel::Gemv => (k % 8 == 0, "a multiple of 8"),
+            MatmulKernel::Cublas => (true, ""),
         };
         if !needs.0 {
             return Err(RocketError::invalid_arg("k", k, format!("must be {} for {kernel:?}", needs.1)));
@@ -121,9 +125,17 @@ impl CudaBackend {
         let gemm_fusion = GemmFusion { norm: fusion.norm.then_some((norm.ptr, NORM_EPS)), silu: fusion.silu };
         let plan = kernels.gemm_plan(n, k, rows);
         let scratch = GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?;
-        let launch = |w: u64| match kernel {
-            MatmulKernel::Tensor => kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch, gemm_fusion),
-            MatmulKernel::Gemv => kernels.gemv(st, w, x.ptr, y.ptr, n, k, rows, accumulate),
+        let (cublas, x_bf16) = match kernel {
+            MatmulKernel::Cublas => (Some(Cublas::new(ctx)?), Some(DeviceBuffer::alloc(ctx, rows * k * 2, "the matmul check's bf16 inputs")?)),
+            _ => (None, None),
+        };
+        let launch = |w: u64| match (kernel, &cublas, &x_bf16) {
+            (MatmulKernel::Cublas, Some(lt), Some(xb)) => {
+                kernels.to_bf16(st, x.ptr, xb.ptr, rows * k)?;
+                lt.matmul(st, w, xb.ptr, y.ptr, n, k, rows, accumulate)
+            }
+            (MatmulKernel::Tensor, ..) => kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch, gemm_fusion),
+            _ => kernels.gemv(st, w, x.ptr, y.ptr, n, k, rows, accumulate),
         };
 
         launch(weights.ptr)?;
@@ -153,6 +165,7 @@ impl CudaBackend {
         let plan = match kernel {
             MatmulKernel::Tensor => describe(&plan),
             MatmulKernel::Gemv => "gemv".to_string(),
+            MatmulKernel::Cublas => "cublaslt".to_string(),
         };
         Ok(MatmulCheck {
             kernel,

@@ -6,6 +6,7 @@
 //! The driver is loaded at run time (cudarc dynamic loading), so builds need no
 //! CUDA install and machines without a GPU get a clear error, never a panic.
 
+mod cublas;
 #[cfg(feature = "diagnostics")]
 mod diagnostics;
 mod driver;
@@ -71,13 +72,18 @@ pub struct CudaInfo {
 /// the row count, the GEMV's time grows with every row); at 1 row the GEMV's is.
 pub const TENSOR_CORE_MIN_ROWS: usize = 2;
 
-/// Whether `matmul` multiplies a pass of `rows` rows on the tensor cores.
+/// Whether `matmul` multiplies a pass of `rows` rows on rocket's tensor-core GEMM.
 fn tensor_cores_for(matmul: MatmulPath, rows: usize) -> bool {
     match matmul {
-        MatmulPath::Gemv => false,
+        MatmulPath::Gemv | MatmulPath::Cublas => false,
         MatmulPath::Tensor => true,
         MatmulPath::Auto => rows >= TENSOR_CORE_MIN_ROWS,
     }
+}
+
+/// Whether `matmul` multiplies a pass of `rows` rows on cuBLASLt.
+fn cublas_for(matmul: MatmulPath, rows: usize) -> bool {
+    matmul == MatmulPath::Cublas && rows >= TENSOR_CORE_MIN_ROWS
 }
 
 pub struct CudaBackend {
@@ -173,10 +179,12 @@ struct Scratch {
     /// launch, so never poisoned.
     argmax_state: DeviceBuffer,
     gemm: GemmScratch,
+    /// A pass's matmul input rounded to bf16, for cuBLASLt (None on the other matmul paths).
+    bf16: Option<DeviceBuffer>,
 }
 
 impl Scratch {
-    fn new(ctx: &Context, st: &Stream, s: &ModelSpec, rows: usize, splits: usize) -> Result<Self> {
+    fn new(ctx: &Context, st: &Stream, s: &ModelSpec, rows: usize, splits: usize, bf16_inputs: bool) -> Result<Self> {
         let f = |n: usize| n * 4;
         let a = |n: usize, what: &str| DeviceBuffer::alloc(ctx, n, what);
         let what = "activations";
@@ -201,6 +209,10 @@ impl Scratch {
                 let b = a(argmax_state_bytes(rows), what)?;
                 b.fill_u8(st, 0)?;
                 b
+            },
+            bf16: match bf16_inputs {
+                true => Some(a(2 * rows * Self::matmul_shapes(s).iter().map(|&(_, k)| k).max().unwrap_or(0), what)?),
+                false => None,
             },
         })
     }
@@ -295,6 +307,9 @@ impl CudaBackend {
         let stream = Stream::new()?;
         let mut kernels = Kernels::load(&ctx, spec.head_dim)?;
         kernels.pdl = options.pdl;
+        if options.matmul == MatmulPath::Cublas {
+            kernels.cublas = Some(cublas::Cublas::new(&ctx)?);
+        }
         let t = Instant::now();
         let dev_weights = DeviceWeights::upload(&ctx, &stream, &spec, weights, progress)?;
         let upload_seconds = t.elapsed().as_secs_f64();
@@ -408,7 +423,7 @@ impl CudaBackend {
             // Graphs point into the old buffers: drop them with the buffers.
             inner.graphs.clear();
             inner.scratch = None;
-            let fresh = Scratch::new(&inner.ctx, &inner.stream, s, r.next_power_of_two(), sp)?;
+            let fresh = Scratch::new(&inner.ctx, &inner.stream, s, r.next_power_of_two(), sp, self.options.matmul == MatmulPath::Cublas)?;
             fresh.poison(&inner.stream)?;
             inner.scratch = Some(fresh);
             inner.host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(r.next_power_of_two()))?;
@@ -549,10 +564,15 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// y (+)= x · Wᵀ for `rows` input rows: the tensor-core GEMM where the
-    /// matmul mode picks it for `rows` and the width allows, else the GEMV.
+    /// y (+)= x · Wᵀ for `rows` input rows: cuBLASLt (on x rounded to bf16 in
+    /// the scratch's `bf16`) or the tensor-core GEMM where the matmul mode
+    /// picks it for `rows` and the width allows, else the GEMV.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
+        if let (true, Some(lt), Some(xb)) = (cublas_for(self.options.matmul, rows), &k.cublas, &sc.bf16) {
+            k.to_bf16(st, x, xb.ptr, rows * width)?;
+            return lt.matmul(st, w, xb.ptr, y, n, width, rows, accumulate);
+        }
         if tensor_cores_for(self.options.matmul, rows) && k.gemm_tc_fits(width) {
             k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm, GemmFusion::default())
         } else {

@@ -1,0 +1,211 @@
+//! Matrix products on cuBLASLt (`MatmulPath::Cublas`): y [rows][n] (+)= x
+//! [rows][k] · W[n][k]ᵀ with bf16 inputs, f32 accumulation and an f32 output,
+//! for prefill and batched passes. NVIDIA's kernels reach the tensor cores'
+//! full rate at prefill sizes (wgmma on Hopper), which rocket's own mma.sync
+//! GEMM does not. The activations are rounded to bf16 first (kernels/src/
+//! to_bf16.cu), one rounding more than the tensor-core GEMM's hi+lo split.
+//!
+//! cuBLASLt is loaded at run time (libcublasLt.so from the CUDA toolkit or
+//! the `nvidia-cublas` wheel); rocket needs it only when this path is chosen.
+//!
+//! In cuBLAS's column-major terms the product is Yᵀ = W · Xᵀ: A = W stored as
+//! a k × n matrix (the row-major [n][k]) used transposed, B = x as k × rows,
+//! C = D = y as n × rows. Every call runs on the backend's stream, so it is
+//! recorded into the pass's CUDA graph like the other kernels; the workspace is
+//! the backend's own, so nothing is allocated during capture.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use cudarc::cublaslt::result::{self as lt, CublasError};
+use cudarc::cublaslt::sys;
+
+use super::driver::{Context, DeviceBuffer, Stream};
+use crate::error::{Result, RocketError};
+
+/// cuBLASLt's recommended workspace on Hopper.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+fn lt_err(what: &str, e: CublasError) -> RocketError {
+    RocketError::Device(format!("cuBLASLt {what}: {e}"))
+}
+
+/// The alignment cuBLASLt may assume of a pointer: the largest power of two
+/// dividing it, up to the 256 bytes its heuristics assume unless told.
+fn alignment(ptr: u64) -> u32 {
+    1 << ptr.trailing_zeros().min(8)
+}
+
+/// One product's shape and its pointers' alignments: what a plan depends on.
+type PlanKey = (usize, usize, usize, [u32; 3]);
+
+/// The descriptors and the chosen algorithm of one product shape.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    c: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+// SAFETY: the descriptors are plain host objects, used under `Cublas::plans`' lock.
+unsafe impl Send for Plan {}
+
+impl Plan {
+    fn new(handle: sys::cublasLtHandle_t, (n, k, rows, aligned): PlanKey) -> std::result::Result<Self, CublasError> {
+        let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
+        let mut plan = Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), c: std::ptr::null_mut(), algo: unsafe { std::mem::zeroed() } };
+        // Transposed A: 1 is CUBLAS_OP_T.
+        let transpose: i32 = 1;
+        // SAFETY: desc is live; the attribute is an i32 as cuBLASLt documents.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &transpose as *const i32 as *const c_void,
+                std::mem::size_of::<i32>(),
+            )?;
+        }
+        plan.a = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16BF, k as u64, n as u64, k as i64)?;
+        plan.b = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16BF, k as u64, rows as u64, k as i64)?;
+        plan.c = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_32F, n as u64, rows as u64, n as i64)?;
+        let pref = lt::create_matmul_pref()?;
+        let workspace = WORKSPACE_BYTES as u64;
+        // SAFETY: every descriptor is live; the preference is destroyed below.
+        let heuristic = unsafe {
+            use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+            let mut set = lt::set_matmul_pref_attribute(
+                pref,
+                Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &workspace as *const u64 as *const c_void,
+                std::mem::size_of::<u64>(),
+            );
+            // Only algorithms that work at the pointers' alignment (W, x, then y as C and D).
+            let [w_align, x_align, y_align] = aligned;
+            for (attr, bytes) in [
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, w_align),
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, x_align),
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, y_align),
+                (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, y_align),
+            ] {
+                set = set.and_then(|()| lt::set_matmul_pref_attribute(pref, attr, &bytes as *const u32 as *const c_void, std::mem::size_of::<u32>()));
+            }
+            let found = set.and_then(|()| lt::get_matmul_algo_heuristic(handle, desc, plan.a, plan.b, plan.c, plan.c, pref));
+            lt::destroy_matmul_pref(pref)?;
+            found?
+        };
+        plan.algo = heuristic.algo;
+        Ok(plan)
+    }
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was made by this plan and is destroyed once.
+        unsafe {
+            for layout in [self.a, self.b, self.c] {
+                if !layout.is_null() {
+                    let _ = lt::destroy_matrix_layout(layout);
+                }
+            }
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+/// A cuBLASLt handle, its workspace and a plan per product shape.
+pub(crate) struct Cublas {
+    handle: sys::cublasLtHandle_t,
+    workspace: DeviceBuffer,
+    plans: Mutex<HashMap<PlanKey, Plan>>,
+}
+
+// SAFETY: cuBLASLt handles may be used from any thread, one call at a time;
+// the backend calls it under its own lock, and the plans have theirs.
+unsafe impl Send for Cublas {}
+unsafe impl Sync for Cublas {}
+
+impl Cublas {
+    /// Loads cuBLASLt for the current context, or says why it cannot.
+    pub(crate) fn new(ctx: &Context) -> Result<Self> {
+        // SAFETY: only probes whether the library can be opened.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(RocketError::Device(
+                "matmul cublas needs cuBLASLt (libcublasLt.so), which was not found: install the CUDA toolkit's \
+                 cuBLAS or `pip install nvidia-cublas`, and put the folder holding libcublasLt.so on LD_LIBRARY_PATH \
+                 (matmul auto, tensor and gemv need no library)"
+                    .into(),
+            ));
+        }
+        let handle = lt::create_handle().map_err(|e| lt_err("create", e))?;
+        let workspace = DeviceBuffer::alloc(ctx, WORKSPACE_BYTES, "the cuBLASLt workspace")?;
+        Ok(Cublas { handle, workspace, plans: Mutex::new(HashMap::new()) })
+    }
+
+    /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ on `stream`: `w` and `x` bf16,
+    /// `y` f32 (added to with `accumulate`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul(&self, stream: &Stream, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
+        let mut plans = self.plans.lock().map_err(|_| RocketError::Internal("the cuBLASLt plans' lock is poisoned".into()))?;
+        let key = (n, k, rows, [alignment(w), alignment(x), alignment(y)]);
+        let plan = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Plan::new(self.handle, key).map_err(|err| lt_err(&format!("plan for {n}x{k} at {rows} rows"), err))?)
+            }
+        };
+        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
+        // SAFETY: the plan's layouts describe these buffers (the caller's
+        // pointers hold n·k, rows·k and rows·n elements); the workspace is ours
+        // and lives as long as the handle; the stream is the backend's.
+        unsafe {
+            lt::matmul(
+                self.handle,
+                plan.desc,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                w as *const c_void,
+                plan.a,
+                x as *const c_void,
+                plan.b,
+                y as *const c_void,
+                plan.c,
+                y as *mut c_void,
+                plan.c,
+                &plan.algo,
+                self.workspace.ptr as *mut c_void,
+                WORKSPACE_BYTES,
+                stream.raw as sys::cudaStream_t,
+            )
+        }
+        .map_err(|e| lt_err(&format!("matmul {n}x{k} at {rows} rows"), e))
+    }
+}
+
+impl Drop for Cublas {
+    fn drop(&mut self) {
+        if let Ok(mut plans) = self.plans.lock() {
+            plans.clear();
+        }
+        // SAFETY: the handle is destroyed once, after its plans.
+        unsafe {
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alignment_is_the_largest_power_of_two_up_to_256() {
+        assert_eq!(alignment(0x7f00_0000_0000), 256);
+        assert_eq!(alignment(0x7f00_0000_0100), 256);
+        assert_eq!(alignment(0x7f00_0000_0080), 128);
+        assert_eq!(alignment(0x7f00_0000_0010), 16);
+        assert_eq!(alignment(0x7f00_0000_0002), 2);
+        assert_eq!(alignment(0x7f00_0000_0001), 1);
+    }
+}
