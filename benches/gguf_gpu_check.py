@@ -72,15 +72,14 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gguf"))
-from llama_cpp_layout import gguf_to_hf_name, hf_to_gguf_name, use_more_bits  # noqa: E402
-
 try:
     import gguf
     from gguf import GGMLQuantizationType as T
-    from gguf.constants import GGML_QUANT_SIZES
 except ImportError as e:  # the GPU machine has no gguf: gpu_run.sh installs the carried wheel
     sys.exit(f"gguf_gpu_check: the gguf package (gguf==0.19.0) is needed: {e}")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gguf"))
+from llama_cpp_layout import gguf_to_hf_name, hf_to_gguf_name, permute, random_kquant, unpermute, use_more_bits  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 # Printed logprobs (4 decimals), where frequencies differ by an ulp: the CPU computes in f32
@@ -204,18 +203,11 @@ def check_bf16_rounding():
 
 # ---- llama.cpp's converter -------------------------------------------------------------
 
-def permute(w, n_head):
-    """convert_hf_to_gguf.py `LlamaModel.permute` (heads' rotary halves interleaved)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def unpermute(w, n_head):
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def rope_freqs(head_dim, theta, rope):
     """`LlamaModel.generate_extra_tensors`: llama3 per-frequency divisors, in float32 as the
-    converter computes them (torch float32 there, numpy float32 here)."""
+    converter computes them (torch float32 there, numpy float32 here: numpy's pow can be one
+    ulp off torch's, not for Llama-3.2-1B's or Llama-3.1-8B's frequencies, so this stays
+    apart from make_fixtures.py's torch copy; see llama_cpp_layout.py)."""
     f32 = np.float32
     freqs = f32(1.0) / (f32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / f32(head_dim)))
     factor, low, high = f32(rope["factor"]), f32(rope.get("low_freq_factor", 1.0)), f32(rope.get("high_freq_factor", 4.0))
@@ -323,24 +315,6 @@ class Tokenizer:
 
 
 # ---- writing the GGUFs --------------------------------------------------------------
-
-# Byte offsets of a K-quant block's f16 scale and min scale, and the largest |value| per unit
-# of the scale with random quants and sub-scales.
-KQ = {T.Q4_K: (0, 2, 63 * 15), T.Q6_K: (208, None, 128 * 32)}
-
-
-def random_kquant(w, qtype, rng):
-    elems, nbytes = GGML_QUANT_SIZES[qtype]
-    rows, cols = w.shape
-    nblocks = rows * cols // elems
-    amax = np.abs(w.reshape(nblocks, elems)).max(axis=1)
-    raw = np.frombuffer(rng.bytes(nblocks * nbytes), np.uint8).reshape(nblocks, nbytes).copy()
-    d_off, m_off, span = KQ[qtype]
-    raw[:, d_off:d_off + 2] = (amax / span).astype(np.float16).view(np.uint8).reshape(nblocks, 2)
-    if m_off is not None:  # mins up to 63 × dmin: about half the range
-        raw[:, m_off:m_off + 2] = (amax / (2 * 63)).astype(np.float16).view(np.uint8).reshape(nblocks, 2)
-    return raw.reshape(rows, cols // elems * nbytes)
-
 
 def q4km_type(name, layers):
     if name in ("token_embd.weight", "output.weight"):

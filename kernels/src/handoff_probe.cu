@@ -6,9 +6,9 @@
 //
 // Rounds are chained: round r's words are hashes of the digest of round r-1's
 // whole vector, so an SM that reads one stale word ends on a wrong digest. The
-// host replays the chain (backend/cuda/probe.rs `handoff_digest`) and compares.
+// host replays the chain (backend/cuda/handoff_probe.rs `handoff_digest`) and compares.
 //
-// Modes (probe.rs `HandoffMode`, same numbers):
+// Modes (handoff_probe.rs `HandoffMode`, same numbers):
 //   COUNTER  the megakernel's row hand-off: plain stores, the consumers' barrier,
 //            one red.release per SM; waiters poll the counter with ld.acquire.
 //   TAGGED   self-validating words: one 8-byte relaxed store of {value, round}
@@ -29,13 +29,18 @@
 // handoff_cost: grid = SMs (all resident), block = 288 (warps 0-7 consumers,
 // warp 8 the weight producer), dynamic smem = HANDOFF_SMEM. Two buffers per
 // mode, used by round parity: an SM can be at most one round ahead of another,
-// so round r+2's writes never meet round r's reads.
+// so round r+2's writes never meet round r's reads (for the relaxed TAGGED and
+// COUNTED writes too: each round's values depend on the last round's reads).
 //   words    2 * width u32 (COUNTER, BULK, NONE), any initial contents
 //   wide     2 * width u64 (TAGGED: tags must not be 1..rounds, e.g. all ones;
 //            SUMS, COUNTED: any initial contents)
 //   counters [0] arrivals, [32] the start barrier, [64] abort: zero at launch
-//   out      3 per SM: ns from the first round to the last, final digest, 1 if
-//            a wait outlived watchdog_ns (the run then stops on every SM)
+//   out      4 per SM: ns from the first round to the last, final digest, 1 if
+//            a wait outlived watchdog_ns (the run then stops on every SM), and
+//            the 16 KiB weight copies issued meanwhile (what the waits left of
+//            the stream: self-validating polls read L2 while the copies land)
+// TAGGED needs every SM to own a slice (width >= 4 * SMs): an SM with none
+// would never be waited for and could fall two rounds behind.
 #include "common.cuh"
 #include "mk_geometry.cuh"
 #include "mk_sync.cuh"
@@ -53,7 +58,7 @@ constexpr int SMEM = mk::SLOTS * mk::SLOT_BYTES + STAGE_BYTES + mk::SLOTS * 8 + 
 static_assert(MAX_WIDTH % mk::CONSUMERS == 0, "every consumer reads the same number of elements");
 static_assert(SMEM <= 227 * 1024, "fits one SM's shared memory");
 
-// The hashes the host replays (probe.rs): lowbias32, a well-mixed 32-bit hash.
+// The hashes the host replays (handoff_probe.rs): lowbias32, a well-mixed 32-bit hash.
 __device__ __forceinline__ uint32_t mix(uint32_t x) {
     x ^= x >> 16;
     x *= 0x7feb352du;
@@ -88,6 +93,20 @@ __device__ __forceinline__ void bulk_store_and_wait(void* dst, const void* src, 
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// bar.sync 1, 256 that also ORs `v` over the 256 consumers: every one gets the same answer.
+__device__ __forceinline__ bool consumer_sync_or(bool v) {
+    uint32_t any;
+    asm volatile(
+        "{\n\t.reg .pred p, q;\n\t"
+        "setp.ne.u32 q, %1, 0;\n\t"
+        "bar.red.or.pred p, 1, %2, q;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(any)
+        : "r"((uint32_t)v), "n"(mk::CONSUMERS)
+        : "memory");
+    return any != 0;
 }
 
 template <int B>
@@ -129,12 +148,12 @@ ROCKET_KERNEL void __launch_bounds__(288) handoff_cost(const uint8_t* src, unsig
     uint32_t* scalars = reinterpret_cast<uint32_t*>(full + SLOTS);
     volatile uint32_t* stop = scalars;       // the producer's
     uint32_t* warp_sums = scalars + 1;       // [2][8]: by round parity
-    volatile uint32_t* verdict = scalars + 17;  // 1 once this CTA must stop
+    volatile uint32_t* issued = scalars + 17;  // copies the producer has issued
     const int tid = threadIdx.x, sm = blockIdx.x, sms = gridDim.x;
     if (tid == 0) {
         for (int i = 0; i < SLOTS; i++) mk::mbar_init(full + i, 1);
         *stop = 0;
-        *verdict = 0;
+        *issued = 0;
         mk::mbar_init_fence();
     }
     __syncthreads();
@@ -150,6 +169,7 @@ ROCKET_KERNEL void __launch_bounds__(288) handoff_cost(const uint8_t* src, unsig
             mk::mbar_arrive_expect_tx(full + slot, SLOT);
             const unsigned long long chunk = ((unsigned long long)c * sms + sm) % chunks;
             mk::bulk_load(smem + slot * SLOT, src + chunk * SLOT, SLOT, full + slot);
+            *issued = c + 1;
         }
         for (uint32_t d = c > (uint32_t)inflight ? c - inflight : 0; d < c; d++)  // drain what is still landing
             while (!mk::mbar_try_wait(full + d % inflight, (d / inflight) & 1)) {
@@ -173,18 +193,24 @@ ROCKET_KERNEL void __launch_bounds__(288) handoff_cost(const uint8_t* src, unsig
         }
     }
     mk::consumer_sync();
+    bool no_start = false;  // not every CTA resident: give up instead of hanging
     if (tid == 0) {
         const uint64_t settle = mk::globaltimer_ns() + 20000;  // the copies get going
         while (mk::globaltimer_ns() < settle) {
         }
         mk::atom_add_acq_rel(counters + START, 1);
-        while (mk::ld_acquire(counters + START) < (uint32_t)sms) {
-        }
+        Watch watch{watchdog_ns, counters + ABORT};
+        while (mk::ld_acquire(counters + START) < (uint32_t)sms)
+            if (watch.expired()) {
+                no_start = true;
+                break;
+            }
     }
-    mk::consumer_sync();
+    no_start = consumer_sync_or(no_start);
     const uint64_t t0 = mk::globaltimer_ns();
+    const uint32_t issued0 = *issued;
     uint32_t digest = seed;
-    int timed_out = 0;
+    int timed_out = no_start;
     // One round; the parity is a constant so that `before` stays in registers.
     auto one_round = [&](auto parity, int r) -> bool {
         constexpr int b = decltype(parity)::value;
@@ -272,21 +298,21 @@ ROCKET_KERNEL void __launch_bounds__(288) handoff_cost(const uint8_t* src, unsig
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
         if ((tid & 31) == 0) warp_sums[8 * b + tid / 32] = part;
-        if (gave_up) *verdict = 1;
-        mk::consumer_sync();
+        const bool stop_now = consumer_sync_or(gave_up);  // same verdict in every consumer
         digest = 0;
 #pragma unroll
         for (int w = 0; w < mk::CONSUMER_WARPS; w++) digest += warp_sums[8 * b + w];
-        return *verdict == 0;
+        return !stop_now;
     };
     for (int r = 0; r < rounds && !timed_out; r += 2) {
         timed_out = !one_round(Parity<0>{}, r) || (r + 1 < rounds && !one_round(Parity<1>{}, r + 1));
     }
     if (tid == 0) {
         const uint64_t t1 = mk::globaltimer_ns();
-        out[3 * sm] = t1 - t0;
-        out[3 * sm + 1] = digest;
-        out[3 * sm + 2] = timed_out;
+        out[4 * sm] = t1 - t0;
+        out[4 * sm + 1] = digest;
+        out[4 * sm + 2] = timed_out;
+        out[4 * sm + 3] = *issued - issued0;  // weight copies issued while timed (16 KiB each)
         *stop = 1;
     }
 }

@@ -53,8 +53,7 @@ import numpy as np
 import torch
 import gguf
 from gguf import GGMLQuantizationType as T
-from gguf.constants import GGML_QUANT_SIZES
-from llama_cpp_layout import hf_to_gguf_name
+from llama_cpp_layout import KQ_SCALES, hf_to_gguf_name, permute, random_kquant
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 OUT = Path(__file__).resolve().parent / "fixtures"
@@ -172,43 +171,6 @@ def rope_freqs(head_dim, theta, rope):
 
 # ---- GGUF writing -----------------------------------------------------------------
 
-def permute(w, n_head, n_head_kv):
-    """llama.cpp `LlamaModel.permute` (interleave the two rotary halves of each head)."""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-# f16 scale fields of each K-quant block and the largest |value| per unit of that scale
-# with random quants and sub-scales (scale × max sub-scale × max |quant|).
-KQ_SCALES = {
-    T.Q2_K: ([80], [82], 15 * 3),
-    T.Q3_K: ([108], [], 32 * 4),
-    T.Q4_K: ([0], [2], 63 * 15),
-    T.Q5_K: ([0], [2], 63 * 31),
-    T.Q6_K: ([208], [], 128 * 32),
-    T.IQ4_XS: ([0], [], 32 * 127),
-}
-
-
-def random_kquant(w, qtype, rng):
-    """Raw blocks of `qtype` for matrix `w`: random quant and sub-scale bytes, block scale
-    (and min scale) from the float block's absolute maximum."""
-    elems, nbytes = GGML_QUANT_SIZES[qtype]
-    rows, cols = w.shape
-    assert cols % elems == 0
-    amax = np.abs(w.reshape(rows, cols // elems, elems)).max(axis=2)
-    raw = rng.integers(0, 256, size=(rows, cols // elems, nbytes), dtype=np.uint8)
-    d_offs, m_offs, span = KQ_SCALES[qtype]
-    for r in range(rows):
-        for b in range(cols // elems):
-            for off in d_offs:
-                raw[r, b, off:off + 2] = np.frombuffer(np.float16(amax[r, b] / span).tobytes(), np.uint8)
-            for off in m_offs:  # mins up to 63 (15 for Q2_K) × dmin ≈ half the range
-                raw[r, b, off:off + 2] = np.frombuffer(np.float16(amax[r, b] / (2 * (15 if qtype == T.Q2_K else 63))).tobytes(), np.uint8)
-    return raw.reshape(rows, cols // elems * nbytes)
-
-
 def encode(w, qtype, rng):
     """(array, raw_dtype) for GGUFWriter.add_tensor."""
     if qtype == T.F32:
@@ -260,9 +222,9 @@ def write_gguf(path, model, arch, types, fixed, tokens, token_types, merges, ext
         t = p.detach().float().numpy()
         gname = hf_to_gguf_name(name)
         if arch == "llama" and name.endswith("q_proj.weight"):
-            t = permute(t, cfg.num_attention_heads, cfg.num_attention_heads)
+            t = permute(t, cfg.num_attention_heads)
         if arch == "llama" and name.endswith("k_proj.weight"):
-            t = permute(t, cfg.num_attention_heads, cfg.num_key_value_heads)
+            t = permute(t, cfg.num_key_value_heads)
         if t.ndim == 1:
             qtype = T.F32
         elif gname in fixed:

