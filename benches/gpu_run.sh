@@ -27,6 +27,9 @@
 #             BENCH_CONFIGS="default graph" runs a subset; "nopdl" / "nofuse" run the
 #             defaults with ROCKET_PDL=0 / ROCKET_FUSE=0 (plain launches / unfused RMSNorm
 #             and SiLU) for an A/B
+#   interference  `rocket serve` on Llama-3.2-1B: 8 greedy streams decode while a 16K-token prompt
+#             arrives (benches/interference.py), at prefill passes of 512, 256 and 128 tokens
+#             (INTERFERENCE_BLOCKS); the streams' p99 gap while it prefills must stay <= 3x their median
 #   tcb1      the tensor-core matmul at batch 1 (Llama-3.2-1B, Qwen3-0.6B)
 #   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
@@ -186,6 +189,15 @@ if has bench; then
         [[ $configs == *" mk "* ]] && bench "bench-mk-$f" megakernel 1 128 256 5 "$f"
         [[ $configs == *" nopdl "* ]] && ROCKET_PDL=0 bench "bench-nopdl-$f" auto 1,16 128 256 5 "$f"
         [[ $configs == *" nofuse "* ]] && ROCKET_FUSE=0 bench "bench-nofuse-$f" auto 1,16 128 256 5 "$f"
+    done
+fi
+if has interference; then  # 8 streams decoding while a 16K-token prompt prefills, per prefill pass size
+    for block in ${INTERFERENCE_BLOCKS:-512 256 128}; do
+        timeout 240 python3 benches/interference.py --rocket "$CARRY/bin/rocket" --model "$CK/llama-3.2-1b" --device cuda \
+            --streams 8 --prompt-len 16384 --max-tokens 4096 --prefix-block "$block" --json "$LOGS/interference-$block.json" \
+            > "$LOGS/interference-$block.txt" 2>&1
+        check "interference, passes of $block" $?
+        cat "$LOGS/interference-$block.txt"
     done
 fi
 if has tcb1; then  # the tensor-core matmul at batch 1 (every pass uses it when enabled)
