@@ -31,6 +31,9 @@
 #             check at every fuel shape beside rocket's tensor-core GEMM and the parity test
 #             (CUBLAS lines), then `rocket bench` TTFT at 128 and 4096 tokens and batch 16 with
 #             `--matmul tensor` and `cublas` (Llama-3.2-1B, Qwen3-0.6B)
+#   interference  `rocket serve` on Llama-3.2-1B: 8 greedy streams decode while a 16K-token prompt
+#             arrives (benches/interference.py), at prefill passes of 512, 256 and 128 tokens
+#             (INTERFERENCE_BLOCKS); the streams' p99 gap while it prefills must stay <= 3x their median
 #   tcb1      the tensor-core matmul at batch 1 (Llama-3.2-1B, Qwen3-0.6B)
 #   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
@@ -206,6 +209,13 @@ if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (C
         bench "ttft-tensor-$f" auto 1,16 128,4096 8 3 "$f" tensor
         LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} bench "ttft-cublas-$f" auto 1,16 128,4096 8 3 "$f" cublas
         for m in tensor cublas; do echo "--- $f matmul $m"; cat "$LOGS/ttft-$m-$f.txt"; done
+if has interference; then  # 8 streams decoding while a 16K-token prompt prefills, per prefill pass size
+    for block in ${INTERFERENCE_BLOCKS:-512 256 128}; do
+        timeout 240 python3 benches/interference.py --rocket "$CARRY/bin/rocket" --model "$CK/llama-3.2-1b" --device cuda \
+            --streams 8 --prompt-len 16384 --max-tokens 4096 --prefix-block "$block" --json "$LOGS/interference-$block.json" \
+            > "$LOGS/interference-$block.txt" 2>&1
+        check "interference, passes of $block" $?
+        cat "$LOGS/interference-$block.txt"
     done
 fi
 if has tcb1; then  # the tensor-core matmul at batch 1 (every pass uses it when enabled)

@@ -309,6 +309,7 @@ def start_server(a: argparse.Namespace) -> tuple[subprocess.Popen[str], int, lis
             "--max-batch", str(a.max_batch), "--max-queue", str(a.max_queue), "--progress", "off"]
     if a.model:
         cmd += ["--model", a.model]
+    cmd += getattr(a, "server_args", [])  # other benches' extra server flags
     print("soak: starting", " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     log: list[str] = []

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Long prompts against running streams in `rocket serve` (issue 22: "long prompts do not
+freeze other streams"): `--streams` greedy streams decode while one prompt of
+`--prompt-len` tokens arrives; every stream's gaps between tokens are recorded and split
+by when they ended: before the long prompt arrived, while it prefilled (arrival to its
+first token), and after.
+
+A gap is between two chunks of a stream (a token whose text ends inside a UTF-8 character
+joins the next chunk, as the server sends it).
+
+Report: the long prompt's time to first token, and per phase the gaps' count, median,
+p99 and largest. Check (a FAIL line and a non-zero exit): the p99 gap while the long
+prompt prefills is at most `--p99-over-median-max` (3 by default, the issue's target)
+times the median gap of the streams before it arrived.
+
+Prefill runs in passes of at most 512 tokens that never cross a multiple of the prefix
+cache's block, so `--prefix-block` sets the largest pass: run it at several blocks to
+choose the chunk size by measurement. The prefix cache is off (`--prefix-cache-bytes 0`)
+so that repetitions prefill alike. Prompts are random token ids (never zeros), and every
+request sets ignore_eos so that random weights cannot end a stream early.
+
+Only the standard library is used (http.client), so any python3 runs it.
+
+  python benches/interference.py --rocket target/release/rocket --model CK/llama-3.2-1b \\
+      --device cuda --streams 8 --prompt-len 16384 --prefix-block 512 --json gaps.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from soak import percentile, start_server
+
+
+def stream_gaps(port: int, ids: list[int], max_tokens: int, timeout: float, times: list[float], arrival: list[float],
+                every_chunk: bool = False) -> str | None:
+    """One streamed completion of `ids`, appending the time of each chunk with text
+    (`every_chunk`: of each chunk, the closing one included) to `times` as it comes
+    (other threads watch it grow); returns an error, or None."""
+    body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        arrival.append(time.monotonic())
+        c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            return f"HTTP {r.status}: {r.read()[:300]!r}"
+        while True:
+            line = r.readline()
+            if not line:
+                return "the stream ended before [DONE]"
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return None
+            chunk = json.loads(data)
+            if "error" in chunk:
+                return str(chunk["error"].get("message"))
+            if chunk.get("choices") and (every_chunk or chunk["choices"][0].get("text")):
+                times.append(time.monotonic())
+    except (OSError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        c.close()
+
+
+def summary(gaps: list[float]) -> dict[str, Any]:
+    return {
+        "count": len(gaps),
+        "median_ms": None if not gaps else 1e3 * percentile(gaps, 50),
+        "p99_ms": None if not gaps else 1e3 * percentile(gaps, 99),
+        "max_ms": None if not gaps else 1e3 * max(gaps),
+    }
+
+
+def phases(stream_times: list[list[float]], arrived: float, first_token: float) -> dict[str, list[float]]:
+    """Each gap between consecutive tokens of a stream, by when it ended."""
+    out: dict[str, list[float]] = {"before": [], "during": [], "after": []}
+    for times in stream_times:
+        for a, b in zip(times, times[1:]):
+            key = "before" if b <= arrived else ("during" if b <= first_token else "after")
+            out[key].append(b - a)
+    return out
+
+
+def evaluate(report: dict[str, Any], ratio_max: float) -> list[str]:
+    fails = []
+    if report["errors"]:
+        fails.append(f"FAIL requests ended in errors: {report['errors']}")
+    if report.get("long_prompt_ttft_ms") is None:
+        fails.append("FAIL the long prompt never produced a token")
+    before, during = report["phases"]["before"], report["phases"]["during"]
+    if before["count"] < 5 or during["count"] < 5:
+        fails.append(f"FAIL too few gaps to judge (before {before['count']}, during {during['count']}): "
+                     "longer streams (--max-tokens) or a longer prompt")
+    elif during["p99_ms"] > ratio_max * before["median_ms"]:
+        fails.append(f"FAIL p99 gap while the long prompt prefills {during['p99_ms']:.2f} ms > {ratio_max} x the median "
+                     f"gap before it ({before['median_ms']:.2f} ms)")
+    return fails
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rocket", help="the rocket command [default: `rocket` on PATH, else python -m rocket]")
+    p.add_argument("--model", help="model path [default: the server's default model]")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--streams", type=int, default=8, help="streams decoding when the long prompt arrives [default: 8]")
+    p.add_argument("--stream-prompt-len", type=int, default=32, help="prompt tokens of each stream [default: 32]")
+    p.add_argument("--max-tokens", type=int, default=2048,
+                   help="tokens each stream generates: enough to outlast the long prefill [default: 2048]")
+    p.add_argument("--prompt-len", type=int, default=4096, help="tokens of the long prompt [default: 4096]")
+    p.add_argument("--warmup-tokens", type=int, default=32, help="stream tokens before the long prompt is sent [default: 32]")
+    p.add_argument("--prefix-block", type=int, help="the server's --prefix-block: the largest prefill pass below 512")
+    p.add_argument("--vocab", type=int, default=1000, help="draw token ids below this (every fuel has more) [default: 1000]")
+    p.add_argument("--p99-over-median-max", type=float, default=3.0, help="largest p99 gap during the prefill over the median before [default: 3]")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--start-timeout", type=float, default=300.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the report here")
+    a = p.parse_args()
+    if a.streams < 1 or a.prompt_len < 1 or a.max_tokens <= a.warmup_tokens:
+        p.error("need --streams >= 1, --prompt-len >= 1 and --max-tokens > --warmup-tokens")
+
+    a.max_batch, a.max_queue = a.streams + 1, a.streams + 1
+    a.server_args = ["--prefix-cache-bytes", "0"] + (["--prefix-block", str(a.prefix_block)] if a.prefix_block else [])
+    proc, port, log = start_server(a)
+    try:
+        rng = random.Random(a.seed)
+        draw = lambda n: [rng.randrange(1, a.vocab) for _ in range(n)]  # noqa: E731
+        errors_of: list[str | None] = [None] * (a.streams + 1)
+        times: list[list[float]] = [[] for _ in range(a.streams + 1)]
+        arrivals: list[list[float]] = [[] for _ in range(a.streams + 1)]
+        threads = []
+        for i in range(a.streams):
+            ids = draw(a.stream_prompt_len)
+
+            def run(i: int = i, ids: list[int] = ids) -> None:
+                errors_of[i] = stream_gaps(port, ids, a.max_tokens, a.request_timeout, times[i], arrivals[i])
+
+            threads.append(threading.Thread(target=run, daemon=True))
+        for t in threads:
+            t.start()
+        # Let every stream settle into decoding, then send the long prompt.
+        deadline = time.monotonic() + a.request_timeout
+        while any(len(ts) < a.warmup_tokens for ts in times[:a.streams]) and all(t.is_alive() for t in threads):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+        long_ids = draw(a.prompt_len)
+
+        def run_long() -> None:
+            # One token: its first chunk (whatever its text) comes when the prefill ends.
+            errors_of[a.streams] = stream_gaps(port, long_ids, 1, a.request_timeout, times[a.streams], arrivals[a.streams], True)
+
+        long_thread = threading.Thread(target=run_long, daemon=True)
+        long_thread.start()
+        long_thread.join(a.request_timeout)
+        for t in threads:
+            t.join(a.request_timeout)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    errors = [f"request {i}: {e}" for i, e in enumerate(errors_of) if e]
+    arrived = arrivals[a.streams][0] if arrivals[a.streams] else float("inf")
+    first = times[a.streams][0] if times[a.streams] else float("inf")
+    gaps = phases(times[:a.streams], arrived, first)
+    report = {
+        "streams": a.streams, "prompt_len": a.prompt_len, "prefix_block": a.prefix_block, "device": a.device,
+        "model": a.model, "long_prompt_ttft_ms": None if first == float("inf") else 1e3 * (first - arrived),
+        "phases": {k: summary(v) for k, v in gaps.items()}, "errors": errors,
+    }
+    print(f"interference: {a.streams} streams, a {a.prompt_len}-token prompt"
+          + (f", prefix block {a.prefix_block}" if a.prefix_block else "")
+          + (f": its TTFT {report['long_prompt_ttft_ms']:.1f} ms" if report["long_prompt_ttft_ms"] is not None else ""))
+    for k, s in report["phases"].items():
+        if s["count"]:
+            print(f"  gaps {k:6}: {s['count']:5} gaps, median {s['median_ms']:8.2f} ms, p99 {s['p99_ms']:8.2f} ms, max {s['max_ms']:8.2f} ms")
+        else:
+            print(f"  gaps {k:6}: none")
+    fails = evaluate(report, a.p99_over_median_max)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    for line in fails:
+        print(line)
+    print("interference: PASS" if not fails else "interference: FAIL", flush=True)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
