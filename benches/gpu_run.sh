@@ -209,6 +209,8 @@ if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (C
         bench "ttft-tensor-$f" auto 1,16 128,4096 8 3 "$f" tensor
         LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} bench "ttft-cublas-$f" auto 1,16 128,4096 8 3 "$f" cublas
         for m in tensor cublas; do echo "--- $f matmul $m"; cat "$LOGS/ttft-$m-$f.txt"; done
+    done
+fi
 if has interference; then  # 8 streams decoding while a 16K-token prompt prefills, per prefill pass size
     for block in ${INTERFERENCE_BLOCKS:-512 256 128}; do
         timeout 240 python3 benches/interference.py --rocket "$CARRY/bin/rocket" --model "$CK/llama-3.2-1b" --device cuda \
