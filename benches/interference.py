@@ -31,14 +31,12 @@ import argparse
 import http.client
 import json
 import random
-import signal
-import subprocess
 import sys
 import threading
 import time
 from typing import Any
 
-from soak import percentile, start_server
+from soak import percentile, start_server, stop_server, verdict
 
 
 def stream_gaps(port: int, ids: list[int], max_tokens: int, timeout: float, times: list[float], arrival: list[float],
@@ -75,11 +73,13 @@ def stream_gaps(port: int, ids: list[int], max_tokens: int, timeout: float, time
 
 
 def summary(gaps: list[float]) -> dict[str, Any]:
+    def ms(x: float | None) -> float | None:
+        return None if x is None else 1e3 * x
     return {
         "count": len(gaps),
-        "median_ms": None if not gaps else 1e3 * percentile(gaps, 50),
-        "p99_ms": None if not gaps else 1e3 * percentile(gaps, 99),
-        "max_ms": None if not gaps else 1e3 * max(gaps),
+        "median_ms": ms(percentile(gaps, 50)),
+        "p99_ms": ms(percentile(gaps, 99)),
+        "max_ms": ms(max(gaps, default=None)),
     }
 
 
@@ -168,11 +168,7 @@ def main() -> int:
         for t in threads:
             t.join(a.request_timeout)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
 
     errors = [f"request {i}: {e}" for i, e in enumerate(errors_of) if e]
     arrived = arrivals[a.streams][0] if arrivals[a.streams] else float("inf")
@@ -192,13 +188,7 @@ def main() -> int:
         else:
             print(f"  gaps {k:6}: none")
     fails = evaluate(report, a.p99_over_median_max)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=1)
-    for line in fails:
-        print(line)
-    print("interference: PASS" if not fails else "interference: FAIL", flush=True)
-    return 1 if fails else 0
+    return verdict("interference", report, fails, a.json)
 
 
 if __name__ == "__main__":

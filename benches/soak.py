@@ -338,6 +338,28 @@ def start_server(a: argparse.Namespace) -> tuple[subprocess.Popen[str], int, lis
     raise SystemExit(f"FAIL: server did not become ready in {a.start_timeout} s:\n{''.join(log)}")
 
 
+def stop_server(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM (a graceful drain), then SIGKILL if it has not exited within 40 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def verdict(name: str, report: dict[str, Any], fails: list[str], json_path: str | None) -> int:
+    """Writes the JSON report, prints each failure and NAME: PASS or FAIL; the exit status."""
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1)
+    for line in fails:
+        print(line)
+    print(f"{name}: PASS" if not fails else f"{name}: FAIL", flush=True)
+    return 1 if fails else 0
+
+
 def percentile(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -517,12 +539,7 @@ def main() -> int:
             time.sleep(0.25)
         alive = proc.poll() is None
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_server(proc)
     report = build_report(stats, a, duration, in_flight)
     report["server_exit_code"] = proc.returncode
     fails = evaluate(report, a.rss_growth_max, a.p99_drift_max, a.min_samples)
@@ -531,13 +548,7 @@ def main() -> int:
         fails.append(f"FAIL the server died during the run:\n{''.join(log[-20:])}")
     elif proc.returncode != 0:
         fails.append(f"FAIL the server exited with {proc.returncode} after SIGTERM")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=1)
-    for line in fails:
-        print(line)
-    print("soak: PASS" if not fails else "soak: FAIL", flush=True)
-    return 1 if fails else 0
+    return verdict("soak", report, fails, a.json)
 
 
 if __name__ == "__main__":
