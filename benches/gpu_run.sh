@@ -30,7 +30,7 @@
 #   cublas    `--matmul cublas` (cuBLASLt, from CUBLAS_LIB, default the toolkit's lib64): the matmul
 #             check at every fuel shape beside rocket's tensor-core GEMM and the parity test
 #             (CUBLAS lines), then `rocket bench` TTFT at 128 and 4096 tokens and batch 16 with
-#             `--matmul tensor` and `cublas` (Llama-3.2-1B, Qwen3-0.6B)
+#             `--matmul tensor` and `cublas` (Llama-3.2-1B, Qwen3-0.6B; CUBLAS_BENCH_MATMULS picks a subset)
 #   interference  `rocket serve` on Llama-3.2-1B: 8 greedy streams decode while a 16K-token prompt
 #             arrives (benches/interference.py), at prefill passes of 512, 256 and 128 tokens
 #             (INTERFERENCE_BLOCKS); the streams' p99 gap while it prefills must stay <= 3x their median
@@ -206,9 +206,10 @@ if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (C
     check "cublas checks" $?
     grep -E "CUBLAS|test result|FAILED|panicked" "$LOGS/cublas.log"
     for f in llama-3.2-1b qwen3-0.6b; do
-        bench "ttft-tensor-$f" auto 1,16 128,4096 8 3 "$f" tensor
-        LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} bench "ttft-cublas-$f" auto 1,16 128,4096 8 3 "$f" cublas
-        for m in tensor cublas; do echo "--- $f matmul $m"; cat "$LOGS/ttft-$m-$f.txt"; done
+        for m in ${CUBLAS_BENCH_MATMULS:-tensor cublas}; do
+            LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} bench "ttft-$m-$f" auto 1,16 128,4096 8 3 "$f" "$m"
+            echo "--- $f matmul $m"; cat "$LOGS/ttft-$m-$f.txt"
+        done
     done
 fi
 if has interference; then  # 8 streams decoding while a 16K-token prompt prefills, per prefill pass size
@@ -243,7 +244,7 @@ if has race; then  # batch-1 sampled decode per fuel: the issue's settings, agai
     done
     for f in $FUELS; do
         for n in greedy t1 t08rp minp topp topk; do
-            printf 'RACE %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^ *1 ' "$LOGS/race-$n-$f.txt" | head -1)"
+            printf 'RACE %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^\| 1 \|' "$LOGS/race-$n-$f.txt" | head -1)"
         done
     done
 fi

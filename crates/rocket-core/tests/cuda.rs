@@ -219,32 +219,39 @@ fn a_decode_row_is_the_same_bits_beside_a_prompt_on_the_tensor_cores() {
         let b = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap();
         let next = [random_ids(73, 1, spec.vocab_size)[0]];
         // A short pair (one 64-position attention split each), and a decode row past one
-        // split beside a prompt longer than 32 splits of 64 (which must not stretch the
-        // decode row's splits: the prompt's rows are on the prefill kernel).
+        // split beside a prompt chunk whose context reaches past 32 splits of 64 (which
+        // must not stretch the decode row's splits: the prompt's rows are on the prefill
+        // kernel). The prompt chunk follows a cached prefix, so the pass keeps at most
+        // 256 rows, within which the tensor-core GEMM splits K alike for every row count
+        // (kernels.rs `GemmPlan`: larger passes do not split, and their rows round differently).
         let long = 2200.min(spec.max_position_embeddings - 1);
-        for (prompt_len, other_len) in [(20, 33), (100, long)] {
-            let (prompt, other) = (random_ids(71, prompt_len, spec.vocab_size), random_ids(72, other_len, spec.vocab_size));
+        for (prompt_len, cached, other_len) in [(20, 0, 33), (100, long - 200, 200)] {
+            let (prompt, other) = (random_ids(71, prompt_len, spec.vocab_size), random_ids(72, cached + other_len, spec.vocab_size));
             let decoded = |with_prompt: bool| {
                 let mut s = b.new_session(prompt_len.next_multiple_of(64)).unwrap();
                 b.forward(&mut [Chunk { session: s.as_mut(), tokens: &prompt }], Logits::Last).unwrap();
                 if !with_prompt {
                     return b.forward(&mut [Chunk { session: s.as_mut(), tokens: &next }], Logits::Last).unwrap();
                 }
-                let mut o = b.new_session(other_len.next_multiple_of(64)).unwrap();
+                let mut o = b.new_session((cached + other_len).next_multiple_of(64)).unwrap();
+                if cached > 0 {
+                    b.forward(&mut [Chunk { session: o.as_mut(), tokens: &other[..cached] }], Logits::Last).unwrap();
+                }
+                let chunk = &other[cached..];
                 let both = b
-                    .forward(&mut [Chunk { session: s.as_mut(), tokens: &next }, Chunk { session: o.as_mut(), tokens: &other }], Logits::Last)
+                    .forward(&mut [Chunk { session: s.as_mut(), tokens: &next }, Chunk { session: o.as_mut(), tokens: chunk }], Logits::Last)
                     .unwrap();
                 both[..spec.vocab_size].to_vec()
             };
             let (alone, beside) = (decoded(false), decoded(true));
             let differ = alone.iter().zip(&beside).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
             println!(
-                "MIXED {}: {prompt_len}-token context beside a {other_len}-token prompt: {differ} of {} logits differ from the row alone",
+                "MIXED {}: {prompt_len}-token context beside a {other_len}-token prompt chunk after {cached} cached positions: {differ} of {} logits differ from the row alone",
                 path.display(),
                 alone.len()
             );
             assert!(alone.iter().all(|v| v.is_finite()), "{}: non-finite logits", path.display());
-            assert_eq!(differ, 0, "{}: a decode row's logits depend on a {other_len}-token prompt sharing its pass", path.display());
+            assert_eq!(differ, 0, "{}: a decode row's logits depend on a {other_len}-token prompt chunk sharing its pass", path.display());
         }
     }
 }
@@ -631,21 +638,26 @@ fn cublas_matmul_matches_the_host_and_the_reference() {
     let mut seed = 0xc0b1a5;
     for (fuel, d, qd, kvd, ff) in fuels {
         for (name, n, k, accumulate) in [("qkv", qd + 2 * kvd, d, false), ("o", d, qd, true), ("gate_up", 2 * ff, d, false), ("down", d, ff, true)] {
-            for rows in [2usize, 17, 128, 512] {
+            for rows in [2usize, 17, 128, 512, 4096] {
                 seed += 1;
-                let c = gpu.matmul_check(MatmulKernel::Cublas, MatmulFusion::default(), n, k, rows, accumulate, 10, seed).unwrap();
-                let t = gpu.matmul_check(MatmulKernel::Tensor, MatmulFusion::default(), n, k, rows, accumulate, 10, seed).unwrap();
+                let check = |kernel| gpu.matmul_check(kernel, MatmulFusion::default(), n, k, rows, accumulate, 10, seed).unwrap();
+                let (c, b, t) = (check(MatmulKernel::Cublas), check(MatmulKernel::CublasBf16), check(MatmulKernel::Tensor));
                 let tflops = |us: f64| 2.0 * (n * k * rows) as f64 / us / 1e6;
                 println!(
-                    "CUBLAS {fuel} {name} {n}x{k} rows {rows}: rel L2 {:.2e}, {:.1} us ({:.0} TFLOP/s); tensor-core GEMM {:.1} us ({:.0} TFLOP/s), rel L2 {:.2e}",
-                    c.rel_l2, c.micros, tflops(c.micros), t.micros, tflops(t.micros), t.rel_l2
+                    "CUBLAS {fuel} {name} {n}x{k} rows {rows}: hi+lo rel L2 {:.2e}, {:.1} us ({:.0} TFLOP/s); bf16 alone rel L2 {:.2e}, {:.1} us; \
+                     tensor-core GEMM {:.1} us ({:.0} TFLOP/s), rel L2 {:.2e}",
+                    c.rel_l2, c.micros, tflops(c.micros), b.rel_l2, b.micros, t.micros, tflops(t.micros), t.rel_l2
                 );
-                assert!(c.all_written, "{fuel} {name} rows {rows}: an output was never written");
-                assert!(c.rel_l2 <= 4e-3, "{fuel} {name} rows {rows}: rel L2 {}", c.rel_l2);
+                assert!(c.all_written && b.all_written, "{fuel} {name} rows {rows}: an output was never written");
+                // The split keeps what the tensor-core GEMM keeps (its bar); hi alone is off by
+                // a bf16 rounding of each input (~1.1e-3 relative each: 4e-3).
+                assert!(c.rel_l2 <= 1e-4, "{fuel} {name} rows {rows}: hi+lo rel L2 {}", c.rel_l2);
+                assert!(b.rel_l2 <= 4e-3, "{fuel} {name} rows {rows}: bf16 rel L2 {}", b.rel_l2);
             }
         }
     }
     let cublas = GpuOptions { matmul: MatmulPath::Cublas, ..graph_gemv() };
+    let mut misses = Vec::new();
     for path in checkpoints() {
         let cpu = load(&path, Device::Cpu);
         let vocab = cpu.spec().vocab_size;
@@ -655,8 +667,9 @@ fn cublas_matmul_matches_the_host_and_the_reference() {
         let got = load_with(&path, Device::Cuda, cublas.clone()).teacher_forced_logits(&ids).unwrap();
         let rel = rel_l2(&got, &want);
         println!("CUBLAS {}: teacher-forced logits rel L2 {rel:.3e} against the CPU reference ({len} positions)", path.display());
-        assert!(rel <= 1e-2, "{}: rel L2 {rel}", path.display());
+        misses.extend((rel > 1e-2).then(|| format!("{}: rel L2 {rel}", path.display())));
     }
+    assert!(misses.is_empty(), "over the 1e-2 bar: {misses:?}");
 }
 
 /// Prefix reuse on the GPU: a second prompt sharing whole blocks with a first

@@ -177,7 +177,7 @@ pub(crate) struct Kernels {
     attn_merge: Function,
     attn_prefill: Function,
     silu_mul: Function,
-    to_bf16: Function,
+    to_bf16_split: Function,
     argmax: Function,
     sample: Function,
     head_dim: u32,
@@ -221,7 +221,7 @@ impl Kernels {
             attn_merge: f(&format!("attn_merge_hd{head_dim}"))?,
             attn_prefill: f(&format!("attn_prefill_hd{head_dim}"))?,
             silu_mul: f("silu_mul")?,
-            to_bf16: f("to_bf16")?,
+            to_bf16_split: f("to_bf16_split")?,
             argmax: f("argmax")?,
             sample: f("sample_rows")?,
             head_dim: head_dim as u32,
@@ -436,12 +436,14 @@ impl Kernels {
         self.go(&self.silu_mul, s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, 0, &[Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32)])
     }
 
-    /// y[i] = x[i] as bf16 (round to nearest even) for i < n: the cuBLASLt path's inputs.
-    pub(crate) fn to_bf16(&self, s: &Stream, x: u64, y: u64, n: usize) -> Result<()> {
+    /// hi[i] = x[i] as bf16 (round to nearest even) and lo[i] = x[i] - hi[i] as
+    /// bf16, for i < n: the cuBLASLt path's inputs.
+    pub(crate) fn to_bf16_split(&self, s: &Stream, x: u64, hi: u64, lo: u64, n: usize) -> Result<()> {
         if n > i32::MAX as usize {
-            return Err(RocketError::Internal(format!("to_bf16 of {n} elements (at most 2^31 - 1)")));
+            return Err(RocketError::Internal(format!("to_bf16_split of {n} elements (at most 2^31 - 1)")));
         }
-        self.go(&self.to_bf16, s, (n.div_ceil(1024) as u32, 1, 1), 256, 0, &[Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32)])
+        let args = [Arg::Ptr(x), Arg::Ptr(hi), Arg::Ptr(lo), Arg::I32(n as i32)];
+        self.go(&self.to_bf16_split, s, (n.div_ceil(1024) as u32, 1, 1), 256, 0, &args)
     }
 
     /// out[r] = argmax of logits row r; `state` holds `argmax_state_bytes(rows)`

@@ -20,8 +20,12 @@ pub enum MatmulKernel {
     Tensor,
     /// The CUDA-core GEMV.
     Gemv,
-    /// cuBLASLt on the inputs rounded to bf16 (kernels/src/to_bf16.cu, timed with it).
+    /// cuBLASLt on the inputs' bf16 hi and lo parts, as `MatmulPath::Cublas`
+    /// runs it (kernels/src/to_bf16.cu, timed with it).
     Cublas,
+    /// cuBLASLt on the hi parts alone: half the arithmetic, one rounding of
+    /// each input to bf16 (what the split buys, measured).
+    CublasBf16,
 }
 
 /// What the tensor-core GEMM folds into the product (gemm_tc.cu's fused prologue
@@ -95,7 +99,7 @@ impl CudaBackend {
         let needs = match kernel {
             MatmulKernel::Tensor => (k % 64 == 0, "a multiple of 64"),
             MatmulKernel::Gemv => (k % 8 == 0, "a multiple of 8"),
-            MatmulKernel::Cublas => (true, ""),
+            MatmulKernel::Cublas | MatmulKernel::CublasBf16 => (true, ""),
         };
         if !needs.0 {
             return Err(RocketError::invalid_arg("k", k, format!("must be {} for {kernel:?}", needs.1)));
@@ -126,13 +130,19 @@ impl CudaBackend {
         let plan = kernels.gemm_plan(n, k, rows);
         let scratch = GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?;
         let (cublas, x_bf16) = match kernel {
-            MatmulKernel::Cublas => (Some(Cublas::new(ctx)?), Some(DeviceBuffer::alloc(ctx, rows * k * 2, "the matmul check's bf16 inputs")?)),
+            MatmulKernel::Cublas | MatmulKernel::CublasBf16 => {
+                (Some(Cublas::new(ctx)?), Some(DeviceBuffer::alloc(ctx, 2 * rows * k * 2, "the matmul check's bf16 inputs")?))
+            }
             _ => (None, None),
         };
         let launch = |w: u64| match (kernel, &cublas, &x_bf16) {
-            (MatmulKernel::Cublas, Some(lt), Some(xb)) => {
-                kernels.to_bf16(st, x.ptr, xb.ptr, rows * k)?;
-                lt.matmul(st, w, xb.ptr, y.ptr, n, k, rows, accumulate)
+            (MatmulKernel::Cublas | MatmulKernel::CublasBf16, Some(lt), Some(xb)) => {
+                let lo = xb.ptr + (2 * rows * k) as u64;
+                kernels.to_bf16_split(st, x.ptr, xb.ptr, lo, rows * k)?;
+                match kernel {
+                    MatmulKernel::Cublas => lt.matmul_split(st, w, xb.ptr, lo, y.ptr, n, k, rows, accumulate),
+                    _ => lt.matmul(st, w, xb.ptr, y.ptr, n, k, rows, accumulate),
+                }
             }
             (MatmulKernel::Tensor, ..) => kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch, gemm_fusion),
             _ => kernels.gemv(st, w, x.ptr, y.ptr, n, k, rows, accumulate),
@@ -165,7 +175,8 @@ impl CudaBackend {
         let plan = match kernel {
             MatmulKernel::Tensor => describe(&plan),
             MatmulKernel::Gemv => "gemv".to_string(),
-            MatmulKernel::Cublas => "cublaslt".to_string(),
+            MatmulKernel::Cublas => "cublaslt hi+lo".to_string(),
+            MatmulKernel::CublasBf16 => "cublaslt bf16".to_string(),
         };
         Ok(MatmulCheck {
             kernel,

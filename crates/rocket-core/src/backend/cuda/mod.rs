@@ -211,7 +211,8 @@ impl Scratch {
                 b
             },
             bf16: match bf16_inputs {
-                true => Some(a(2 * rows * Self::matmul_shapes(s).iter().map(|&(_, k)| k).max().unwrap_or(0), what)?),
+                // hi then lo parts, bf16 each.
+                true => Some(a(2 * 2 * rows * Self::matmul_shapes(s).iter().map(|&(_, k)| k).max().unwrap_or(0), what)?),
                 false => None,
             },
         })
@@ -564,14 +565,15 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// y (+)= x · Wᵀ for `rows` input rows: cuBLASLt (on x rounded to bf16 in
-    /// the scratch's `bf16`) or the tensor-core GEMM where the matmul mode
-    /// picks it for `rows` and the width allows, else the GEMV.
+    /// y (+)= x · Wᵀ for `rows` input rows: cuBLASLt (on x's bf16 hi and lo
+    /// parts in the scratch's `bf16`) or the tensor-core GEMM where the matmul
+    /// mode picks it for `rows` and the width allows, else the GEMV.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
         if let (true, Some(lt), Some(xb)) = (cublas_for(self.options.matmul, rows), &k.cublas, &sc.bf16) {
-            k.to_bf16(st, x, xb.ptr, rows * width)?;
-            return lt.matmul(st, w, xb.ptr, y, n, width, rows, accumulate);
+            let lo = xb.ptr + (2 * rows * width) as u64;
+            k.to_bf16_split(st, x, xb.ptr, lo, rows * width)?;
+            return lt.matmul_split(st, w, xb.ptr, lo, y, n, width, rows, accumulate);
         }
         if tensor_cores_for(self.options.matmul, rows) && k.gemm_tc_fits(width) {
             k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm, GemmFusion::default())
