@@ -72,18 +72,27 @@ pub struct CudaInfo {
 /// the row count, the GEMV's time grows with every row); at 1 row the GEMV's is.
 pub const TENSOR_CORE_MIN_ROWS: usize = 2;
 
+/// Passes of at least this many rows take cuBLASLt under `MatmulPath::Cublas`.
+/// Measured on the H200 (matmul check, each fuel's products): cuBLASLt on hi and
+/// lo parts costs ~25 µs a product at 2-17 rows, where the tensor-core GEMM takes
+/// 6-25 µs (a batch-16 Llama-3.2-1B decode step: 2.21 ms against 1.46); from
+/// 128 rows it is as fast or faster on the 1B-class products (gate|up at 512
+/// rows: 115 µs against 318), and prefill passes are that long.
+pub const CUBLAS_MIN_ROWS: usize = 128;
+
 /// Whether `matmul` multiplies a pass of `rows` rows on rocket's tensor-core GEMM.
 fn tensor_cores_for(matmul: MatmulPath, rows: usize) -> bool {
     match matmul {
-        MatmulPath::Gemv | MatmulPath::Cublas => false,
+        MatmulPath::Gemv => false,
         MatmulPath::Tensor => true,
         MatmulPath::Auto => rows >= TENSOR_CORE_MIN_ROWS,
+        MatmulPath::Cublas => (TENSOR_CORE_MIN_ROWS..CUBLAS_MIN_ROWS).contains(&rows),
     }
 }
 
 /// Whether `matmul` multiplies a pass of `rows` rows on cuBLASLt.
 fn cublas_for(matmul: MatmulPath, rows: usize) -> bool {
-    matmul == MatmulPath::Cublas && rows >= TENSOR_CORE_MIN_ROWS
+    matmul == MatmulPath::Cublas && rows >= CUBLAS_MIN_ROWS
 }
 
 pub struct CudaBackend {
@@ -823,6 +832,22 @@ pub fn device_count() -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_pass_size_has_one_matmul_kernel() {
+        for rows in [1, 2, 17, 127, 128, 129, 4096] {
+            let tc = |m| tensor_cores_for(m, rows);
+            assert!(!(tc(MatmulPath::Cublas) && cublas_for(MatmulPath::Cublas, rows)), "{rows} rows: two kernels");
+            assert_eq!(cublas_for(MatmulPath::Cublas, rows), rows >= CUBLAS_MIN_ROWS, "{rows} rows");
+            // Below cuBLASLt's rows, `cublas` multiplies as `auto` does.
+            if rows < CUBLAS_MIN_ROWS {
+                assert_eq!(tc(MatmulPath::Cublas), tc(MatmulPath::Auto), "{rows} rows");
+            }
+            for m in [MatmulPath::Auto, MatmulPath::Gemv, MatmulPath::Tensor] {
+                assert!(!cublas_for(m, rows));
+            }
+        }
+    }
 
     #[test]
     fn staged_row_meta_has_the_layout_common_cuh_declares() {
