@@ -12,7 +12,7 @@ use std::time::Duration;
 use half::bf16;
 use rocket_core::backend::cpu::CpuBackend;
 use rocket_core::backend::{Backend, Chunk, Logits};
-use rocket_core::megakernel::twin::{Twin, TwinKv, TwinOutput, TwinRequest};
+use rocket_core::megakernel::twin::{Twin, TwinAdmission, TwinKv, TwinOutput, TwinRequest};
 use rocket_core::megakernel::{Op, Schedule};
 use rocket_core::model::{Family, Llama3RopeScaling, ModelSpec, ModelWeights};
 use rocket_core::sampling::argmax;
@@ -242,4 +242,186 @@ fn bad_requests_are_refused() {
     assert!(twin.run(&kv, &TwinRequest { max_steps: 5, ..base }, &ok).is_err());
     assert!(twin.run(&kv, &TwinRequest { max_steps: 0, ..base }, &ok).is_err());
     assert!(twin.run(&kv, &TwinRequest { first_token: 700, ..base }, &ok).is_err());
+}
+
+/// A request of the batch tests: a teacher-forced prompt, then greedy steps.
+struct Job {
+    prompt: Vec<u32>,
+    gen: usize,
+    slot: usize,
+    pages: Vec<u32>,
+    at_step: usize,
+}
+
+impl Job {
+    fn request(&self) -> TwinRequest<'_> {
+        TwinRequest {
+            pos0: 0,
+            first_token: self.prompt[0],
+            max_steps: self.prompt.len() - 1 + self.gen,
+            forced: &self.prompt[1..],
+            end_ids: &[],
+            mask_end_steps: 0,
+        }
+    }
+
+    fn admission(&self) -> TwinAdmission<'_> {
+        TwinAdmission { request: self.request(), slot: self.slot, pages: &self.pages, at_step: self.at_step }
+    }
+}
+
+fn job(seed: u64, prompt: usize, gen: usize, slot: usize, pages: &[u32], at_step: usize, vocab: usize) -> Job {
+    Job { prompt: ids(seed, prompt, vocab), gen, slot, pages: pages.to_vec(), at_step }
+}
+
+/// Jobs that join at the first step and later, leave at different steps, and
+/// reuse a slot and a page the moment an earlier job frees them (pages of 8 positions).
+fn staggered_jobs(vocab: usize) -> Vec<Job> {
+    vec![
+        job(1, 6, 8, 0, &[3, 9], 0, vocab),    // steps 0..13
+        job(2, 3, 4, 1, &[0], 0, vocab),       // steps 0..6
+        job(3, 5, 10, 2, &[1, 7], 2, vocab),   // steps 2..16
+        job(4, 4, 6, 1, &[0, 4], 6, vocab),    // slot 1 and page 0 from step 6 on
+        job(5, 2, 3, 1, &[5], 17, vocab),      // after idle slots: steps 17..21
+    ]
+}
+
+#[test]
+fn a_batch_gives_each_request_the_tokens_and_logits_it_gets_alone() {
+    for (name, spec) in models().into_iter().take(2) {
+        let weights = Arc::new(random_weights(&spec, 17));
+        let cpu = CpuBackend::new(spec.clone(), weights.clone());
+        let sms = 5;
+        let solo = Twin::new(&spec, &weights, sms).unwrap();
+        let jobs = staggered_jobs(spec.vocab_size);
+        let alone: Vec<TwinOutput> = jobs.iter().map(|j| run(&solo, j.request().max_steps, &j.request())).collect();
+        for (j, out) in jobs.iter().zip(&alone) {
+            let want = reference_greedy(&cpu, &j.prompt, j.gen);
+            assert_eq!(out.tokens[j.prompt.len() - 1..], want[..], "{name}: a lone request's greedy continuation");
+        }
+
+        for slots in [3, 5] {
+            let batched = Twin::with_schedule(&spec, &weights, Schedule::compile_batched(&spec, sms, slots).unwrap());
+            let mut admissions: Vec<TwinAdmission<'_>> = jobs.iter().map(Job::admission).collect();
+            // With two more slots, two more requests run beside them: nothing of theirs may change.
+            let extra = [job(6, 7, 9, 3, &[2, 6], 1, spec.vocab_size), job(7, 3, 12, 4, &[8, 10], 4, spec.vocab_size)];
+            if slots == 5 {
+                admissions.extend(extra.iter().map(Job::admission));
+            }
+            let kv = TwinKv::paged(&spec, 11, 8);
+            let got = batched.run_batch(&kv, &admissions, &|_, _, _| true).unwrap();
+            for (i, (g, want)) in got.iter().zip(&alone).enumerate() {
+                assert!(g == want, "{name}, {slots} slots: request {i} differs from its lone run (tokens {:?} vs {:?})", g.tokens, want.tokens);
+            }
+            if slots == 5 {
+                for (j, g) in extra.iter().zip(&got[jobs.len()..]) {
+                    assert_eq!(g.tokens[j.prompt.len() - 1..], reference_greedy(&cpu, &j.prompt, j.gen)[..], "{name}: an extra request");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_request_admitted_into_a_running_batch_continues_from_its_cached_pages() {
+    let (_, spec) = models().remove(1);
+    let weights = random_weights(&spec, 23);
+    let seq = ids(4, 20, spec.vocab_size);
+    let solo = Twin::new(&spec, &weights, 4).unwrap();
+    let whole = run(&solo, 20, &TwinRequest { pos0: 0, first_token: seq[0], max_steps: 20, forced: &seq[1..], end_ids: &[], mask_end_steps: 0 });
+
+    // The first 11 positions in pages 6 and 2 by one launch; a later launch admits the rest
+    // at step 3, beside a request that runs throughout.
+    let batched = Twin::with_schedule(&spec, &weights, Schedule::compile_batched(&spec, 4, 2).unwrap());
+    let kv = TwinKv::paged(&spec, 8, 8);
+    let pages = [6, 2, 5];
+    let head = TwinRequest { pos0: 0, first_token: seq[0], max_steps: 11, forced: &seq[1..11], end_ids: &[], mask_end_steps: 0 };
+    let first = batched.run_batch(&kv, &[TwinAdmission { request: head, slot: 1, pages: &pages, at_step: 0 }], &|_, _, _| true).unwrap();
+    let other = job(9, 5, 9, 0, &[0, 1], 0, spec.vocab_size);
+    let rest = TwinRequest { pos0: 11, first_token: seq[11], max_steps: 9, forced: &seq[12..], end_ids: &[], mask_end_steps: 0 };
+    let second = batched
+        .run_batch(&kv, &[other.admission(), TwinAdmission { request: rest, slot: 1, pages: &pages, at_step: 3 }], &|_, _, _| true)
+        .unwrap();
+    assert_eq!([first[0].logits.clone(), second[1].logits.clone()].concat(), whole.logits);
+    assert_eq!(second[0], run(&solo, 13, &other.request()));
+
+    // Past one attention split (64 positions): 60 cached positions, 10 more admitted at
+    // step 3, so the request's contexts and the launch's steps cross 64 at different steps.
+    let seq = ids(8, 70, spec.vocab_size);
+    let whole = run(&solo, 70, &TwinRequest { pos0: 0, first_token: seq[0], max_steps: 70, forced: &seq[1..], end_ids: &[], mask_end_steps: 0 });
+    let kv = TwinKv::paged(&spec, 12, 8);
+    let pages = [11, 3, 7, 0, 9, 4, 10, 1, 5];
+    let head = TwinRequest { pos0: 0, first_token: seq[0], max_steps: 60, forced: &seq[1..60], end_ids: &[], mask_end_steps: 0 };
+    let first = batched.run_batch(&kv, &[TwinAdmission { request: head, slot: 0, pages: &pages, at_step: 0 }], &|_, _, _| true).unwrap();
+    let rest = TwinRequest { pos0: 60, first_token: seq[60], max_steps: 10, forced: &seq[61..], end_ids: &[], mask_end_steps: 0 };
+    let other = job(9, 5, 9, 1, &[2, 6], 0, spec.vocab_size);
+    let second = batched
+        .run_batch(&kv, &[other.admission(), TwinAdmission { request: rest, slot: 0, pages: &pages, at_step: 3 }], &|_, _, _| true)
+        .unwrap();
+    assert_eq!([first[0].logits.clone(), second[1].logits.clone()].concat(), whole.logits);
+}
+
+#[test]
+fn min_tokens_masking_and_end_ids_follow_each_request_s_own_steps() {
+    let (_, spec) = models().remove(2);
+    let weights = Arc::new(random_weights(&spec, 3));
+    let cpu = CpuBackend::new(spec.clone(), weights.clone());
+    let prompt = ids(9, 6, spec.vocab_size);
+    let gen = 10;
+    let want = reference_greedy(&cpu, &prompt, gen);
+    let end = want[4];
+    let first = want.iter().position(|&t| t == end).unwrap();
+    let steps = prompt.len() - 1 + gen;
+    let stop = TwinRequest { pos0: 0, first_token: prompt[0], max_steps: steps, forced: &prompt[1..], end_ids: &[end], mask_end_steps: 0 };
+    // Masked through the step that would pick the end id.
+    let masked = TwinRequest { mask_end_steps: prompt.len() - 1 + first + 1, ..stop };
+    let solo = Twin::new(&spec, &weights, 4).unwrap();
+    let (stop_alone, masked_alone) = (run(&solo, steps, &stop), run(&solo, steps, &masked));
+    assert_eq!(stop_alone.tokens.len(), prompt.len() + first);
+    assert!(masked_alone.tokens.len() > stop_alone.tokens.len());
+
+    let batched = Twin::with_schedule(&spec, &weights, Schedule::compile_batched(&spec, 4, 3).unwrap());
+    let long = job(12, 4, 20, 0, &[0, 1, 2], 0, spec.vocab_size);
+    let admissions = [
+        long.admission(),
+        TwinAdmission { request: stop, slot: 1, pages: &[3, 4], at_step: 2 },
+        TwinAdmission { request: masked, slot: 2, pages: &[5, 6], at_step: 5 },
+    ];
+    let got = batched.run_batch(&TwinKv::paged(&spec, 7, 8), &admissions, &|_, _, _| true).unwrap();
+    assert_eq!(got[1], stop_alone);
+    assert_eq!(got[2], masked_alone);
+}
+
+#[test]
+fn the_host_stops_one_request_of_a_batch() {
+    let (_, spec) = models().remove(0);
+    let weights = random_weights(&spec, 5);
+    let batched = Twin::with_schedule(&spec, &weights, Schedule::compile_batched(&spec, 3, 2).unwrap());
+    let jobs = [job(1, 3, 10, 0, &[0, 1], 0, spec.vocab_size), job(2, 3, 10, 1, &[2, 3], 0, spec.vocab_size)];
+    let admissions: Vec<_> = jobs.iter().map(Job::admission).collect();
+    let all = batched.run_batch(&TwinKv::paged(&spec, 4, 8), &admissions, &|_, _, _| true).unwrap();
+    let cut = batched.run_batch(&TwinKv::paged(&spec, 4, 8), &admissions, &|a, step, _| !(a == 1 && step == 4)).unwrap();
+    assert_eq!(cut[0], all[0]);
+    assert_eq!(cut[1].tokens, all[1].tokens[..5]);
+}
+
+#[test]
+fn the_slot_table_refuses_what_the_host_must_not_post() {
+    let (_, spec) = models().remove(0);
+    let weights = random_weights(&spec, 5);
+    let batched = Twin::with_schedule(&spec, &weights, Schedule::compile_batched(&spec, 3, 2).unwrap());
+    let kv = TwinKv::paged(&spec, 4, 8);
+    let none = |_: usize, _: usize, _: u32| true;
+    let a = job(1, 3, 6, 0, &[0], 0, spec.vocab_size); // steps 0..8
+    let err = |admissions: &[TwinAdmission<'_>]| batched.run_batch(&kv, admissions, &none).unwrap_err().to_string();
+    // A slot still taken, a page still in use, a slot or a page that does not exist, too few pages.
+    assert!(err(&[a.admission(), job(2, 3, 2, 0, &[1], 3, spec.vocab_size).admission()]).contains("which admission 0 still runs"));
+    assert!(err(&[a.admission(), job(2, 3, 2, 1, &[2, 0], 3, spec.vocab_size).admission()]).contains("shares a KV page"));
+    assert!(err(&[job(2, 3, 2, 2, &[1], 0, spec.vocab_size).admission()]).contains("batch slots"));
+    assert!(err(&[job(2, 3, 2, 1, &[4], 0, spec.vocab_size).admission()]).contains("pages"));
+    assert!(err(&[job(2, 5, 5, 1, &[1], 0, spec.vocab_size).admission()]).contains("positions"));
+    // The slot and the page are free again once the request has ended: step 8.
+    let b = job(2, 3, 2, 0, &[0], 8, spec.vocab_size);
+    let got = batched.run_batch(&kv, &[a.admission(), b.admission()], &none).unwrap();
+    assert_eq!(got[1].tokens.len(), 4);
 }

@@ -215,9 +215,10 @@ impl Field {
 
 /// The kernel's instruction fields, in `mk::Instr`'s order. `a`..`d` carry an
 /// op's own fields (`Work`): for the matrix-vector ops (Qkv, OProj, Mlp) rows
-/// `begin`, `end` and `tile`; for attention `kv_head`, `split`, `splits`; for
-/// the LM head `tile_rows`, `tiles` and the claim counter `claims`. `d` and
-/// the last two words are reserved (0).
+/// `begin`, `end` and `tile`; for attention `kv_head`, `split`, `splits` and
+/// `slot` (always 0 for the GPU kernel, which runs one sequence); for the LM
+/// head `tile_rows`, `tiles` and the claim counter `claims`. `d` of the other
+/// ops and the last two words are reserved (0).
 pub const INSTR_FIELDS: [(&str, Field); 9] = [
     ("op", Field::new(0, 0, 8)),
     ("layer", Field::new(0, 8, 8)),
@@ -241,19 +242,19 @@ impl Work {
     fn operands(&self) -> [u32; 4] {
         match *self {
             Work::Rows { begin, end, tile } => [begin, end, tile, 0],
-            Work::Attn { kv_head, split, splits } => [kv_head, split, splits, 0],
+            Work::Attn { slot, kv_head, split, splits } => [kv_head, split, splits, slot],
             Work::Claimed { tile_rows, tiles, claims } => [tile_rows, tiles, claims as u32, 0],
         }
     }
 
     /// The fields `op` carries, from the kernel's `a, b, c, d`.
     fn from_operands(op: Op, [a, b, c, d]: [u32; 4]) -> Result<Work, String> {
-        if d != 0 {
+        if d != 0 && op != Op::Attn {
             return Err(format!("{op:?} with reserved operand d = {d}"));
         }
         Ok(match op {
             Op::Qkv | Op::OProj | Op::Mlp => Work::Rows { begin: a, end: b, tile: c },
-            Op::Attn => Work::Attn { kv_head: a, split: b, splits: c },
+            Op::Attn => Work::Attn { slot: d, kv_head: a, split: b, splits: c },
             Op::LmHead => Work::Claimed { tile_rows: a, tiles: b, claims: u16::try_from(c).map_err(|_| format!("claim counter {c} over 16 bits"))? },
         })
     }
@@ -482,7 +483,8 @@ mod tests {
         let wait = Wait { counter: 0xfffe, per_step: 0xffff };
         let cases = [
             Instr { op: Op::Qkv, layer: 255, signal: 0xffff, wait, work: Work::Rows { begin: 0, end: u32::MAX, tile: 7 } },
-            Instr { op: Op::Attn, layer: 7, signal: 300, wait, work: Work::Attn { kv_head: 3, split: 5, splits: 16 } },
+            Instr { op: Op::Attn, layer: 7, signal: 300, wait, work: Work::Attn { slot: 0, kv_head: 3, split: 5, splits: 16 } },
+            Instr { op: Op::Attn, layer: 2, signal: 40, wait, work: Work::Attn { slot: 63, kv_head: 1, split: 0, splits: 44 } },
             Instr { op: Op::OProj, layer: 0, signal: 1, wait, work: Work::Rows { begin: 10, end: 20, tile: 4 } },
             Instr { op: Op::Mlp, layer: 1, signal: 2, wait, work: Work::Rows { begin: 1, end: 2, tile: 3 } },
             Instr { op: Op::LmHead, layer: 16, signal: 9, wait, work: Work::Claimed { tile_rows: 32, tiles: 4748, claims: 115 } },
@@ -492,7 +494,8 @@ mod tests {
         }
         // Where the kernel reads them: op | layer << 8 | signal << 16, wait | per_step << 16, a, b, c, d, 0, 0.
         assert_eq!(cases[1].encode(), [2 | 7 << 8 | 300 << 16, 0xfffe | 0xffff << 16, 3, 5, 16, 0, 0, 0]);
-        assert_eq!(cases[4].encode()[2..6], [32, 4748, 115, 0]);
+        assert_eq!(cases[2].encode()[2..6], [1, 0, 44, 63]); // the slot in d
+        assert_eq!(cases[5].encode()[2..6], [32, 4748, 115, 0]);
         // Every instruction of real schedules too.
         for sms in [1, 7, 132] {
             let s = Schedule::compile(&spec(576, 1536, 3, 9, 3, 64, 49152), sms).unwrap();

@@ -58,7 +58,10 @@ impl std::fmt::Display for StallSite {
             StallSite::StepStart => write!(f, "the start of the step"),
             StallSite::Unknown { index } => write!(f, "instruction {index} (not in the schedule)"),
             StallSite::Instr { instr: i, .. } => match i.work {
-                Work::Attn { kv_head, split, .. } => write!(f, "attention of layer {} (KV head {kv_head}, split {split})", i.layer),
+                Work::Attn { slot: 0, kv_head, split, .. } => write!(f, "attention of layer {} (KV head {kv_head}, split {split})", i.layer),
+                Work::Attn { slot, kv_head, split, .. } => {
+                    write!(f, "attention of layer {} (slot {slot}, KV head {kv_head}, split {split})", i.layer)
+                }
                 Work::Claimed { tiles, .. } => write!(f, "the LM head (claimed tiles, {tiles} per step)"),
                 Work::Rows { begin, end, .. } => write!(f, "{:?} of layer {} (rows {begin}..{end})", i.op, i.layer),
             },

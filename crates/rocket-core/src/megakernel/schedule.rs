@@ -16,6 +16,17 @@
 //! memory bandwidth, ~20 µs after the rest on the H200); the last SM to finish
 //! picks the token and writes the next step's embedding. Every SM's list follows
 //! this global order, which is what makes the schedule deadlock-free (see `verify`).
+//!
+//! A schedule serves `slots` sequences at once (batches in the persistent loop):
+//! each matrix tile computes its rows for every running slot, so a step streams
+//! the weights once whatever the batch; attention has items per (slot, KV head,
+//! split), and the LM head picks one token per slot. Nothing that decides a
+//! sequence's arithmetic depends on `slots`: the row tiles (an MLP tile's
+//! down-projection partial is a sum over its rows, so its rounding follows the
+//! tile's bounds) and the context splits per KV head are those of one sequence.
+//! So a sequence's tokens do not change with what else runs (batch invariance),
+//! and a kernel serving B slots keeps B partial sums per row where the one-slot
+//! kernel keeps one. The GPU kernel runs one slot today; the CPU twin runs any number.
 
 use super::abi::{OP_ATTN, OP_LMHEAD, OP_MLP, OP_OPROJ, OP_QKV, STEP_COUNTER};
 use super::geometry::{MatvecShape, MAX_SPLITS, PART_CAP};
@@ -49,16 +60,20 @@ pub enum Work {
     /// Output rows `begin..end` of the op's matrix; `tile` numbers the op's tiles
     /// (the LM head keeps one argmax per tile).
     Rows { begin: u32, end: u32, tile: u32 },
-    /// Split `split` of `splits` over the context, for the query heads of
-    /// `kv_head`: its partial (max, sum, weighted values), which every `OProj`
-    /// tile merges as it loads its input.
-    Attn { kv_head: u32, split: u32, splits: u32 },
+    /// Split `split` of `splits` over slot `slot`'s context, for the query
+    /// heads of `kv_head`: its partial (max, sum, weighted values), which every
+    /// `OProj` tile merges as it loads its input.
+    Attn { slot: u32, kv_head: u32, split: u32, splits: u32 },
     /// Tiles of `tile_rows` rows (the last may be shorter), `tiles` of them,
     /// handed out at run time by counter `claims`: the SM's weight stream claims
     /// one tile after another until none is left (kernels/src/megakernel.cu
     /// `WeightStream`). Every SM runs the op once per step and signals once.
     Claimed { tile_rows: u32, tiles: u32, claims: u16 },
 }
+
+/// Sequences one schedule serves at most (a step's partial sums per row and
+/// slot must still fit the CTA: see `tile_count`).
+pub const MAX_BATCH_SLOTS: usize = 64;
 
 /// Ring chunks in one claimed LM-head tile: small enough that the SMs finish
 /// within about a tile of each other, large enough that the per-tile barrier
@@ -122,11 +137,13 @@ pub struct Schedule {
     /// Instructions of each SM, in execution order.
     pub per_sm: Vec<Vec<Instr>>,
     pub counters: Counters,
-    /// Context splits per KV head in every attention op.
+    /// Context splits per KV head and slot in every attention op.
     pub splits: usize,
     /// LM-head arrivals per step, one per SM, each with the SM's argmax over
     /// the tiles it claimed (the argmax partials the last one reduces).
     pub lm_tiles: usize,
+    /// Sequences each step serves (slots of the batch).
+    pub batch_slots: usize,
 }
 
 /// The rows a matrix-vector op covers, and the partial sums each row keeps.
@@ -147,19 +164,31 @@ fn tile_count(rows: usize, parts_per_row: usize, sm_count: usize) -> usize {
 }
 
 impl Schedule {
-    /// The schedule for `spec` on `sm_count` SMs.
+    /// The schedule for one sequence of `spec` on `sm_count` SMs.
     pub fn compile(spec: &ModelSpec, sm_count: usize) -> Result<Self> {
         Self::compile_with_lm_tiles(spec, sm_count, LM_TILE_CHUNKS)
     }
 
-    /// The same with LM-head tiles of `lm_tile_chunks` ring chunks (fewer where
-    /// two tiles' partial sums would not fit the CTA).
+    /// The schedule for up to `slots` sequences per step.
+    pub fn compile_batched(spec: &ModelSpec, sm_count: usize, slots: usize) -> Result<Self> {
+        Self::compile_full(spec, sm_count, LM_TILE_CHUNKS, slots)
+    }
+
+    /// One sequence with LM-head tiles of `lm_tile_chunks` ring chunks (fewer
+    /// where two tiles' partial sums would not fit the CTA).
     pub fn compile_with_lm_tiles(spec: &ModelSpec, sm_count: usize, lm_tile_chunks: usize) -> Result<Self> {
+        Self::compile_full(spec, sm_count, lm_tile_chunks, 1)
+    }
+
+    fn compile_full(spec: &ModelSpec, sm_count: usize, lm_tile_chunks: usize, slots: usize) -> Result<Self> {
         if sm_count == 0 {
             return Err(RocketError::invalid_arg("sm_count", 0, "must be at least 1"));
         }
         if lm_tile_chunks == 0 {
             return Err(RocketError::invalid_arg("lm_tile_chunks", 0, "must be at least 1"));
+        }
+        if !(1..=MAX_BATCH_SLOTS).contains(&slots) {
+            return Err(RocketError::invalid_arg("batch slots", slots, format!("must be in [1, {MAX_BATCH_SLOTS}]")));
         }
         if let Some(why) = super::geometry::unsupported_reason(spec) {
             return Err(RocketError::Device(format!("no megakernel schedule: {why}")));
@@ -214,18 +243,20 @@ impl Schedule {
         for layer in 0..nl {
             let qkv_tiles = push_matvec(&matvec(Op::Qkv), layer, prev, &mut place)?;
             let after_qkv = Wait { counter: counters.op(Op::Qkv, layer), per_step: per_step(qkv_tiles)? };
-            for kv_head in 0..hkv {
-                for split in 0..splits {
-                    place(Instr {
-                        op: Op::Attn,
-                        layer: layer as u16,
-                        signal: counters.op(Op::Attn, layer),
-                        wait: after_qkv,
-                        work: Work::Attn { kv_head: kv_head as u32, split: split as u32, splits: splits as u32 },
-                    });
+            for slot in 0..slots {
+                for kv_head in 0..hkv {
+                    for split in 0..splits {
+                        place(Instr {
+                            op: Op::Attn,
+                            layer: layer as u16,
+                            signal: counters.op(Op::Attn, layer),
+                            wait: after_qkv,
+                            work: Work::Attn { slot: slot as u32, kv_head: kv_head as u32, split: split as u32, splits: splits as u32 },
+                        });
+                    }
                 }
             }
-            let after_attn = Wait { counter: counters.op(Op::Attn, layer), per_step: per_step(hkv * splits)? };
+            let after_attn = Wait { counter: counters.op(Op::Attn, layer), per_step: per_step(slots * hkv * splits)? };
             let o_tiles = push_matvec(&matvec(Op::OProj), layer, after_attn, &mut place)?;
             let after_o = Wait { counter: counters.op(Op::OProj, layer), per_step: per_step(o_tiles)? };
             let mlp_tiles = push_matvec(&matvec(Op::Mlp), layer, after_o, &mut place)?;
@@ -241,7 +272,7 @@ impl Schedule {
         for list in &mut per_sm {
             list.push(Instr { op: Op::LmHead, layer: nl as u16, signal: counters.lm_head(), wait: prev, work });
         }
-        Ok(Schedule { sm_count, per_sm, counters, splits, lm_tiles: sm_count })
+        Ok(Schedule { sm_count, per_sm, counters, splits, lm_tiles: sm_count, batch_slots: slots })
     }
 
     /// The device form: every SM's encoded instructions back to back, and where

@@ -5,6 +5,12 @@
 //! waits, attention splits and the O-proj merge of their partials, the token loop, masking,
 //! teacher forcing, stopping) against the reference backend with no GPU at hand.
 //!
+//! It also runs batched schedules the way a batched kernel would: a slot table
+//! that the last SM of each step updates (requests that end leave their slot,
+//! requests the host posted join at the step boundary), per-slot buffers, and
+//! a paged KV cache the slots share. That is the contract for batches in the
+//! persistent loop, checked here before the GPU kernel serves more than one slot.
+//!
 //! Shared buffers are atomics holding f32 bits, poisoned with NaN, so a read of
 //! something no instruction wrote shows up in the results instead of racing.
 
@@ -74,20 +80,41 @@ impl FixedSums {
     }
 }
 
-/// One sequence's KV cache, laid out as the GPU's ([position][layer][k | v][kv_dim])
-/// but in f32. Positions before a run's `pos0` must have been written by earlier runs.
+/// The KV cache the slots share: pages of `page_positions` positions, each laid
+/// out as the GPU's ([position][layer][k | v][kv_dim]) but in f32. A request
+/// reaches its positions through its page table (position p lives in page
+/// `pages[p / page_positions]`). Positions before a request's `pos0` must have
+/// been written by earlier runs.
 pub struct TwinKv {
     data: F32s,
-    capacity: usize,
+    pages: usize,
+    page_positions: usize,
+    /// f32 values per position (every layer's K and V).
+    per_position: usize,
 }
 
 impl TwinKv {
+    /// One sequence's cache: a single page of `capacity` positions.
     pub fn new(spec: &ModelSpec, capacity: usize) -> Self {
-        TwinKv { data: F32s::poisoned(capacity * spec.num_layers * 2 * spec.kv_dim()), capacity }
+        Self::paged(spec, 1, capacity)
+    }
+
+    /// `pages` pages of `page_positions` positions, for requests to take by page table.
+    pub fn paged(spec: &ModelSpec, pages: usize, page_positions: usize) -> Self {
+        let per_position = spec.num_layers * 2 * spec.kv_dim();
+        TwinKv { data: F32s::poisoned(pages * page_positions * per_position), pages, page_positions, per_position }
+    }
+
+    /// Where (position `p`, `layer`, K or V) of the request with page table
+    /// `pages` starts.
+    fn at(&self, pages: &[u32], p: usize, layer: usize, which: usize, kv_dim: usize) -> usize {
+        let position = pages[p / self.page_positions] as usize * self.page_positions + p % self.page_positions;
+        position * self.per_position + (layer * 2 + which) * kv_dim
     }
 }
 
-/// One launch of the token loop.
+/// One request's run through the token loop.
+#[derive(Clone, Copy)]
 pub struct TwinRequest<'a> {
     /// Position of `first_token` (the cache holds positions `0..pos0`).
     pub pos0: usize,
@@ -103,7 +130,20 @@ pub struct TwinRequest<'a> {
     pub mask_end_steps: usize,
 }
 
-#[derive(Debug)]
+/// A request the host hands a running loop: it takes batch slot `slot` from
+/// step `at_step` of the launch on (its first token embedded at the boundary
+/// before that step, as the kernel's last SM admits the host's posted
+/// requests), its cache positions in `pages` of the shared [`TwinKv`]. The slot
+/// must be free by then, and no running request may hold one of its pages.
+#[derive(Clone, Copy)]
+pub struct TwinAdmission<'a> {
+    pub request: TwinRequest<'a>,
+    pub slot: usize,
+    pub pages: &'a [u32],
+    pub at_step: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct TwinOutput {
     /// The argmax of every step that ran.
     pub tokens: Vec<u32>,
@@ -120,33 +160,86 @@ pub struct Twin<'w> {
     pub watchdog: Duration,
 }
 
-/// State of one run, shared by the virtual SMs.
-struct Run<'a> {
-    req: &'a TwinRequest<'a>,
-    kv: &'a TwinKv,
-    on_token: &'a (dyn Fn(usize, u32) -> bool + Sync),
-    counters: Vec<AtomicU32>,
+/// What one batch slot's sequence keeps between instructions (per slot, as
+/// the kernel's buffers would be).
+struct SlotBuffers {
     x: F32s,
     qkv: F32s,
     mlp_acc: FixedSums,
     /// [q head][split][head_dim] and [q head][split][max, sum].
     part_o: F32s,
     part_ml: F32s,
+    /// Each SM's argmax over the LM-head tiles it claimed.
     lm_max: F32s,
     lm_idx: Vec<AtomicU32>,
+}
+
+impl SlotBuffers {
+    fn poisoned(s: &ModelSpec, sched: &Schedule) -> Self {
+        SlotBuffers {
+            x: F32s::poisoned(s.hidden_size),
+            qkv: F32s::poisoned(s.q_dim() + 2 * s.kv_dim()),
+            mlp_acc: FixedSums::poisoned(s.hidden_size),
+            part_o: F32s::poisoned(s.num_heads * sched.splits * s.head_dim),
+            part_ml: F32s::poisoned(s.num_heads * sched.splits * 2),
+            lm_max: F32s::poisoned(sched.lm_tiles),
+            lm_idx: (0..sched.lm_tiles).map(|_| AtomicU32::new(u32::MAX)).collect(),
+        }
+    }
+}
+
+/// One request's results as the loop produces them.
+struct RequestOutput {
     logits: F32s,
     tokens: Vec<AtomicU32>,
     steps_run: AtomicU32,
+}
+
+/// No request in the slot.
+const FREE: u32 = 0;
+
+/// State of one launch, shared by the virtual SMs.
+struct Run<'a> {
+    admissions: &'a [TwinAdmission<'a>],
+    kv: &'a TwinKv,
+    on_token: &'a (dyn Fn(usize, usize, u32) -> bool + Sync),
+    counters: Vec<AtomicU32>,
+    slots: Vec<SlotBuffers>,
+    /// The slot table: the admission each slot runs (index + 1, or FREE) and
+    /// the launch step it joined at. The last SM of a step's LM head writes it
+    /// before it starts the next step, and every instruction of that step reads it.
+    occupant: Vec<AtomicU32>,
+    joined: Vec<AtomicU32>,
+    outputs: Vec<RequestOutput>,
+    /// Launch steps at most: every request has ended by then.
+    steps: u32,
     stop: AtomicBool,
     abort: AtomicBool,
 }
 
+impl Run<'_> {
+    /// The admission slot `slot` runs this step, if any.
+    fn occupant(&self, slot: usize) -> Option<usize> {
+        match self.occupant[slot].load(Ordering::Acquire) {
+            FREE => None,
+            a => Some(a as usize - 1),
+        }
+    }
+
+    /// Slots with a request at step `t`: (slot, admission, the request's own step).
+    fn running(&self, t: u32) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..self.slots.len())
+            .filter_map(move |slot| self.occupant(slot).map(|a| (slot, a, (t - self.joined[slot].load(Ordering::Relaxed)) as usize)))
+    }
+}
+
 impl<'w> Twin<'w> {
+    /// A twin of the one-sequence schedule on `sm_count` SMs.
     pub fn new(spec: &'w ModelSpec, weights: &'w ModelWeights, sm_count: usize) -> Result<Self> {
         Ok(Self::with_schedule(spec, weights, Schedule::compile(spec, sm_count)?))
     }
 
-    /// A twin over a given schedule (tests hand it broken ones).
+    /// A twin over a given schedule (batched ones, and broken ones in tests).
     pub fn with_schedule(spec: &'w ModelSpec, weights: &'w ModelWeights, schedule: Schedule) -> Self {
         Twin { spec, weights, inv_freq: rope::inv_freq(spec), schedule, watchdog: Duration::from_secs(60) }
     }
@@ -159,41 +252,59 @@ impl<'w> Twin<'w> {
         self.spec
     }
 
-    /// Runs the token loop. `on_token(step, argmax)` sees each step's token as it
+    /// Runs one request's token loop from the launch's first step, in slot 0 of
+    /// `kv`'s first page. `on_token(step, argmax)` sees each step's token as it
     /// is picked; returning false stops the loop after that step (the host's stop flag).
     pub fn run(&self, kv: &TwinKv, req: &TwinRequest<'_>, on_token: &(dyn Fn(usize, u32) -> bool + Sync)) -> Result<TwinOutput> {
+        let lone = [TwinAdmission { request: *req, slot: 0, pages: &[0], at_step: 0 }];
+        let mut out = self.run_batch(kv, &lone, &|_, step, token| on_token(step, token))?;
+        Ok(out.remove(0))
+    }
+
+    /// Runs a launch that serves `admissions`, each joining its slot at its
+    /// step, until every one has ended. `on_token(admission, step, argmax)`
+    /// sees each request's tokens as they are picked; false stops that request
+    /// after that step. Returns each admission's output, in order.
+    pub fn run_batch(
+        &self,
+        kv: &TwinKv,
+        admissions: &[TwinAdmission<'_>],
+        on_token: &(dyn Fn(usize, usize, u32) -> bool + Sync),
+    ) -> Result<Vec<TwinOutput>> {
         let s = self.spec;
-        if req.max_steps == 0 || req.pos0 + req.max_steps > kv.capacity {
-            return Err(RocketError::invalid_arg(
-                "max_steps",
-                req.max_steps,
-                format!("must be >= 1 with pos0 {} + max_steps within the cache's {} positions", req.pos0, kv.capacity),
-            ));
-        }
-        if req.first_token as usize >= s.vocab_size || req.forced.iter().any(|&t| t as usize >= s.vocab_size) {
-            return Err(RocketError::invalid_arg("token id", req.first_token, format!("must be < vocab size {}", s.vocab_size)));
+        for (i, a) in admissions.iter().enumerate() {
+            self.check_admission(kv, a).map_err(|e| match e {
+                RocketError::InvalidArgument { parameter, value, message } => {
+                    RocketError::InvalidArgument { parameter: format!("admission {i}: {parameter}"), value, message }
+                }
+                other => other,
+            })?;
         }
         let sched = &self.schedule;
+        let steps = admissions.iter().map(|a| a.at_step + a.request.max_steps).max().unwrap_or(0);
         let run = Run {
-            req,
+            admissions,
             kv,
             on_token,
             counters: (0..sched.counters.count()).map(|_| AtomicU32::new(0)).collect(),
-            x: F32s::poisoned(s.hidden_size),
-            qkv: F32s::poisoned(s.q_dim() + 2 * s.kv_dim()),
-            mlp_acc: FixedSums::poisoned(s.hidden_size),
-            part_o: F32s::poisoned(s.num_heads * sched.splits * s.head_dim),
-            part_ml: F32s::poisoned(s.num_heads * sched.splits * 2),
-            lm_max: F32s::poisoned(sched.lm_tiles),
-            lm_idx: (0..sched.lm_tiles).map(|_| AtomicU32::new(u32::MAX)).collect(),
-            logits: F32s::poisoned(req.max_steps * s.vocab_size),
-            tokens: (0..req.max_steps).map(|_| AtomicU32::new(u32::MAX)).collect(),
-            steps_run: AtomicU32::new(0),
+            slots: (0..sched.batch_slots).map(|_| SlotBuffers::poisoned(s, sched)).collect(),
+            occupant: (0..sched.batch_slots).map(|_| AtomicU32::new(FREE)).collect(),
+            joined: (0..sched.batch_slots).map(|_| AtomicU32::new(0)).collect(),
+            outputs: admissions
+                .iter()
+                .map(|a| RequestOutput {
+                    logits: F32s::poisoned(a.request.max_steps * s.vocab_size),
+                    tokens: (0..a.request.max_steps).map(|_| AtomicU32::new(u32::MAX)).collect(),
+                    steps_run: AtomicU32::new(0),
+                })
+                .collect(),
+            steps: u32::try_from(steps).map_err(|_| RocketError::invalid_arg("admissions", steps, "end past 2^32 steps"))?,
             stop: AtomicBool::new(false),
             abort: AtomicBool::new(false),
         };
-        // The launch prologue: the first token's embedding, then step 0 may start.
-        self.embed(&run, req.first_token);
+        // The launch prologue: the first requests' embeddings, then step 0 may start.
+        self.admit(&run, 0).map_err(|e| RocketError::Device(format!("megakernel twin: {e}")))?;
+        Self::end_if_idle(&run, 0);
         run.counters[Counters::STEP as usize].store(1, Ordering::Release);
 
         let errors: Vec<String> = std::thread::scope(|scope| {
@@ -213,13 +324,43 @@ impl<'w> Twin<'w> {
         if let Some(first) = errors.iter().find(|e| !e.contains("gave up")).or(errors.first()) {
             return Err(RocketError::Device(format!("megakernel twin: {first}")));
         }
-        let steps = run.steps_run.load(Ordering::Acquire) as usize;
-        let tokens = run.tokens[..steps].iter().map(|t| t.load(Ordering::Relaxed)).collect();
-        Ok(TwinOutput { tokens, logits: run.logits.read(0, steps * s.vocab_size) })
+        Ok(run
+            .outputs
+            .iter()
+            .map(|o| {
+                let steps = o.steps_run.load(Ordering::Acquire) as usize;
+                TwinOutput {
+                    tokens: o.tokens[..steps].iter().map(|t| t.load(Ordering::Relaxed)).collect(),
+                    logits: o.logits.read(0, steps * s.vocab_size),
+                }
+            })
+            .collect())
+    }
+
+    fn check_admission(&self, kv: &TwinKv, a: &TwinAdmission<'_>) -> Result<()> {
+        let (s, req) = (self.spec, &a.request);
+        if a.slot >= self.schedule.batch_slots {
+            return Err(RocketError::invalid_arg("slot", a.slot, format!("must be < the schedule's {} batch slots", self.schedule.batch_slots)));
+        }
+        if let Some(&page) = a.pages.iter().find(|&&p| p as usize >= kv.pages) {
+            return Err(RocketError::invalid_arg("page", page, format!("must be < the cache's {} pages", kv.pages)));
+        }
+        let capacity = a.pages.len() * kv.page_positions;
+        if req.max_steps == 0 || req.pos0 + req.max_steps > capacity {
+            return Err(RocketError::invalid_arg(
+                "max_steps",
+                req.max_steps,
+                format!("must be >= 1 with pos0 {} + max_steps within the request's {capacity} positions", req.pos0),
+            ));
+        }
+        if req.first_token as usize >= s.vocab_size || req.forced.iter().any(|&t| t as usize >= s.vocab_size) {
+            return Err(RocketError::invalid_arg("token id", req.first_token, format!("must be < vocab size {}", s.vocab_size)));
+        }
+        Ok(())
     }
 
     fn sm_loop(&self, sm: usize, run: &Run<'_>) -> std::result::Result<(), String> {
-        for t in 0..run.req.max_steps as u32 {
+        for t in 0..run.steps {
             self.wait(run, Counters::STEP, t + 1, sm, t, "the step start")?;
             if run.stop.load(Ordering::Acquire) {
                 return Ok(());
@@ -229,14 +370,14 @@ impl<'w> Twin<'w> {
                 self.wait(run, instr.wait.counter, target, sm, t, &format!("{:?} of layer {}", instr.op, instr.layer))?;
                 match instr.work {
                     Work::Rows { begin, end, .. } => self.matvec(run, instr, begin as usize..end as usize, t)?,
-                    Work::Attn { kv_head, split, splits } => {
-                        self.attention(run, instr, kv_head as usize, split as usize, splits as usize, t)
+                    Work::Attn { slot, kv_head, split, splits } => {
+                        self.attention(run, instr, slot as usize, kv_head as usize, split as usize, splits as usize, t)
                     }
                     Work::Claimed { tile_rows, tiles, claims } => {
                         if instr.op != Op::LmHead {
                             return Err(format!("{:?} of layer {} has claimed tiles: only the LM head does", instr.op, instr.layer));
                         }
-                        self.lm_head(run, instr, sm, tile_rows as usize, tiles, claims, t)
+                        self.lm_head(run, instr, sm, tile_rows as usize, tiles, claims, t)?
                     }
                 }
             }
@@ -263,24 +404,26 @@ impl<'w> Twin<'w> {
         run.counters[counter as usize].fetch_add(1, Ordering::AcqRel) + 1
     }
 
-    fn embed(&self, run: &Run<'_>, token: u32) {
+    /// `token`'s embedding as slot `slot`'s next input.
+    fn embed(&self, run: &Run<'_>, slot: usize, token: u32) {
         let d = self.spec.hidden_size;
         let mut row = vec![0f32; d];
         self.weights.embed_tokens.view().to_f32_into(token as usize * d, &mut row);
-        run.x.write(0, &row);
-        (0..d).for_each(|i| run.mlp_acc.zero(i));
+        let b = &run.slots[slot];
+        b.x.write(0, &row);
+        (0..d).for_each(|i| b.mlp_acc.zero(i));
     }
 
     /// The residual stream's element i: x plus the last MLP's sums (O-proj folds them into x).
-    fn residual(run: &Run<'_>, i: usize) -> f32 {
-        run.x.get(i) + run.mlp_acc.get(i)
+    fn residual(b: &SlotBuffers, i: usize) -> f32 {
+        b.x.get(i) + b.mlp_acc.get(i)
     }
 
     /// RMSNorm of the residual (`with_sums`) or of x alone (the MLP: O-proj has
     /// just folded the sums in, and other SMs' MLPs are adding new ones).
-    fn normed_x(&self, run: &Run<'_>, norm: &[f32], with_sums: bool) -> Vec<f32> {
+    fn normed_x(&self, b: &SlotBuffers, norm: &[f32], with_sums: bool) -> Vec<f32> {
         let d = self.spec.hidden_size;
-        let x: Vec<f32> = (0..d).map(|i| if with_sums { Self::residual(run, i) } else { run.x.get(i) }).collect();
+        let x: Vec<f32> = (0..d).map(|i| if with_sums { Self::residual(b, i) } else { b.x.get(i) }).collect();
         let mut h = vec![0f32; x.len()];
         rms_norm(&x, norm, self.spec.rms_norm_eps as f32, &mut h);
         h
@@ -303,42 +446,47 @@ impl<'w> Twin<'w> {
         out
     }
 
+    /// One tile of rows, for every running slot (the kernel streams the tile's
+    /// weights once and applies them to each slot's input).
     fn matvec(&self, run: &Run<'_>, instr: &Instr, rows: std::ops::Range<usize>, t: u32) -> std::result::Result<(), String> {
         let s = self.spec;
         let w = self.weights;
         let layer = instr.layer as usize;
         let n = rows.len();
-        match instr.op {
-            Op::Qkv => {
-                let h = self.normed_x(run, &w.layers[layer].attn_norm, true);
-                run.qkv.write(rows.start, &self.qkv_rows(layer, rows, &h));
-            }
-            Op::OProj => {
-                let input = self.merged_attention(run, t);
-                let mut out = vec![0f32; n];
-                matvec_rows(w.layers[layer].o_proj.view(), rows.clone(), s.q_dim(), &input, &mut out);
-                for (i, v) in rows.zip(out) {
-                    run.x.set(i, Self::residual(run, i) + v);
-                    run.mlp_acc.zero(i);
+        for (slot, _, _) in run.running(t) {
+            let b = &run.slots[slot];
+            match instr.op {
+                Op::Qkv => {
+                    let h = self.normed_x(b, &w.layers[layer].attn_norm, true);
+                    b.qkv.write(rows.start, &self.qkv_rows(layer, rows.clone(), &h));
                 }
-            }
-            Op::Mlp => {
-                let l = &w.layers[layer];
-                let h = self.normed_x(run, &l.mlp_norm, false);
-                let (mut gate, mut up) = (vec![0f32; n], vec![0f32; n]);
-                matvec_rows(l.gate_proj.view(), rows.clone(), s.hidden_size, &h, &mut gate);
-                matvec_rows(l.up_proj.view(), rows.clone(), s.hidden_size, &h, &mut up);
-                let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
-                // This tile's act values times the same columns of every down-projection row.
-                let (ff, down) = (s.intermediate_size, l.down_proj.view());
-                let mut cols = vec![0f32; n];
-                for j in 0..s.hidden_size {
-                    down.to_f32_into(j * ff + rows.start, &mut cols);
-                    run.mlp_acc.add(j, cols.iter().zip(&act).map(|(w, a)| w * a).sum());
+                Op::OProj => {
+                    let input = self.merged_attention(run, slot, t);
+                    let mut out = vec![0f32; n];
+                    matvec_rows(w.layers[layer].o_proj.view(), rows.clone(), s.q_dim(), &input, &mut out);
+                    for (i, v) in rows.clone().zip(out) {
+                        b.x.set(i, Self::residual(b, i) + v);
+                        b.mlp_acc.zero(i);
+                    }
                 }
+                Op::Mlp => {
+                    let l = &w.layers[layer];
+                    let h = self.normed_x(b, &l.mlp_norm, false);
+                    let (mut gate, mut up) = (vec![0f32; n], vec![0f32; n]);
+                    matvec_rows(l.gate_proj.view(), rows.clone(), s.hidden_size, &h, &mut gate);
+                    matvec_rows(l.up_proj.view(), rows.clone(), s.hidden_size, &h, &mut up);
+                    let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+                    // This tile's act values times the same columns of every down-projection row.
+                    let (ff, down) = (s.intermediate_size, l.down_proj.view());
+                    let mut cols = vec![0f32; n];
+                    for j in 0..s.hidden_size {
+                        down.to_f32_into(j * ff + rows.start, &mut cols);
+                        b.mlp_acc.add(j, cols.iter().zip(&act).map(|(w, a)| w * a).sum());
+                    }
+                }
+                Op::LmHead => return Err("the LM head's tiles are claimed, not listed".into()),
+                Op::Attn => unreachable!("attention carries Work::Attn"),
             }
-            Op::LmHead => return Err("the LM head's tiles are claimed, not listed".into()),
-            Op::Attn => unreachable!("attention carries Work::Attn"),
         }
         Self::signal(run, instr.signal);
         Ok(())
@@ -346,17 +494,16 @@ impl<'w> Twin<'w> {
 
     /// The LM head on virtual SM `sm`: the tiles it claims, as the kernel's
     /// weight stream claims them (claim k of step t is tile k - t (tiles + SMs);
-    /// the SM stops at the first claim past the tiles), each tile's logits, then
-    /// the SM's argmax over them in lm_max/lm_idx[sm]; the last SM to arrive
-    /// picks the token.
+    /// the SM stops at the first claim past the tiles), each tile's logits for
+    /// every running slot, then the SM's argmax per slot in the slot's
+    /// lm_max/lm_idx[sm]; the last SM to arrive picks the tokens.
     #[allow(clippy::too_many_arguments)]
-    fn lm_head(&self, run: &Run<'_>, instr: &Instr, sm: usize, tile_rows: usize, tiles: u32, claims: u16, t: u32) {
+    fn lm_head(&self, run: &Run<'_>, instr: &Instr, sm: usize, tile_rows: usize, tiles: u32, claims: u16, t: u32) -> std::result::Result<(), String> {
         let (s, w) = (self.spec, self.weights);
-        let h = self.normed_x(run, &w.final_norm, true);
-        let base = t as usize * s.vocab_size;
-        let masked = (t as usize) < run.req.mask_end_steps;
+        let running: Vec<_> = run.running(t).collect();
+        let h: Vec<Vec<f32>> = running.iter().map(|&(slot, _, _)| self.normed_x(&run.slots[slot], &w.final_norm, true)).collect();
         let per_step = tiles + self.schedule.sm_count as u32;
-        let (mut best, mut idx) = (f32::NEG_INFINITY, u32::MAX);
+        let mut best = vec![(f32::NEG_INFINITY, u32::MAX); running.len()];
         loop {
             let tile = run.counters[claims as usize].fetch_add(1, Ordering::Relaxed).wrapping_sub(t * per_step);
             if tile >= tiles {
@@ -364,54 +511,102 @@ impl<'w> Twin<'w> {
             }
             let begin = tile as usize * tile_rows;
             let rows = begin..(begin + tile_rows).min(s.vocab_size);
-            let mut out = vec![0f32; rows.len()];
-            matvec_rows(w.lm_head().view(), rows.clone(), s.hidden_size, &h, &mut out);
-            run.logits.write(base + begin, &out);
-            for (i, &v) in rows.zip(&out) {
-                let i = i as u32;
-                if masked && run.req.end_ids.contains(&i) {
-                    continue;
-                }
-                // As the kernel and the host argmax: -inf and NaN never win.
-                if v > f32::NEG_INFINITY && (v > best || (v == best && i < idx)) {
-                    (best, idx) = (v, i);
+            for (r, &(_, a, step)) in running.iter().enumerate() {
+                let (a, output) = (&run.admissions[a], &run.outputs[a]);
+                let mut out = vec![0f32; rows.len()];
+                matvec_rows(w.lm_head().view(), rows.clone(), s.hidden_size, &h[r], &mut out);
+                output.logits.write(step * s.vocab_size + begin, &out);
+                let masked = step < a.request.mask_end_steps;
+                let (best_v, best_i) = &mut best[r];
+                for (i, &v) in rows.clone().zip(&out) {
+                    let i = i as u32;
+                    if masked && a.request.end_ids.contains(&i) {
+                        continue;
+                    }
+                    // As the kernel and the host argmax: -inf and NaN never win.
+                    if v > f32::NEG_INFINITY && (v > *best_v || (v == *best_v && i < *best_i)) {
+                        (*best_v, *best_i) = (v, i);
+                    }
                 }
             }
         }
-        run.lm_max.set(sm, best);
-        run.lm_idx[sm].store(idx, Ordering::Relaxed);
-        if Self::signal(run, instr.signal) == (t + 1) * self.schedule.lm_tiles as u32 {
-            self.pick_token(run, t);
+        for (&(slot, _, _), &(v, i)) in running.iter().zip(&best) {
+            run.slots[slot].lm_max.set(sm, v);
+            run.slots[slot].lm_idx[sm].store(i, Ordering::Relaxed);
         }
+        if Self::signal(run, instr.signal) == (t + 1) * self.schedule.lm_tiles as u32 {
+            self.pick_tokens(run, t)?;
+        }
+        Ok(())
     }
 
-    /// The last SM of the LM head: reduce the SMs' argmaxes (lowest index on ties),
-    /// publish the token, decide whether to go on, embed the next input and
-    /// start the next step.
-    fn pick_token(&self, run: &Run<'_>, t: u32) {
-        let (mut best, mut token) = (f32::NEG_INFINITY, u32::MAX);
-        for tile in 0..self.schedule.lm_tiles {
-            let (v, i) = (run.lm_max.get(tile), run.lm_idx[tile].load(Ordering::Relaxed));
-            if i != u32::MAX && (v > best || (v == best && i < token)) {
-                (best, token) = (v, i);
+    /// The last SM of the LM head: for every running slot, reduce the SMs'
+    /// argmaxes (lowest index on ties), publish the token and decide whether
+    /// the request goes on (then embed its next input) or ends (then its slot
+    /// is free); admit the requests posted for the next step; start it.
+    fn pick_tokens(&self, run: &Run<'_>, t: u32) -> std::result::Result<(), String> {
+        let running: Vec<(usize, usize, usize)> = run.running(t).collect();
+        for (slot, a, step) in running {
+            let b = &run.slots[slot];
+            let (mut best, mut token) = (f32::NEG_INFINITY, u32::MAX);
+            for sm in 0..self.schedule.lm_tiles {
+                let (v, i) = (b.lm_max.get(sm), b.lm_idx[sm].load(Ordering::Relaxed));
+                if i != u32::MAX && (v > best || (v == best && i < token)) {
+                    (best, token) = (v, i);
+                }
+            }
+            if token == u32::MAX {
+                token = 0; // every logit NaN or masked: as the host argmax, index 0
+            }
+            let (req, out) = (&run.admissions[a].request, &run.outputs[a]);
+            out.tokens[step].store(token, Ordering::Relaxed);
+            let free_running = step >= req.forced.len();
+            let keep_going = (run.on_token)(a, step, token);
+            let stop = step + 1 >= req.max_steps || !keep_going || (free_running && req.end_ids.contains(&token));
+            out.steps_run.store(step as u32 + 1, Ordering::Release);
+            if stop {
+                run.occupant[slot].store(FREE, Ordering::Release);
+            } else {
+                self.embed(run, slot, if free_running { token } else { req.forced[step] });
             }
         }
-        if token == u32::MAX {
-            token = 0; // every logit NaN or masked: as the host argmax, index 0
-        }
-        let step = t as usize;
-        run.tokens[step].store(token, Ordering::Relaxed);
-        let req = run.req;
-        let free_running = step >= req.forced.len();
-        let keep_going = (run.on_token)(step, token);
-        let stop = step + 1 >= req.max_steps || !keep_going || (free_running && req.end_ids.contains(&token));
-        if stop {
-            run.stop.store(true, Ordering::Release);
-        } else {
-            self.embed(run, if free_running { token } else { req.forced[step] });
-        }
-        run.steps_run.store(t + 1, Ordering::Release);
+        self.admit(run, t + 1)?;
+        Self::end_if_idle(run, t + 1);
         Self::signal(run, Counters::STEP);
+        Ok(())
+    }
+
+    /// Admits the requests posted for step `t`: each takes its slot (poisoned
+    /// first, so nothing of the slot's last request can be read unnoticed) and
+    /// its first token's embedding.
+    fn admit(&self, run: &Run<'_>, t: u32) -> std::result::Result<(), String> {
+        for (a, adm) in run.admissions.iter().enumerate().filter(|(_, adm)| adm.at_step == t as usize) {
+            if let Some(other) = run.occupant(adm.slot) {
+                return Err(format!("admission {a} joins slot {} at step {t}, which admission {other} still runs", adm.slot));
+            }
+            let shares_a_page = |&(_, o, _): &(usize, usize, usize)| run.admissions[o].pages.iter().any(|p| adm.pages.contains(p));
+            if let Some((other, _, _)) = run.running(t).find(shares_a_page) {
+                return Err(format!("admission {a} shares a KV page with the request in slot {other} at step {t}"));
+            }
+            let s = self.spec;
+            let fresh = SlotBuffers::poisoned(s, &self.schedule);
+            let b = &run.slots[adm.slot];
+            for (dst, src) in [(&b.x, &fresh.x), (&b.qkv, &fresh.qkv), (&b.part_o, &fresh.part_o), (&b.part_ml, &fresh.part_ml), (&b.lm_max, &fresh.lm_max)] {
+                dst.write(0, &src.read(0, src.0.len()));
+            }
+            self.embed(run, adm.slot, adm.request.first_token);
+            run.joined[adm.slot].store(t, Ordering::Relaxed);
+            run.occupant[adm.slot].store(a as u32 + 1, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Ends the launch once no slot runs a request and none is posted for a later step.
+    fn end_if_idle(run: &Run<'_>, t: u32) {
+        let busy = (0..run.slots.len()).any(|slot| run.occupant(slot).is_some());
+        if !busy && !run.admissions.iter().any(|a| a.at_step > t as usize) {
+            run.stop.store(true, Ordering::Release);
+        }
     }
 
     /// q/k-norm and RoPE of one head, as the reference does.
@@ -422,29 +617,37 @@ impl<'w> Twin<'w> {
         rope::apply(head, pos, &self.inv_freq);
     }
 
-    fn attention(&self, run: &Run<'_>, instr: &Instr, g: usize, split: usize, splits: usize, t: u32) {
+    /// One split of slot `slot`'s attention for the query heads of KV head `g`
+    /// (an empty slot's items only arrive).
+    #[allow(clippy::too_many_arguments)]
+    fn attention(&self, run: &Run<'_>, instr: &Instr, slot: usize, g: usize, split: usize, splits: usize, t: u32) {
+        let Some((_, a, step)) = run.running(t).find(|&(s, _, _)| s == slot) else {
+            Self::signal(run, instr.signal);
+            return;
+        };
+        let (b, adm) = (&run.slots[slot], &run.admissions[a]);
         let s = self.spec;
-        let (hd, qd, kvd, nl) = (s.head_dim, s.q_dim(), s.kv_dim(), s.num_layers);
+        let (hd, qd, kvd) = (s.head_dim, s.q_dim(), s.kv_dim());
         let layer = instr.layer as usize;
         let lw = &self.weights.layers[layer];
         let group = s.num_heads / s.num_kv_heads;
-        let pos = run.req.pos0 + t as usize;
+        let pos = adm.request.pos0 + step;
         let context = pos + 1;
         let used = used_splits(context, splits);
         let chunk = context.div_ceil(used);
         let (begin, end) = ((split * chunk).min(context), ((split + 1) * chunk).min(context));
 
-        let mut k = run.qkv.read(qd + g * hd, hd);
+        let mut k = b.qkv.read(qd + g * hd, hd);
         self.rotate(&mut k, lw.k_norm.as_ref(), pos);
-        let kv_at = |p: usize, which: usize| ((p * nl + layer) * 2 + which) * kvd + g * hd;
+        let kv_at = |p: usize, which: usize| run.kv.at(adm.pages, p, layer, which, kvd) + g * hd;
         if (begin..end).contains(&pos) {
             run.kv.data.write(kv_at(pos, 0), &k);
-            run.kv.data.write(kv_at(pos, 1), &run.qkv.read(qd + kvd + g * hd, hd));
+            run.kv.data.write(kv_at(pos, 1), &b.qkv.read(qd + kvd + g * hd, hd));
         }
         let scale = 1.0 / (hd as f32).sqrt();
         // Splits past `used` are empty: they only arrive (and write no partials).
         for head in (g * group..(g + 1) * group).filter(|_| split < used) {
-            let mut q = run.qkv.read(head * hd, hd);
+            let mut q = b.qkv.read(head * hd, hd);
             self.rotate(&mut q, lw.q_norm.as_ref(), pos);
             let (mut m, mut l, mut o) = (f32::NEG_INFINITY, 0f32, vec![0f32; hd]);
             for p in begin..end {
@@ -459,25 +662,27 @@ impl<'w> Twin<'w> {
                 l = l * corr + w;
                 m = m_new;
             }
-            let slot = head * splits + split;
-            run.part_o.write(slot * hd, &o);
-            run.part_ml.set(slot * 2, m);
-            run.part_ml.set(slot * 2 + 1, l);
+            let at = head * splits + split;
+            b.part_o.write(at * hd, &o);
+            b.part_ml.set(at * 2, m);
+            b.part_ml.set(at * 2 + 1, l);
         }
         Self::signal(run, instr.signal);
     }
 
-    /// Step `t`'s attention output, every q head merged from its used splits'
-    /// partials as each O-proj tile does (kernels/src/mk_attention.cuh `merge_group`).
-    fn merged_attention(&self, run: &Run<'_>, t: u32) -> Vec<f32> {
+    /// Slot `slot`'s attention output at step `t`, every q head merged from its
+    /// used splits' partials as each O-proj tile does (kernels/src/mk_attention.cuh `merge_group`).
+    fn merged_attention(&self, run: &Run<'_>, slot: usize, t: u32) -> Vec<f32> {
         let s = self.spec;
         let hd = s.head_dim;
         let splits = self.schedule.splits;
-        let used = used_splits(run.req.pos0 + t as usize + 1, splits);
+        let (_, a, step) = run.running(t).find(|&(s, _, _)| s == slot).expect("O-proj runs for running slots");
+        let used = used_splits(run.admissions[a].request.pos0 + step + 1, splits);
+        let b = &run.slots[slot];
         let mut attn = Vec::with_capacity(s.q_dim());
         for head in 0..s.num_heads {
             let parts: Vec<(f32, f32)> =
-                (0..used).map(|sp| (run.part_ml.get((head * splits + sp) * 2), run.part_ml.get((head * splits + sp) * 2 + 1))).collect();
+                (0..used).map(|sp| (b.part_ml.get((head * splits + sp) * 2), b.part_ml.get((head * splits + sp) * 2 + 1))).collect();
             let big_m = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
             let mut total = 0f32;
             let mut out = vec![0f32; hd];
@@ -487,7 +692,7 @@ impl<'w> Twin<'w> {
                 }
                 let f = (m - big_m).exp();
                 total += l * f;
-                for (acc, v) in out.iter_mut().zip(run.part_o.read((head * splits + sp) * hd, hd)) {
+                for (acc, v) in out.iter_mut().zip(b.part_o.read((head * splits + sp) * hd, hd)) {
                     *acc += v * f;
                 }
             }

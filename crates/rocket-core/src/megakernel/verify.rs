@@ -1,5 +1,5 @@
 //! Checks a compiled [`Schedule`] before it reaches a GPU: every output row and
-//! attention split is computed exactly once per step (the LM head's claimed
+//! attention split (of every slot) is computed exactly once per step (the LM head's claimed
 //! tiles cover the vocabulary and every SM claims them once), every instruction waits
 //! for exactly the work it reads, and the SMs, each running its list in order,
 //! always finish: simulated under several interleavings over several steps.
@@ -135,7 +135,7 @@ fn check_coverage(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
     let nl = spec.num_layers;
     check_lm_head(s, spec)?;
     let mut rows: BTreeMap<(usize, Op), Tiles> = BTreeMap::new();
-    let mut attn: BTreeMap<usize, Vec<(u32, u32)>> = BTreeMap::new();
+    let mut attn: BTreeMap<usize, Vec<(u32, u32, u32)>> = BTreeMap::new();
     for i in s.per_sm.iter().flatten() {
         let layer = i.layer as usize;
         let layer_ok = if i.op == Op::LmHead { layer == nl } else { layer < nl };
@@ -143,11 +143,11 @@ fn check_coverage(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
             return Err(format!("{:?} in layer {layer} of a {nl}-layer model", i.op));
         }
         match (i.op, i.work) {
-            (Op::Attn, Work::Attn { kv_head, split, splits, .. }) => {
-                if splits as usize != s.splits || split >= splits || kv_head as usize >= spec.num_kv_heads {
-                    return Err(format!("attention item (head {kv_head}, split {split}/{splits}) in layer {layer}"));
+            (Op::Attn, Work::Attn { slot, kv_head, split, splits }) => {
+                if splits as usize != s.splits || split >= splits || kv_head as usize >= spec.num_kv_heads || slot as usize >= s.batch_slots {
+                    return Err(format!("attention item (slot {slot}, head {kv_head}, split {split}/{splits}) in layer {layer}"));
                 }
-                attn.entry(layer).or_default().push((kv_head, split));
+                attn.entry(layer).or_default().push((slot, kv_head, split));
             }
             (Op::LmHead, Work::Claimed { .. }) => {} // check_lm_head
             (op, Work::Rows { begin, end, tile }) if op != Op::Attn && op != Op::LmHead => {
@@ -179,10 +179,12 @@ fn check_coverage(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
         }
         let mut items = attn.remove(&layer).unwrap_or_default();
         items.sort();
-        let want: Vec<(u32, u32)> =
-            (0..spec.num_kv_heads as u32).flat_map(|g| (0..s.splits as u32).map(move |sp| (g, sp))).collect();
+        let (heads, splits) = (spec.num_kv_heads as u32, s.splits as u32);
+        let want: Vec<(u32, u32, u32)> = (0..s.batch_slots as u32)
+            .flat_map(|slot| (0..heads).flat_map(move |g| (0..splits).map(move |sp| (slot, g, sp))))
+            .collect();
         if items != want {
-            return Err(format!("attention of layer {layer} does not cover every (KV head, split) once"));
+            return Err(format!("attention of layer {layer} does not cover every (slot, KV head, split) once"));
         }
     }
     if let Some(((layer, op), _)) = rows.into_iter().next() {
@@ -206,8 +208,13 @@ fn check_waits(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
             return Err(format!("{:?} of layer {layer} signals counter {} instead of {want_signal}", i.op, i.signal));
         }
         if let Work::Attn { splits, .. } = i.work {
-            if signals[&i.signal] != splits as usize * spec.num_kv_heads {
-                return Err(format!("attention of layer {layer}: {} signals for {splits} splits of {} KV heads", signals[&i.signal], spec.num_kv_heads));
+            if signals[&i.signal] != s.batch_slots * splits as usize * spec.num_kv_heads {
+                return Err(format!(
+                    "attention of layer {layer}: {} signals for {splits} splits of {} KV heads and {} slots",
+                    signals[&i.signal],
+                    spec.num_kv_heads,
+                    s.batch_slots
+                ));
             }
         }
         if i.op == Op::LmHead && signals[&i.signal] != s.lm_tiles {
@@ -332,6 +339,70 @@ pub(crate) mod tests {
                 verify(&s, spec).unwrap_or_else(|e| panic!("{name} on {sms} SMs: {e}"));
             }
         }
+    }
+
+    #[test]
+    fn batched_schedules_verify_and_keep_the_splits_of_one_sequence() {
+        let fuels = [spec(2048, 8192, 16, 32, 8, 64, 128256), spec(1024, 3072, 28, 16, 8, 128, 151936), spec(576, 1536, 30, 9, 3, 64, 49152)];
+        for spec in &fuels {
+            for sms in [7, 132] {
+                let one = Schedule::compile(spec, sms).unwrap();
+                for slots in [2, 16, 64] {
+                    let s = Schedule::compile_batched(spec, sms, slots).unwrap();
+                    verify(&s, spec).unwrap_or_else(|e| panic!("{slots} slots on {sms} SMs: {e}"));
+                    // A sequence's rows and attention are cut the same whatever the batch: batch invariance.
+                    assert_eq!(s.splits, one.splits);
+                    let tiles = |s: &Schedule| -> Vec<Work> {
+                        let mut w: Vec<Work> = s.per_sm.iter().flatten().filter(|i| i.op != Op::Attn).map(|i| i.work).collect();
+                        w.sort_by_key(|w| format!("{w:?}"));
+                        w
+                    };
+                    assert_eq!(tiles(&s), tiles(&one));
+                    let attn = s.per_sm.iter().flatten().filter(|i| i.op == Op::Attn && i.layer == 0).count();
+                    assert_eq!(attn, slots * spec.num_kv_heads * s.splits);
+                }
+            }
+        }
+        let llama = &fuels[0];
+        assert!(Schedule::compile_batched(llama, 132, 0).is_err());
+        assert!(Schedule::compile_batched(llama, 132, super::super::schedule::MAX_BATCH_SLOTS + 1).is_err());
+    }
+
+    #[test]
+    fn broken_batched_schedules_are_caught() {
+        let small = spec(64, 128, 3, 4, 2, 64, 300);
+        let good = Schedule::compile_batched(&small, 5, 3).unwrap();
+        verify(&good, &small).unwrap();
+        // Slot 2's attention lost: its O-proj would merge partials nobody wrote.
+        let mut s = good.clone();
+        for list in &mut s.per_sm {
+            list.retain(|i| !matches!(i.work, Work::Attn { slot: 2, split: 0, kv_head: 1, .. } if i.layer == 1));
+        }
+        assert!(verify(&s, &small).unwrap_err().contains("(slot, KV head, split)"));
+        // One slot's item twice in place of another's.
+        let mut s = good.clone();
+        let i = s.per_sm.iter_mut().flatten().find(|i| matches!(i.work, Work::Attn { slot: 1, .. })).unwrap();
+        if let Work::Attn { slot, .. } = &mut i.work {
+            *slot = 0;
+        }
+        assert!(verify(&s, &small).unwrap_err().contains("(slot, KV head, split)"));
+        // A slot past the batch.
+        let mut s = good.clone();
+        let i = s.per_sm.iter_mut().flatten().find(|i| matches!(i.work, Work::Attn { slot: 2, .. })).unwrap();
+        if let Work::Attn { slot, .. } = &mut i.work {
+            *slot = 3;
+        }
+        assert!(verify(&s, &small).unwrap_err().contains("slot 3"));
+        // O-proj waiting for one sequence's splits only.
+        let mut s = good.clone();
+        for i in s.per_sm.iter_mut().flatten().filter(|i| i.op == Op::OProj) {
+            i.wait.per_step /= 3;
+        }
+        assert!(verify(&s, &small).unwrap_err().contains("waits"));
+        // A schedule claiming fewer slots than its attention items serve.
+        let mut s = good.clone();
+        s.batch_slots = 2;
+        assert!(verify(&s, &small).is_err());
     }
 
     #[test]
