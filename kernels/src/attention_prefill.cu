@@ -17,9 +17,14 @@
 // weights are exactly 0 and its correction exp2(0) = 1). So the tiling of a
 // chunk into CTAs, and whatever else shares the pass, cannot change a row.
 //
+// Keys and values are staged with cp.async into two buffers: the copies of the
+// next 64 positions are in flight while the MMAs run on these (a CTA of 4 warps,
+// 2-3 per SM at these register counts, had little else to hide a load behind).
+//
 // grid = (tiles, n_heads), block = 128 (4 warps; warp w owns query rows
-// 16w..16w+15 of its tile). tiles[t] = (first row, rows): up to 64 consecutive
-// rows of one sequence, at consecutive positions from meta[first].position.
+// 16w..16w+15 of its tile), dynamic shared memory PREFILL_SMEM_BYTES(D).
+// tiles[t] = (first row, rows): up to 64 consecutive rows of one sequence, at
+// consecutive positions from meta[first].position.
 // Output: out[row][head * D + d], f32, as attn_merge writes it.
 //
 // mma.sync m16n8k16 fragments (PTX ISA), g = lane / 4, c = lane % 4:
@@ -32,6 +37,8 @@
 
 #define PREFILL_TILE 64     // query rows per CTA and key positions per step
 #define PREFILL_THREADS 128 // 4 warps x 16 rows
+// Two buffers of keys and values, rows of D + 8 bf16 (kernels.rs `prefill_smem_bytes`).
+#define PREFILL_SMEM_BYTES(D) (2 * 2 * PREFILL_TILE * ((D) + 8) * 2)
 
 struct PrefillTile {
     int32_t first_row;
@@ -51,6 +58,14 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uin
     lo = pack_bf16x2(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
 }
 
+// 16 bytes global -> shared, or 16 zero bytes where `live` is false (src-size 0:
+// nothing is read).
+__device__ __forceinline__ void cp_async16_or_zero(uint16_t* dst, const uint16_t* src, bool live) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src),
+                 "r"(live ? 16 : 0)
+                 : "memory");
+}
+
 __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -65,8 +80,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
                                                   int n_kv, int layer, int n_layers, float scale) {
     constexpr int T = PREFILL_TILE, KS = D + 8;  // shared row stride in bf16: 16 bytes of padding spread the banks
     constexpr int KSTEPS = D / 16, DT = D / 8, NT = T / 8;
-    __shared__ __align__(16) uint16_t sk[T * KS];
-    __shared__ __align__(16) uint16_t sv[T * KS];
+    extern __shared__ __align__(16) uint16_t prefill_smem[];  // [buffer][k | v][T * KS]
 
     // The longest tiles (latest positions) first, so the short ones fill the tail.
     const PrefillTile tile = tiles[gridDim.x - 1 - blockIdx.x];
@@ -109,24 +123,37 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
 
     // Keys at positions [0, end): the last row's context.
     const int end = p0 + tile.rows;
-    for (int k0 = 0; k0 < end; k0 += T) {
-        // Stage keys and values of positions k0..k0+63 (zeros past `end`: a masked
-        // weight times a NaN would still be NaN).
-        __syncthreads();  // the previous step's reads are done
+    // Queue the copies of keys and values of positions k0..k0+63 into buffer b
+    // (zeros past `end`: a masked weight times a NaN would still be NaN), as one
+    // cp.async group.
+    auto stage = [&](int b, int k0) {
+        uint16_t* sk = prefill_smem + b * 2 * T * KS;
+        uint16_t* sv = sk + T * KS;
         constexpr int CHUNKS = T * D / 8;  // 16-byte chunks per tile
 #pragma unroll
         for (int i = threadIdx.x; i < CHUNKS; i += PREFILL_THREADS) {
             const int key = i / (D / 8), ch = i % (D / 8);
-            uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
-            if (k0 + key < end) {
-                const uint16_t* src = kv0 + (size_t)(k0 + key) * pos_stride + ch * 8;
-                kx = *reinterpret_cast<const uint4*>(src);
-                vx = *reinterpret_cast<const uint4*>(src + kvd);
-            }
-            *reinterpret_cast<uint4*>(sk + key * KS + ch * 8) = kx;
-            *reinterpret_cast<uint4*>(sv + key * KS + ch * 8) = vx;
+            const bool live = k0 + key < end;
+            const uint16_t* src = live ? kv0 + (size_t)(k0 + key) * pos_stride + ch * 8 : kv0;
+            cp_async16_or_zero(sk + key * KS + ch * 8, src, live);
+            cp_async16_or_zero(sv + key * KS + ch * 8, src + (live ? kvd : 0), live);
         }
-        __syncthreads();
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    stage(0, 0);
+    for (int k0 = 0, b = 0; k0 < end; k0 += T, b ^= 1) {
+        // The next positions' copies go to the other buffer (every warp finished
+        // reading it at the end of the last step); an empty group past the end
+        // keeps the count of groups in flight the same.
+        if (k0 + T < end) {
+            stage(b ^ 1, k0 + T);
+        } else {
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this thread's copies of buffer b landed
+        __syncthreads();                                       // and every thread's
+        const uint16_t* sk = prefill_smem + b * 2 * T * KS;
+        const uint16_t* sv = sk + T * KS;
 
         // Scores: S = Q K^T for this warp's 16 rows and the 64 keys (8 tiles of 8).
         float s[NT][4];
@@ -205,6 +232,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
                 mma_16x8x16(o[dt], pl, b0, b1);
             }
         }
+        __syncthreads();  // every warp is done with buffer b before the next step refills it
     }
 
     // Whole-row sums, then normalise and store this thread's columns of its two rows.

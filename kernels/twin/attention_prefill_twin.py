@@ -46,7 +46,7 @@ NEG_INF = F32(-np.inf)
 # The kernel source this twin was last checked against: a different hash means the
 # twin may no longer mirror the kernel (update both, then this hash).
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill.cu"
-KERNEL_SHA256 = "28a8bc07e5268d22147083e40d6deaec9e71e759e4af0b199b5a60a6043c7f27"
+KERNEL_SHA256 = "3e988b625175b74bbae7719de0d3294bab4548704ee76f5625abb41f0c11cc42"
 POISON_BF16 = 0xFFFF  # a NaN: what an unwritten cache slot or shared word holds here
 
 
@@ -154,8 +154,11 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
     D = L.D
     KS = D + 8
     KSTEPS, DT, NT = D // 16, D // 8, T // 8
-    sk = np.full(T * KS, POISON_BF16, np.uint32)  # shared memory is not zeroed: a NaN shows a stray read
-    sv = np.full(T * KS, POISON_BF16, np.uint32)
+    # Two buffers of keys and values (the kernel's dynamic shared memory). Shared
+    # memory is not zeroed: a NaN shows a stray read.
+    skb = [np.full(T * KS, POISON_BF16, np.uint32) for _ in range(2)]
+    svb = [np.full(T * KS, POISON_BF16, np.uint32) for _ in range(2)]
+    in_flight = [None]  # the buffer whose copies are still landing while the MMAs run
 
     grid_x = len(L.tiles)
     first_row, rows = (int(x) for x in L.tiles[grid_x - 1 - bx])
@@ -186,6 +189,8 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
         return shared_u16(arr, idx) | (shared_u16(arr, idx + 1) << np.uint32(16))
 
     def shared_u16(arr, idx):
+        if in_flight[0] is not None and (arr is skb[in_flight[0]] or arr is svb[in_flight[0]]):
+            raise TwinFault("shared load from the buffer whose copies are in flight")
         if (idx < 0).any() or (idx >= T * KS).any():
             raise TwinFault("shared load out of bounds")
         if (idx % KS >= D).any():
@@ -226,9 +231,10 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
     end = p0 + rows
     if "end_past" in mut:
         end += 1
-    k0 = 0
-    while k0 < end:
-        # Stage keys and values of positions k0..k0+63 (zeros past end).
+    def stage(b, k0):
+        # Keys and values of positions k0..k0+63 into buffer b (zeros past end):
+        # cp.async of 16 bytes, or 16 zero bytes (src-size 0).
+        sk, sv = skb[b], svb[b]
         CHUNKS = T * D // 8
         tid = np.arange(THREADS)
         for base in range(0, CHUNKS, THREADS):
@@ -254,6 +260,19 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
                     raise TwinFault("bad 16-byte shared store")
                 sk[dst : dst + 8] = kx
                 sv[dst : dst + 8] = vx
+
+    k0, b = 0, 0
+    stage(0, 0)
+    while k0 < end:
+        # The next positions' copies go to the other buffer while this one is read.
+        nxt = b if "same_buffer" in mut else b ^ 1
+        if k0 + T < end:
+            stage(nxt, k0 + T)
+            in_flight[0] = nxt
+        else:
+            in_flight[0] = None
+        cur = (b ^ 1) if "read_other_buffer" in mut else b
+        sk, sv = skb[cur], svb[cur]
 
         # Scores S = Q K^T: 8 tiles of 8 keys.
         s = np.zeros((NT, NWARPS, 32, 4), F32)
@@ -326,6 +345,8 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
                 o[dt] = mma_m16n8k16(o[dt], ph, b0, b1)
                 o[dt] = mma_m16n8k16(o[dt], pl, b0, b1)
         k0 += T
+        b ^= 1
+        in_flight[0] = None
 
     sum_a = sum_a + shfl_xor(sum_a, 1)
     if "sum_shfl_one" not in mut:
@@ -511,6 +532,8 @@ MUTANTS = {
     "sum_b_order": "rows g+8 add the quad's sums in another order (accurate, not tiling-invariant)",
     "kv_head_mod": "kv_head = head % n_kv instead of head / (n_heads / n_kv)",
     "v_reads_k": "values read at the key offset (no + kvd)",
+    "same_buffer": "the next positions' copies into the buffer being read",
+    "read_other_buffer": "the MMAs read the buffer whose copies are in flight",
 }
 
 

@@ -219,7 +219,12 @@ impl Kernels {
             rope_kv: f("rope_store_kv")?,
             attn_partial: f(&format!("attn_partial_hd{head_dim}"))?,
             attn_merge: f(&format!("attn_merge_hd{head_dim}"))?,
-            attn_prefill: f(&format!("attn_prefill_hd{head_dim}"))?,
+            attn_prefill: {
+                let func = f(&format!("attn_prefill_hd{head_dim}"))?;
+                // hd128's two buffers (68 KiB) are over the 48 KiB a launch gets without asking.
+                func.set_max_dynamic_smem(prefill_smem_bytes(head_dim))?;
+                func
+            },
             silu_mul: f("silu_mul")?,
             to_bf16_split: f("to_bf16_split")?,
             argmax: f("argmax")?,
@@ -429,7 +434,8 @@ impl Kernels {
             Arg::I32(n_layers as i32),
             Arg::F32(scale),
         ];
-        self.go(&self.attn_prefill, s, (tiles as u32, n_heads as u32, 1), PREFILL_THREADS, 0, &args)
+        let smem = prefill_smem_bytes(self.head_dim as usize) as u32;
+        self.go(&self.attn_prefill, s, (tiles as u32, n_heads as u32, 1), PREFILL_THREADS, smem, &args)
     }
 
     pub(crate) fn silu_mul(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize) -> Result<()> {
@@ -481,6 +487,12 @@ impl Kernels {
 /// Query rows per CTA of `attn_prefill` (attention_prefill.cu PREFILL_TILE), and its block size.
 pub(crate) const PREFILL_TILE: usize = 64;
 const PREFILL_THREADS: u32 = 128;
+
+/// Dynamic shared memory of `attn_prefill_hd{head_dim}` (attention_prefill.cu
+/// `PREFILL_SMEM_BYTES`): two buffers of keys and values, rows of head_dim + 8 bf16.
+const fn prefill_smem_bytes(head_dim: usize) -> usize {
+    2 * 2 * PREFILL_TILE * (head_dim + 8) * 2
+}
 
 /// Block size and logits per CTA of `argmax` (kernels/src/argmax.cu).
 const ARGMAX_THREADS: u32 = 256;
@@ -546,6 +558,11 @@ mod tests {
         };
         assert_eq!(define("PREFILL_TILE"), PREFILL_TILE);
         assert_eq!(define("PREFILL_THREADS"), PREFILL_THREADS as usize);
+        // The launch's dynamic shared memory is the kernel's two buffers.
+        let smem = src.lines().find_map(|l| l.strip_prefix("#define PREFILL_SMEM_BYTES(D) ")).expect("no PREFILL_SMEM_BYTES");
+        assert_eq!(smem.split("//").next().unwrap().trim(), "(2 * 2 * PREFILL_TILE * ((D) + 8) * 2)");
+        assert_eq!([32, 64, 128].map(prefill_smem_bytes), [20_480, 36_864, 69_632]);
+        assert!(prefill_smem_bytes(128) <= 227 * 1024);
     }
 
     #[test]
