@@ -9,7 +9,8 @@
 //! checkpoint were 1.1e-2 rel. L2 from the CPU reference, over the 1e-2 bar).
 //!
 //! cuBLASLt is loaded at run time (libcublasLt.so from the CUDA toolkit or
-//! the `nvidia-cublas` wheel); rocket needs it only when this path is chosen.
+//! the `nvidia-cublas` wheel): `matmul cublas` needs it, `matmul auto` uses it
+//! for long prefills where it is found.
 //!
 //! In cuBLAS's column-major terms the product is Yᵀ = W · Xᵀ: A = W stored as
 //! a k × n matrix (the row-major [n][k]) used transposed, B = x as k × rows,

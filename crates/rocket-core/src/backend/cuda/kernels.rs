@@ -181,7 +181,8 @@ pub(crate) struct Kernels {
     argmax: Function,
     sample: Function,
     head_dim: u32,
-    /// cuBLASLt, loaded only for `MatmulPath::Cublas` (backend/cuda/cublas.rs).
+    /// cuBLASLt (backend/cuda/cublas.rs): loaded for `MatmulPath::Cublas`, and
+    /// for `Auto` where the library is found.
     pub cublas: Option<Cublas>,
     /// Launch every kernel as a programmatic dependent launch (common.cuh
     /// `pdl_wait`): its CTAs start, and the GEMM's weights stream, while the

@@ -80,19 +80,33 @@ pub const TENSOR_CORE_MIN_ROWS: usize = 2;
 /// rows: 115 µs against 318), and prefill passes are that long.
 pub const CUBLAS_MIN_ROWS: usize = 128;
 
-/// Whether `matmul` multiplies a pass of `rows` rows on rocket's tensor-core GEMM.
-fn tensor_cores_for(matmul: MatmulPath, rows: usize) -> bool {
-    match matmul {
-        MatmulPath::Gemv => false,
-        MatmulPath::Tensor => true,
-        MatmulPath::Auto => rows >= TENSOR_CORE_MIN_ROWS,
-        MatmulPath::Cublas => (TENSOR_CORE_MIN_ROWS..CUBLAS_MIN_ROWS).contains(&rows),
-    }
+/// Under `MatmulPath::Auto` with cuBLASLt loaded, a product of `rows` rows by an
+/// n x k weight takes it from this many multiply-adds (rows * n * k) and
+/// `CUBLAS_MIN_ROWS` rows. Measured on the H200 (matmul check, every fuel's
+/// products at 128, 512 and 4,096 rows): every product of 2^30 or more was faster
+/// on cuBLASLt (hi+lo), by 1.5-3x; below it, some were and some were not
+/// (SmolLM2's qkv at 512 rows: 24 µs against 14).
+pub const CUBLAS_AUTO_MIN_MACS: usize = 1 << 30;
+
+/// Which kernel multiplies one product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProductKernel {
+    Gemv,
+    Tensor,
+    Cublas,
 }
 
-/// Whether `matmul` multiplies a pass of `rows` rows on cuBLASLt.
-fn cublas_for(matmul: MatmulPath, rows: usize) -> bool {
-    matmul == MatmulPath::Cublas && rows >= CUBLAS_MIN_ROWS
+/// The kernel for a product of `rows` rows by an n x k weight under `matmul`,
+/// with or without cuBLASLt loaded (`MatmulPath::Cublas` always loads it).
+fn matmul_kernel(matmul: MatmulPath, cublas: bool, rows: usize, n: usize, k: usize) -> ProductKernel {
+    let below_cublas = if rows >= TENSOR_CORE_MIN_ROWS { ProductKernel::Tensor } else { ProductKernel::Gemv };
+    match matmul {
+        MatmulPath::Gemv => ProductKernel::Gemv,
+        MatmulPath::Tensor => ProductKernel::Tensor,
+        MatmulPath::Cublas if rows >= CUBLAS_MIN_ROWS => ProductKernel::Cublas,
+        MatmulPath::Auto if cublas && rows >= CUBLAS_MIN_ROWS && rows * n * k >= CUBLAS_AUTO_MIN_MACS => ProductKernel::Cublas,
+        MatmulPath::Cublas | MatmulPath::Auto => below_cublas,
+    }
 }
 
 pub struct CudaBackend {
@@ -317,8 +331,14 @@ impl CudaBackend {
         let stream = Stream::new()?;
         let mut kernels = Kernels::load(&ctx, spec.head_dim)?;
         kernels.pdl = options.pdl;
-        if options.matmul == MatmulPath::Cublas {
-            kernels.cublas = Some(cublas::Cublas::new(&ctx)?);
+        match options.matmul {
+            MatmulPath::Cublas => kernels.cublas = Some(cublas::Cublas::new(&ctx)?),
+            // `auto` takes cuBLASLt for large prefill products where the library loads.
+            MatmulPath::Auto => match cublas::Cublas::new(&ctx) {
+                Ok(lt) => kernels.cublas = Some(lt),
+                Err(e) => tracing::info!("matmul auto without cuBLASLt (the tensor-core GEMM for every pass): {e}"),
+            },
+            MatmulPath::Gemv | MatmulPath::Tensor => {}
         }
         let t = Instant::now();
         let dev_weights = DeviceWeights::upload(&ctx, &stream, &spec, weights, progress)?;
@@ -433,7 +453,7 @@ impl CudaBackend {
             // Graphs point into the old buffers: drop them with the buffers.
             inner.graphs.clear();
             inner.scratch = None;
-            let fresh = Scratch::new(&inner.ctx, &inner.stream, s, r.next_power_of_two(), sp, self.options.matmul == MatmulPath::Cublas)?;
+            let fresh = Scratch::new(&inner.ctx, &inner.stream, s, r.next_power_of_two(), sp, inner.kernels.cublas.is_some())?;
             fresh.poison(&inner.stream)?;
             inner.scratch = Some(fresh);
             inner.host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(r.next_power_of_two()))?;
@@ -579,12 +599,13 @@ impl CudaBackend {
     /// mode picks it for `rows` and the width allows, else the GEMV.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
-        if let (true, Some(lt), Some(xb)) = (cublas_for(self.options.matmul, rows), &k.cublas, &sc.bf16) {
+        let kernel = matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, width);
+        if let (ProductKernel::Cublas, Some(lt), Some(xb)) = (kernel, &k.cublas, &sc.bf16) {
             let lo = xb.ptr + (2 * rows * width) as u64;
             k.to_bf16_split(st, x, xb.ptr, lo, rows * width)?;
             return lt.matmul_split(st, w, xb.ptr, lo, y, n, width, rows, accumulate);
         }
-        if tensor_cores_for(self.options.matmul, rows) && k.gemm_tc_fits(width) {
+        if kernel == ProductKernel::Tensor && k.gemm_tc_fits(width) {
             k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm, GemmFusion::default())
         } else {
             k.gemv(st, w, x, y, n, width, rows, accumulate)
@@ -598,7 +619,8 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: u64, y: u64, n: usize, rows: usize, silu: bool) -> Result<()> {
         let (d, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps as f32);
-        let fits = tensor_cores_for(self.options.matmul, rows) && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
+        let on_tensor_cores = matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, d) == ProductKernel::Tensor;
+        let fits = on_tensor_cores && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
         if self.options.fuse && fits {
             return k.gemm_tc(st, w, sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
         }
@@ -834,19 +856,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_pass_size_has_one_matmul_kernel() {
-        for rows in [1, 2, 17, 127, 128, 129, 4096] {
-            let tc = |m| tensor_cores_for(m, rows);
-            assert!(!(tc(MatmulPath::Cublas) && cublas_for(MatmulPath::Cublas, rows)), "{rows} rows: two kernels");
-            assert_eq!(cublas_for(MatmulPath::Cublas, rows), rows >= CUBLAS_MIN_ROWS, "{rows} rows");
-            // Below cuBLASLt's rows, `cublas` multiplies as `auto` does.
-            if rows < CUBLAS_MIN_ROWS {
-                assert_eq!(tc(MatmulPath::Cublas), tc(MatmulPath::Auto), "{rows} rows");
+    fn each_product_has_the_kernel_its_measurements_chose() {
+        use ProductKernel::*;
+        let (llama_gate_up, smollm2_qkv) = ((16384, 2048), (960, 576));
+        let pick = |m, lt, rows, (n, k): (usize, usize)| matmul_kernel(m, lt, rows, n, k);
+        for lt in [false, true] {
+            // The fixed kernels, and the GEMV for one row.
+            for rows in [1, 16, 128, 4096] {
+                assert_eq!(pick(MatmulPath::Gemv, lt, rows, llama_gate_up), Gemv);
+                assert_eq!(pick(MatmulPath::Tensor, lt, rows, llama_gate_up), Tensor);
+                assert_eq!(pick(MatmulPath::Auto, lt, 1, llama_gate_up), Gemv);
             }
-            for m in [MatmulPath::Auto, MatmulPath::Gemv, MatmulPath::Tensor] {
-                assert!(!cublas_for(m, rows));
-            }
+            // Decode batches stay on the tensor cores.
+            assert_eq!(pick(MatmulPath::Auto, lt, 16, llama_gate_up), Tensor);
+            assert_eq!(pick(MatmulPath::Cublas, lt, 127, llama_gate_up), Tensor);
         }
+        // `cublas`: every pass of 128 rows or more.
+        assert_eq!(pick(MatmulPath::Cublas, true, 128, smollm2_qkv), Cublas);
+        // `auto`: cuBLASLt where it loaded, for products of 2^30 multiply-adds or more.
+        assert_eq!(pick(MatmulPath::Auto, true, 128, llama_gate_up), Cublas); // 4.3e9
+        assert_eq!(pick(MatmulPath::Auto, false, 128, llama_gate_up), Tensor);
+        assert_eq!(pick(MatmulPath::Auto, true, 512, smollm2_qkv), Tensor); // 2.8e8
+        assert_eq!(pick(MatmulPath::Auto, true, 4096, smollm2_qkv), Cublas); // 2.3e9
+        assert_eq!(pick(MatmulPath::Auto, true, 64, (1 << 20, 1 << 20)), Tensor); // big, but a decode-sized pass
+        // The bounds: 128 rows x 8192 x 1024 is 2^30.
+        assert_eq!(pick(MatmulPath::Auto, true, 128, (8192, 1024)), Cublas);
+        assert_eq!(pick(MatmulPath::Auto, true, 128, (8191, 1024)), Tensor);
+        assert_eq!(pick(MatmulPath::Auto, true, 127, (1 << 20, 1024)), Tensor);
     }
 
     #[test]
