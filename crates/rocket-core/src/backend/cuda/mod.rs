@@ -579,7 +579,10 @@ impl CudaBackend {
     /// mode picks it for `rows` and the width allows, else the GEMV.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
-        if let (true, Some(lt), Some(xb)) = (cublas_for(self.options.matmul, rows), &k.cublas, &sc.bf16) {
+        if cublas_for(self.options.matmul, rows) {
+            let (Some(lt), Some(xb)) = (&k.cublas, &sc.bf16) else {
+                return Err(RocketError::Internal("matmul cublas without cuBLASLt or its bf16 buffers".into()));
+            };
             let lo = xb.ptr + (2 * rows * width) as u64;
             k.to_bf16_split(st, x, xb.ptr, lo, rows * width)?;
             return lt.matmul_split(st, w, xb.ptr, lo, y, n, width, rows, accumulate);
