@@ -620,14 +620,14 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
     }
 }
 
-/// The cuBLASLt matmul path (`MatmulPath::Cublas`, opt-in): every fuel's
-/// products at decode-batch and prefill row counts against the host's f64
-/// product (its inputs are rounded to bf16, ~1.1e-3 relative each, so the bar
-/// is 4e-3; a wrong term shows as 1e-2 or more), timed beside rocket's own
-/// tensor-core GEMM at the same shape; then teacher-forced logits of each
-/// checkpoint on the graph path with it against the CPU reference, under the
-/// bar the other paths meet. Prints CUBLAS lines. Needs libcublasLt.so on the
-/// loader path (benches/gpu_run.sh adds the toolkit's).
+/// The cuBLASLt matmul path (`MatmulPath::Cublas`): every fuel's products at
+/// decode-batch and prefill row counts against the host's f64 product, on the
+/// inputs' bf16 hi and lo parts (the tensor-core GEMM's bar, 1e-4) and on hi
+/// alone (each input rounded to bf16, ~1.1e-3 relative: 4e-3), timed beside
+/// rocket's own tensor-core GEMM at the same shape; then teacher-forced logits
+/// of each checkpoint on the graph path with it against the CPU reference,
+/// under the bar the other paths meet. Prints CUBLAS lines. Needs
+/// libcublasLt.so on the loader path (benches/gpu_run.sh adds the toolkit's).
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn cublas_matmul_matches_the_host_and_the_reference() {
@@ -663,6 +663,7 @@ fn cublas_matmul_matches_the_host_and_the_reference() {
         let vocab = cpu.spec().vocab_size;
         // A pass of at least CUBLAS_MIN_ROWS rows: on cuBLASLt.
         let len = 160.min(cpu.spec().max_position_embeddings);
+        assert!(len >= rocket_core::backend::cuda::CUBLAS_MIN_ROWS, "{}: {len} positions take no cuBLASLt pass", path.display());
         let ids = random_ids(7, len, vocab);
         let want = cpu.teacher_forced_logits(&ids).unwrap();
         let got = load_with(&path, Device::Cuda, cublas.clone()).teacher_forced_logits(&ids).unwrap();

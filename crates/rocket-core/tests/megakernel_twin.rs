@@ -244,6 +244,11 @@ fn bad_requests_are_refused() {
     assert!(twin.run(&kv, &TwinRequest { first_token: 700, ..base }, &ok).is_err());
 }
 
+/// The same tokens and the same logits bit for bit (f32 `==` takes -0.0 for +0.0).
+fn same_bits(a: &TwinOutput, b: &TwinOutput) -> bool {
+    a.tokens == b.tokens && a.logits.len() == b.logits.len() && a.logits.iter().zip(&b.logits).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 /// A request of the batch tests: a teacher-forced prompt, then greedy steps.
 struct Job {
     prompt: Vec<u32>,
@@ -286,6 +291,9 @@ fn staggered_jobs(vocab: usize) -> Vec<Job> {
     ]
 }
 
+/// The twin runs every slot with the same code, so these batch tests check the
+/// schedule's and the slot table's bookkeeping (slots, pages, steps, masks); a
+/// GPU kernel's arithmetic order across slots is for its own tests.
 #[test]
 fn a_batch_gives_each_request_the_tokens_and_logits_it_gets_alone() {
     for (name, spec) in models().into_iter().take(2) {
@@ -311,7 +319,7 @@ fn a_batch_gives_each_request_the_tokens_and_logits_it_gets_alone() {
             let kv = TwinKv::paged(&spec, 11, 8);
             let got = batched.run_batch(&kv, &admissions, &|_, _, _| true).unwrap();
             for (i, (g, want)) in got.iter().zip(&alone).enumerate() {
-                assert!(g == want, "{name}, {slots} slots: request {i} differs from its lone run (tokens {:?} vs {:?})", g.tokens, want.tokens);
+                assert!(same_bits(g, want), "{name}, {slots} slots: request {i} differs from its lone run (tokens {:?} vs {:?})", g.tokens, want.tokens);
             }
             if slots == 5 {
                 for (j, g) in extra.iter().zip(&got[jobs.len()..]) {
@@ -342,8 +350,9 @@ fn a_request_admitted_into_a_running_batch_continues_from_its_cached_pages() {
     let second = batched
         .run_batch(&kv, &[other.admission(), TwinAdmission { request: rest, slot: 1, pages: &pages, at_step: 3 }], &|_, _, _| true)
         .unwrap();
-    assert_eq!([first[0].logits.clone(), second[1].logits.clone()].concat(), whole.logits);
-    assert_eq!(second[0], run(&solo, 13, &other.request()));
+    let joined = TwinOutput { tokens: [first[0].tokens.clone(), second[1].tokens.clone()].concat(), logits: [first[0].logits.clone(), second[1].logits.clone()].concat() };
+    assert!(same_bits(&joined, &whole));
+    assert!(same_bits(&second[0], &run(&solo, 13, &other.request())));
 
     // Past one attention split (64 positions): 60 cached positions, 10 more admitted at
     // step 3, so the request's contexts and the launch's steps cross 64 at different steps.
@@ -358,7 +367,8 @@ fn a_request_admitted_into_a_running_batch_continues_from_its_cached_pages() {
     let second = batched
         .run_batch(&kv, &[other.admission(), TwinAdmission { request: rest, slot: 0, pages: &pages, at_step: 3 }], &|_, _, _| true)
         .unwrap();
-    assert_eq!([first[0].logits.clone(), second[1].logits.clone()].concat(), whole.logits);
+    let joined = TwinOutput { tokens: [first[0].tokens.clone(), second[1].tokens.clone()].concat(), logits: [first[0].logits.clone(), second[1].logits.clone()].concat() };
+    assert!(same_bits(&joined, &whole));
 }
 
 #[test]
@@ -388,8 +398,8 @@ fn min_tokens_masking_and_end_ids_follow_each_request_s_own_steps() {
         TwinAdmission { request: masked, slot: 2, pages: &[5, 6], at_step: 5 },
     ];
     let got = batched.run_batch(&TwinKv::paged(&spec, 7, 8), &admissions, &|_, _, _| true).unwrap();
-    assert_eq!(got[1], stop_alone);
-    assert_eq!(got[2], masked_alone);
+    assert!(same_bits(&got[1], &stop_alone));
+    assert!(same_bits(&got[2], &masked_alone));
 }
 
 #[test]
@@ -401,7 +411,7 @@ fn the_host_stops_one_request_of_a_batch() {
     let admissions: Vec<_> = jobs.iter().map(Job::admission).collect();
     let all = batched.run_batch(&TwinKv::paged(&spec, 4, 8), &admissions, &|_, _, _| true).unwrap();
     let cut = batched.run_batch(&TwinKv::paged(&spec, 4, 8), &admissions, &|a, step, _| !(a == 1 && step == 4)).unwrap();
-    assert_eq!(cut[0], all[0]);
+    assert!(same_bits(&cut[0], &all[0]));
     assert_eq!(cut[1].tokens, all[1].tokens[..5]);
 }
 
@@ -420,6 +430,7 @@ fn the_slot_table_refuses_what_the_host_must_not_post() {
     assert!(err(&[job(2, 3, 2, 2, &[1], 0, spec.vocab_size).admission()]).contains("batch slots"));
     assert!(err(&[job(2, 3, 2, 1, &[4], 0, spec.vocab_size).admission()]).contains("pages"));
     assert!(err(&[job(2, 5, 5, 1, &[1], 0, spec.vocab_size).admission()]).contains("positions"));
+    assert!(err(&[job(2, 5, 5, 1, &[1, 1], 0, spec.vocab_size).admission()]).contains("twice"));
     // The slot and the page are free again once the request has ended: step 8.
     let b = job(2, 3, 2, 0, &[0], 8, spec.vocab_size);
     let got = batched.run_batch(&kv, &[a.admission(), b.admission()], &none).unwrap();

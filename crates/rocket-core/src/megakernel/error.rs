@@ -58,7 +58,6 @@ impl std::fmt::Display for StallSite {
             StallSite::StepStart => write!(f, "the start of the step"),
             StallSite::Unknown { index } => write!(f, "instruction {index} (not in the schedule)"),
             StallSite::Instr { instr: i, .. } => match i.work {
-                Work::Attn { slot: 0, kv_head, split, .. } => write!(f, "attention of layer {} (KV head {kv_head}, split {split})", i.layer),
                 Work::Attn { slot, kv_head, split, .. } => {
                     write!(f, "attention of layer {} (slot {slot}, KV head {kv_head}, split {split})", i.layer)
                 }

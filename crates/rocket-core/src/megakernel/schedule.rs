@@ -25,8 +25,9 @@
 //! down-projection partial is a sum over its rows, so its rounding follows the
 //! tile's bounds) and the context splits per KV head are those of one sequence.
 //! So a sequence's tokens do not change with what else runs (batch invariance),
-//! and a kernel serving B slots keeps B partial sums per row where the one-slot
-//! kernel keeps one. The GPU kernel runs one slot today; the CPU twin runs any number.
+//! and a kernel serving B slots needs B partial sums per row where the one-slot
+//! kernel keeps one (`MAX_BATCH_SLOTS`). The GPU kernel runs one slot today (its
+//! host refuses a batched schedule); the CPU twin runs any number.
 
 use super::abi::{OP_ATTN, OP_LMHEAD, OP_MLP, OP_OPROJ, OP_QKV, STEP_COUNTER};
 use super::geometry::{MatvecShape, MAX_SPLITS, PART_CAP};
@@ -71,8 +72,10 @@ pub enum Work {
     Claimed { tile_rows: u32, tiles: u32, claims: u16 },
 }
 
-/// Sequences one schedule serves at most (a step's partial sums per row and
-/// slot must still fit the CTA: see `tile_count`).
+/// Sequences one schedule serves at most. Tiles are sized for one slot's
+/// partial sums (`tile_count`), so a kernel serving more slots runs a tile's
+/// rows slot after slot in that space (or keeps the others elsewhere): what
+/// it may not do is change the tiles, which would change a sequence's bits.
 pub const MAX_BATCH_SLOTS: usize = 64;
 
 /// Ring chunks in one claimed LM-head tile: small enough that the SMs finish

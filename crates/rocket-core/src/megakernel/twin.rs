@@ -345,6 +345,9 @@ impl<'w> Twin<'w> {
         if let Some(&page) = a.pages.iter().find(|&&p| p as usize >= kv.pages) {
             return Err(RocketError::invalid_arg("page", page, format!("must be < the cache's {} pages", kv.pages)));
         }
+        if let Some((i, &page)) = a.pages.iter().enumerate().find(|&(i, p)| a.pages[..i].contains(p)) {
+            return Err(RocketError::invalid_arg("page", page, format!("appears twice in the page table (entry {i})")));
+        }
         let capacity = a.pages.len() * kv.page_positions;
         if req.max_steps == 0 || req.pos0 + req.max_steps > capacity {
             return Err(RocketError::invalid_arg(
@@ -551,6 +554,10 @@ impl<'w> Twin<'w> {
             let (mut best, mut token) = (f32::NEG_INFINITY, u32::MAX);
             for sm in 0..self.schedule.lm_tiles {
                 let (v, i) = (b.lm_max.get(sm), b.lm_idx[sm].load(Ordering::Relaxed));
+                if v.is_nan() {
+                    // Written values are finite or -inf: this SM never wrote the slot's argmax.
+                    return Err(format!("SM {sm} left no LM-head argmax for slot {slot} at step {t}"));
+                }
                 if i != u32::MAX && (v > best || (v == best && i < token)) {
                     (best, token) = (v, i);
                 }
@@ -594,6 +601,7 @@ impl<'w> Twin<'w> {
             for (dst, src) in [(&b.x, &fresh.x), (&b.qkv, &fresh.qkv), (&b.part_o, &fresh.part_o), (&b.part_ml, &fresh.part_ml), (&b.lm_max, &fresh.lm_max)] {
                 dst.write(0, &src.read(0, src.0.len()));
             }
+            b.lm_idx.iter().for_each(|i| i.store(u32::MAX, Ordering::Relaxed));
             self.embed(run, adm.slot, adm.request.first_token);
             run.joined[adm.slot].store(t, Ordering::Relaxed);
             run.occupant[adm.slot].store(a as u32 + 1, Ordering::Release);

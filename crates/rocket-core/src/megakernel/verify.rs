@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::geometry::{scatter_rows, MatvecShape, PART_CAP, SLOTS};
-use super::schedule::{Counters, Instr, Op, Schedule, Wait, Work};
+use super::schedule::{Counters, Instr, Op, Schedule, Wait, Work, MAX_BATCH_SLOTS};
 use crate::model::ModelSpec;
 
 /// What the op at (layer, op) must wait for, given the tile counts of the ops.
@@ -40,6 +40,9 @@ fn rank(i: &Instr) -> (u16, Op) {
 }
 
 pub fn verify(s: &Schedule, spec: &ModelSpec) -> Result<(), String> {
+    if !(1..=MAX_BATCH_SLOTS).contains(&s.batch_slots) {
+        return Err(format!("{} batch slots (1 to {MAX_BATCH_SLOTS})", s.batch_slots));
+    }
     if s.per_sm.len() != s.sm_count {
         return Err(format!("{} instruction lists for {} SMs", s.per_sm.len(), s.sm_count));
     }
@@ -399,10 +402,14 @@ pub(crate) mod tests {
             i.wait.per_step /= 3;
         }
         assert!(verify(&s, &small).unwrap_err().contains("waits"));
-        // A schedule claiming fewer slots than its attention items serve.
+        // A schedule claiming fewer slots than its attention items serve, or none.
         let mut s = good.clone();
         s.batch_slots = 2;
         assert!(verify(&s, &small).is_err());
+        let mut s = Schedule::compile(&small, 5).unwrap();
+        s.per_sm.iter_mut().for_each(|l| l.retain(|i| i.op != Op::Attn));
+        s.batch_slots = 0;
+        assert!(verify(&s, &small).unwrap_err().contains("0 batch slots"));
     }
 
     #[test]

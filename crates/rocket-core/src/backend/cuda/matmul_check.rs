@@ -99,7 +99,8 @@ impl CudaBackend {
         let needs = match kernel {
             MatmulKernel::Tensor => (k % 64 == 0, "a multiple of 64"),
             MatmulKernel::Gemv => (k % 8 == 0, "a multiple of 8"),
-            MatmulKernel::Cublas | MatmulKernel::CublasBf16 => (true, ""),
+            // The lo parts follow the hi parts: 16-byte aligned when k is a multiple of 8.
+            MatmulKernel::Cublas | MatmulKernel::CublasBf16 => (k % 8 == 0, "a multiple of 8"),
         };
         if !needs.0 {
             return Err(RocketError::invalid_arg("k", k, format!("must be {} for {kernel:?}", needs.1)));

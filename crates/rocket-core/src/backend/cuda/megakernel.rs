@@ -210,6 +210,10 @@ impl Megakernel {
         }
         let sms = ctx.sm_count as usize;
         let schedule = Schedule::compile(spec, sms)?;
+        // The kernel reads no slot operand: a batched schedule would run slot 0 for every slot.
+        if schedule.batch_slots != 1 {
+            return Err(RocketError::Internal(format!("the megakernel runs one sequence, not {} batch slots", schedule.batch_slots)));
+        }
         verify(&schedule, spec).map_err(|e| RocketError::Internal(format!("megakernel schedule for {sms} SMs: {e}")))?;
         let (words, starts) = schedule.encode();
         let instrs = DeviceBuffer::with_data(ctx, stream, &words, "the megakernel schedule")?;

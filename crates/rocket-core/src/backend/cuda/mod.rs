@@ -600,7 +600,10 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
         let kernel = matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, width);
-        if let (ProductKernel::Cublas, Some(lt), Some(xb)) = (kernel, &k.cublas, &sc.bf16) {
+        if kernel == ProductKernel::Cublas {
+            let (Some(lt), Some(xb)) = (&k.cublas, &sc.bf16) else {
+                return Err(RocketError::Internal("a cuBLASLt product without cuBLASLt or its bf16 buffers".into()));
+            };
             let lo = xb.ptr + (2 * rows * width) as u64;
             k.to_bf16_split(st, x, xb.ptr, lo, rows * width)?;
             return lt.matmul_split(st, w, xb.ptr, lo, y, n, width, rows, accumulate);
