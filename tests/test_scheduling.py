@@ -60,7 +60,10 @@ def test_stream_and_generate_from_two_threads_share_passes(smollm2: rocket.LLM) 
 
 CHILD = textwrap.dedent(
     """
-    import sys, rocket
+    import signal, sys, rocket
+    # Python raises KeyboardInterrupt only where SIGINT was not ignored at its start,
+    # and a launcher in the background (`cmd &` in a script) starts it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     llm = rocket.LLM(sys.argv[1], device="cpu")
     params = rocket.SamplingParams(max_tokens=int(sys.argv[2]), temperature=0.0, ignore_eos=True)
     print("generating", flush=True)
