@@ -12,7 +12,7 @@ use std::time::Duration;
 use half::bf16;
 use rocket_core::backend::cpu::CpuBackend;
 use rocket_core::backend::{Backend, Chunk, Logits};
-use rocket_core::megakernel::twin::{Twin, TwinAdmission, TwinKv, TwinOutput, TwinRequest};
+use rocket_core::megakernel::twin::{Join, Twin, TwinAdmission, TwinHost, TwinKv, TwinOutput, TwinRequest};
 use rocket_core::megakernel::{Op, Schedule};
 use rocket_core::model::{Family, Llama3RopeScaling, ModelSpec, ModelWeights};
 use rocket_core::sampling::argmax;
@@ -271,7 +271,7 @@ impl Job {
     }
 
     fn admission(&self) -> TwinAdmission<'_> {
-        TwinAdmission { request: self.request(), slot: self.slot, pages: &self.pages, at_step: self.at_step }
+        TwinAdmission { request: self.request(), slot: self.slot, pages: &self.pages, join: Join::AtStep(self.at_step) }
     }
 }
 
@@ -317,7 +317,7 @@ fn a_batch_gives_each_request_the_tokens_and_logits_it_gets_alone() {
                 admissions.extend(extra.iter().map(Job::admission));
             }
             let kv = TwinKv::paged(&spec, 11, 8);
-            let got = batched.run_batch(&kv, &admissions, &|_, _, _| true).unwrap();
+            let got = batched.run_batch(&kv, &admissions, &|_, _, _, _| true).unwrap();
             for (i, (g, want)) in got.iter().zip(&alone).enumerate() {
                 assert!(same_bits(g, want), "{name}, {slots} slots: request {i} differs from its lone run (tokens {:?} vs {:?})", g.tokens, want.tokens);
             }
@@ -344,11 +344,11 @@ fn a_request_admitted_into_a_running_batch_continues_from_its_cached_pages() {
     let kv = TwinKv::paged(&spec, 8, 8);
     let pages = [6, 2, 5];
     let head = TwinRequest { pos0: 0, first_token: seq[0], max_steps: 11, forced: &seq[1..11], end_ids: &[], mask_end_steps: 0 };
-    let first = batched.run_batch(&kv, &[TwinAdmission { request: head, slot: 1, pages: &pages, at_step: 0 }], &|_, _, _| true).unwrap();
+    let first = batched.run_batch(&kv, &[TwinAdmission { request: head, slot: 1, pages: &pages, join: Join::AtStep(0) }], &|_, _, _, _| true).unwrap();
     let other = job(9, 5, 9, 0, &[0, 1], 0, spec.vocab_size);
     let rest = TwinRequest { pos0: 11, first_token: seq[11], max_steps: 9, forced: &seq[12..], end_ids: &[], mask_end_steps: 0 };
     let second = batched
-        .run_batch(&kv, &[other.admission(), TwinAdmission { request: rest, slot: 1, pages: &pages, at_step: 3 }], &|_, _, _| true)
+        .run_batch(&kv, &[other.admission(), TwinAdmission { request: rest, slot: 1, pages: &pages, join: Join::AtStep(3) }], &|_, _, _, _| true)
         .unwrap();
     let joined = TwinOutput { tokens: [first[0].tokens.clone(), second[1].tokens.clone()].concat(), logits: [first[0].logits.clone(), second[1].logits.clone()].concat() };
     assert!(same_bits(&joined, &whole));
@@ -361,11 +361,11 @@ fn a_request_admitted_into_a_running_batch_continues_from_its_cached_pages() {
     let kv = TwinKv::paged(&spec, 12, 8);
     let pages = [11, 3, 7, 0, 9, 4, 10, 1, 5];
     let head = TwinRequest { pos0: 0, first_token: seq[0], max_steps: 60, forced: &seq[1..60], end_ids: &[], mask_end_steps: 0 };
-    let first = batched.run_batch(&kv, &[TwinAdmission { request: head, slot: 0, pages: &pages, at_step: 0 }], &|_, _, _| true).unwrap();
+    let first = batched.run_batch(&kv, &[TwinAdmission { request: head, slot: 0, pages: &pages, join: Join::AtStep(0) }], &|_, _, _, _| true).unwrap();
     let rest = TwinRequest { pos0: 60, first_token: seq[60], max_steps: 10, forced: &seq[61..], end_ids: &[], mask_end_steps: 0 };
     let other = job(9, 5, 9, 1, &[2, 6], 0, spec.vocab_size);
     let second = batched
-        .run_batch(&kv, &[other.admission(), TwinAdmission { request: rest, slot: 0, pages: &pages, at_step: 3 }], &|_, _, _| true)
+        .run_batch(&kv, &[other.admission(), TwinAdmission { request: rest, slot: 0, pages: &pages, join: Join::AtStep(3) }], &|_, _, _, _| true)
         .unwrap();
     let joined = TwinOutput { tokens: [first[0].tokens.clone(), second[1].tokens.clone()].concat(), logits: [first[0].logits.clone(), second[1].logits.clone()].concat() };
     assert!(same_bits(&joined, &whole));
@@ -394,10 +394,10 @@ fn min_tokens_masking_and_end_ids_follow_each_request_s_own_steps() {
     let long = job(12, 4, 20, 0, &[0, 1, 2], 0, spec.vocab_size);
     let admissions = [
         long.admission(),
-        TwinAdmission { request: stop, slot: 1, pages: &[3, 4], at_step: 2 },
-        TwinAdmission { request: masked, slot: 2, pages: &[5, 6], at_step: 5 },
+        TwinAdmission { request: stop, slot: 1, pages: &[3, 4], join: Join::AtStep(2) },
+        TwinAdmission { request: masked, slot: 2, pages: &[5, 6], join: Join::AtStep(5) },
     ];
-    let got = batched.run_batch(&TwinKv::paged(&spec, 7, 8), &admissions, &|_, _, _| true).unwrap();
+    let got = batched.run_batch(&TwinKv::paged(&spec, 7, 8), &admissions, &|_, _, _, _| true).unwrap();
     assert!(same_bits(&got[1], &stop_alone));
     assert!(same_bits(&got[2], &masked_alone));
 }
@@ -409,8 +409,8 @@ fn the_host_stops_one_request_of_a_batch() {
     let batched = Twin::with_schedule(&spec, &weights, Schedule::compile_batched(&spec, 3, 2).unwrap());
     let jobs = [job(1, 3, 10, 0, &[0, 1], 0, spec.vocab_size), job(2, 3, 10, 1, &[2, 3], 0, spec.vocab_size)];
     let admissions: Vec<_> = jobs.iter().map(Job::admission).collect();
-    let all = batched.run_batch(&TwinKv::paged(&spec, 4, 8), &admissions, &|_, _, _| true).unwrap();
-    let cut = batched.run_batch(&TwinKv::paged(&spec, 4, 8), &admissions, &|a, step, _| !(a == 1 && step == 4)).unwrap();
+    let all = batched.run_batch(&TwinKv::paged(&spec, 4, 8), &admissions, &|_, _, _, _| true).unwrap();
+    let cut = batched.run_batch(&TwinKv::paged(&spec, 4, 8), &admissions, &|_, a, step, _| !(a == 1 && step == 4)).unwrap();
     assert!(same_bits(&cut[0], &all[0]));
     assert_eq!(cut[1].tokens, all[1].tokens[..5]);
 }
@@ -421,7 +421,7 @@ fn the_slot_table_refuses_what_the_host_must_not_post() {
     let weights = random_weights(&spec, 5);
     let batched = Twin::with_schedule(&spec, &weights, Schedule::compile_batched(&spec, 3, 2).unwrap());
     let kv = TwinKv::paged(&spec, 4, 8);
-    let none = |_: usize, _: usize, _: u32| true;
+    let none = |_: &TwinHost<'_>, _: usize, _: usize, _: u32| true;
     let a = job(1, 3, 6, 0, &[0], 0, spec.vocab_size); // steps 0..8
     let err = |admissions: &[TwinAdmission<'_>]| batched.run_batch(&kv, admissions, &none).unwrap_err().to_string();
     // A slot still taken, a page still in use, a slot or a page that does not exist, too few pages.
@@ -435,4 +435,46 @@ fn the_slot_table_refuses_what_the_host_must_not_post() {
     let b = job(2, 3, 2, 0, &[0], 8, spec.vocab_size);
     let got = batched.run_batch(&kv, &[a.admission(), b.admission()], &none).unwrap();
     assert_eq!(got[1].tokens.len(), 4);
+}
+
+#[test]
+fn a_request_the_host_posts_while_the_loop_runs_joins_at_the_next_step() {
+    let (_, spec) = models().remove(0);
+    let weights = random_weights(&spec, 29);
+    let solo = Twin::new(&spec, &weights, 4).unwrap();
+    let batched = Twin::with_schedule(&spec, &weights, Schedule::compile_batched(&spec, 4, 2).unwrap());
+    let (a, b, c) = (job(1, 4, 12, 0, &[0, 1], 0, spec.vocab_size), job(2, 3, 4, 1, &[2], 0, spec.vocab_size), job(3, 5, 3, 1, &[3], 0, spec.vocab_size));
+    fn posted(j: &Job) -> TwinAdmission<'_> {
+        TwinAdmission { join: Join::Posted, ..j.admission() }
+    }
+    let never = job(4, 2, 2, 1, &[3], 0, spec.vocab_size);
+    let admissions = [a.admission(), posted(&b), posted(&c), posted(&never)];
+    let (b_steps, c_steps) = (b.request().max_steps, c.request().max_steps);
+    // (launch step, admission, its step) of every token; A posts B at its step 2,
+    // B posts C with its last token (C takes B's slot and page as B leaves them).
+    let events = std::sync::Mutex::new(Vec::new());
+    let got = batched
+        .run_batch(&TwinKv::paged(&spec, 4, 8), &admissions, &|host, adm, step, _| {
+            events.lock().unwrap().push((host.launch_step(), adm, step));
+            if (adm, step) == (0, 2) {
+                host.post(1).unwrap();
+                assert!(host.post(1).unwrap_err().contains("already"));
+                assert!(host.post(0).unwrap_err().contains("not when posted"));
+            }
+            if (adm, step) == (1, b_steps - 1) {
+                host.post(2).unwrap();
+            }
+            true
+        })
+        .unwrap();
+    let events = events.into_inner().unwrap();
+    let at = |adm: usize, step: usize| events.iter().find(|e| (e.1, e.2) == (adm, step)).map(|e| e.0);
+    assert_eq!(at(1, 0), Some(at(0, 2).unwrap() + 1), "B joins at the step after it was posted: {events:?}");
+    assert_eq!(at(2, 0), Some(at(1, b_steps - 1).unwrap() + 1), "C joins as B leaves: {events:?}");
+    assert_eq!(got[2].tokens.len(), c_steps);
+    // Each one's tokens and logits are its lone run's; the one never posted never ran.
+    for (j, g) in [&a, &b, &c].into_iter().zip(&got) {
+        assert!(same_bits(g, &run(&solo, j.request().max_steps, &j.request())));
+    }
+    assert!(got[3].tokens.is_empty() && got[3].logits.is_empty());
 }

@@ -130,17 +130,51 @@ pub struct TwinRequest<'a> {
     pub mask_end_steps: usize,
 }
 
-/// A request the host hands a running loop: it takes batch slot `slot` from
-/// step `at_step` of the launch on (its first token embedded at the boundary
-/// before that step, as the kernel's last SM admits the host's posted
-/// requests), its cache positions in `pages` of the shared [`TwinKv`]. The slot
-/// must be free by then, and no running request may hold one of its pages.
+/// A request the host hands a running loop: it takes batch slot `slot` when it
+/// joins (its first token embedded at a step boundary, as the kernel's last SM
+/// admits the host's posted requests), its cache positions in `pages` of the
+/// shared [`TwinKv`]. The slot must be free by then, and no running request may
+/// hold one of its pages.
 #[derive(Clone, Copy)]
 pub struct TwinAdmission<'a> {
     pub request: TwinRequest<'a>,
     pub slot: usize,
     pub pages: &'a [u32],
-    pub at_step: usize,
+    pub join: Join,
+}
+
+/// When an admission joins the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Join {
+    /// At the boundary before this step of the launch.
+    AtStep(usize),
+    /// At the first boundary after the host posts it (`TwinHost::post`, from
+    /// `on_token`, as a host would on seeing a token) while the loop runs.
+    Posted,
+}
+
+/// What `on_token` may do besides watching: post admissions, and see the launch's step.
+pub struct TwinHost<'r> {
+    admissions: &'r [TwinAdmission<'r>],
+    posted: &'r [AtomicBool],
+    step: u32,
+}
+
+impl TwinHost<'_> {
+    /// Posts admission `i` (a `Join::Posted` one, once): it joins at the next step boundary.
+    pub fn post(&self, i: usize) -> std::result::Result<(), String> {
+        match self.admissions.get(i).map(|a| a.join) {
+            Some(Join::Posted) if !self.posted[i].swap(true, Ordering::AcqRel) => Ok(()),
+            Some(Join::Posted) => Err(format!("admission {i} was posted already")),
+            Some(Join::AtStep(t)) => Err(format!("admission {i} joins at step {t}, not when posted")),
+            None => Err(format!("no admission {i}")),
+        }
+    }
+
+    /// The launch step whose tokens are being picked.
+    pub fn launch_step(&self) -> usize {
+        self.step as usize
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -202,7 +236,10 @@ const FREE: u32 = 0;
 struct Run<'a> {
     admissions: &'a [TwinAdmission<'a>],
     kv: &'a TwinKv,
-    on_token: &'a (dyn Fn(usize, usize, u32) -> bool + Sync),
+    on_token: &'a (dyn Fn(&TwinHost<'_>, usize, usize, u32) -> bool + Sync),
+    /// Admissions the host has posted, and those that have joined.
+    posted: Vec<AtomicBool>,
+    admitted: Vec<AtomicBool>,
     counters: Vec<AtomicU32>,
     slots: Vec<SlotBuffers>,
     /// The slot table: the admission each slot runs (index + 1, or FREE) and
@@ -256,20 +293,22 @@ impl<'w> Twin<'w> {
     /// `kv`'s first page. `on_token(step, argmax)` sees each step's token as it
     /// is picked; returning false stops the loop after that step (the host's stop flag).
     pub fn run(&self, kv: &TwinKv, req: &TwinRequest<'_>, on_token: &(dyn Fn(usize, u32) -> bool + Sync)) -> Result<TwinOutput> {
-        let lone = [TwinAdmission { request: *req, slot: 0, pages: &[0], at_step: 0 }];
-        let mut out = self.run_batch(kv, &lone, &|_, step, token| on_token(step, token))?;
+        let lone = [TwinAdmission { request: *req, slot: 0, pages: &[0], join: Join::AtStep(0) }];
+        let mut out = self.run_batch(kv, &lone, &|_, _, step, token| on_token(step, token))?;
         Ok(out.remove(0))
     }
 
     /// Runs a launch that serves `admissions`, each joining its slot at its
-    /// step, until every one has ended. `on_token(admission, step, argmax)`
-    /// sees each request's tokens as they are picked; false stops that request
-    /// after that step. Returns each admission's output, in order.
+    /// step or when the host posts it, until every one has ended (a posted one
+    /// never posted has an empty output). `on_token(host, admission, step,
+    /// argmax)` sees each request's tokens as they are picked and may post
+    /// admissions; false stops that request after that step. Returns each
+    /// admission's output, in order.
     pub fn run_batch(
         &self,
         kv: &TwinKv,
         admissions: &[TwinAdmission<'_>],
-        on_token: &(dyn Fn(usize, usize, u32) -> bool + Sync),
+        on_token: &(dyn Fn(&TwinHost<'_>, usize, usize, u32) -> bool + Sync),
     ) -> Result<Vec<TwinOutput>> {
         let s = self.spec;
         for (i, a) in admissions.iter().enumerate() {
@@ -281,11 +320,20 @@ impl<'w> Twin<'w> {
             })?;
         }
         let sched = &self.schedule;
-        let steps = admissions.iter().map(|a| a.at_step + a.request.max_steps).max().unwrap_or(0);
+        // Every request has ended by then: the scheduled ones' last steps, then the
+        // posted ones one after another at worst.
+        let scheduled = admissions.iter().filter_map(|a| match a.join {
+            Join::AtStep(t) => Some(t + a.request.max_steps),
+            Join::Posted => None,
+        });
+        let posted: usize = admissions.iter().filter(|a| a.join == Join::Posted).map(|a| a.request.max_steps).sum();
+        let steps = scheduled.max().unwrap_or(0) + posted;
         let run = Run {
             admissions,
             kv,
             on_token,
+            posted: admissions.iter().map(|_| AtomicBool::new(false)).collect(),
+            admitted: admissions.iter().map(|_| AtomicBool::new(false)).collect(),
             counters: (0..sched.counters.count()).map(|_| AtomicU32::new(0)).collect(),
             slots: (0..sched.batch_slots).map(|_| SlotBuffers::poisoned(s, sched)).collect(),
             occupant: (0..sched.batch_slots).map(|_| AtomicU32::new(FREE)).collect(),
@@ -568,7 +616,8 @@ impl<'w> Twin<'w> {
             let (req, out) = (&run.admissions[a].request, &run.outputs[a]);
             out.tokens[step].store(token, Ordering::Relaxed);
             let free_running = step >= req.forced.len();
-            let keep_going = (run.on_token)(a, step, token);
+            let host = TwinHost { admissions: run.admissions, posted: &run.posted, step: t };
+            let keep_going = (run.on_token)(&host, a, step, token);
             let stop = step + 1 >= req.max_steps || !keep_going || (free_running && req.end_ids.contains(&token));
             out.steps_run.store(step as u32 + 1, Ordering::Release);
             if stop {
@@ -583,11 +632,15 @@ impl<'w> Twin<'w> {
         Ok(())
     }
 
-    /// Admits the requests posted for step `t`: each takes its slot (poisoned
-    /// first, so nothing of the slot's last request can be read unnoticed) and
-    /// its first token's embedding.
+    /// Admits the requests due at step `t` (scheduled for it, or posted and not
+    /// yet in): each takes its slot (poisoned first, so nothing of the slot's
+    /// last request can be read unnoticed) and its first token's embedding.
     fn admit(&self, run: &Run<'_>, t: u32) -> std::result::Result<(), String> {
-        for (a, adm) in run.admissions.iter().enumerate().filter(|(_, adm)| adm.at_step == t as usize) {
+        let due = |a: usize, adm: &TwinAdmission<'_>| match adm.join {
+            Join::AtStep(at) => at == t as usize,
+            Join::Posted => run.posted[a].load(Ordering::Acquire) && !run.admitted[a].load(Ordering::Relaxed),
+        };
+        for (a, adm) in run.admissions.iter().enumerate().filter(|&(a, adm)| due(a, adm)) {
             if let Some(other) = run.occupant(adm.slot) {
                 return Err(format!("admission {a} joins slot {} at step {t}, which admission {other} still runs", adm.slot));
             }
@@ -604,15 +657,18 @@ impl<'w> Twin<'w> {
             b.lm_idx.iter().for_each(|i| i.store(u32::MAX, Ordering::Relaxed));
             self.embed(run, adm.slot, adm.request.first_token);
             run.joined[adm.slot].store(t, Ordering::Relaxed);
+            run.admitted[a].store(true, Ordering::Relaxed);
             run.occupant[adm.slot].store(a as u32 + 1, Ordering::Release);
         }
         Ok(())
     }
 
-    /// Ends the launch once no slot runs a request and none is posted for a later step.
+    /// Ends the launch once no slot runs a request and none is scheduled for a
+    /// later step (nothing can post one then: posts come with tokens).
     fn end_if_idle(run: &Run<'_>, t: u32) {
         let busy = (0..run.slots.len()).any(|slot| run.occupant(slot).is_some());
-        if !busy && !run.admissions.iter().any(|a| a.at_step > t as usize) {
+        let later = run.admissions.iter().any(|a| matches!(a.join, Join::AtStep(at) if at > t as usize));
+        if !busy && !later {
             run.stop.store(true, Ordering::Release);
         }
     }
