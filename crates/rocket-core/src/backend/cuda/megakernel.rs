@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use super::driver::{grown, Arg, Context, DeviceBuffer, Function, MappedBuffer, Module, Stream};
+use super::poll_pacer::PollPacer;
 use super::weights::DeviceWeights;
 use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
 use super::sampler::sample_row;
@@ -435,13 +436,14 @@ impl Megakernel {
         let cpu_start = thread_cpu_seconds();
         self.function.launch_cooperative(stream, self.grid, THREADS as u32, SMEM_BYTES, &params)?;
 
-        // Poll: hand tokens on as they land; sleep between looks so the host stays idle.
+        // Poll: hand tokens on as they land; sleep between looks (PollPacer) so the host stays idle.
         // A launch that publishes nothing for longer than the device's own watchdog
         // could take to end it is reported rather than waited on forever (time
         // spent in `on_token` does not count: it restarts the clock).
         let stall_limit = self.watchdog * 4 + Duration::from_secs(2);
         let mut last_progress = std::time::Instant::now();
         let (mut seen, mut accepted, mut stopped) = (0usize, 0usize, false);
+        let mut pacer = PollPacer::default();
         loop {
             let finished = match stream.is_idle() {
                 Ok(done) => done,
@@ -464,6 +466,7 @@ impl Megakernel {
             }
             if seen > before {
                 last_progress = std::time::Instant::now();
+                pacer.saw(last_progress, seen - before);
             }
             if finished {
                 break;
@@ -475,7 +478,7 @@ impl Megakernel {
                 self.hung = true;
                 return Err(e.into());
             }
-            std::thread::sleep(Duration::from_micros(50));
+            std::thread::sleep(pacer.sleep(std::time::Instant::now()));
         }
         stream.sync().map_err(|e| self.fault_error(e))?;
         let mut state = [0u32; STATE_WORDS];

@@ -20,6 +20,7 @@ mod matmul_check;
 #[cfg(feature = "diagnostics")]
 pub use matmul_check::{MatmulCheck, MatmulFusion, MatmulKernel};
 pub mod megakernel;
+mod poll_pacer;
 #[cfg(feature = "diagnostics")]
 mod probe;
 #[cfg(feature = "diagnostics")]
