@@ -188,6 +188,26 @@ impl Cublas {
 }
 
 impl Cublas {
+    /// One small product on `stream`, checked: a library that opens but cannot
+    /// plan or run for this GPU (too old, the wrong one) fails here, at load,
+    /// not in the first long prefill.
+    pub(crate) fn smoke_test(&self, ctx: &Context, stream: &Stream) -> Result<()> {
+        let (n, k, rows) = (128usize, 64usize, 128usize);
+        const ONE: u16 = 0x3f80; // bf16 1.0
+        let w = DeviceBuffer::with_data(ctx, stream, &vec![ONE; n * k], "the cuBLASLt check's weights")?;
+        let hi = DeviceBuffer::with_data(ctx, stream, &vec![ONE; rows * k], "the cuBLASLt check's inputs")?;
+        let lo = DeviceBuffer::with_data(ctx, stream, &vec![0u16; rows * k], "the cuBLASLt check's inputs")?;
+        let y = DeviceBuffer::with_data(ctx, stream, &vec![f32::NAN; rows * n], "the cuBLASLt check's outputs")?;
+        self.matmul_split(stream, w.ptr, hi.ptr, lo.ptr, y.ptr, n, k, rows, false)?;
+        let mut got = vec![0f32; rows * n];
+        y.download(stream, 0, &mut got)?;
+        stream.sync()?;
+        match got.iter().find(|&&v| v != k as f32) {
+            Some(v) => Err(RocketError::Device(format!("cuBLASLt's check product gave {v}, not {k}"))),
+            None => Ok(()),
+        }
+    }
+
     /// y (+)= (hi + lo) · Wᵀ: the product on the activations' bf16 hi and lo
     /// parts (`matmul` twice, the second accumulating).
     #[allow(clippy::too_many_arguments)]

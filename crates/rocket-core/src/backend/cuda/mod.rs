@@ -334,11 +334,16 @@ impl CudaBackend {
         kernels.pdl = options.pdl;
         match options.matmul {
             MatmulPath::Cublas => kernels.cublas = Some(cublas::Cublas::new(&ctx)?),
-            // `auto` takes cuBLASLt for large prefill products where the library loads.
-            MatmulPath::Auto => match cublas::Cublas::new(&ctx) {
-                Ok(lt) => kernels.cublas = Some(lt),
-                Err(e) => tracing::info!("matmul auto without cuBLASLt (the tensor-core GEMM for every pass): {e}"),
-            },
+            // `auto` takes cuBLASLt for large prefill products where the library loads
+            // and runs a check product (cudarc panics on a symbol an old library lacks).
+            MatmulPath::Auto => {
+                let load = || cublas::Cublas::new(&ctx).and_then(|lt| lt.smoke_test(&ctx, &stream).map(|()| lt));
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)) {
+                    Ok(Ok(lt)) => kernels.cublas = Some(lt),
+                    Ok(Err(e)) => tracing::info!("matmul auto without cuBLASLt (long prefills on the tensor-core GEMM): {e}"),
+                    Err(_) => tracing::info!("matmul auto without cuBLASLt (long prefills on the tensor-core GEMM): loading it panicked"),
+                }
+            }
             MatmulPath::Gemv | MatmulPath::Tensor => {}
         }
         let t = Instant::now();
@@ -454,7 +459,9 @@ impl CudaBackend {
             // Graphs point into the old buffers: drop them with the buffers.
             inner.graphs.clear();
             inner.scratch = None;
-            let fresh = Scratch::new(&inner.ctx, &inner.stream, s, r.next_power_of_two(), sp, inner.kernels.cublas.is_some())?;
+            // The bf16 inputs only where a pass this long can take cuBLASLt.
+            let bf16 = inner.kernels.cublas.is_some() && r.next_power_of_two() >= CUBLAS_MIN_ROWS;
+            let fresh = Scratch::new(&inner.ctx, &inner.stream, s, r.next_power_of_two(), sp, bf16)?;
             fresh.poison(&inner.stream)?;
             inner.scratch = Some(fresh);
             inner.host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(r.next_power_of_two()))?;

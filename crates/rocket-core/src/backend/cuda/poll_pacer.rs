@@ -3,7 +3,9 @@
 //! nothing: so after a token the host sleeps through most of a token's time
 //! (the loop's own pace, learnt from the tokens it has seen), then looks every
 //! `STEP` until the next one lands. A token is seen at most `STEP` after it
-//! lands once the pace is known, as with a fixed `STEP` poll.
+//! lands once the pace is known, as with a fixed `STEP` poll. Where the launch
+//! is about to end, the caller polls at `STEP` instead (the GPU waits for the
+//! next launch meanwhile).
 
 use std::time::{Duration, Instant};
 
@@ -24,7 +26,7 @@ impl PollPacer {
     /// `n` tokens (n >= 1) were seen at `now`.
     pub(crate) fn saw(&mut self, now: Instant, n: usize) {
         if let Some(last) = self.last_token {
-            let per = now.saturating_duration_since(last) / n.max(1) as u32;
+            let per = now.saturating_duration_since(last) / u32::try_from(n).unwrap_or(u32::MAX).max(1);
             self.per_token = Some(match self.per_token {
                 Some(avg) => (avg * 3 + per) / 4,
                 None => per,
