@@ -32,6 +32,11 @@ impl F32s {
         F32s((0..n).map(|_| AtomicU32::new(f32::NAN.to_bits())).collect())
     }
 
+    /// Every value NaN again.
+    fn poison(&self) {
+        self.0.iter().for_each(|v| v.store(f32::NAN.to_bits(), Ordering::Relaxed));
+    }
+
     fn get(&self, i: usize) -> f32 {
         f32::from_bits(self.0[i].load(Ordering::Relaxed))
     }
@@ -219,6 +224,15 @@ impl SlotBuffers {
             lm_max: F32s::poisoned(sched.lm_tiles),
             lm_idx: (0..sched.lm_tiles).map(|_| AtomicU32::new(u32::MAX)).collect(),
         }
+    }
+
+    /// As `poisoned` left them, for a request joining the slot (the MLP's sums
+    /// are zeroed by the embedding that follows).
+    fn poison(&self) {
+        for f in [&self.x, &self.qkv, &self.part_o, &self.part_ml, &self.lm_max] {
+            f.poison();
+        }
+        self.lm_idx.iter().for_each(|i| i.store(u32::MAX, Ordering::Relaxed));
     }
 }
 
@@ -648,13 +662,7 @@ impl<'w> Twin<'w> {
             if let Some((other, _, _)) = run.running(t).find(shares_a_page) {
                 return Err(format!("admission {a} shares a KV page with the request in slot {other} at step {t}"));
             }
-            let s = self.spec;
-            let fresh = SlotBuffers::poisoned(s, &self.schedule);
-            let b = &run.slots[adm.slot];
-            for (dst, src) in [(&b.x, &fresh.x), (&b.qkv, &fresh.qkv), (&b.part_o, &fresh.part_o), (&b.part_ml, &fresh.part_ml), (&b.lm_max, &fresh.lm_max)] {
-                dst.write(0, &src.read(0, src.0.len()));
-            }
-            b.lm_idx.iter().for_each(|i| i.store(u32::MAX, Ordering::Relaxed));
+            run.slots[adm.slot].poison();
             self.embed(run, adm.slot, adm.request.first_token);
             run.joined[adm.slot].store(t, Ordering::Relaxed);
             run.admitted[a].store(true, Ordering::Relaxed);
