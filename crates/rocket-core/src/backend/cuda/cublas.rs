@@ -184,9 +184,7 @@ impl Cublas {
         }
         .map_err(|e| lt_err(&format!("matmul {n}x{k} at {rows} rows"), e))
     }
-}
 
-impl Cublas {
     /// y (+)= (hi + lo) · Wᵀ: the product on the activations' bf16 hi and lo
     /// parts (`matmul` twice, the second accumulating).
     #[allow(clippy::too_many_arguments)]
