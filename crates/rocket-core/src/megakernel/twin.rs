@@ -279,8 +279,12 @@ impl Run<'_> {
 
     /// Slots with a request at step `t`: (slot, admission, the request's own step).
     fn running(&self, t: u32) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-        (0..self.slots.len())
-            .filter_map(move |slot| self.occupant(slot).map(|a| (slot, a, (t - self.joined[slot].load(Ordering::Relaxed)) as usize)))
+        (0..self.slots.len()).filter_map(move |slot| self.request_in(slot, t).map(|(a, step)| (slot, a, step)))
+    }
+
+    /// Slot `slot`'s request at step `t`, if any: (admission, the request's own step).
+    fn request_in(&self, slot: usize, t: u32) -> Option<(usize, usize)> {
+        self.occupant(slot).map(|a| (a, (t - self.joined[slot].load(Ordering::Relaxed)) as usize))
     }
 }
 
@@ -693,7 +697,7 @@ impl<'w> Twin<'w> {
     /// (an empty slot's items only arrive).
     #[allow(clippy::too_many_arguments)]
     fn attention(&self, run: &Run<'_>, instr: &Instr, slot: usize, g: usize, split: usize, splits: usize, t: u32) {
-        let Some((_, a, step)) = run.running(t).find(|&(s, _, _)| s == slot) else {
+        let Some((a, step)) = run.request_in(slot, t) else {
             Self::signal(run, instr.signal);
             return;
         };
@@ -748,7 +752,7 @@ impl<'w> Twin<'w> {
         let s = self.spec;
         let hd = s.head_dim;
         let splits = self.schedule.splits;
-        let (_, a, step) = run.running(t).find(|&(s, _, _)| s == slot).expect("O-proj runs for running slots");
+        let (a, step) = run.request_in(slot, t).expect("O-proj runs for running slots");
         let used = used_splits(run.admissions[a].request.pos0 + step + 1, splits);
         let b = &run.slots[slot];
         let mut attn = Vec::with_capacity(s.q_dim());
