@@ -159,24 +159,54 @@ fn reference_greedy(cpu: &CpuBackend, prompt: &[u32], n: usize) -> Vec<u32> {
     out
 }
 
+/// The end-id tests' case: a prompt teacher-forced through the loop, then 10
+/// greedy tokens (the reference's in `want`), and an end id the continuation
+/// reaches (want[4], first at `first`).
+struct EndIdCase {
+    name: &'static str,
+    spec: ModelSpec,
+    weights: Arc<ModelWeights>,
+    prompt: Vec<u32>,
+    want: Vec<u32>,
+    end: u32,
+    first: usize,
+}
+
+impl EndIdCase {
+    fn new() -> Self {
+        let (name, spec) = models().remove(2);
+        let weights = Arc::new(random_weights(&spec, 3));
+        let cpu = CpuBackend::new(spec.clone(), weights.clone());
+        let prompt = ids(9, 6, spec.vocab_size);
+        let want = reference_greedy(&cpu, &prompt, 10);
+        let end = want[4];
+        let first = want.iter().position(|&t| t == end).unwrap();
+        EndIdCase { name, spec, weights, prompt, want, end, first }
+    }
+
+    /// The prompt's steps after its first token, then the generated ones.
+    fn steps(&self) -> usize {
+        self.prompt.len() - 1 + self.want.len()
+    }
+
+    /// The whole run with no end ids.
+    fn request(&self) -> TwinRequest<'_> {
+        TwinRequest { pos0: 0, first_token: self.prompt[0], max_steps: self.steps(), forced: &self.prompt[1..], end_ids: &[], mask_end_steps: 0 }
+    }
+}
+
 #[test]
 fn free_running_greedy_equals_the_reference_and_stops_where_asked() {
-    let (name, spec) = models().remove(2);
-    let weights = Arc::new(random_weights(&spec, 3));
-    let cpu = CpuBackend::new(spec.clone(), weights.clone());
-    let prompt = ids(9, 6, spec.vocab_size);
-    let gen = 10;
-    let want = reference_greedy(&cpu, &prompt, gen);
-    let twin = Twin::new(&spec, &weights, 7).unwrap();
+    let case = EndIdCase::new();
+    let EndIdCase { name, spec, weights, prompt, want, end, first } = &case;
+    let (end, first) = (*end, *first);
+    let twin = Twin::new(spec, weights, 7).unwrap();
     // The prompt is teacher-forced through the loop; after it, argmaxes are fed back.
-    let steps = prompt.len() - 1 + gen;
-    let req = TwinRequest { pos0: 0, first_token: prompt[0], max_steps: steps, forced: &prompt[1..], end_ids: &[], mask_end_steps: 0 };
+    let (steps, req) = (case.steps(), case.request());
     let got = run(&twin, steps, &req);
     assert_eq!(got.tokens[prompt.len() - 1..], want[..], "{name}: greedy continuation");
 
     // An end id stops the free-running loop at its first occurrence...
-    let end = want[4];
-    let first = want.iter().position(|&t| t == end).unwrap();
     let stop_req = TwinRequest { end_ids: &[end], ..req };
     let stopped = run(&twin, steps, &stop_req);
     assert_eq!(stopped.tokens[prompt.len() - 1..], want[..=first]);
@@ -190,7 +220,7 @@ fn free_running_greedy_equals_the_reference_and_stops_where_asked() {
     // The host's stop flag: on_token returning false ends the loop after that step.
     let seen = AtomicUsize::new(0);
     let short = twin
-        .run(&TwinKv::new(&spec, steps), &req, &|step, _| {
+        .run(&TwinKv::new(spec, steps), &req, &|step, _| {
             seen.fetch_add(1, Ordering::Relaxed);
             step < 3
         })
@@ -242,6 +272,11 @@ fn bad_requests_are_refused() {
     assert!(twin.run(&kv, &TwinRequest { max_steps: 5, ..base }, &ok).is_err());
     assert!(twin.run(&kv, &TwinRequest { max_steps: 0, ..base }, &ok).is_err());
     assert!(twin.run(&kv, &TwinRequest { first_token: 700, ..base }, &ok).is_err());
+}
+
+/// `a`'s steps, then `b`'s: one request's output over two launches.
+fn joined(a: &TwinOutput, b: &TwinOutput) -> TwinOutput {
+    TwinOutput { tokens: [a.tokens.clone(), b.tokens.clone()].concat(), logits: [a.logits.clone(), b.logits.clone()].concat() }
 }
 
 /// The same tokens and the same logits bit for bit (f32 `==` takes -0.0 for +0.0).
@@ -350,8 +385,7 @@ fn a_request_admitted_into_a_running_batch_continues_from_its_cached_pages() {
     let second = batched
         .run_batch(&kv, &[other.admission(), TwinAdmission { request: rest, slot: 1, pages: &pages, join: Join::AtStep(3) }], &|_, _, _, _| true)
         .unwrap();
-    let joined = TwinOutput { tokens: [first[0].tokens.clone(), second[1].tokens.clone()].concat(), logits: [first[0].logits.clone(), second[1].logits.clone()].concat() };
-    assert!(same_bits(&joined, &whole));
+    assert!(same_bits(&joined(&first[0], &second[1]), &whole));
     assert!(same_bits(&second[0], &run(&solo, 13, &other.request())));
 
     // Past one attention split (64 positions): 60 cached positions, 10 more admitted at
@@ -367,37 +401,31 @@ fn a_request_admitted_into_a_running_batch_continues_from_its_cached_pages() {
     let second = batched
         .run_batch(&kv, &[other.admission(), TwinAdmission { request: rest, slot: 0, pages: &pages, join: Join::AtStep(3) }], &|_, _, _, _| true)
         .unwrap();
-    let joined = TwinOutput { tokens: [first[0].tokens.clone(), second[1].tokens.clone()].concat(), logits: [first[0].logits.clone(), second[1].logits.clone()].concat() };
-    assert!(same_bits(&joined, &whole));
+    assert!(same_bits(&joined(&first[0], &second[1]), &whole));
 }
 
 #[test]
 fn min_tokens_masking_and_end_ids_follow_each_request_s_own_steps() {
-    let (_, spec) = models().remove(2);
-    let weights = Arc::new(random_weights(&spec, 3));
-    let cpu = CpuBackend::new(spec.clone(), weights.clone());
-    let prompt = ids(9, 6, spec.vocab_size);
-    let gen = 10;
-    let want = reference_greedy(&cpu, &prompt, gen);
-    let end = want[4];
-    let first = want.iter().position(|&t| t == end).unwrap();
-    let steps = prompt.len() - 1 + gen;
-    let stop = TwinRequest { pos0: 0, first_token: prompt[0], max_steps: steps, forced: &prompt[1..], end_ids: &[end], mask_end_steps: 0 };
+    let case = EndIdCase::new();
+    let EndIdCase { spec, weights, prompt, first, .. } = &case;
+    let (first, steps) = (*first, case.steps());
+    let end_ids = [case.end];
+    let stop = TwinRequest { end_ids: &end_ids, ..case.request() };
     // Masked through the step that would pick the end id.
     let masked = TwinRequest { mask_end_steps: prompt.len() - 1 + first + 1, ..stop };
-    let solo = Twin::new(&spec, &weights, 4).unwrap();
+    let solo = Twin::new(spec, weights, 4).unwrap();
     let (stop_alone, masked_alone) = (run(&solo, steps, &stop), run(&solo, steps, &masked));
     assert_eq!(stop_alone.tokens.len(), prompt.len() + first);
     assert!(masked_alone.tokens.len() > stop_alone.tokens.len());
 
-    let batched = Twin::with_schedule(&spec, &weights, Schedule::compile_batched(&spec, 4, 3).unwrap());
+    let batched = Twin::with_schedule(spec, weights, Schedule::compile_batched(spec, 4, 3).unwrap());
     let long = job(12, 4, 20, 0, &[0, 1, 2], 0, spec.vocab_size);
     let admissions = [
         long.admission(),
         TwinAdmission { request: stop, slot: 1, pages: &[3, 4], join: Join::AtStep(2) },
         TwinAdmission { request: masked, slot: 2, pages: &[5, 6], join: Join::AtStep(5) },
     ];
-    let got = batched.run_batch(&TwinKv::paged(&spec, 7, 8), &admissions, &|_, _, _, _| true).unwrap();
+    let got = batched.run_batch(&TwinKv::paged(spec, 7, 8), &admissions, &|_, _, _, _| true).unwrap();
     assert!(same_bits(&got[1], &stop_alone));
     assert!(same_bits(&got[2], &masked_alone));
 }

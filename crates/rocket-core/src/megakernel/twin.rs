@@ -32,6 +32,11 @@ impl F32s {
         F32s((0..n).map(|_| AtomicU32::new(f32::NAN.to_bits())).collect())
     }
 
+    /// Every value NaN again.
+    fn poison(&self) {
+        self.0.iter().for_each(|v| v.store(f32::NAN.to_bits(), Ordering::Relaxed));
+    }
+
     fn get(&self, i: usize) -> f32 {
         f32::from_bits(self.0[i].load(Ordering::Relaxed))
     }
@@ -220,6 +225,15 @@ impl SlotBuffers {
             lm_idx: (0..sched.lm_tiles).map(|_| AtomicU32::new(u32::MAX)).collect(),
         }
     }
+
+    /// As `poisoned` left them, for a request joining the slot (the MLP's sums
+    /// are zeroed by the embedding that follows).
+    fn poison(&self) {
+        for f in [&self.x, &self.qkv, &self.part_o, &self.part_ml, &self.lm_max] {
+            f.poison();
+        }
+        self.lm_idx.iter().for_each(|i| i.store(u32::MAX, Ordering::Relaxed));
+    }
 }
 
 /// One request's results as the loop produces them.
@@ -265,8 +279,12 @@ impl Run<'_> {
 
     /// Slots with a request at step `t`: (slot, admission, the request's own step).
     fn running(&self, t: u32) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-        (0..self.slots.len())
-            .filter_map(move |slot| self.occupant(slot).map(|a| (slot, a, (t - self.joined[slot].load(Ordering::Relaxed)) as usize)))
+        (0..self.slots.len()).filter_map(move |slot| self.request_in(slot, t).map(|(a, step)| (slot, a, step)))
+    }
+
+    /// Slot `slot`'s request at step `t`, if any: (admission, the request's own step).
+    fn request_in(&self, slot: usize, t: u32) -> Option<(usize, usize)> {
+        self.occupant(slot).map(|a| (a, (t - self.joined[slot].load(Ordering::Relaxed)) as usize))
     }
 }
 
@@ -648,13 +666,7 @@ impl<'w> Twin<'w> {
             if let Some((other, _, _)) = run.running(t).find(shares_a_page) {
                 return Err(format!("admission {a} shares a KV page with the request in slot {other} at step {t}"));
             }
-            let s = self.spec;
-            let fresh = SlotBuffers::poisoned(s, &self.schedule);
-            let b = &run.slots[adm.slot];
-            for (dst, src) in [(&b.x, &fresh.x), (&b.qkv, &fresh.qkv), (&b.part_o, &fresh.part_o), (&b.part_ml, &fresh.part_ml), (&b.lm_max, &fresh.lm_max)] {
-                dst.write(0, &src.read(0, src.0.len()));
-            }
-            b.lm_idx.iter().for_each(|i| i.store(u32::MAX, Ordering::Relaxed));
+            run.slots[adm.slot].poison();
             self.embed(run, adm.slot, adm.request.first_token);
             run.joined[adm.slot].store(t, Ordering::Relaxed);
             run.admitted[a].store(true, Ordering::Relaxed);
@@ -685,7 +697,7 @@ impl<'w> Twin<'w> {
     /// (an empty slot's items only arrive).
     #[allow(clippy::too_many_arguments)]
     fn attention(&self, run: &Run<'_>, instr: &Instr, slot: usize, g: usize, split: usize, splits: usize, t: u32) {
-        let Some((_, a, step)) = run.running(t).find(|&(s, _, _)| s == slot) else {
+        let Some((a, step)) = run.request_in(slot, t) else {
             Self::signal(run, instr.signal);
             return;
         };
@@ -740,7 +752,7 @@ impl<'w> Twin<'w> {
         let s = self.spec;
         let hd = s.head_dim;
         let splits = self.schedule.splits;
-        let (_, a, step) = run.running(t).find(|&(s, _, _)| s == slot).expect("O-proj runs for running slots");
+        let (a, step) = run.request_in(slot, t).expect("O-proj runs for running slots");
         let used = used_splits(run.admissions[a].request.pos0 + step + 1, splits);
         let b = &run.slots[slot];
         let mut attn = Vec::with_capacity(s.q_dim());

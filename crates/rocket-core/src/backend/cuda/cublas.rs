@@ -185,9 +185,7 @@ impl Cublas {
         }
         .map_err(|e| lt_err(&format!("matmul {n}x{k} at {rows} rows"), e))
     }
-}
 
-impl Cublas {
     /// One small product on `stream`, checked: a library that opens but cannot
     /// plan or run for this GPU (too old, the wrong one) fails here, at load,
     /// not in the first long prefill.

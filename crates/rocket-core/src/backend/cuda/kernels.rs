@@ -444,13 +444,16 @@ impl Kernels {
     }
 
     /// hi[i] = x[i] as bf16 (round to nearest even) and lo[i] = x[i] - hi[i] as
-    /// bf16, for i < n: the cuBLASLt path's inputs.
-    pub(crate) fn to_bf16_split(&self, s: &Stream, x: u64, hi: u64, lo: u64, n: usize) -> Result<()> {
+    /// bf16, for i < n: the cuBLASLt path's inputs, in `parts` (2n bf16: the hi
+    /// parts, then the lo parts). Returns where each starts.
+    pub(crate) fn to_bf16_split(&self, s: &Stream, x: u64, parts: u64, n: usize) -> Result<(u64, u64)> {
         if n > i32::MAX as usize {
             return Err(RocketError::Internal(format!("to_bf16_split of {n} elements (at most 2^31 - 1)")));
         }
+        let (hi, lo) = (parts, parts + (2 * n) as u64);
         let args = [Arg::Ptr(x), Arg::Ptr(hi), Arg::Ptr(lo), Arg::I32(n as i32)];
-        self.go(&self.to_bf16_split, s, (n.div_ceil(1024) as u32, 1, 1), 256, 0, &args)
+        self.go(&self.to_bf16_split, s, (n.div_ceil(1024) as u32, 1, 1), 256, 0, &args)?;
+        Ok((hi, lo))
     }
 
     /// out[r] = argmax of logits row r; `state` holds `argmax_state_bytes(rows)`

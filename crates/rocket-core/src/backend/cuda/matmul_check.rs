@@ -138,11 +138,10 @@ impl CudaBackend {
         };
         let launch = |w: u64| match (kernel, &cublas, &x_bf16) {
             (MatmulKernel::Cublas | MatmulKernel::CublasBf16, Some(lt), Some(xb)) => {
-                let lo = xb.ptr + (2 * rows * k) as u64;
-                kernels.to_bf16_split(st, x.ptr, xb.ptr, lo, rows * k)?;
+                let (hi, lo) = kernels.to_bf16_split(st, x.ptr, xb.ptr, rows * k)?;
                 match kernel {
-                    MatmulKernel::Cublas => lt.matmul_split(st, w, xb.ptr, lo, y.ptr, n, k, rows, accumulate),
-                    _ => lt.matmul(st, w, xb.ptr, y.ptr, n, k, rows, accumulate),
+                    MatmulKernel::Cublas => lt.matmul_split(st, w, hi, lo, y.ptr, n, k, rows, accumulate),
+                    _ => lt.matmul(st, w, hi, y.ptr, n, k, rows, accumulate),
                 }
             }
             (MatmulKernel::Tensor, ..) => kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch, gemm_fusion),

@@ -612,9 +612,8 @@ impl CudaBackend {
             let (Some(lt), Some(xb)) = (&k.cublas, &sc.bf16) else {
                 return Err(RocketError::Internal("a cuBLASLt product without cuBLASLt or its bf16 buffers".into()));
             };
-            let lo = xb.ptr + (2 * rows * width) as u64;
-            k.to_bf16_split(st, x, xb.ptr, lo, rows * width)?;
-            return lt.matmul_split(st, w, xb.ptr, lo, y, n, width, rows, accumulate);
+            let (hi, lo) = k.to_bf16_split(st, x, xb.ptr, rows * width)?;
+            return lt.matmul_split(st, w, hi, lo, y, n, width, rows, accumulate);
         }
         if kernel == ProductKernel::Tensor && k.gemm_tc_fits(width) {
             k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm, GemmFusion::default())
