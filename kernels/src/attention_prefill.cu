@@ -21,11 +21,26 @@
 // next 64 positions are in flight while the MMAs run on these (a CTA of 4 warps,
 // 2-3 per SM at these register counts, had little else to hide a load behind).
 //
-// grid = (tiles, n_heads), block = 128 (4 warps; warp w owns query rows
-// 16w..16w+15 of its tile), dynamic shared memory PREFILL_SMEM_BYTES(D).
+// Context splits: a CTA walks one `span` of key positions, [s * span, (s + 1) *
+// span), so a few rows deep in a long context (a prompt's piece beside decoding
+// streams, the last pieces of a long prompt) still spread over every SM instead of
+// one CTA per (tile, head) walking the whole context. A tile whose context fits in
+// one span writes its output directly; otherwise each split writes its rows'
+// unnormalised output, max and sum, and attn_prefill_merge combines the splits in
+// order. Split boundaries sit at absolute multiples of `span` (a constant of the
+// host, kernels.rs PREFILL_SPAN), so a row's bits still depend only on its query,
+// its position and the cache; a split past a row's position leaves it no key
+// (max -inf, sum 0), which the merge skips, and one live split merges to exactly
+// its direct output (its weight is exp2(0) = 1).
+//
+// grid = (tiles, n_heads, max_splits), block = 128 (4 warps; warp w owns query rows
+// 16w..16w+15 of its tile), dynamic shared memory PREFILL_SMEM_BYTES(D). CTAs of
+// splits past their tile's context return at once.
 // tiles[t] = (first row, rows): up to 64 consecutive rows of one sequence, at
 // consecutive positions from meta[first].position.
-// Output: out[row][head * D + d], f32, as attn_merge writes it.
+// Output: out[row][head * D + d], f32, as attn_merge writes it. Partials of tile t,
+// head h, split s: item ((t * n_heads + h) * max_splits + s), part_o[item][64][D]
+// and part_ml[item][64][2] (max in base 2, sum).
 //
 // mma.sync m16n8k16 fragments (PTX ISA), g = lane / 4, c = lane % 4:
 //   A (16x16, row-major) regs 0..3: (row g, cols 2c..2c+1), (row g+8, same),
@@ -76,19 +91,26 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
 
 template <int D>
 __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,
-                                                  const PrefillTile* __restrict__ tiles, float* __restrict__ out, int n_heads,
-                                                  int n_kv, int layer, int n_layers, float scale) {
+                                                  const PrefillTile* __restrict__ tiles, float* __restrict__ out,
+                                                  float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads,
+                                                  int n_kv, int layer, int n_layers, int span, float scale) {
     constexpr int T = PREFILL_TILE, KS = D + 8;  // shared row stride in bf16: 16 bytes of padding spread the banks
     constexpr int KSTEPS = D / 16, DT = D / 8, NT = T / 8;
     extern __shared__ __align__(16) uint16_t prefill_smem[];  // [buffer][k | v][T * KS]
 
     // The longest tiles (latest positions) first, so the short ones fill the tail.
-    const PrefillTile tile = tiles[gridDim.x - 1 - blockIdx.x];
-    const int head = blockIdx.y;
+    const int tile_index = gridDim.x - 1 - blockIdx.x;
+    const PrefillTile tile = tiles[tile_index];
+    const int head = blockIdx.y, split = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int kv_head = head / (n_heads / n_kv), kvd = n_kv * D;
     const RowMeta m0 = meta[tile.first_row];
     const int p0 = m0.position;  // of the tile's first row
+    // Keys at positions [0, end): the last row's context; this CTA's are [k_begin, k_end).
+    const int end = p0 + tile.rows;
+    const int splits = (end + span - 1) / span;
+    if (split >= splits) return;
+    const int k_begin = split * span, k_end = min(end, k_begin + span);
     const uint16_t* cache = reinterpret_cast<const uint16_t*>(m0.kv_base);
     const size_t pos_stride = (size_t)n_layers * 2 * kvd;
     const uint16_t* kv0 = cache + (size_t)layer * 2 * kvd + kv_head * D;
@@ -121,8 +143,6 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
     for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;  // sums: this thread's columns only
 
-    // Keys at positions [0, end): the last row's context.
-    const int end = p0 + tile.rows;
     // Queue the copies of keys and values of positions k0..k0+63 into buffer b
     // (zeros past `end`: a masked weight times a NaN would still be NaN), as one
     // cp.async group.
@@ -140,12 +160,12 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
-    stage(0, 0);
-    for (int k0 = 0, b = 0; k0 < end; k0 += T, b ^= 1) {
+    stage(0, k_begin);
+    for (int k0 = k_begin, b = 0; k0 < k_end; k0 += T, b ^= 1) {
         // The next positions' copies go to the other buffer (every warp finished
         // reading it at the end of the last step); an empty group past the end
         // keeps the count of groups in flight the same.
-        if (k0 + T < end) {
+        if (k0 + T < k_end) {
             stage(b ^ 1, k0 + T);
         } else {
             asm volatile("cp.async.commit_group;" ::: "memory");
@@ -240,24 +260,86 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
     sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 2);
     sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 1);
     sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 2);
-    const size_t row_stride = (size_t)n_heads * D;
+    if (splits == 1) {
+        const size_t row_stride = (size_t)n_heads * D;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            const int col = head * D + dt * 8 + 2 * c;
+            if (r_a < tile.rows)
+                *reinterpret_cast<float2*>(out + (tile.first_row + r_a) * row_stride + col) = make_float2(o[dt][0] / sum_a, o[dt][1] / sum_a);
+            if (r_b < tile.rows)
+                *reinterpret_cast<float2*>(out + (tile.first_row + r_b) * row_stride + col) = make_float2(o[dt][2] / sum_b, o[dt][3] / sum_b);
+        }
+        return;
+    }
+    // This split's partials, unnormalised, for attn_prefill_merge.
+    const size_t item = ((size_t)tile_index * n_heads + head) * gridDim.z + split;
+    float* po = part_o + item * T * D;
+    float* pml = part_ml + item * T * 2;
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
-        const int col = head * D + dt * 8 + 2 * c;
-        if (r_a < tile.rows)
-            *reinterpret_cast<float2*>(out + (tile.first_row + r_a) * row_stride + col) = make_float2(o[dt][0] / sum_a, o[dt][1] / sum_a);
-        if (r_b < tile.rows)
-            *reinterpret_cast<float2*>(out + (tile.first_row + r_b) * row_stride + col) = make_float2(o[dt][2] / sum_b, o[dt][3] / sum_b);
+        const int col = dt * 8 + 2 * c;
+        if (r_a < tile.rows) *reinterpret_cast<float2*>(po + r_a * D + col) = make_float2(o[dt][0], o[dt][1]);
+        if (r_b < tile.rows) *reinterpret_cast<float2*>(po + r_b * D + col) = make_float2(o[dt][2], o[dt][3]);
+    }
+    if (c == 0) {
+        if (r_a < tile.rows) *reinterpret_cast<float2*>(pml + r_a * 2) = make_float2(max_a, sum_a);
+        if (r_b < tile.rows) *reinterpret_cast<float2*>(pml + r_b * 2) = make_float2(max_b, sum_b);
+    }
+}
+
+// attn_prefill_merge_hdD: the output of every row of a tile whose context spans
+// several splits, from the splits' partials in split order (grid = (tiles, n_heads),
+// block = 128). A split with no key for a row (max -inf) adds nothing; the first
+// live split starts the sums, so one live split gives its direct output's bits.
+template <int D>
+__device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,
+                                                        const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                                        float* __restrict__ out, int n_heads, int span, int max_splits) {
+    constexpr int T = PREFILL_TILE;
+    const int tile_index = blockIdx.x, head = blockIdx.y;
+    const PrefillTile tile = tiles[tile_index];
+    const int end = meta[tile.first_row].position + tile.rows;
+    const int splits = (end + span - 1) / span;
+    if (splits == 1) return;  // written by attn_prefill itself
+    const size_t item0 = ((size_t)tile_index * n_heads + head) * max_splits;
+    const size_t row_stride = (size_t)n_heads * D;
+    for (int i = threadIdx.x; i < tile.rows * D; i += blockDim.x) {
+        const int r = i / D, d = i % D;
+        float M = -INFINITY;
+        for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[((item0 + s) * T + r) * 2]);
+        float L = 0.0f, o = 0.0f;
+        bool first = true;
+        for (int s = 0; s < splits; s++) {
+            const float m = part_ml[((item0 + s) * T + r) * 2];
+            if (m == -INFINITY) continue;
+            const float f = exp2f(m - M);
+            const float l = part_ml[((item0 + s) * T + r) * 2 + 1] * f;
+            const float x = part_o[((item0 + s) * T + r) * D + d] * f;
+            L = first ? l : L + l;
+            o = first ? x : o + x;
+            first = false;
+        }
+        out[(tile.first_row + r) * row_stride + head * D + d] = o / L;
     }
 }
 
 #define ATTN_PREFILL(D)                                                                                                  \
     ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
         attn_prefill_hd##D(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,                  \
-                           const PrefillTile* __restrict__ tiles, float* __restrict__ out, int n_heads, int n_kv,         \
-                           int layer, int n_layers, float scale) {                                                       \
+                           const PrefillTile* __restrict__ tiles, float* __restrict__ out, float* __restrict__ part_o,   \
+                           float* __restrict__ part_ml, int n_heads, int n_kv, int layer, int n_layers, int span,        \
+                           float scale) {                                                                                \
         pdl_enter();                                                                                                     \
-        attn_prefill_body<D>(q, q_stride, meta, tiles, out, n_heads, n_kv, layer, n_layers, scale);                     \
+        attn_prefill_body<D>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers, span,       \
+                             scale);                                                                                     \
+    }                                                                                                                    \
+    ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
+        attn_prefill_merge_hd##D(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,                \
+                                 const float* __restrict__ part_o, const float* __restrict__ part_ml,                    \
+                                 float* __restrict__ out, int n_heads, int span, int max_splits) {                       \
+        pdl_enter();                                                                                                     \
+        attn_prefill_merge_body<D>(meta, tiles, part_o, part_ml, out, n_heads, span, max_splits);                        \
     }
 ATTN_PREFILL(32)
 ATTN_PREFILL(64)

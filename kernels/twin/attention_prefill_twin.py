@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""CPU twin of kernels/src/attention_prefill.cu (attn_prefill_hdD), lane by lane.
+"""CPU twin of kernels/src/attention_prefill.cu (attn_prefill_hdD and
+attn_prefill_merge_hdD), lane by lane.
 
 It runs the kernel's code path for every CTA of a launch on numpy arrays shaped
 [warp][lane]: the same index expressions for the Q A-fragments, the K and V
 B-fragments read from the padded shared tiles (row stride KS = D + 8), the C
 positions, the causal mask, the quad shuffles, the staging of K and V (zeros
-past `end`), the hi/lo bf16 split through an emulated `cvt.rn.bf16x2.f32` and
+past `end`), the hi/lo bf16 split through an emulated `cvt.rn.bf16x2.f32`, the
+context splits (a CTA per span of key positions, partials, then the merge) and
 the output store. `mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32` is emulated
 separately from the PTX ISA's fragment tables (section "Matrix Fragments for
 mma.m16n8k16 with floating point type"), written per element index i as the ISA
@@ -16,11 +18,16 @@ products are exact) and rounded to f32.
 Checks (all on random data, against a float64 causal attention of the same bf16
 cache and f32 queries):
   accuracy     every written row within 1e-4 relative of the reference;
-  coverage     each CTA writes exactly its tile's rows of its head, once, finite;
-  memory       no read of the cache at or past `end`, of shared padding or of a
-               never-staged shared word; every vector access aligned;
+  coverage     each output of a tile's rows and head is written once, finite,
+               by the CTA (one split) or the merge (several);
+  memory       no read of the cache at or past `end`, of shared padding, of a
+               never-staged shared word or of a partial no split wrote; every
+               vector access aligned; no partial written twice;
   tiling       a row's output is the same bits whatever tile (first row, rows,
-               `end`) computed it.
+               `end`) computed it, also where one tile's context spans several
+               splits and another's does not.
+The sweep runs with a span of 128 positions (the host's is 1024; the kernel takes
+it as an argument) so that contexts of a few hundred positions cross splits.
 `--mutants` re-runs a short sweep with deliberate index mistakes in the twin's
 copy of the kernel and requires each one to fail a check.
 
@@ -46,8 +53,9 @@ NEG_INF = F32(-np.inf)
 # The kernel source this twin was last checked against: a different hash means the
 # twin may no longer mirror the kernel (update both, then this hash).
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill.cu"
-KERNEL_SHA256 = "3e988b625175b74bbae7719de0d3294bab4548704ee76f5625abb41f0c11cc42"
+KERNEL_SHA256 = "186f0833417d0e32430aad6393d3d51c5fdaf8d5c7bbab183774caa785a9f7ae"
 POISON_BF16 = 0xFFFF  # a NaN: what an unwritten cache slot or shared word holds here
+SPAN = 128  # key positions per context split in the sweep (a multiple of T)
 
 
 class TwinFault(Exception):
@@ -139,7 +147,7 @@ def shfl_xor(v, m):
 class Launch:
     """Global memory of one launch: q (f32, flat), caches (bf16 per sequence), out (f32)."""
 
-    def __init__(self, q, q_stride, positions, kv_base, caches, tiles, n_heads, n_kv, n_layers, layer, D, out_rows):
+    def __init__(self, q, q_stride, positions, kv_base, caches, tiles, n_heads, n_kv, n_layers, layer, D, out_rows, span=SPAN):
         self.q, self.q_stride = q, q_stride
         self.positions, self.kv_base, self.caches = positions, kv_base, caches
         self.tiles = np.asarray(tiles, np.int32).reshape(-1, 2)
@@ -147,10 +155,19 @@ class Launch:
         self.out = np.full(out_rows * n_heads * D, np.nan, F32)
         self.writes = np.zeros(out_rows * n_heads * D, int)
         self.scale = F32(1.0 / np.sqrt(F32(D)))  # kernels.rs: 1 / sqrt(head_dim) in f32
+        # kernels.rs: max_splits is the pass's most splits of one tile's context.
+        self.span = span
+        ends = [int(positions[f]) + r for f, r in self.tiles]
+        self.max_splits = max(-(-e // span) for e in ends)
+        items = len(self.tiles) * n_heads * self.max_splits
+        self.part_o = np.full(items * T * D, np.nan, F32)
+        self.part_ml = np.full(items * T * 2, np.nan, F32)
+        self.part_writes = np.zeros(items * T * (D + 2), int).reshape(items * T, D + 2)
+        self.merged = 0  # outputs the merge wrote
 
 
-def attn_prefill_cta(L, bx, by, mut=frozenset()):
-    """One CTA (blockIdx = (bx, by)) of attn_prefill_hdD, all 128 threads at once."""
+def attn_prefill_cta(L, bx, by, bz, mut=frozenset()):
+    """One CTA (blockIdx = (bx, by, bz)) of attn_prefill_hdD, all 128 threads at once."""
     D = L.D
     KS = D + 8
     KSTEPS, DT, NT = D // 16, D // 8, T // 8
@@ -161,13 +178,22 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
     in_flight = [None]  # the buffer whose copies are still landing while the MMAs run
 
     grid_x = len(L.tiles)
-    first_row, rows = (int(x) for x in L.tiles[grid_x - 1 - bx])
-    head = by
+    tile_index = grid_x - 1 - bx
+    first_row, rows = (int(x) for x in L.tiles[tile_index])
+    head, split = by, bz
     warp, lane = WARP, LANE
     g, c = lane >> 2, lane & 3
     kv_head = head % L.n_kv if "kv_head_mod" in mut else head // (L.n_heads // L.n_kv)
     kvd = L.n_kv * D
     p0 = int(L.positions[first_row])
+    end = p0 + rows
+    if "end_past" in mut:
+        end += 1
+    splits = -(-end // L.span)
+    if split >= splits:
+        return
+    k_begin = split * L.span + (T if "split_begin_off" in mut else 0)
+    k_end = min(end, k_begin + L.span)
     cache = L.caches[L.kv_base[first_row]]
     pos_stride = L.n_layers * 2 * kvd
     kv0 = L.layer * 2 * kvd + kv_head * D  # element offset; the cache base is 256-byte aligned
@@ -228,9 +254,6 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
     sum_a = np.zeros((NWARPS, 32), F32)
     sum_b = sum_a.copy()
 
-    end = p0 + rows
-    if "end_past" in mut:
-        end += 1
     def stage(b, k0):
         # Keys and values of positions k0..k0+63 into buffer b (zeros past end):
         # cp.async of 16 bytes, or 16 zero bytes (src-size 0).
@@ -261,12 +284,12 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
                 sk[dst : dst + 8] = kx
                 sv[dst : dst + 8] = vx
 
-    k0, b = 0, 0
-    stage(0, 0)
-    while k0 < end:
+    k0, b = k_begin, 0
+    stage(0, k_begin)
+    while k0 < k_end:
         # The next positions' copies go to the other buffer while this one is read.
         nxt = b if "same_buffer" in mut else b ^ 1
-        if k0 + T < end:
+        if k0 + T < k_end:
             stage(nxt, k0 + T)
             in_flight[0] = nxt
         else:
@@ -358,6 +381,9 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
         sum_b = sum_b + shfl_xor(sum_b, 1)
         if "sum_shfl_one" not in mut:
             sum_b = sum_b + shfl_xor(sum_b, 2)
+    if splits > 1 or "always_partial" in mut:
+        store_partials(L, tile_index, head, split, rows, o, (r_a, max_a, sum_a), (r_b, max_b, sum_b), mut)
+        return
     row_stride = L.n_heads * D
     for dt in range(DT):
         col = head * D + dt * 8 + (c if "store_col_c" in mut else 2 * c)
@@ -374,10 +400,83 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
             np.add.at(L.writes, addr + 1, 1)
 
 
+def store_partials(L, tile_index, head, split, rows, o, a, b, mut):
+    """A split's unnormalised output, max and sum of its rows (c == 0 writes max and sum)."""
+    D = L.D
+    item = (tile_index * L.n_heads + (0 if "item_no_head" in mut else head)) * L.max_splits + split
+    c = LANE & 3
+    for r, mx, sm, lo in (a + (0,), b + (2,)):
+        live = r < rows
+        for dt in range(D // 8):
+            col = dt * 8 + 2 * c
+            addr = ((item * T + r) * D + col)[live]
+            if (addr % 2).any() or (addr + 1 >= len(L.part_o)).any():
+                raise TwinFault("bad float2 partial store")
+            L.part_o[addr] = o[dt][..., lo][live]
+            L.part_o[addr + 1] = o[dt][..., lo + 1][live]
+            np.add.at(L.part_writes, ((item * T + r)[live], col[live]), 1)
+            np.add.at(L.part_writes, ((item * T + r)[live], col[live] + 1), 1)
+        w = live & (c == 0)
+        slot = (item * T + r)[w]
+        L.part_ml[slot * 2] = mx[w]
+        L.part_ml[slot * 2 + 1] = sm[w]
+        np.add.at(L.part_writes, (slot, D), 1)
+        np.add.at(L.part_writes, (slot, D + 1), 1)
+
+
+def merge_cta(L, tile_index, head, mut=frozenset()):
+    """attn_prefill_merge_hdD for (tile, head): rows of a tile spanning several splits."""
+    D = L.D
+    first_row, rows = (int(x) for x in L.tiles[tile_index])
+    end = int(L.positions[first_row]) + rows
+    splits = -(-end // L.span)
+    if splits == 1 and "merge_single" not in mut:
+        return
+    item0 = (tile_index * L.n_heads + head) * L.max_splits
+
+    def ml(s, r, k):
+        slot = (item0 + s) * T + r
+        if L.part_writes[slot, D + k] != 1:
+            raise TwinFault(f"merge reads a partial no split wrote (split {s}, row {r})")
+        return L.part_ml[slot * 2 + k]
+
+    row_stride = L.n_heads * D
+    for r in range(rows):
+        M = NEG_INF
+        for s in range(splits):
+            M = np.fmax(M, ml(s, r, 0))
+        for d in range(D):
+            Lsum, o, first = F32(0), F32(0), True
+            order = range(splits - 1, -1, -1) if "merge_reversed" in mut else range(splits)
+            for s in order:
+                m = ml(s, r, 0)
+                if m == NEG_INF:
+                    continue
+                f = np.exp2(F32(m - M))
+                slot = (item0 + s) * T + r
+                if L.part_writes[slot, d] != 1:
+                    raise TwinFault("merge reads an unwritten partial output")
+                l_ = F32(ml(s, r, 1) * f)
+                x = F32(L.part_o[slot * D + d] * f)
+                Lsum = l_ if first else F32(Lsum + l_)
+                o = x if first else F32(o + x)
+                first = False
+            addr = (first_row + r) * row_stride + head * D + d
+            L.out[addr] = F32(o / Lsum)
+            L.writes[addr] += 1
+            L.merged += 1
+
+
 def run_launch(L, mut=frozenset()):
-    for bx in range(len(L.tiles)):
-        for by in range(L.n_heads):
-            attn_prefill_cta(L, bx, by, mut)
+    for bz in range(L.max_splits):
+        for bx in range(len(L.tiles)):
+            for by in range(L.n_heads):
+                attn_prefill_cta(L, bx, by, bz, mut)
+    if (L.part_writes > 1).any():
+        raise TwinFault("a partial written twice")
+    for t in range(len(L.tiles)):
+        for h in range(L.n_heads):
+            merge_cta(L, t, h, mut)
     return L.out.reshape(-1, L.n_heads * L.D)
 
 
@@ -487,6 +586,10 @@ def sweep(quick, mut=frozenset(), verbose=True, rng_seed=7):
     rows_all = range(1, 66) if not quick else (1, 2, 17, 64)
     for n in rows_all:
         cfgs.append((32, 2, [((5 * n) % 101, n), (64 if n % 2 else 0, 3)]))
+    # Contexts over several spans: a tile crossing a split boundary, one whose rows
+    # all sit past the first span, a lone row three spans deep.
+    for D in (32, 64, 128):
+        cfgs.append((D, 2, [(100, 60), (2 * SPAN + 3, 1), (SPAN + 20, 70)]))
     for D, ratio in itertools.product((32, 64, 128), (1, 2, 4)):
         for p0 in (0, 5, 64, 100):
             for rows in ((7, 64) if quick else (1, 7, 16, 33, 64)):
@@ -494,6 +597,7 @@ def sweep(quick, mut=frozenset(), verbose=True, rng_seed=7):
     if quick:
         cfgs = cfgs[:: 3 if mut else 1]
     worst = 0.0
+    merged = 0
     t = time.time()
     for D, ratio, seqs in cfgs:
         n_kv = 2 if ratio < 4 else 1
@@ -501,8 +605,11 @@ def sweep(quick, mut=frozenset(), verbose=True, rng_seed=7):
         out = run_launch(L, mut)
         err = check_launch(L, out)
         worst = max(worst, err)
+        merged += L.merged
+    if merged == 0:
+        raise AssertionError("no launch of the sweep crossed a split: the merge went untested")
     if verbose:
-        print(f"accuracy/coverage: {len(cfgs)} launches, worst relative error {worst:.2e} ({time.time() - t:.0f} s)")
+        print(f"accuracy/coverage: {len(cfgs)} launches, worst relative error {worst:.2e}, {merged} outputs merged from splits ({time.time() - t:.0f} s)")
     t = time.time()
     n = 0
     for D, ratio in ((32, 2), (64, 1), (128, 4)) if not mut else ((32, 2),):
@@ -534,6 +641,10 @@ MUTANTS = {
     "v_reads_k": "values read at the key offset (no + kvd)",
     "same_buffer": "the next positions' copies into the buffer being read",
     "read_other_buffer": "the MMAs read the buffer whose copies are in flight",
+    "split_begin_off": "a split's keys start one tile past its span",
+    "always_partial": "a tile within one span writes partials, not its output",
+    "item_no_head": "partials indexed without the head (heads overwrite each other)",
+    "merge_single": "the merge also runs for tiles within one span",
 }
 
 

@@ -276,10 +276,16 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
             }
             b.forward(&mut [Chunk { session: s.as_mut(), tokens: chunk }], Logits::All).unwrap()
         };
-        // Whole tiles, partial ones, a chunk that starts mid-tile after a cached prefix, and
-        // long enough for many key tiles.
+        // Whole tiles, partial ones, a chunk that starts mid-tile after a cached prefix,
+        // long enough for many key tiles, and (where the model allows) one whose first
+        // tile's context crosses a context split (kernels.rs PREFILL_SPAN, 1024).
         let long = (if vocab > 100_000 { 300 } else { 700 }).min(spec.max_position_embeddings);
-        for (n, (prefix_len, len)) in [(0, 2), (0, 17), (0, 64), (0, 130), (40, 77), (0, long)].into_iter().enumerate() {
+        let deep = spec.max_position_embeddings >= 1100;
+        let mut cases = vec![(0, 2), (0, 17), (0, 64), (0, 130), (40, 77), (0, long)];
+        if deep {
+            cases.push((1000, 60));
+        }
+        for (n, (prefix_len, len)) in cases.into_iter().enumerate() {
             let ids = random_ids(900 + n as u64, prefix_len + len, vocab);
             let (prefix, chunk) = ids.split_at(prefix_len);
             let (a, b) = (run(&tc, prefix, chunk), run(&split, prefix, chunk));
@@ -303,6 +309,18 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
         let differ = whole[50 * vocab..].iter().zip(&parts).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
         println!("TC-ATTN {}: rows 50..130 in one pass and after a 50-row pass: {differ} logits differ", path.display());
         assert_eq!(differ, 0, "{}: a prompt row's logits depend on how the prompt was split", path.display());
+        if deep {
+            // Across a context split: rows 1000..1100 after 960 cached positions (rows
+            // 1000..1023 in a tile within the first split, written directly) and after
+            // 1000 (the same rows in a tile crossing it, merged from one live split; rows
+            // 1024.. merged from two splits in other tiles).
+            let ids = random_ids(960, 1100, vocab);
+            let after_960 = run(&tc, &ids[..960], &ids[960..]);
+            let after_1000 = run(&tc, &ids[..1000], &ids[1000..]);
+            let differ = after_960[40 * vocab..].iter().zip(&after_1000).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            println!("TC-ATTN {}: rows 1000..1100 after 960 and after 1000 cached positions: {differ} logits differ", path.display());
+            assert_eq!(differ, 0, "{}: a row's logits depend on how its tile meets a context split", path.display());
+        }
     }
 }
 

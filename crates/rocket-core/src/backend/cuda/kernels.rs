@@ -176,6 +176,7 @@ pub(crate) struct Kernels {
     attn_partial: Function,
     attn_merge: Function,
     attn_prefill: Function,
+    attn_prefill_merge: Function,
     silu_mul: Function,
     to_bf16_split: Function,
     argmax: Function,
@@ -226,6 +227,7 @@ impl Kernels {
                 func.set_max_dynamic_smem(prefill_smem_bytes(head_dim))?;
                 func
             },
+            attn_prefill_merge: f(&format!("attn_prefill_merge_hd{head_dim}"))?,
             silu_mul: f("silu_mul")?,
             to_bf16_split: f("to_bf16_split")?,
             argmax: f("argmax")?,
@@ -406,7 +408,10 @@ impl Kernels {
 
     /// Causal attention of prompt rows on the tensor cores (attention_prefill.cu):
     /// `tiles` PrefillTile entries at `tile_table`, each up to PREFILL_TILE
-    /// consecutive rows of one sequence, into out [rows][n_heads*hd].
+    /// consecutive rows of one sequence, into out [rows][n_heads*hd]. A CTA walks
+    /// one PREFILL_SPAN of key positions; tiles whose context spans several
+    /// (`max_splits` at most, `prefill_splits`) leave partials in `part_o` /
+    /// `part_ml` (`prefill_partial_floats`) for the merge that follows.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_prefill(
         &self,
@@ -416,27 +421,48 @@ impl Kernels {
         meta: u64,
         tile_table: u64,
         out: u64,
+        (part_o, part_ml): (u64, u64),
         n_heads: usize,
         n_kv: usize,
         layer: usize,
         n_layers: usize,
         tiles: usize,
+        max_splits: usize,
     ) -> Result<()> {
         let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let span = PREFILL_SPAN as i32;
         let args = [
             Arg::Ptr(q),
             Arg::I32(q_stride as i32),
             Arg::Ptr(meta),
             Arg::Ptr(tile_table),
             Arg::Ptr(out),
+            Arg::Ptr(part_o),
+            Arg::Ptr(part_ml),
             Arg::I32(n_heads as i32),
             Arg::I32(n_kv as i32),
             Arg::I32(layer as i32),
             Arg::I32(n_layers as i32),
+            Arg::I32(span),
             Arg::F32(scale),
         ];
         let smem = prefill_smem_bytes(self.head_dim as usize) as u32;
-        self.go(&self.attn_prefill, s, (tiles as u32, n_heads as u32, 1), PREFILL_THREADS, smem, &args)
+        let grid = (tiles as u32, n_heads as u32, max_splits.max(1) as u32);
+        self.go(&self.attn_prefill, s, grid, PREFILL_THREADS, smem, &args)?;
+        if max_splits > 1 {
+            let args = [
+                Arg::Ptr(meta),
+                Arg::Ptr(tile_table),
+                Arg::Ptr(part_o),
+                Arg::Ptr(part_ml),
+                Arg::Ptr(out),
+                Arg::I32(n_heads as i32),
+                Arg::I32(span),
+                Arg::I32(max_splits as i32),
+            ];
+            self.go(&self.attn_prefill_merge, s, (tiles as u32, n_heads as u32, 1), PREFILL_THREADS, 0, &args)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn silu_mul(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize) -> Result<()> {
@@ -491,6 +517,42 @@ impl Kernels {
 /// Query rows per CTA of `attn_prefill` (attention_prefill.cu PREFILL_TILE), and its block size.
 pub(crate) const PREFILL_TILE: usize = 64;
 const PREFILL_THREADS: u32 = 128;
+
+/// Key positions one `attn_prefill` CTA walks (its context split). A row's bits
+/// depend on it, so it is a constant: it lets a few rows deep in a long context
+/// (a prompt's piece beside decoding streams) spread over every SM, while the
+/// partials it costs stay a few percent of a long pass's traffic (a 512-row pass
+/// at 16K positions writes and reads ~70 MB per layer).
+pub(crate) const PREFILL_SPAN: usize = 1024;
+
+/// Context splits of the tensor-core prefill attention for a tile whose last
+/// row has `context` positions (attention_prefill.cu: `(end + span - 1) / span`).
+pub(crate) const fn prefill_splits(context: usize) -> usize {
+    context.div_ceil(PREFILL_SPAN)
+}
+
+/// (tile, split) items of partials one prefill attention launch may leave: a
+/// pass with more tiles launches it over groups of tiles that reuse the space
+/// (~70 MB for Llama-3.2-1B; a 512-row pass at 16K positions needs 128 items).
+pub(crate) const PREFILL_PARTIAL_ITEMS: usize = 128;
+
+/// Tiles per prefill attention launch when a tile has up to `max_splits` splits.
+pub(crate) const fn prefill_group_tiles(max_splits: usize) -> usize {
+    if max_splits <= 1 {
+        usize::MAX
+    } else if max_splits >= PREFILL_PARTIAL_ITEMS {
+        1
+    } else {
+        PREFILL_PARTIAL_ITEMS / max_splits
+    }
+}
+
+/// f32 values of the prefill attention's partials for `tiles` tiles of up to
+/// `max_splits` splits: (part_o, part_ml), laid out per (tile, head, split) item.
+pub(crate) const fn prefill_partial_floats(tiles: usize, n_heads: usize, max_splits: usize, head_dim: usize) -> (usize, usize) {
+    let rows = tiles * n_heads * max_splits * PREFILL_TILE;
+    (rows * head_dim, rows * 2)
+}
 
 /// Dynamic shared memory of `attn_prefill_hd{head_dim}` (attention_prefill.cu
 /// `PREFILL_SMEM_BYTES`): two buffers of keys and values, rows of head_dim + 8 bf16.
@@ -567,6 +629,26 @@ mod tests {
         assert_eq!(smem.split("//").next().unwrap().trim(), "(2 * 2 * PREFILL_TILE * ((D) + 8) * 2)");
         assert_eq!([32, 64, 128].map(prefill_smem_bytes), [20_480, 36_864, 69_632]);
         assert!(prefill_smem_bytes(128) <= 227 * 1024);
+    }
+
+    /// Context splits: whole spans, and launches whose partials fit the space kept
+    /// for them whatever the pass (a tile deeper than every item still gets one).
+    #[test]
+    fn prefill_splits_and_groups_bound_the_partials() {
+        assert_eq!([1, 1024, 1025, 4096, 16_384, 131_072].map(prefill_splits), [1, 1, 2, 4, 16, 128]);
+        assert_eq!(prefill_group_tiles(1), usize::MAX);
+        for splits in [2, 3, 16, 127, 128, 129, 1000] {
+            let group = prefill_group_tiles(splits);
+            assert!(group >= 1, "{splits} splits");
+            assert!(group * splits <= PREFILL_PARTIAL_ITEMS.max(splits), "{splits} splits: {group} tiles per launch");
+            // No smaller launch than the space allows: one more tile would not fit.
+            assert!(splits >= PREFILL_PARTIAL_ITEMS || (group + 1) * splits > PREFILL_PARTIAL_ITEMS, "{splits} splits");
+        }
+        // A 512-row pass (8 tiles) at 16K positions runs in one launch.
+        assert!(prefill_group_tiles(prefill_splits(16_384)) >= 8);
+        // Llama-3.2-1B: 128 items of 32 heads x 64 rows x (64 + 2) floats, ~69 MB.
+        let (o, ml) = prefill_partial_floats(PREFILL_PARTIAL_ITEMS, 32, 1, 64);
+        assert_eq!((o + ml) * 4, 69_206_016);
     }
 
     #[test]

@@ -41,7 +41,7 @@ use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
 use crate::progress::LoadProgress;
 use crate::sampling::SamplingParams;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
-use kernels::{argmax_state_bytes, GemmFusion, GemmPlan, GemmScratch, Kernels, PREFILL_TILE};
+use kernels::{argmax_state_bytes, prefill_group_tiles, prefill_partial_floats, prefill_splits, GemmFusion, GemmPlan, GemmScratch, Kernels, PREFILL_TILE};
 use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
 use sampler::DeviceSampler;
 use weights::DeviceWeights;
@@ -125,12 +125,36 @@ struct Inner {
     megakernel: Option<Megakernel>,
     graphs: HashMap<(usize, usize, bool), Graph>,
     scratch: Option<Scratch>,
+    /// The prefill attention's split partials, grown to the largest prompt pass
+    /// (apart from `scratch`: no graph records a prefill pass, so growing them
+    /// keeps the decode graphs).
+    prefill_partials: Option<PrefillPartials>,
     sampler: DeviceSampler,
     weights: DeviceWeights,
     kernels: Kernels,
     host_inputs: PinnedBuffer,
     stream: Stream,
     ctx: Arc<Context>,
+}
+
+/// Room for `items` (tile, split) pairs of the tensor-core prefill attention's
+/// partials, every head's (kernels.rs `prefill_partial_floats`).
+struct PrefillPartials {
+    items: usize,
+    o: DeviceBuffer,
+    ml: DeviceBuffer,
+}
+
+impl PrefillPartials {
+    /// Poisoned: a partial the merge reads before a split wrote it shows as NaN.
+    fn new(ctx: &Context, st: &Stream, s: &ModelSpec, items: usize) -> Result<Self> {
+        let (o, ml) = prefill_partial_floats(items, s.num_heads, 1, s.head_dim);
+        let what = "prefill attention partials";
+        let partials = PrefillPartials { items, o: DeviceBuffer::alloc(ctx, o * 4, what)?, ml: DeviceBuffer::alloc(ctx, ml * 4, what)? };
+        partials.o.fill_u8(st, 0xff)?;
+        partials.ml.fill_u8(st, 0xff)?;
+        Ok(partials)
+    }
 }
 
 /// Per-row data the kernels read (kernels/src/common.cuh `RowMeta`).
@@ -315,6 +339,8 @@ struct PassShape {
     split_listed: bool,
     /// Tiles of prompt rows for the tensor-core prefill attention (0: none).
     prefill_tiles: usize,
+    /// Most context splits of one of those tiles (kernels.rs `prefill_splits`).
+    prefill_splits: usize,
     gather_last: bool,
     argmax: bool,
 }
@@ -386,6 +412,7 @@ impl CudaBackend {
                 megakernel,
                 graphs: HashMap::new(),
                 scratch: None,
+                prefill_partials: None,
                 sampler: DeviceSampler::default(),
                 weights: dev_weights,
                 kernels,
@@ -443,6 +470,7 @@ impl CudaBackend {
             split_rows: rows,
             split_listed: false,
             prefill_tiles: 0,
+            prefill_splits: 0,
             gather_last: !decode && logits == Logits::Last,
             argmax,
         };
@@ -475,7 +503,7 @@ impl CudaBackend {
         let mut row_map = Vec::with_capacity(chunks.len());
         // With prompts tiled, the tiles and the split kernel's rows go straight into the
         // staging buffer (no list on a decode pass, where every row is the split kernel's).
-        let (mut split_rows, mut tiles) = (0usize, 0usize);
+        let (mut split_rows, mut tiles, mut max_splits) = (0usize, 0usize, 0usize);
         for c in chunks.iter_mut() {
             let sess = own_session::<CudaSession>(c.session, "cuda")?;
             let first = row;
@@ -488,9 +516,11 @@ impl CudaBackend {
             }
             if tiled && c.tokens.len() >= 2 {
                 for start in (first..row).step_by(PREFILL_TILE) {
-                    let tile = PrefillTile { first_row: start as i32, rows: (row - start).min(PREFILL_TILE) as i32 };
+                    let tile_rows = (row - start).min(PREFILL_TILE);
+                    let tile = PrefillTile { first_row: start as i32, rows: tile_rows as i32 };
                     put(bytes, Scratch::tiles_offset(cap) + tiles * std::mem::size_of::<PrefillTile>(), tile);
                     tiles += 1;
+                    max_splits = max_splits.max(prefill_splits(sess.len + (start - first) + tile_rows));
                 }
             } else if tiled {
                 for r in first..row {
@@ -507,6 +537,12 @@ impl CudaBackend {
             shape.split_rows = split_rows;
             shape.split_listed = true;
             shape.prefill_tiles = tiles;
+            shape.prefill_splits = max_splits;
+            let items = tiles.min(prefill_group_tiles(max_splits)) * max_splits;
+            if max_splits > 1 && inner.prefill_partials.as_ref().is_none_or(|p| p.items < items) {
+                inner.prefill_partials = None;
+                inner.prefill_partials = Some(PrefillPartials::new(&inner.ctx, &inner.stream, s, items)?);
+            }
         }
         scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
@@ -582,7 +618,20 @@ impl CudaBackend {
                 )?;
             }
             if p.prefill_tiles > 0 {
-                k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, tile_table, sc.attn.ptr, s.num_heads, s.num_kv_heads, li, nl, p.prefill_tiles)?;
+                // A pass within one split per tile reads and writes no partial.
+                let partials = match &inner.prefill_partials {
+                    Some(pp) if p.prefill_splits > 1 => (pp.o.ptr, pp.ml.ptr),
+                    _ if p.prefill_splits > 1 => return Err(RocketError::Internal("prefill splits without their partials".into())),
+                    _ => (0, 0),
+                };
+                // Groups of tiles share the partials' space, one launch after another.
+                let (tiles, splits) = (p.prefill_tiles, p.prefill_splits);
+                let group = prefill_group_tiles(splits).min(tiles);
+                for first in (0..tiles).step_by(group) {
+                    let table = tile_table + (first * std::mem::size_of::<PrefillTile>()) as u64;
+                    let n = group.min(tiles - first);
+                    k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, table, sc.attn.ptr, partials, s.num_heads, s.num_kv_heads, li, nl, n, splits)?;
+                }
             }
             self.matmul(k, st, sc, l.o, sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
             self.normed_matmul(k, st, sc, l.mlp_norm, l.gate_up, sc.act.ptr, 2 * ff, t, true)?;
