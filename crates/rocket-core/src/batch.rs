@@ -30,6 +30,10 @@ pub struct BatchModel<'a> {
     pub(crate) prefix_block: usize,
     /// Where prompt KV is kept for later requests; None when disabled.
     pub(crate) prefix_cache: Option<&'a Mutex<KvPrefixCache>>,
+    /// Attention multiply-adds of one (prompt row, key position) pair over the
+    /// whole model (2 x q_dim x layers): what sizes a prompt's piece beside
+    /// decoding requests (`piece_end`).
+    pub(crate) pair_macs: u64,
 }
 
 /// Cached prompt prefixes as sessions, each holding exactly its tokens' KV.
@@ -84,6 +88,20 @@ pub const LOOP_STEPS: usize = 128;
 /// pass's activations stay bounded.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// While other requests decode in the same pass, a prompt's piece is cut so that
+/// its attention costs at most this many multiply-adds (rows x context x the
+/// model's `pair_macs`). The tensor-core prefill attention ran at ~25 T
+/// multiply-adds/s at 16K positions on the H200, so this is ~2.7 ms, and the
+/// decoding requests' step stays within a few times their own (~1.5 ms for eight
+/// Llama-3.2-1B streams). Llama-3.2-1B: pieces of 64 rows from 8K positions on,
+/// 192 at 4K, the whole 512-token chunk up to 1.5K. A prompt alone keeps whole chunks.
+pub const INTERACTIVE_PIECE_MACS: u64 = 1 << 36;
+
+/// Rows of the smallest piece, and the step between piece sizes: whole tiles of
+/// the prefill attention (kernels/src/attention_prefill.cu PREFILL_TILE), so a
+/// prompt that starts on a tile keeps starting each piece on one.
+pub const PIECE_ROWS: usize = 64;
+
 /// Where a request stands after one of its tokens.
 enum After {
     Running,
@@ -135,6 +153,24 @@ fn end(mut a: Active<'_>, after: After) {
 pub(crate) fn chunk_end(start: usize, prompt_len: usize, chunk: usize, block: usize) -> usize {
     let next = |n: usize| (start / n + 1) * n;
     next(chunk).min(next(block)).min(prompt_len)
+}
+
+/// Where a prefill pass starting at prompt position `start` ends when other
+/// requests decode in the same pass (`beside_decode`): at `chunk_end`, or sooner
+/// where that piece's attention would cost more than `budget_macs` multiply-adds,
+/// at the most whole `PIECE_ROWS` rows within it (never fewer than `PIECE_ROWS`).
+/// Alone, a prompt takes whole chunks: its own time to first token is what counts.
+pub(crate) fn piece_end(start: usize, prompt_len: usize, chunk: usize, block: usize, beside_decode: bool, pair_macs: u64, budget_macs: u64) -> usize {
+    let end = chunk_end(start, prompt_len, chunk, block);
+    if !beside_decode {
+        return end;
+    }
+    let cost = |rows: usize| rows as u128 * (start + rows) as u128 * pair_macs as u128;
+    let mut rows = PIECE_ROWS;
+    while start + rows < end && cost(rows + PIECE_ROWS) <= budget_macs as u128 {
+        rows += PIECE_ROWS;
+    }
+    end.min(start + rows)
 }
 
 /// The lengths of `prompt`'s prefix that waiting requests would copy from the
@@ -215,6 +251,7 @@ pub struct Batcher<'a> {
     model: BatchModel<'a>,
     max_batch: usize,
     prefill_chunk: usize,
+    piece_macs: u64,
     next_id: RequestId,
     waiting: VecDeque<Active<'a>>,
     running: Vec<Active<'a>>,
@@ -227,6 +264,7 @@ impl<'a> Batcher<'a> {
             model: model.into(),
             max_batch: max_batch.max(1),
             prefill_chunk: PREFILL_CHUNK,
+            piece_macs: INTERACTIVE_PIECE_MACS,
             next_id: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -238,6 +276,13 @@ impl<'a> Batcher<'a> {
     /// latency of the other requests in the batch.
     pub fn set_prefill_chunk(&mut self, tokens: usize) {
         self.prefill_chunk = tokens.max(1);
+    }
+
+    /// Attention multiply-adds a prompt's piece may cost while other requests
+    /// decode in its pass (default [`INTERACTIVE_PIECE_MACS`]; see `piece_end`).
+    /// Smaller trades the prompt's time to first token for the others' latency.
+    pub fn set_interactive_piece_macs(&mut self, macs: u64) {
+        self.piece_macs = macs;
     }
 
     /// Queues a request. Checks it first ([`BatchModel::check`]); on error
@@ -309,6 +354,10 @@ impl<'a> Batcher<'a> {
         let mut prefilling = Vec::with_capacity(self.running.len());
         let mut requests = Vec::with_capacity(if device_sampling { self.running.len() } else { 0 });
         let (chunk, block) = (self.prefill_chunk, self.model.prefix_block);
+        // Requests past their prompt decode in this pass: prompts beside them come in
+        // pieces whose attention their step can afford.
+        let beside_decode = self.running.iter().any(|a| a.state.last_token().is_some());
+        let (pair_macs, budget) = (self.model.pair_macs, self.piece_macs);
         for (a, last) in self.running.iter_mut().zip(&last_tokens) {
             let Active { state, session, .. } = a;
             let session = session.as_deref_mut().expect("running requests hold a session");
@@ -319,7 +368,7 @@ impl<'a> Batcher<'a> {
             let tokens = match state.last_token() {
                 None => {
                     let prompt = state.prompt_ids();
-                    let end = chunk_end(session.len(), prompt.len(), chunk, block);
+                    let end = piece_end(session.len(), prompt.len(), chunk, block, beside_decode, pair_macs, budget);
                     picks.push(end == prompt.len());
                     &prompt[session.len()..end]
                 }
