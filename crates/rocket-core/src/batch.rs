@@ -30,10 +30,9 @@ pub struct BatchModel<'a> {
     pub(crate) prefix_block: usize,
     /// Where prompt KV is kept for later requests; None when disabled.
     pub(crate) prefix_cache: Option<&'a Mutex<KvPrefixCache>>,
-    /// Attention multiply-adds of one (prompt row, key position) pair over the
-    /// whole model (2 x q_dim x layers): what sizes a prompt's piece beside
-    /// decoding requests (`piece_end`).
-    pub(crate) pair_macs: u64,
+    /// What a prompt row costs, which sizes a prompt's piece beside decoding
+    /// requests (`piece_end`).
+    pub(crate) row_cost: RowCost,
 }
 
 /// Cached prompt prefixes as sessions, each holding exactly its tokens' KV.
@@ -88,13 +87,31 @@ pub const LOOP_STEPS: usize = 128;
 /// pass's activations stay bounded.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// Multiply-adds of one prompt row, over the whole model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowCost {
+    /// In the layers' matrix products.
+    pub matmul_macs: u64,
+    /// In attention, per key position the row attends to (2 x q_dim x layers).
+    pub pair_macs: u64,
+}
+
+impl RowCost {
+    /// A piece of `rows` prompt rows from position `start`, in multiply-adds of
+    /// prompt attention: on the H200 the tensor-core GEMM ran ~108 TFLOP/s and the
+    /// prompt attention ~50 (hi/lo products), so a matrix multiply-add counts half.
+    pub fn piece(&self, start: usize, rows: usize) -> u128 {
+        let attention = rows as u128 * (start + rows) as u128 * self.pair_macs as u128;
+        attention + rows as u128 * self.matmul_macs as u128 / 2
+    }
+}
+
 /// While other requests decode in the same pass, a prompt's piece is cut so that
-/// its attention costs at most this many multiply-adds (rows x context x the
-/// model's `pair_macs`). The tensor-core prefill attention ran at ~25 T
-/// multiply-adds/s at 16K positions on the H200, so this is ~2.7 ms, and the
+/// it costs at most this many multiply-adds (`RowCost::piece`): ~2.7 ms on the
+/// H200 (prompt attention ran ~25 T multiply-adds/s at 16K positions), so the
 /// decoding requests' step stays within a few times their own (~1.5 ms for eight
-/// Llama-3.2-1B streams). Llama-3.2-1B: pieces of 64 rows from 8K positions on,
-/// 192 at 4K, the whole 512-token chunk up to 1.5K. A prompt alone keeps whole chunks.
+/// Llama-3.2-1B streams). Llama-3.2-1B: pieces of 128 rows at the start of a
+/// prompt, 64 from 1K positions on. A prompt alone keeps whole chunks.
 pub const INTERACTIVE_PIECE_MACS: u64 = 1 << 36;
 
 /// Rows of the smallest piece, and the step between piece sizes: whole tiles of
@@ -157,17 +174,16 @@ pub(crate) fn chunk_end(start: usize, prompt_len: usize, chunk: usize, block: us
 
 /// Where a prefill pass starting at prompt position `start` ends when other
 /// requests decode in the same pass (`beside_decode`): at `chunk_end`, or sooner
-/// where that piece's attention would cost more than `budget_macs` multiply-adds,
-/// at the most whole `PIECE_ROWS` rows within it (never fewer than `PIECE_ROWS`).
+/// where that piece would cost more than `budget_macs` (`RowCost::piece`), at
+/// the most whole `PIECE_ROWS` rows within it (never fewer than `PIECE_ROWS`).
 /// Alone, a prompt takes whole chunks: its own time to first token is what counts.
-pub(crate) fn piece_end(start: usize, prompt_len: usize, chunk: usize, block: usize, beside_decode: bool, pair_macs: u64, budget_macs: u64) -> usize {
+pub(crate) fn piece_end(start: usize, prompt_len: usize, chunk: usize, block: usize, beside_decode: bool, cost: RowCost, budget_macs: u64) -> usize {
     let end = chunk_end(start, prompt_len, chunk, block);
     if !beside_decode {
         return end;
     }
-    let cost = |rows: usize| rows as u128 * (start + rows) as u128 * pair_macs as u128;
     let mut rows = PIECE_ROWS;
-    while start + rows < end && cost(rows + PIECE_ROWS) <= budget_macs as u128 {
+    while start + rows < end && cost.piece(start, rows + PIECE_ROWS) <= budget_macs as u128 {
         rows += PIECE_ROWS;
     }
     end.min(start + rows)
@@ -278,8 +294,8 @@ impl<'a> Batcher<'a> {
         self.prefill_chunk = tokens.max(1);
     }
 
-    /// Attention multiply-adds a prompt's piece may cost while other requests
-    /// decode in its pass (default [`INTERACTIVE_PIECE_MACS`]; see `piece_end`).
+    /// Multiply-adds a prompt's piece may cost while other requests decode in
+    /// its pass (default [`INTERACTIVE_PIECE_MACS`]; see `piece_end`).
     /// Smaller trades the prompt's time to first token for the others' latency.
     pub fn set_interactive_piece_macs(&mut self, macs: u64) {
         self.piece_macs = macs;
@@ -357,7 +373,7 @@ impl<'a> Batcher<'a> {
         // Requests past their prompt decode in this pass: prompts beside them come in
         // pieces whose attention their step can afford.
         let beside_decode = self.running.iter().any(|a| a.state.last_token().is_some());
-        let (pair_macs, budget) = (self.model.pair_macs, self.piece_macs);
+        let (row_cost, budget) = (self.model.row_cost, self.piece_macs);
         for (a, last) in self.running.iter_mut().zip(&last_tokens) {
             let Active { state, session, .. } = a;
             let session = session.as_deref_mut().expect("running requests hold a session");
@@ -368,7 +384,7 @@ impl<'a> Batcher<'a> {
             let tokens = match state.last_token() {
                 None => {
                     let prompt = state.prompt_ids();
-                    let end = piece_end(session.len(), prompt.len(), chunk, block, beside_decode, pair_macs, budget);
+                    let end = piece_end(session.len(), prompt.len(), chunk, block, beside_decode, row_cost, budget);
                     picks.push(end == prompt.len());
                     &prompt[session.len()..end]
                 }

@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, Chunk, Logits, Session};
-use crate::batch::{chunk_end, piece_end, PIECE_ROWS};
+use crate::batch::{chunk_end, piece_end, RowCost, PIECE_ROWS};
 use crate::engine::{Engine, EngineOptions};
 use crate::error::Result;
 use crate::sampling::SamplingParams;
@@ -108,22 +108,32 @@ fn a_reused_prefix_leaves_the_passes_after_it_as_they_were() {
 }
 
 #[test]
-fn pieces_beside_decoding_requests_follow_the_attention_budget() {
-    // Llama-3.2-1B: 2 x 2048 x 16 multiply-adds per (row, key) pair.
-    let (llama, budget) = (2 * 2048 * 16, crate::batch::INTERACTIVE_PIECE_MACS);
+fn pieces_beside_decoding_requests_follow_the_budget() {
+    // Llama-3.2-1B: 973 M multiply-adds per row in the matrices, 2 x 2048 x 16 per
+    // (row, key) pair in attention.
+    let llama = RowCost { matmul_macs: 16 * (2048 * (2 * 2048 + 2 * 512) + 3 * 2048 * 8192), pair_macs: 2 * 2048 * 16 };
+    let spec = crate::megakernel::verify::tests::spec(2048, 8192, 16, 32, 8, 64, 128_256);
+    assert_eq!(spec.layer_matmul_macs(), llama.matmul_macs);
+    assert_eq!(llama.matmul_macs, 973_078_528);
+    let budget = crate::batch::INTERACTIVE_PIECE_MACS;
     let piece = |start: usize| piece_end(start, 20_000, 512, 512, true, llama, budget) - start;
-    assert_eq!([0, 1024, 1536, 2048, 4096, 8192, 16_384].map(piece), [512, 512, 512, 384, 192, 64, 64]);
-    for start in (0..19_968).step_by(512) {
-        let rows = piece(start);
-        assert_eq!(rows % PIECE_ROWS, 0, "at {start}");
-        // Within budget, unless it is the smallest piece; and the next size up is not.
-        let cost = |r: usize| (r * (start + r) * llama as usize) as u64;
-        assert!(rows == PIECE_ROWS || cost(rows) <= budget, "at {start}: {rows} rows");
-        assert!(rows == 512 || cost(rows + PIECE_ROWS) > budget, "at {start}: {rows} rows");
+    assert_eq!([0, 512, 1024, 4096, 16_384].map(piece), [128, 128, 64, 64, 64]);
+    // A small model (SmolLM2-135M's shape) keeps whole chunks further in.
+    let smol = RowCost { matmul_macs: 30 * (576 * (2 * 576 + 2 * 192) + 3 * 576 * 1536), pair_macs: 2 * 576 * 30 };
+    let small = |start: usize| piece_end(start, 20_000, 512, 512, true, smol, budget) - start;
+    assert_eq!([0, 1024, 4096, 16_384].map(small), [512, 512, 320, 64]);
+    for cost in [llama, smol] {
+        for start in (0..19_968).step_by(512) {
+            let rows = piece_end(start, 20_000, 512, 512, true, cost, budget) - start;
+            assert_eq!(rows % PIECE_ROWS, 0, "at {start}");
+            // Within budget, unless it is the smallest piece; and the next size up is not.
+            assert!(rows == PIECE_ROWS || cost.piece(start, rows) <= budget as u128, "at {start}: {rows} rows");
+            assert!(rows == 512 || cost.piece(start, rows + PIECE_ROWS) > budget as u128, "at {start}: {rows} rows");
+        }
     }
     // Alone, whole chunks; beside decoding, still never across a block or the prompt's end.
     assert_eq!(piece_end(8192, 20_000, 512, 512, false, llama, budget), 8704);
-    assert_eq!(piece_end(0, 20_000, 512, 128, true, llama, budget), 128);
+    assert_eq!(piece_end(0, 20_000, 512, 128, true, smol, budget), 128);
     assert_eq!(piece_end(16_384, 16_400, 512, 512, true, llama, budget), 16_400);
 }
 
@@ -165,7 +175,8 @@ fn a_prompt_arriving_while_another_decodes_comes_in_pieces_with_the_same_tokens(
     let long: Vec<u32> = (0..200).map(|i| (i * 17 + 3) % 500).collect();
     let (e, passes) = engine(512, 0);
     // Every piece's attention over budget: the smallest pieces, whole tiles.
-    let small = e.batch_model().pair_macs * 64 * 64;
+    let cost = e.batch_model().row_cost;
+    let small = u64::try_from(cost.piece(0, 64)).unwrap();
     let tokens = |f: &Finished, name: &str| f.borrow().iter().find(|(n, _)| *n == name).map(|(_, t)| t.clone()).unwrap();
     let (alone, solo) = beside(&e, &passes, None, &long, small);
     assert_eq!(alone, [(0, 200)], "a prompt alone takes whole chunks");
