@@ -40,7 +40,8 @@
 #   race      batch-1 sampled decode per fuel (greedy, T 1.0, T 0.8 + repetition penalty,
 #             + min-p, T 0.7 + top-p 0.9, T 0.6 + top-k 20 + top-p 0.95), each on its default path
 #   ttft      TTFT per fuel at prompts of 128, 1K, 4K (and 16K for Llama-3.2-1B), prompt attention on
-#             the tensor cores (attention_prefill.cu) and with ROCKET_TC_ATTENTION=0 (the split kernel)
+#             the tensor cores (attention_prefill.cu) and with ROCKET_TC_ATTENTION=0 (the split kernel),
+#             and the chat case of 4,000 cached + 100 new prompt tokens at prefix blocks 512 and 128
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck on every fuel's megakernel (short launches of every
 #             sampling mode, and a teacher-forced launch on SmolLM2), racecheck on SmolLM2's
@@ -260,6 +261,11 @@ if has ttft; then  # time to first token per prompt length, prompt attention on 
         n=${f#"$LOGS"/ttft-tc-}; n=${n%.txt}
         printf 'TTFT %-22s tensor cores: %s | split kernel: %s\n' "$n" "$(grep -E '^\| 1 ' "$f" | cut -d'|' -f4)" \
             "$(grep -E '^\| 1 ' "$LOGS/ttft-split-$n.txt" | cut -d'|' -f4)"
+    done
+    # Issue 22's chat case: 4,000 cached prompt tokens, 100 new, per prefix block.
+    for blk in 512 128; do
+        ROCKET_PREFIX_BLOCK=$blk BENCH_EXTRA="--prefix-reuse 4000" bench "reuse-$blk" auto 1 100 4 3 llama-3.2-1b
+        printf 'REUSE block %-4s %s\n' "$blk" "$(grep -A2 '^| prefix reuse' "$LOGS/reuse-$blk.txt" | tail -1)"
     done
 fi
 if has long; then
