@@ -39,6 +39,8 @@
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
 #   race      batch-1 sampled decode per fuel (greedy, T 1.0, T 0.8 + repetition penalty,
 #             + min-p, T 0.7 + top-p 0.9, T 0.6 + top-k 20 + top-p 0.95), each on its default path
+#   attnprof  Nsight Compute sections (throughput, stalls, occupancy) of the prompt attention's
+#             launches in a 4,096-token Llama-3.2-1B prefill (PROFILE_FUEL picks another)
 #   ttft      TTFT per fuel at prompts of 128, 1K, 4K (and 16K for Llama-3.2-1B), prompt attention on
 #             the tensor cores (attention_prefill.cu) and with ROCKET_TC_ATTENTION=0 (the split kernel),
 #             and the chat case of 4,000 cached + 100 new prompt tokens at prefix blocks 512 and 128
@@ -358,6 +360,18 @@ if has profile; then
         echo "--- ncu $pf batch $1 (pass $4: a decode step at batch 16, the 128-token prefill at batch 1)"
         python3 benches/ncu_step.py "$LOGS/profile-b$1.csv" "$4"
     done
+fi
+if has attnprof; then  # where the prompt attention's time goes: Nsight Compute on its launches of a 4K prompt
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    pf=${PROFILE_FUEL:-llama-3.2-1b}
+    # The last layers' launches (their context is the deepest); the split merge's too.
+    timeout 300 "$NCU" --clock-control none --kernel-name regex:attn_prefill --launch-skip 40 --launch-count 4 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy \
+        "$CARRY/bin/rocket" bench --model "$CK/$pf" --device cuda --batch 1 --prompt-len 4096 --gen-len 2 --reps 1 \
+        > "$LOGS/attnprof.txt" 2> "$LOGS/attnprof.err" || { check "ncu prompt attention" 1; tail -3 "$LOGS/attnprof.err"; }
+    grep -E "attn_prefill|Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Stall|L1/TEX Hit|L2 Hit|Executed Ipc|est\. Speedup" \
+        "$LOGS/attnprof.txt" | head -80
 fi
 
 echo "=== summary"
