@@ -60,19 +60,6 @@ struct PrefillTile {
     int32_t rows;
 };
 
-// Two f32 -> bf16x2 (round to nearest even): `lo_k` in the low half.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k));
-    return r;
-}
-
-// (a, b) -> bf16x2 hi and the bf16x2 of what hi left out.
-__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
-    hi = pack_bf16x2(a, b);
-    lo = pack_bf16x2(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
-}
-
 // 16 bytes global -> shared, or 16 zero bytes where `live` is false (src-size 0:
 // nothing is read).
 __device__ __forceinline__ void cp_async16_or_zero(uint16_t* dst, const uint16_t* src, bool live) {

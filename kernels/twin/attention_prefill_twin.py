@@ -53,7 +53,7 @@ NEG_INF = F32(-np.inf)
 # The kernel source this twin was last checked against: a different hash means the
 # twin may no longer mirror the kernel (update both, then this hash).
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill.cu"
-KERNEL_SHA256 = "186f0833417d0e32430aad6393d3d51c5fdaf8d5c7bbab183774caa785a9f7ae"
+KERNEL_SHA256 = "19dfaeb00364984f45dfa3bbb3215c1a87e75ce9c3eca8d859eed2207072ab3a"
 POISON_BF16 = 0xFFFF  # a NaN: what an unwritten cache slot or shared word holds here
 SPAN = 128  # key positions per context split in the sweep (a multiple of T)
 
@@ -199,10 +199,10 @@ def attn_prefill_cta(L, bx, by, bz, mut=frozenset()):
     kv0 = L.layer * 2 * kvd + kv_head * D  # element offset; the cache base is 256-byte aligned
 
     def pack_bf16x2(lo_k, hi_k):
-        # asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k))
+        # common.cuh bf16x2_rn: asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k))
         return cvt_rn_bf16x2_f32(lo_k, hi_k) if "pack_order" in mut else cvt_rn_bf16x2_f32(hi_k, lo_k)
 
-    def split_bf16x2(a, b):
+    def split_bf16x2(a, b):  # common.cuh split_bf16x2
         hi = pack_bf16x2(a, b)
         if "lo_wrong_half" in mut:
             return hi, pack_bf16x2(a - u2f(hi & np.uint32(0xFFFF0000)), b - u2f(hi << np.uint32(16)))
