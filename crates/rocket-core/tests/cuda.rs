@@ -404,38 +404,44 @@ fn device_sampler_picks_the_host_samplers_token() {
             })
             .collect();
         let end_ids: Vec<u32> = random_ids(77, 3, vocab);
-        let (mut rows, mut mismatches, mut device_s) = (0usize, Vec::new(), 0.0f64);
-        for (batch, chunk) in settings.chunks(48).enumerate() {
-            let logits: Vec<f32> = (0..chunk.len()).flat_map(|i| sampler_logits(i + batch, (batch * 100 + i) as u64, vocab)).collect();
-            let requests: Vec<SampleRequest<'_>> = chunk
-                .iter()
-                .enumerate()
-                .map(|(i, p)| SampleRequest {
-                    params: p,
-                    seed: p.seed.unwrap(),
-                    step: (batch * 7 + i) as u64,
-                    history: &histories[i % histories.len()],
-                    end_ids: &end_ids,
-                })
-                .collect();
-            let t = std::time::Instant::now();
-            let got = gpu.sample_on_device(&logits, &requests).unwrap();
-            device_s += t.elapsed().as_secs_f64();
-            for (i, r) in requests.iter().enumerate() {
-                let want = r.sample_on_host(&logits[i * vocab..(i + 1) * vocab]);
-                if got[i] != want {
-                    mismatches.push(format!("row {i} of batch {batch} ({:?}, kind {}): device {} host {want}", r.params, (i + batch) % 7, got[i]));
+        // Every setting in mixed batches (one CTA per row), then the sampled top-k <= 64
+        // ones alone, which take the listed path (sample.cu's lists over 32 CTAs per row).
+        let listable: Vec<SamplingParams> = settings.iter().filter(|p| p.temperature > 0.0 && (1..=64).contains(&p.top_k)).cloned().collect();
+        for (label, settings) in [("SAMPLER", &settings), ("SAMPLER-TOPK", &listable)] {
+            let (mut rows, mut mismatches, mut device_s) = (0usize, Vec::new(), 0.0f64);
+            for (batch, chunk) in settings.chunks(48).enumerate() {
+                let logits: Vec<f32> = (0..chunk.len()).flat_map(|i| sampler_logits(i + batch, (batch * 100 + i) as u64, vocab)).collect();
+                let requests: Vec<SampleRequest<'_>> = chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| SampleRequest {
+                        params: p,
+                        seed: p.seed.unwrap(),
+                        step: (batch * 7 + i) as u64,
+                        history: &histories[i % histories.len()],
+                        end_ids: &end_ids,
+                    })
+                    .collect();
+                let t = std::time::Instant::now();
+                let got = gpu.sample_on_device(&logits, &requests).unwrap();
+                device_s += t.elapsed().as_secs_f64();
+                for (i, r) in requests.iter().enumerate() {
+                    let want = r.sample_on_host(&logits[i * vocab..(i + 1) * vocab]);
+                    if got[i] != want {
+                        mismatches.push(format!("row {i} of batch {batch} ({:?}, kind {}): device {} host {want}", r.params, (i + batch) % 7, got[i]));
+                    }
+                    rows += 1;
                 }
-                rows += 1;
             }
+            println!(
+                "{label} {}: {rows} rows, {} differ from the host sampler; {:.1} us per row (batches of 48, with upload)",
+                path.display(),
+                mismatches.len(),
+                device_s * 1e6 / rows as f64
+            );
+            assert!(rows > 0, "{label}: no rows");
+            assert!(mismatches.is_empty(), "{label}: {}", mismatches[..mismatches.len().min(5)].join("\n"));
         }
-        println!(
-            "SAMPLER {}: {rows} rows, {} differ from the host sampler; {:.1} us per row (batches of 48, with upload)",
-            path.display(),
-            mismatches.len(),
-            device_s * 1e6 / rows as f64
-        );
-        assert!(mismatches.is_empty(), "{}", mismatches[..mismatches.len().min(5)].join("\n"));
     }
 }
 

@@ -181,6 +181,8 @@ pub(crate) struct Kernels {
     to_bf16_split: Function,
     argmax: Function,
     sample: Function,
+    sample_topk_lists: Function,
+    sample_topk_rows: Function,
     head_dim: u32,
     /// cuBLASLt (backend/cuda/cublas.rs): loaded for `MatmulPath::Cublas`, and
     /// for `Auto` where the library is found.
@@ -232,6 +234,8 @@ impl Kernels {
             to_bf16_split: f("to_bf16_split")?,
             argmax: f("argmax")?,
             sample: f("sample_rows")?,
+            sample_topk_lists: f("sample_topk_lists")?,
+            sample_topk_rows: f("sample_topk_rows")?,
             head_dim: head_dim as u32,
             cublas: None,
             pdl: true,
@@ -512,6 +516,27 @@ impl Kernels {
         ];
         self.go(&self.sample, s, (rows as u32, 1, 1), SAMPLE_THREADS, 0, &args)
     }
+
+    /// `sample`'s token for rows that all ask for a top-k of 1 to SAMPLE_LIST_K
+    /// at a temperature above 0 (`topk_listable`), over SAMPLE_PARTS CTAs per
+    /// row: each lists its slice's k best keys in `lists` (SAMPLE_LIST_BYTES per
+    /// row), then one CTA per row picks among them.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sample_topk(&self, s: &Stream, logits: u64, inputs: &SampleInputs, items: u64, lists: u64, out: u64, vocab: usize, rows: usize) -> Result<()> {
+        let args = [
+            Arg::Ptr(logits),
+            Arg::Ptr(inputs.rows),
+            Arg::Ptr(inputs.penalty_tokens),
+            Arg::Ptr(inputs.penalty_counts),
+            Arg::Ptr(inputs.mask_ids),
+            Arg::Ptr(items),
+            Arg::Ptr(lists),
+            Arg::I32(vocab as i32),
+        ];
+        self.go(&self.sample_topk_lists, s, (SAMPLE_PARTS as u32, rows as u32, 1), SAMPLE_LIST_THREADS, 0, &args)?;
+        let args = [Arg::Ptr(lists), Arg::Ptr(inputs.rows), Arg::Ptr(items), Arg::Ptr(out), Arg::I32(vocab as i32)];
+        self.go(&self.sample_topk_rows, s, (rows as u32, 1, 1), SAMPLE_THREADS, 0, &args)
+    }
 }
 
 /// Query rows per CTA of `attn_prefill` (attention_prefill.cu PREFILL_TILE), and its block size.
@@ -571,6 +596,15 @@ pub(crate) const fn argmax_state_bytes(rows: usize) -> usize {
 
 /// Threads per row of `sample_rows` (kernels/src/sample.cu SAMPLE_THREADS).
 const SAMPLE_THREADS: u32 = 1024;
+
+/// CTAs per row of `sample_topk_lists`, the longest list each keeps (the
+/// largest top-k that path serves), and its block size (kernels/src/sample.cu).
+pub(crate) const SAMPLE_PARTS: usize = 32;
+pub(crate) const SAMPLE_LIST_K: usize = 64;
+const SAMPLE_LIST_THREADS: u32 = 256;
+
+/// Bytes of one row's top-k lists: SAMPLE_PARTS lists of SAMPLE_LIST_K u64 keys.
+pub(crate) const SAMPLE_LIST_BYTES: usize = SAMPLE_PARTS * SAMPLE_LIST_K * 8;
 
 /// Bytes of one compacted candidate (kernels/src/sample.cu SampleItem).
 pub(crate) const SAMPLE_ITEM_BYTES: usize = 8;
@@ -649,6 +683,21 @@ mod tests {
         // Llama-3.2-1B: 128 items of 32 heads x 64 rows x (64 + 2) floats, ~69 MB.
         let (o, ml) = prefill_partial_floats(PREFILL_PARTIAL_ITEMS, 32, 1, 64);
         assert_eq!((o + ml) * 4, 69_206_016);
+    }
+
+    /// The device sampler's split over CTAs, as sample.cu defines it.
+    #[test]
+    fn sampler_constants_are_the_kernels() {
+        let src = include_str!("../../../../../kernels/src/sample.cu");
+        let define = |name: &str| -> usize {
+            let prefix = format!("#define {name} ");
+            let line = src.lines().find_map(|l| l.strip_prefix(prefix.as_str())).unwrap_or_else(|| panic!("no #define {name}"));
+            line.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("#define {name} {line}"))
+        };
+        assert_eq!(define("SAMPLE_THREADS"), SAMPLE_THREADS as usize);
+        assert_eq!(define("SAMPLE_PARTS"), SAMPLE_PARTS);
+        assert_eq!(define("SAMPLE_LIST_K"), SAMPLE_LIST_K);
+        assert_eq!(define("SAMPLE_LIST_THREADS"), SAMPLE_LIST_THREADS as usize);
     }
 
     #[test]

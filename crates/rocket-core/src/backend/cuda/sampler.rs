@@ -3,7 +3,7 @@
 //! kernel's buffers, and brings back only the chosen token ids.
 
 use super::driver::{grown, Context, DeviceBuffer, Stream};
-use super::kernels::{Kernels, SampleInputs, SampleRow, SAMPLE_ITEM_BYTES};
+use super::kernels::{Kernels, SampleInputs, SampleRow, SAMPLE_ITEM_BYTES, SAMPLE_LIST_BYTES, SAMPLE_LIST_K};
 use crate::backend::SampleRequest;
 use crate::error::{Result, RocketError};
 
@@ -84,6 +84,13 @@ pub(crate) fn pack(requests: &[SampleRequest<'_>]) -> Result<Packed> {
     Ok(Packed { bytes, penalty_tokens_at, penalty_counts_at, mask_ids_at })
 }
 
+/// Whether every row can take the top-k lists path (sample.cu): a top-k of 1 to
+/// SAMPLE_LIST_K at a temperature above 0 (greedy rows and larger or no top-k
+/// need the whole row in one CTA).
+pub(crate) fn topk_listable(requests: &[SampleRequest<'_>]) -> bool {
+    requests.iter().all(|r| r.params.temperature > 0.0 && (1..=SAMPLE_LIST_K).contains(&r.params.top_k))
+}
+
 /// Buffers of the device sampler, grown to the largest batch seen.
 #[derive(Default)]
 pub(crate) struct DeviceSampler {
@@ -91,6 +98,8 @@ pub(crate) struct DeviceSampler {
     items: Option<DeviceBuffer>,
     inputs: Option<DeviceBuffer>,
     tokens: Option<DeviceBuffer>,
+    /// The top-k path's lists: SAMPLE_LIST_BYTES per row.
+    lists: Option<DeviceBuffer>,
 }
 
 /// `grown`, rounded up so batches of growing size do not reallocate each time.
@@ -127,7 +136,12 @@ impl DeviceSampler {
             penalty_counts: at(packed.penalty_counts_at),
             mask_ids: at(packed.mask_ids_at),
         };
-        kernels.sample(stream, logits, &addresses, items, tokens, vocab, rows)?;
+        if topk_listable(requests) {
+            let lists = ensure(&mut self.lists, ctx, rows * SAMPLE_LIST_BYTES, "sampler top-k lists")?;
+            kernels.sample_topk(stream, logits, &addresses, items, lists, tokens, vocab, rows)?;
+        } else {
+            kernels.sample(stream, logits, &addresses, items, tokens, vocab, rows)?;
+        }
         let mut out = vec![0u32; rows];
         self.tokens.as_ref().expect("ensured").download(stream, 0, &mut out)?;
         if let Some(bad) = out.iter().find(|&&t| t as usize >= vocab) {
@@ -141,6 +155,85 @@ impl DeviceSampler {
 mod tests {
     use super::*;
     use crate::sampling::{SamplingParams, TokenHistory};
+
+    #[test]
+    fn only_sampled_top_k_rows_within_the_lists_take_the_listed_path() {
+        let history = TokenHistory::new(&[1]);
+        let params = |temperature: f32, top_k: usize, top_p: f32| SamplingParams { temperature, top_k, top_p, ..SamplingParams::default() };
+        let (topk20, topk64) = (params(0.6, 20, 0.95), params(1.0, 64, 1.0));
+        let others = [params(1.0, 65, 1.0), params(0.7, 0, 0.9), params(0.0, 20, 1.0)];
+        fn req<'a>(p: &'a SamplingParams, history: &'a TokenHistory) -> SampleRequest<'a> {
+            SampleRequest { params: p, seed: 1, step: 0, history, end_ids: &[2] }
+        }
+        assert!(topk_listable(&[req(&topk20, &history), req(&topk64, &history)]));
+        for other in &others {
+            assert!(!topk_listable(&[req(&topk20, &history), req(other, &history)]), "{other:?}");
+        }
+    }
+
+    /// sample.cu's top-k lists on the host: each of SAMPLE_PARTS slices of the row
+    /// keeps its min(k, candidates) best tokens by (logit in total order, lower id),
+    /// everything else goes to -inf.
+    fn listed(row: &[f32], k: usize) -> Vec<f32> {
+        let span = row.len().div_ceil(super::super::kernels::SAMPLE_PARTS);
+        let mut out = vec![f32::NEG_INFINITY; row.len()];
+        for lo in (0..row.len()).step_by(span) {
+            let mut cands: Vec<usize> = (lo..(lo + span).min(row.len())).filter(|&i| row[i] > f32::NEG_INFINITY).collect();
+            cands.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            cands.iter().take(k).for_each(|&i| out[i] = row[i]);
+        }
+        out
+    }
+
+    /// What the listed path rests on: the host sampler picks the same token from
+    /// the slices' k best alone as from the whole row, for every cut, on rows
+    /// with ties, holes, NaN and +inf entries.
+    #[test]
+    fn the_slices_k_best_are_all_the_host_sampler_needs() {
+        use crate::sampling::sample;
+        let vocab = 9000;
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 11) as f32 / (1u64 << 53) as f32
+        };
+        let (mut checked, mut cut_differs) = (0, 0);
+        for kind in 0..7 {
+            for rep in 0..2 {
+                let mut row: Vec<f32> = (0..vocab).map(|_| (uniform() + uniform() + uniform() - 1.5) * 3.0).collect();
+                match kind {
+                    0 => row.iter_mut().for_each(|v| *v *= 4.0),
+                    1 => row.iter_mut().for_each(|v| *v *= 0.02),
+                    2 => row.iter_mut().for_each(|v| *v = (*v * 2.0).round()),
+                    3 => (0..vocab).step_by(3).for_each(|i| row[i] = f32::NEG_INFINITY),
+                    4 => (0..vocab).step_by(11).for_each(|i| row[i] = f32::NAN),
+                    5 => (0..vocab).step_by(1000).for_each(|i| row[i] = f32::INFINITY),
+                    _ => row.iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { -0.0 } else { 0.0 }),
+                }
+                for k in [1, 7, 20, 64] {
+                    let short = listed(&row, k);
+                    for temperature in [0.3, 1.0, 1.6] {
+                        for (top_p, min_p) in [(1.0, 0.0), (0.95, 0.0), (0.5, 0.05), (1.0, 0.05)] {
+                            let p = SamplingParams { temperature, top_k: k, top_p, min_p, ..SamplingParams::default() };
+                            for step in 0..3 {
+                                let seed = 11 + rep as u64;
+                                let want = sample(&row, &p, seed, step);
+                                assert_eq!(sample(&short, &p, seed, step), want, "kind {kind}, {p:?}, step {step}");
+                                // The check can fail: without the cut, the whole row's race often picks elsewhere.
+                                let uncut = SamplingParams { top_k: 0, ..p.clone() };
+                                cut_differs += usize::from(sample(&row, &uncut, seed, step) != want);
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 7 * 2 * 4 * 3 * 4 * 3);
+        assert!(cut_differs > checked / 10, "the top-k cut rarely mattered ({cut_differs} of {checked}): the rows are too easy");
+    }
 
     #[test]
     fn packs_rows_penalties_and_masks_where_the_kernel_reads_them() {
