@@ -38,7 +38,8 @@
 #   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
 #   race      batch-1 sampled decode per fuel (greedy, T 1.0, T 0.8 + repetition penalty,
-#             + min-p, T 0.7 + top-p 0.9, T 0.6 + top-k 20 + top-p 0.95), each on its default path
+#             + min-p, T 0.7 + top-p 0.9, T 0.6 + top-k 20 + top-p 0.95), each on its default path,
+#             and batch 16 greedy and T 0.6 + top-k 20 + top-p 0.95 on Qwen3-0.6B and Llama-3.2-1B
 #   attnprof  Nsight Compute sections (throughput, stalls, occupancy) of the prompt attention's
 #             launches in a 4,096-token Llama-3.2-1B prefill (PROFILE_FUEL picks another)
 #   ttft      TTFT per fuel at prompts of 128, 1K, 4K (and 16K for Llama-3.2-1B), prompt attention on
@@ -248,6 +249,16 @@ if has race; then  # batch-1 sampled decode per fuel: the issue's settings, agai
     for f in $FUELS; do
         for n in greedy t1 t08rp minp topp topk; do
             printf 'RACE %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^\| 1 \|' "$LOGS/race-$n-$f.txt" | head -1)"
+        done
+    done
+    # Batch 16 (the graph path; sampled rows on the device sampler's top-k lists): issue 21's
+    # batch target, T 0.6 + top-k 20 + top-p 0.95 against greedy.
+    for f in qwen3-0.6b llama-3.2-1b; do
+        [[ " $FUELS " == *" $f "* ]] || continue
+        bench "race16-greedy-$f" auto 16 128 256 3 "$f"
+        BENCH_EXTRA="--temperature 0.6 --top-k 20 --top-p 0.95" bench "race16-topk-$f" auto 16 128 256 3 "$f"
+        for n in greedy topk; do
+            printf 'RACE16 %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^\| 16 \|' "$LOGS/race16-$n-$f.txt" | head -1)"
         done
     done
 fi
