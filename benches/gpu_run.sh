@@ -251,13 +251,15 @@ if has race; then  # batch-1 sampled decode per fuel: the issue's settings, agai
             printf 'RACE %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^\| 1 \|' "$LOGS/race-$n-$f.txt" | head -1)"
         done
     done
-    # Batch 16 (the graph path; sampled rows on the device sampler's top-k lists): issue 21's
-    # batch target, T 0.6 + top-k 20 + top-p 0.95 against greedy.
+    # Batch 16 (the graph path; sampled rows on the device sampler's split paths): issue 21's
+    # batch target, T 0.6 + top-k 20 + top-p 0.95 (the top-k lists) and T 0.6 + top-p 0.9
+    # (the bins) against greedy.
     for f in qwen3-0.6b llama-3.2-1b; do
         [[ " $FUELS " == *" $f "* ]] || continue
         bench "race16-greedy-$f" auto 16 128 256 3 "$f"
         BENCH_EXTRA="--temperature 0.6 --top-k 20 --top-p 0.95" bench "race16-topk-$f" auto 16 128 256 3 "$f"
-        for n in greedy topk; do
+        BENCH_EXTRA="--temperature 0.6 --top-p 0.9" bench "race16-topp-$f" auto 16 128 256 3 "$f"
+        for n in greedy topk topp; do
             printf 'RACE16 %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^\| 16 \|' "$LOGS/race16-$n-$f.txt" | head -1)"
         done
     done

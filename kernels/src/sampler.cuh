@@ -40,7 +40,7 @@ struct SampleRow {
     uint32_t penalty_len;
     uint32_t mask_off;     // end ids [mask_off, +mask_len) set to -inf (min_tokens)
     uint32_t mask_len;
-    uint32_t reserved;
+    uint32_t path;         // sample.cu: which kernels pick this row (SAMPLE_PATH_*; 0 in the megakernel)
 };
 static_assert(sizeof(SampleRow) == 64, "SampleRow layout is shared with Rust");
 

@@ -404,10 +404,12 @@ fn device_sampler_picks_the_host_samplers_token() {
             })
             .collect();
         let end_ids: Vec<u32> = random_ids(77, 3, vocab);
-        // Every setting in mixed batches (one CTA per row), then the sampled top-k <= 64
-        // ones alone, which take the listed path (sample.cu's lists over 32 CTAs per row).
+        // Every setting in mixed batches (each row through its own path), then each
+        // split path's rows alone (sample.cu over 32 CTAs per row): sampled top-k <= 64
+        // (the lists), and greedy or no top-k cut (the bins).
         let listable: Vec<SamplingParams> = settings.iter().filter(|p| p.temperature > 0.0 && (1..=64).contains(&p.top_k)).cloned().collect();
-        for (label, settings) in [("SAMPLER", &settings), ("SAMPLER-TOPK", &listable)] {
+        let binned: Vec<SamplingParams> = settings.iter().filter(|p| p.temperature == 0.0 || p.top_k == 0 || p.top_k >= vocab).cloned().collect();
+        for (label, settings) in [("SAMPLER", &settings), ("SAMPLER-TOPK", &listable), ("SAMPLER-BINS", &binned)] {
             let (mut rows, mut mismatches, mut device_s) = (0usize, Vec::new(), 0.0f64);
             for (batch, chunk) in settings.chunks(48).enumerate() {
                 let logits: Vec<f32> = (0..chunk.len()).flat_map(|i| sampler_logits(i + batch, (batch * 100 + i) as u64, vocab)).collect();

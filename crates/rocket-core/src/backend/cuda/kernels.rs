@@ -183,6 +183,9 @@ pub(crate) struct Kernels {
     sample: Function,
     sample_topk_lists: Function,
     sample_topk_rows: Function,
+    sample_bins_max: Function,
+    sample_bins_parts: Function,
+    sample_bins_rows: Function,
     head_dim: u32,
     /// cuBLASLt (backend/cuda/cublas.rs): loaded for `MatmulPath::Cublas`, and
     /// for `Auto` where the library is found.
@@ -236,6 +239,9 @@ impl Kernels {
             sample: f("sample_rows")?,
             sample_topk_lists: f("sample_topk_lists")?,
             sample_topk_rows: f("sample_topk_rows")?,
+            sample_bins_max: f("sample_bins_max")?,
+            sample_bins_parts: f("sample_bins_parts")?,
+            sample_bins_rows: f("sample_bins_rows")?,
             head_dim: head_dim as u32,
             cublas: None,
             pdl: true,
@@ -500,42 +506,33 @@ impl Kernels {
     }
 
     /// out[r] = the host sampler's token for logits row r (modified in place by
-    /// the penalties) and request `rows[r]`; `items` holds SAMPLE_ITEM_BYTES ×
-    /// vocab bytes per row.
+    /// the penalties) and request `rows[r]`, each row through the kernels its
+    /// `path` names (`SamplePath`); `paths` says which paths the rows use, so
+    /// only their kernels launch. `items` holds SAMPLE_ITEM_BYTES × vocab bytes
+    /// per row, `lists` SAMPLE_LIST_BYTES and `bins` SAMPLE_BIN_BYTES.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn sample(&self, s: &Stream, logits: u64, inputs: &SampleInputs, items: u64, out: u64, vocab: usize, rows: usize) -> Result<()> {
-        let args = [
-            Arg::Ptr(logits),
-            Arg::Ptr(inputs.rows),
-            Arg::Ptr(inputs.penalty_tokens),
-            Arg::Ptr(inputs.penalty_counts),
-            Arg::Ptr(inputs.mask_ids),
-            Arg::Ptr(items),
-            Arg::Ptr(out),
-            Arg::I32(vocab as i32),
-        ];
-        self.go(&self.sample, s, (rows as u32, 1, 1), SAMPLE_THREADS, 0, &args)
-    }
-
-    /// `sample`'s token for rows that all ask for a top-k of 1 to SAMPLE_LIST_K
-    /// at a temperature above 0 (`topk_listable`), over SAMPLE_PARTS CTAs per
-    /// row: each lists its slice's k best keys in `lists` (SAMPLE_LIST_BYTES per
-    /// row), then one CTA per row picks among them.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn sample_topk(&self, s: &Stream, logits: u64, inputs: &SampleInputs, items: u64, lists: u64, out: u64, vocab: usize, rows: usize) -> Result<()> {
-        let args = [
-            Arg::Ptr(logits),
-            Arg::Ptr(inputs.rows),
-            Arg::Ptr(inputs.penalty_tokens),
-            Arg::Ptr(inputs.penalty_counts),
-            Arg::Ptr(inputs.mask_ids),
-            Arg::Ptr(items),
-            Arg::Ptr(lists),
-            Arg::I32(vocab as i32),
-        ];
-        self.go(&self.sample_topk_lists, s, (SAMPLE_PARTS as u32, rows as u32, 1), SAMPLE_LIST_THREADS, 0, &args)?;
-        let args = [Arg::Ptr(lists), Arg::Ptr(inputs.rows), Arg::Ptr(items), Arg::Ptr(out), Arg::I32(vocab as i32)];
-        self.go(&self.sample_topk_rows, s, (rows as u32, 1, 1), SAMPLE_THREADS, 0, &args)
+    pub(crate) fn sample(&self, s: &Stream, logits: u64, inputs: &SampleInputs, scratch: &SampleScratch, out: u64, vocab: usize, rows: usize, paths: &[SamplePath]) -> Result<()> {
+        let per_row = (rows as u32, 1, 1);
+        let per_part = (SAMPLE_PARTS as u32, rows as u32, 1);
+        let row_inputs = [Arg::Ptr(logits), Arg::Ptr(inputs.rows), Arg::Ptr(inputs.penalty_tokens), Arg::Ptr(inputs.penalty_counts), Arg::Ptr(inputs.mask_ids)];
+        let vocab = Arg::I32(vocab as i32);
+        let with = |tail: &[Arg]| -> Vec<Arg> { row_inputs.iter().chain(tail).copied().collect() };
+        if paths.contains(&SamplePath::Whole) {
+            self.go(&self.sample, s, per_row, SAMPLE_THREADS, 0, &with(&[Arg::Ptr(scratch.items), Arg::Ptr(out), vocab]))?;
+        }
+        if paths.contains(&SamplePath::Lists) {
+            self.go(&self.sample_topk_lists, s, per_part, SAMPLE_LIST_THREADS, 0, &with(&[Arg::Ptr(scratch.items), Arg::Ptr(scratch.lists), vocab]))?;
+            let args = [Arg::Ptr(scratch.lists), Arg::Ptr(inputs.rows), Arg::Ptr(scratch.items), Arg::Ptr(out), vocab];
+            self.go(&self.sample_topk_rows, s, per_row, SAMPLE_THREADS, 0, &args)?;
+        }
+        if paths.contains(&SamplePath::Bins) {
+            self.go(&self.sample_bins_max, s, per_part, SAMPLE_LIST_THREADS, 0, &with(&[Arg::Ptr(scratch.bins), vocab]))?;
+            let args = [Arg::Ptr(logits), Arg::Ptr(inputs.rows), Arg::Ptr(scratch.bins), vocab];
+            self.go(&self.sample_bins_parts, s, per_part, SAMPLE_LIST_THREADS, 0, &args)?;
+            let args = [Arg::Ptr(scratch.bins), Arg::Ptr(inputs.rows), Arg::Ptr(out)];
+            self.go(&self.sample_bins_rows, s, per_row, SAMPLE_THREADS, 0, &args)?;
+        }
+        Ok(())
     }
 }
 
@@ -609,6 +606,37 @@ pub(crate) const SAMPLE_LIST_BYTES: usize = SAMPLE_PARTS * SAMPLE_LIST_K * 8;
 /// Bytes of one compacted candidate (kernels/src/sample.cu SampleItem).
 pub(crate) const SAMPLE_ITEM_BYTES: usize = 8;
 
+/// Bins below a row's top one that can hold weight (sampler.cuh RACE_MASS_BINS:
+/// a weighed token's scaled logit is within 32 nats of the top, 16 bins a nat).
+pub(crate) const SAMPLE_MASS_BINS: usize = 520;
+
+/// u64 words one part of a row leaves for the bins path (sample.cu
+/// SAMPLE_BIN_WORDS): mass and best key per bin, the best key below the bins,
+/// the argmax key and the top logit's order key.
+pub(crate) const SAMPLE_BIN_WORDS: usize = 2 * SAMPLE_MASS_BINS + 3;
+
+/// Bytes of one row's bins-path partials: SAMPLE_PARTS parts of SAMPLE_BIN_WORDS.
+pub(crate) const SAMPLE_BIN_BYTES: usize = SAMPLE_PARTS * SAMPLE_BIN_WORDS * 8;
+
+/// Which kernels pick a row (sample.cu SAMPLE_PATH_*, the value of `SampleRow::path`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum SamplePath {
+    /// One CTA walks the whole row (sample_rows).
+    Whole = 0,
+    /// SAMPLE_PARTS CTAs list their slice's k best, one CTA picks (sample_topk_*).
+    Lists = 1,
+    /// SAMPLE_PARTS CTAs sum their slice's bins and race, one CTA merges (sample_bins_*).
+    Bins = 2,
+}
+
+/// Device scratch of the sampler's paths.
+pub(crate) struct SampleScratch {
+    pub items: u64,
+    pub lists: u64,
+    pub bins: u64,
+}
+
 /// One row's sampling request, laid out as kernels/src/sample.cu `SampleRow`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -626,7 +654,8 @@ pub(crate) struct SampleRow {
     pub penalty_len: u32,
     pub mask_off: u32,
     pub mask_len: u32,
-    pub reserved: u32,
+    /// A `SamplePath` (0 in the megakernel, which samples its own way).
+    pub path: u32,
 }
 const _: () = assert!(std::mem::size_of::<SampleRow>() == 64, "SampleRow must match sample.cu");
 
@@ -698,6 +727,13 @@ mod tests {
         assert_eq!(define("SAMPLE_PARTS"), SAMPLE_PARTS);
         assert_eq!(define("SAMPLE_LIST_K"), SAMPLE_LIST_K);
         assert_eq!(define("SAMPLE_LIST_THREADS"), SAMPLE_LIST_THREADS as usize);
+        assert_eq!(define("SAMPLE_PATH_WHOLE"), SamplePath::Whole as usize);
+        assert_eq!(define("SAMPLE_PATH_LISTS"), SamplePath::Lists as usize);
+        assert_eq!(define("SAMPLE_PATH_BINS"), SamplePath::Bins as usize);
+        let bin_words = src.lines().find_map(|l| l.strip_prefix("#define SAMPLE_BIN_WORDS ")).expect("no SAMPLE_BIN_WORDS");
+        assert_eq!(bin_words.trim(), "(2 * RACE_MASS_BINS + 3)");
+        let cuh = include_str!("../../../../../kernels/src/sampler.cuh");
+        assert!(cuh.contains(&format!("constexpr int RACE_MASS_BINS = {SAMPLE_MASS_BINS};")), "sampler.cuh's RACE_MASS_BINS");
     }
 
     #[test]
