@@ -42,7 +42,8 @@
 // head h, split s: item ((t * n_heads + h) * max_splits + s), part_o[item][64][D]
 // and part_ml[item][64][2] (max in base 2, sum).
 //
-// mma.sync m16n8k16 fragments (PTX ISA), g = lane / 4, c = lane % 4:
+// mma.sync m16n8k16 fragments (PTX ISA), g = lane / 4, c = lane % 4 (K's and V's
+// B fragments come from ldmatrix_x4, which hands each lane these elements):
 //   A (16x16, row-major) regs 0..3: (row g, cols 2c..2c+1), (row g+8, same),
 //                                   (row g, cols 2c+8..), (row g+8, cols 2c+8..)
 //   B (16x8, k x n)      regs 0..1: (k 2c..2c+1, col g), (k 2c+8..2c+9, col g)
@@ -68,6 +69,27 @@ __device__ __forceinline__ void cp_async16_or_zero(uint16_t* dst, const uint16_t
                  : "memory");
 }
 
+// Four 8x8 bf16 matrices from shared memory: lane l gives the address of row
+// l % 8 of matrix l / 8 (16 bytes, 16-byte aligned), and register i receives
+// matrix i's elements (row lane / 4, columns 2 (lane % 4) and + 1), or with TRANS
+// its (rows 2 (lane % 4) and + 1, column lane / 4): the B fragments of mma.sync
+// m16n8k16 straight from [key][dim] tiles, one instruction for two fragments.
+template <bool TRANS>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    if (TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    }
+}
+
 __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -83,6 +105,8 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
                                                   int n_kv, int layer, int n_layers, int span, float scale) {
     constexpr int T = PREFILL_TILE, KS = D + 8;  // shared row stride in bf16: 16 bytes of padding spread the banks
     constexpr int KSTEPS = D / 16, DT = D / 8, NT = T / 8;
+    static_assert(KSTEPS % 2 == 0 && DT % 2 == 0, "ldmatrix_x4 loads two k-steps of K and two dimension tiles of V");
+    static_assert((KS * 2) % 16 == 0, "ldmatrix rows start on 16 bytes");
     extern __shared__ __align__(16) uint16_t prefill_smem[];  // [buffer][k | v][T * KS]
 
     // The longest tiles (latest positions) first, so the short ones fill the tail.
@@ -163,17 +187,21 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
         const uint16_t* sv = sk + T * KS;
 
         // Scores: S = Q K^T for this warp's 16 rows and the 64 keys (8 tiles of 8).
+        // K's B fragments of k-steps ks and ks + 1 in one ldmatrix: matrix i holds
+        // the tile's 8 keys at dimensions ks * 16 + 8 i.
         float s[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            const uint16_t* krow = sk + (nt * 8 + g) * KS + 2 * c;
+            const uint16_t* krow = sk + (nt * 8 + (lane & 7)) * KS + (lane >> 3) * 8;
 #pragma unroll
-            for (int ks = 0; ks < KSTEPS; ks++) {
-                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + ks * 16);
-                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + ks * 16 + 8);
-                mma_16x8x16(s[nt], qh[ks], b0, b1);
-                mma_16x8x16(s[nt], ql[ks], b0, b1);
+            for (int ks = 0; ks < KSTEPS; ks += 2) {
+                uint32_t kb[4];
+                ldmatrix_x4<false>(kb, krow + ks * 16);
+                mma_16x8x16(s[nt], qh[ks], kb[0], kb[1]);
+                mma_16x8x16(s[nt], ql[ks], kb[0], kb[1]);
+                mma_16x8x16(s[nt], qh[ks + 1], kb[2], kb[3]);
+                mma_16x8x16(s[nt], ql[ks + 1], kb[2], kb[3]);
             }
         }
         // Causal mask: key position > row position (which also covers keys past `end`).
@@ -228,15 +256,18 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
             split_bf16x2(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);
             split_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);
             split_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);
-            // B fragments of V (k = key, n = dim): two keys per register, gathered.
-            const uint16_t* v0 = sv + (j * 16 + 2 * c) * KS + g;
+            // B fragments of V (k = key, n = dim) of dimension tiles dt and dt + 1 in
+            // one transposing ldmatrix: matrix i holds keys j * 16 + 8 (i % 2) and up
+            // at dimensions (dt + i / 2) * 8 and up.
+            const uint16_t* vrow = sv + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8;
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                const uint16_t* v = v0 + dt * 8;
-                const uint32_t b0 = (uint32_t)v[0] | ((uint32_t)v[KS] << 16);
-                const uint32_t b1 = (uint32_t)v[8 * KS] | ((uint32_t)v[9 * KS] << 16);
-                mma_16x8x16(o[dt], ph, b0, b1);
-                mma_16x8x16(o[dt], pl, b0, b1);
+            for (int dt = 0; dt < DT; dt += 2) {
+                uint32_t vb[4];
+                ldmatrix_x4<true>(vb, vrow + dt * 8);
+                mma_16x8x16(o[dt], ph, vb[0], vb[1]);
+                mma_16x8x16(o[dt], pl, vb[0], vb[1]);
+                mma_16x8x16(o[dt + 1], ph, vb[2], vb[3]);
+                mma_16x8x16(o[dt + 1], pl, vb[2], vb[3]);
             }
         }
         __syncthreads();  // every warp is done with buffer b before the next step refills it

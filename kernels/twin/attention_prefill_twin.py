@@ -4,7 +4,9 @@ attn_prefill_merge_hdD), lane by lane.
 
 It runs the kernel's code path for every CTA of a launch on numpy arrays shaped
 [warp][lane]: the same index expressions for the Q A-fragments, the K and V
-B-fragments read from the padded shared tiles (row stride KS = D + 8), the C
+B-fragments loaded with ldmatrix (emulated from the PTX ISA's description of
+which lane addresses which row and which lane receives which element) from the
+padded shared tiles (row stride KS = D + 8), the C
 positions, the causal mask, the quad shuffles, the staging of K and V (zeros
 past `end`), the hi/lo bf16 split through an emulated `cvt.rn.bf16x2.f32`, the
 context splits (a CTA per span of key positions, partials, then the merge) and
@@ -53,7 +55,7 @@ NEG_INF = F32(-np.inf)
 # The kernel source this twin was last checked against: a different hash means the
 # twin may no longer mirror the kernel (update both, then this hash).
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill.cu"
-KERNEL_SHA256 = "19dfaeb00364984f45dfa3bbb3215c1a87e75ce9c3eca8d859eed2207072ab3a"
+KERNEL_SHA256 = "95e5a401f4c15bdb6e6875f29edd3f2ba4cd7906929e7ac24b706724fb91ff61"
 POISON_BF16 = 0xFFFF  # a NaN: what an unwritten cache slot or shared word holds here
 SPAN = 128  # key positions per context split in the sweep (a multiple of T)
 
@@ -208,12 +210,6 @@ def attn_prefill_cta(L, bx, by, bz, mut=frozenset()):
             return hi, pack_bf16x2(a - u2f(hi & np.uint32(0xFFFF0000)), b - u2f(hi << np.uint32(16)))
         return hi, pack_bf16x2(a - u2f(hi << np.uint32(16)), b - u2f(hi & np.uint32(0xFFFF0000)))
 
-    def shared_u32(arr, idx):
-        # *reinterpret_cast<const uint32_t*>(sk + idx): 4-byte aligned, inside a staged row
-        if (idx % 2).any():
-            raise TwinFault("misaligned 32-bit shared load")
-        return shared_u16(arr, idx) | (shared_u16(arr, idx + 1) << np.uint32(16))
-
     def shared_u16(arr, idx):
         if in_flight[0] is not None and (arr is skb[in_flight[0]] or arr is svb[in_flight[0]]):
             raise TwinFault("shared load from the buffer whose copies are in flight")
@@ -222,6 +218,25 @@ def attn_prefill_cta(L, bx, by, bz, mut=frozenset()):
         if (idx % KS >= D).any():
             raise TwinFault("shared load from the padding")
         return arr[idx]
+
+    def ldmatrix_x4(arr, idx, trans):
+        # ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16, as the PTX ISA gives it:
+        # lane 8i + r holds the address of row r of matrix i (8 b16, 16-byte aligned);
+        # register i of lane t receives matrix i's word t % 4 of row t / 4 (columns
+        # 2 (t % 4) and + 1, the lower in the low half), of the transposed matrix with .trans.
+        if (idx % 8).any():
+            raise TwinFault("misaligned ldmatrix row address")
+        rows = np.stack([shared_u16(arr, idx + e).astype(np.uint32) for e in range(8)], -1)  # [warp][lane][8]
+        t = np.arange(32)
+        regs = []
+        for i in range(4):
+            m = rows[:, 8 * i : 8 * i + 8, :]  # [warp][row][col] of matrix i
+            if trans:
+                lo, hi = m[:, 2 * (t % 4), t // 4], m[:, 2 * (t % 4) + 1, t // 4]
+            else:
+                lo, hi = m[:, t // 4, 2 * (t % 4)], m[:, t // 4, 2 * (t % 4) + 1]
+            regs.append(lo | (hi << np.uint32(16)))
+        return regs
 
     r_a = warp * 16 + g
     r_b = r_a + 8
@@ -300,12 +315,16 @@ def attn_prefill_cta(L, bx, by, bz, mut=frozenset()):
         # Scores S = Q K^T: 8 tiles of 8 keys.
         s = np.zeros((NT, NWARPS, 32, 4), F32)
         for nt in range(NT):
-            krow = (nt * 8 + g) * KS + 2 * c
-            for ks in range(KSTEPS):
-                b0 = shared_u32(sk, krow + ks * 16)
-                b1 = shared_u32(sk, krow + ks * 16 + (4 if "krow_b1" in mut else 8))
-                s[nt] = mma_m16n8k16(s[nt], qh[ks], b0, b1)
-                s[nt] = mma_m16n8k16(s[nt], ql[ks], b0, b1)
+            if "k_matrices_swapped" in mut:
+                krow = (nt * 8 + (lane & 7)) * KS + ((lane >> 3) & 1) * 16 + (lane >> 4) * 8
+            else:
+                krow = (nt * 8 + (lane & 7)) * KS + (lane >> 3) * (4 if "krow_b1" in mut else 8)
+            for ks in range(0, KSTEPS, 2):
+                kb = ldmatrix_x4(sk, krow + ks * 16, "k_trans" in mut)
+                s[nt] = mma_m16n8k16(s[nt], qh[ks], kb[0], kb[1])
+                s[nt] = mma_m16n8k16(s[nt], ql[ks], kb[0], kb[1])
+                s[nt] = mma_m16n8k16(s[nt], qh[ks + 1], kb[2], kb[3])
+                s[nt] = mma_m16n8k16(s[nt], ql[ks + 1], kb[2], kb[3])
         # Causal mask.
         tile_a = np.full((NWARPS, 32), NEG_INF)
         tile_b = tile_a.copy()
@@ -356,17 +375,16 @@ def attn_prefill_cta(L, bx, by, bz, mut=frozenset()):
             ph[..., order[1]], pl[..., order[1]] = split_bf16x2(s[2 * j][..., 2], s[2 * j][..., 3])
             ph[..., order[2]], pl[..., order[2]] = split_bf16x2(s[2 * j + 1][..., 0], s[2 * j + 1][..., 1])
             ph[..., order[3]], pl[..., order[3]] = split_bf16x2(s[2 * j + 1][..., 2], s[2 * j + 1][..., 3])
-            v0 = (j * 16 + 2 * c) * KS + g
-            for dt in range(DT):
-                v = v0 + dt * 8
-                if "v_adjacent" in mut:
-                    b0 = shared_u16(sv, v) | (shared_u16(sv, v + 1) << np.uint32(16))
-                    b1 = shared_u16(sv, v + 8) | (shared_u16(sv, v + 9) << np.uint32(16))
-                else:
-                    b0 = shared_u16(sv, v) | (shared_u16(sv, v + KS) << np.uint32(16))
-                    b1 = shared_u16(sv, v + 8 * KS) | (shared_u16(sv, v + 9 * KS) << np.uint32(16))
-                o[dt] = mma_m16n8k16(o[dt], ph, b0, b1)
-                o[dt] = mma_m16n8k16(o[dt], pl, b0, b1)
+            if "v_key_dim_swapped" in mut:
+                vrow = (j * 16 + (lane & 7) + (lane >> 4) * 8) * KS + ((lane >> 3) & 1) * 8
+            else:
+                vrow = (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8
+            for dt in range(0, DT, 2):
+                vb = ldmatrix_x4(sv, vrow + dt * 8, "v_adjacent" not in mut)
+                o[dt] = mma_m16n8k16(o[dt], ph, vb[0], vb[1])
+                o[dt] = mma_m16n8k16(o[dt], pl, vb[0], vb[1])
+                o[dt + 1] = mma_m16n8k16(o[dt + 1], ph, vb[2], vb[3])
+                o[dt + 1] = mma_m16n8k16(o[dt + 1], pl, vb[2], vb[3])
         k0 += T
         b ^= 1
         in_flight[0] = None
@@ -623,8 +641,11 @@ MUTANTS = {
     "pack_order": "pack_bf16x2 with the cvt operands swapped (lo_k in the upper half)",
     "lo_wrong_half": "the lo split subtracts the other element's hi",
     "a_rows_swapped": "Q A fragment: regs 1 and 2 swapped (row offset 8*(i>>1), col 8*(i&1))",
-    "krow_b1": "K B fragment reg 1 at k + 4 instead of k + 8",
-    "v_adjacent": "V B fragment: v[1], v[8], v[9] instead of v[KS], v[8*KS], v[9*KS]",
+    "krow_b1": "K ldmatrix rows at dimension offsets 4 (lane / 8) instead of 8 (lane / 8)",
+    "k_trans": "K loaded with ldmatrix .trans",
+    "k_matrices_swapped": "K ldmatrix matrices 1 and 2 swapped (k-step ks + 1's first half as ks's second)",
+    "v_adjacent": "V loaded without ldmatrix .trans",
+    "v_key_dim_swapped": "V ldmatrix rows: lane bit 4 picks the keys and bit 3 the dimensions",
     "p_regs_swapped": "P as A fragment: score tiles 2j and 2j+1 of rows g+8 / g mixed (regs 1, 2 swapped)",
     "mask_ge": "causal mask kp >= pos (the diagonal masked)",
     "mask_b_uses_a": "rows g+8 masked with row g's position",
