@@ -1,0 +1,161 @@
+"""How far bf16 prefill arithmetic moves each fuel's logits from the fp32 reference.
+
+    python benches/precision_study.py [--fuels llama-3.2-1b,...] [--tokens 256] [--seed 0]
+
+Runs on the CPU with torch and transformers. Each fuel is built in memory with the
+exact shapes and the seeded random weights of `benches/make_checkpoint.py` (bf16
+values held in fp32), and one prompt of random token ids is run teacher-forced under
+arithmetic that emulates what a GPU prefill path rounds:
+
+- `kv`: the KV cache stored in bf16 (what every rocket GPU path does today: with
+  activations split into bf16 hi + lo parts and hi/lo attention operands, the rest is
+  within ~2^-16 of fp32);
+- `kv+act`: also every matrix product's input activation rounded to bf16 (cuBLASLt or a
+  wgmma GEMM on bf16 activations alone, fp32 accumulation); `kv+act[qkv]`, `[o]`,
+  `[gate_up]`, `[down]`, `[lm_head]`: only that product's input;
+- `kv+attn`: also the attention's query and probabilities rounded to bf16 before their
+  products (FlashAttention-style bf16 operands; the scores' softmax stays fp32);
+- `kv+act+attn`: both.
+
+Per mode it prints the logits' relative L2 distance from the fp32 run (over every
+position, and the worst position) and the share of positions whose top-1 token agrees.
+The CUDA tests' bar is 1e-2 relative L2 at every fuel. Random weights: no outlier
+features, so real checkpoints may round worse; the numbers rank the modes, they do not
+prove a real model's bar.
+"""
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_make_checkpoint():
+    spec = importlib.util.spec_from_file_location("make_checkpoint", os.path.join(HERE, "make_checkpoint.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bf16(x):
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+class Rounding:
+    """Which operands the emulated GPU rounds to bf16 (read by the hooks below):
+    `act` is the set of products whose input activations are rounded."""
+
+    kv = False
+    act = frozenset()
+    attn = False
+
+
+PRODUCTS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "o_proj": "o", "gate_proj": "gate_up", "up_proj": "gate_up", "down_proj": "down", "lm_head": "lm_head"}
+
+
+def emulated_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Causal GQA attention with the rounding of `Rounding`; fp32 scores and softmax."""
+    if Rounding.kv:
+        key, value = bf16(key), bf16(value)
+    if Rounding.attn:
+        query = bf16(query)
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    if Rounding.attn:
+        # FlashAttention rounds e^(s - m) before P·V and divides by the fp32 sum
+        # after: the same relative rounding as rounding the normalised row.
+        probs = bf16(probs)
+    out = torch.matmul(probs, value)
+    return out.transpose(1, 2).contiguous(), probs
+
+
+def round_linear_input(module, args):
+    if module.rocket_product in Rounding.act:
+        return (bf16(args[0]),) + tuple(args[1:])
+    return None
+
+
+def build(fuel, seed, mc):
+    cfg_dict, _ = mc.FUELS[fuel]
+    cfg = AutoConfig.for_model(**{k: v for k, v in cfg_dict.items() if k not in ("architectures", "torch_dtype")})
+    cfg._attn_implementation = "rocket_emulated"
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    hidden = cfg_dict["hidden_size"]
+    params = dict(model.named_parameters())
+    for name, shape, kind in mc.tensor_specs(cfg_dict):
+        t = mc.random_tensor(shape, kind, gen, "cpu", hidden).to(torch.float32)
+        with torch.no_grad():
+            params[name].copy_(t)
+    model.tie_weights()
+    model.eval()
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            m.rocket_product = PRODUCTS[name.rsplit(".", 1)[-1]]
+            m.register_forward_pre_hook(round_linear_input)
+    return model, cfg_dict["vocab_size"]
+
+
+ALL = frozenset(PRODUCTS.values())
+# (name, bf16 KV, products with bf16 inputs, bf16 attention operands)
+MODES = [
+    ("fp32", False, frozenset(), False),
+    ("kv", True, frozenset(), False),
+    ("kv+act", True, ALL, False),
+    ("kv+attn", True, frozenset(), True),
+    ("kv+act+attn", True, ALL, True),
+] + [(f"kv+act[{p}]", True, frozenset([p]), False) for p in ("qkv", "o", "gate_up", "down", "lm_head")]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fuels", default="smollm2-135m,qwen3-0.6b,llama-3.2-1b,qwen3-1.7b")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.manual_seed(1234)
+    ALL_ATTENTION_FUNCTIONS.register("rocket_emulated", emulated_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("rocket_emulated", ALL_MASK_ATTENTION_FUNCTIONS["eager"])
+    mc = load_make_checkpoint()
+    rows = []
+    for fuel in args.fuels.split(","):
+        t0 = time.time()
+        model, vocab = build(fuel, args.seed, mc)
+        ids = torch.randint(0, vocab, (1, args.tokens), generator=torch.Generator().manual_seed(args.seed + 7))
+        logits = {}
+        for mode, kv, act, attn in MODES:
+            Rounding.kv, Rounding.act, Rounding.attn = kv, act, attn
+            with torch.no_grad():
+                logits[mode] = model(ids, use_cache=False).logits[0].double()
+        ref = logits["fp32"]
+        for mode, *_ in MODES[1:]:
+            diff = logits[mode] - ref
+            whole = (diff.norm() / ref.norm()).item()
+            worst = (diff.norm(dim=-1) / ref.norm(dim=-1)).max().item()
+            top1 = (logits[mode].argmax(-1) == ref.argmax(-1)).double().mean().item()
+            rows.append((fuel, mode, whole, worst, top1))
+            print(f"{fuel:14s} {mode:12s} rel L2 {whole:.2e}  worst position {worst:.2e}  top-1 {100 * top1:6.2f}%", flush=True)
+        print(f"{fuel}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+        del model, logits
+    print()
+    print(f"| fuel | mode | logits rel L2 ({args.tokens} positions) | worst position | top-1 agreement |")
+    print("|---|---|---:|---:|---:|")
+    for fuel, mode, whole, worst, top1 in rows:
+        print(f"| {fuel} | {mode} | {whole:.2e} | {worst:.2e} | {100 * top1:.2f}% |")
+
+
+if __name__ == "__main__":
+    main()
