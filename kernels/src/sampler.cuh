@@ -174,6 +174,8 @@ __device__ __forceinline__ bool race_hopeless(double s, double top) {
 }
 // Bins below the top one that can hold weight (s > A - 32 >= M - 32).
 constexpr int RACE_MASS_BINS = 520;
+static_assert(RACE_MASS_BINS > -RACE_WEIGHTLESS_BELOW * RACE_BINS_PER_NAT,
+              "a weighed token's bin is at most 32 nats x 16 bins below the top one");
 
 __device__ __forceinline__ double race_scaled(float l, double inv_t) { return __dmul_rn((double)l, inv_t); }
 __device__ __forceinline__ long long race_bin(double s) {
