@@ -265,20 +265,7 @@ ROCKET_KERNEL void __launch_bounds__(SAMPLE_THREADS, 1)
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        long long cut = LLONG_MIN;
-        if (r.top_p < 1.0f) {
-            // pick's loop over the same bins, counted down from the top one.
-            unsigned long long total = 0;
-            for (int b = 0; b < RACE_MASS_BINS; b++) total += sh.mass[b];
-            const double target = __dmul_rn((double)r.top_p, __ull2double_rn(total));
-            unsigned long long above = 0;
-            int last = 0;
-            for (int b = 0; b < RACE_MASS_BINS && __ull2double_rn(above) < target; b++) {
-                last = b;
-                above += sh.mass[b];
-            }
-            cut = top_bin - last;
-        }
+        long long cut = r.top_p < 1.0f ? race_top_p_cut(sh.mass, r.top_p, top_bin) : LLONG_MIN;
         if (r.min_p > 0.0f) cut = max(cut, race_min_p_bin(m, r.min_p));
         sh.cut = cut;
     }

@@ -177,6 +177,22 @@ constexpr int RACE_MASS_BINS = 520;
 static_assert(RACE_MASS_BINS > -RACE_WEIGHTLESS_BELOW * RACE_BINS_PER_NAT,
               "a weighed token's bin is at most 32 nats x 16 bins below the top one");
 
+// race::top_p_bin over masses per bin counted down from the top one (mass[d]:
+// bin top_bin - d, every weighed token within RACE_MASS_BINS of the top): the
+// deepest bin whose mass above is under top_p of the total. One thread.
+__device__ __forceinline__ long long race_top_p_cut(const unsigned long long* mass, float top_p, long long top_bin) {
+    unsigned long long total = 0;
+    for (int b = 0; b < RACE_MASS_BINS; b++) total += mass[b];
+    const double target = __dmul_rn((double)top_p, __ull2double_rn(total));
+    unsigned long long above = 0;
+    int last = 0;
+    for (int b = 0; b < RACE_MASS_BINS && __ull2double_rn(above) < target; b++) {
+        last = b;
+        above += mass[b];
+    }
+    return top_bin - last;
+}
+
 __device__ __forceinline__ double race_scaled(float l, double inv_t) { return __dmul_rn((double)l, inv_t); }
 __device__ __forceinline__ long long race_bin(double s) {
     return (long long)floor(__dmul_rn(fmin(fmax(s, -RACE_S_LIMIT), RACE_S_LIMIT), RACE_BINS_PER_NAT));
@@ -404,18 +420,7 @@ struct Sampler {
                 if (w != 0) atomicAdd(&sh.mass[top_bin - race_bin(s)], (unsigned long long)w);
             }
             Bar::sync();
-            if (threadIdx.x == 0) {
-                unsigned long long total = 0;
-                for (int b = 0; b < RACE_MASS_BINS; b++) total += sh.mass[b];
-                const double target = __dmul_rn((double)r.top_p, __ull2double_rn(total));
-                unsigned long long above = 0;
-                int last = 0;
-                for (int b = 0; b < RACE_MASS_BINS && __ull2double_rn(above) < target; b++) {
-                    last = b;
-                    above += sh.mass[b];
-                }
-                sh.cut = top_bin - last;
-            }
+            if (threadIdx.x == 0) sh.cut = race_top_p_cut(sh.mass, r.top_p, top_bin);
             Bar::sync();
             cut = sh.cut;
         }

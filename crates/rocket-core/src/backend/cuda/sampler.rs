@@ -190,6 +190,37 @@ mod tests {
         }
     }
 
+    /// Logits rows for the path models (xorshift, seeded): roughly Gaussian, then by
+    /// kind peaked (0), nearly flat (1), with exact ties (2), -inf holes (3), NaN
+    /// holes (4), +inf entries (5), all ±0 (6), wider than the 32 weighed nats (7),
+    /// or nothing but -inf (8).
+    struct TestRows(u64);
+
+    impl TestRows {
+        fn uniform(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 11) as f32 / (1u64 << 53) as f32
+        }
+
+        fn row(&mut self, vocab: usize, kind: usize) -> Vec<f32> {
+            let mut row: Vec<f32> = (0..vocab).map(|_| (self.uniform() + self.uniform() + self.uniform() - 1.5) * 3.0).collect();
+            match kind {
+                0 => row.iter_mut().for_each(|v| *v *= 4.0),
+                1 => row.iter_mut().for_each(|v| *v *= 0.02),
+                2 => row.iter_mut().for_each(|v| *v = (*v * 2.0).round()),
+                3 => (0..vocab).step_by(3).for_each(|i| row[i] = f32::NEG_INFINITY),
+                4 => (0..vocab).step_by(11).for_each(|i| row[i] = f32::NAN),
+                5 => (0..vocab).step_by(1000).for_each(|i| row[i] = f32::INFINITY),
+                6 => row.iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { -0.0 } else { 0.0 }),
+                7 => row.iter_mut().for_each(|v| *v *= 12.0),
+                _ => row.iter_mut().for_each(|v| *v = f32::NEG_INFINITY),
+            }
+            row
+        }
+    }
+
     /// sample.cu's top-k lists on the host: each of SAMPLE_PARTS slices of the row
     /// keeps its min(k, candidates) best tokens by (logit in total order, lower id),
     /// everything else goes to -inf.
@@ -211,26 +242,11 @@ mod tests {
     fn the_slices_k_best_are_all_the_host_sampler_needs() {
         use crate::sampling::sample;
         let vocab = 9000;
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut uniform = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            (rng >> 11) as f32 / (1u64 << 53) as f32
-        };
+        let mut rows = TestRows(0x2545_f491_4f6c_dd1d);
         let (mut checked, mut cut_differs) = (0, 0);
         for kind in 0..7 {
             for rep in 0..2 {
-                let mut row: Vec<f32> = (0..vocab).map(|_| (uniform() + uniform() + uniform() - 1.5) * 3.0).collect();
-                match kind {
-                    0 => row.iter_mut().for_each(|v| *v *= 4.0),
-                    1 => row.iter_mut().for_each(|v| *v *= 0.02),
-                    2 => row.iter_mut().for_each(|v| *v = (*v * 2.0).round()),
-                    3 => (0..vocab).step_by(3).for_each(|i| row[i] = f32::NEG_INFINITY),
-                    4 => (0..vocab).step_by(11).for_each(|i| row[i] = f32::NAN),
-                    5 => (0..vocab).step_by(1000).for_each(|i| row[i] = f32::INFINITY),
-                    _ => row.iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { -0.0 } else { 0.0 }),
-                }
+                let row = rows.row(vocab, kind);
                 for k in [1, 7, 20, 64] {
                     let short = listed(&row, k);
                     for temperature in [0.3, 1.0, 1.6] {
@@ -341,29 +357,11 @@ mod tests {
     #[test]
     fn the_bins_pieces_merge_to_the_host_samplers_token() {
         use crate::sampling::sample;
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut uniform = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            (rng >> 11) as f32 / (1u64 << 53) as f32
-        };
+        let mut rows = TestRows(0x9e37_79b9_7f4a_7c15);
         let (mut checked, mut cut_cases, mut cut_differs) = (0, 0, 0);
         for (vocab, kinds) in [(9000, 0..9), (20, 0..3), (1001, 0..9)] {
             for kind in kinds {
-                let mut row: Vec<f32> = (0..vocab).map(|_| (uniform() + uniform() + uniform() - 1.5) * 3.0).collect();
-                match kind {
-                    0 => row.iter_mut().for_each(|v| *v *= 4.0),
-                    1 => row.iter_mut().for_each(|v| *v *= 0.02),
-                    2 => row.iter_mut().for_each(|v| *v = (*v * 2.0).round()),
-                    3 => (0..vocab).step_by(3).for_each(|i| row[i] = f32::NEG_INFINITY),
-                    4 => (0..vocab).step_by(11).for_each(|i| row[i] = f32::NAN),
-                    5 => (0..vocab).step_by(1000).for_each(|i| row[i] = f32::INFINITY),
-                    6 => row.iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { -0.0 } else { 0.0 }),
-                    // Wider than the 32 weighed nats: tokens below the bins, hopeless ones.
-                    7 => row.iter_mut().for_each(|v| *v *= 12.0),
-                    _ => row.iter_mut().for_each(|v| *v = f32::NEG_INFINITY),
-                }
+                let row = rows.row(vocab, kind);
                 for temperature in [0.0, 0.3, 1.0, 1.6] {
                     for (top_p, min_p) in [(1.0, 0.0), (0.95, 0.0), (0.9, 0.0), (0.5, 0.05), (1.0, 0.05), (1.0, 0.3), (1.0, 1e-15)] {
                         for top_k in [0, vocab] {
