@@ -154,7 +154,9 @@ if has mk; then
     ROCKET_GPU_CHECKPOINTS=$CKPTS \
         timeout "${MK_TIMEOUT:-420}" "$CARRY/cuda-megakernel-test" --include-ignored --test-threads=1 --nocapture ${MK_FILTER:-} > "$LOGS/mk-test.log" 2>&1
     check "megakernel tests" $?
-    grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | grep -v "MK-PROFILE.*|" | head -40
+    grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | grep -v "MK-PROFILE.*|" | grep -v "MK-PROFILE-SAMPLED" | head -40
+    # What sampling adds to a traced step's LM head phase (the SMs' parts and the merge).
+    grep "MK-PROFILE-SAMPLED" "$LOGS/mk-test.log"
 fi
 
 if has prod; then

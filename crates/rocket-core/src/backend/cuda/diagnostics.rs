@@ -74,13 +74,17 @@ impl CudaBackend {
     }
 
     /// Where the megakernel's time goes: teacher-forces `ids` and reads the
-    /// kernel's timestamps of step `step` (see `megakernel::profile`). None when
-    /// no megakernel is loaded.
-    pub fn megakernel_profile(&self, ids: &[u32], step: usize) -> Result<Option<Profile>> {
+    /// kernel's timestamps of step `step` (see `megakernel::profile`). With
+    /// `sampling`, only the first id is forced and every later step samples as
+    /// the request says (end ids never stop the launch), so the traced step's
+    /// LM head includes the SMs' sampler parts and the merge. None when no
+    /// megakernel is loaded.
+    pub fn megakernel_profile(&self, ids: &[u32], step: usize, sampling: Option<&SampleRequest<'_>>) -> Result<Option<Profile>> {
         if step >= ids.len() {
             return Err(RocketError::invalid_arg("step", step, format!("must be < the {} steps of the run", ids.len())));
         }
-        self.megakernel_forced(ids, None, (&[], 0), false, Some(step), |mk, _, _| {
+        let sampled = sampling.map(|r| (0, SampleRequest { end_ids: &[], ..*r }));
+        self.megakernel_forced(ids, sampled, (&[], 0), false, Some(step), |mk, _, _| {
             let stamps = mk.last_trace.take().ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
             Profile::from_trace(&mk.schedule, &stamps)
         })
