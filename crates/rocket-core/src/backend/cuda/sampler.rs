@@ -14,6 +14,8 @@ pub(crate) struct Packed {
     pub penalty_tokens_at: usize,
     pub penalty_counts_at: usize,
     pub mask_ids_at: usize,
+    /// The paths the rows take, each once (which kernels launch).
+    pub paths: Vec<SamplePath>,
 }
 
 fn push_words(bytes: &mut Vec<u8>, words: &[u32]) -> usize {
@@ -52,8 +54,13 @@ pub(crate) fn sample_row(r: &SampleRequest<'_>) -> SampleRow {
 pub(crate) fn pack(requests: &[SampleRequest<'_>], vocab: usize) -> Result<Packed> {
     let (mut tokens, mut counts, mut masks) = (Vec::new(), Vec::new(), Vec::new());
     let mut rows = Vec::with_capacity(requests.len());
+    let mut paths = Vec::new();
     for r in requests {
         let p = r.params;
+        let path = sample_path(r, vocab);
+        if !paths.contains(&path) {
+            paths.push(path);
+        }
         let penalty_off = tokens.len();
         if p.has_penalties() {
             for (t, c) in r.history.penalty_entries() {
@@ -70,7 +77,7 @@ pub(crate) fn pack(requests: &[SampleRequest<'_>], vocab: usize) -> Result<Packe
             penalty_len: word(tokens.len() - penalty_off, "penalty list length")?,
             mask_off: word(mask_off, "mask offset")?,
             mask_len: word(masks.len() - mask_off, "mask length")?,
-            path: sample_path(r, vocab) as u32,
+            path: path as u32,
             ..sample_row(r)
         });
     }
@@ -83,7 +90,7 @@ pub(crate) fn pack(requests: &[SampleRequest<'_>], vocab: usize) -> Result<Packe
     let penalty_tokens_at = push_words(&mut bytes, &tokens);
     let penalty_counts_at = push_words(&mut bytes, &counts);
     let mask_ids_at = push_words(&mut bytes, &masks);
-    Ok(Packed { bytes, penalty_tokens_at, penalty_counts_at, mask_ids_at })
+    Ok(Packed { bytes, penalty_tokens_at, penalty_counts_at, mask_ids_at, paths })
 }
 
 /// The kernels that pick a request's token (sample.cu): a top-k of 1 to
@@ -137,9 +144,7 @@ impl DeviceSampler {
             return Ok(Vec::new());
         }
         let packed = pack(requests, vocab)?;
-        let mut paths: Vec<SamplePath> = requests.iter().map(|r| sample_path(r, vocab)).collect();
-        paths.sort_unstable_by_key(|&p| p as u32);
-        paths.dedup();
+        let paths = &packed.paths;
         let compacts = paths.iter().any(|&p| p != SamplePath::Bins);
         let items = if compacts { ensure(&mut self.items, ctx, rows * vocab * SAMPLE_ITEM_BYTES, "sampler candidates")? } else { 0 };
         let lists = if paths.contains(&SamplePath::Lists) { ensure(&mut self.lists, ctx, rows * SAMPLE_LIST_BYTES, "sampler top-k lists")? } else { 0 };
@@ -154,7 +159,7 @@ impl DeviceSampler {
             penalty_counts: at(packed.penalty_counts_at),
             mask_ids: at(packed.mask_ids_at),
         };
-        kernels.sample(stream, logits, &addresses, &SampleScratch { items, lists, bins }, tokens, vocab, rows, &paths)?;
+        kernels.sample(stream, logits, &addresses, &SampleScratch { items, lists, bins }, tokens, vocab, rows, paths)?;
         let mut out = vec![0u32; rows];
         self.tokens.as_ref().expect("ensured").download(stream, 0, &mut out)?;
         if let Some(bad) = out.iter().find(|&&t| t as usize >= vocab) {
@@ -411,6 +416,7 @@ mod tests {
         // No penalties and min_tokens reached: nothing to upload for the second row.
         assert_eq!((b.temperature, b.penalty_len, b.mask_len, b.mask_off), (0.5, 0, 0, 2));
         assert_eq!((a.path, b.path), (SamplePath::Lists as u32, SamplePath::Bins as u32));
+        assert_eq!(p.paths, [SamplePath::Lists, SamplePath::Bins]);
         assert!(p.penalty_tokens_at % 16 == 0 && p.mask_ids_at % 16 == 0 && p.penalty_tokens_at >= 128);
     }
 }
