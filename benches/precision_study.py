@@ -126,12 +126,17 @@ def main():
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    torch.manual_seed(1234)
+    mc = load_make_checkpoint()
+    fuels = args.fuels.split(",")
+    unknown = [f for f in fuels if f not in mc.FUELS]
+    if unknown:
+        ap.error(f"unknown fuel(s) {', '.join(unknown)}; choose from {', '.join(sorted(mc.FUELS))}")
+    if args.tokens < 1:
+        ap.error(f"--tokens must be at least 1, got {args.tokens}")
     ALL_ATTENTION_FUNCTIONS.register("rocket_emulated", emulated_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register("rocket_emulated", ALL_MASK_ATTENTION_FUNCTIONS["eager"])
-    mc = load_make_checkpoint()
     rows = []
-    for fuel in args.fuels.split(","):
+    for fuel in fuels:
         t0 = time.time()
         model, vocab = build(fuel, args.seed, mc)
         ids = torch.randint(0, vocab, (1, args.tokens), generator=torch.Generator().manual_seed(args.seed + 7))
