@@ -1,6 +1,6 @@
 """How far bf16 prefill arithmetic moves each fuel's logits from the fp32 reference.
 
-    python benches/precision_study.py [--fuels llama-3.2-1b,...] [--tokens 256] [--seed 0]
+    python benches/precision_study.py [--fuels llama-3.2-1b,...] [--tokens 256] [--seed 0] [--modes kv,kv+act16,...]
 
 Runs on the CPU with torch and transformers. Each fuel is built in memory with the
 exact shapes and the seeded random weights of `benches/make_checkpoint.py` (bf16
@@ -15,7 +15,11 @@ arithmetic that emulates what a GPU prefill path rounds:
   `[gate_up]`, `[down]`, `[lm_head]`: only that product's input;
 - `kv+attn`: also the attention's query and probabilities rounded to bf16 before their
   products (FlashAttention-style bf16 operands; the scores' softmax stays fp32);
-- `kv+act+attn`: both.
+- `kv+act+attn`: both;
+- `kv+act16`, `kv+attn16`, `kv+act16+attn16`: the same roundings to fp16 instead of bf16
+  (an fp16 tensor-core product: 11 significant bits instead of 8, at the same rate). The
+  matrix products' weights are rounded to fp16 too (bf16 weights convert exactly but for
+  magnitudes below fp16's normal range), as are the attention's keys and values.
 
 Per mode it prints the logits' relative L2 distance from the fp32 run (over every
 position, and the worst position) and the share of positions whose top-1 token agrees.
@@ -49,13 +53,20 @@ def bf16(x):
     return x.to(torch.bfloat16).to(x.dtype)
 
 
+def rounded(x, dtype):
+    return x.to(dtype).to(x.dtype)
+
+
 class Rounding:
-    """Which operands the emulated GPU rounds to bf16 (read by the hooks below):
-    `act` is the set of products whose input activations are rounded."""
+    """Which operands the emulated GPU rounds (read by the hooks below): `act` is the set
+    of products whose input activations are rounded to `act_dtype`; `attn` rounds the
+    attention's operands to `attn_dtype`."""
 
     kv = False
     act = frozenset()
+    act_dtype = torch.bfloat16
     attn = False
+    attn_dtype = torch.bfloat16
 
 
 PRODUCTS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "o_proj": "o", "gate_proj": "gate_up", "up_proj": "gate_up", "down_proj": "down", "lm_head": "lm_head"}
@@ -66,7 +77,8 @@ def emulated_attention(module, query, key, value, attention_mask, scaling=None, 
     if Rounding.kv:
         key, value = bf16(key), bf16(value)
     if Rounding.attn:
-        query = bf16(query)
+        query = rounded(query, Rounding.attn_dtype)
+        key, value = rounded(key, Rounding.attn_dtype), rounded(value, Rounding.attn_dtype)
     groups = query.shape[1] // key.shape[1]
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
@@ -77,15 +89,17 @@ def emulated_attention(module, query, key, value, attention_mask, scaling=None, 
     if Rounding.attn:
         # FlashAttention rounds e^(s - m) before P·V and divides by the fp32 sum
         # after: the same relative rounding as rounding the normalised row.
-        probs = bf16(probs)
+        probs = rounded(probs, Rounding.attn_dtype)
     out = torch.matmul(probs, value)
     return out.transpose(1, 2).contiguous(), probs
 
 
-def round_linear_input(module, args):
-    if module.rocket_product in Rounding.act:
-        return (bf16(args[0]),) + tuple(args[1:])
-    return None
+def emulated_linear(module, args, output):
+    """The product again from rounded operands (bf16 weights are bf16 already)."""
+    if module.rocket_product not in Rounding.act:
+        return None
+    weight = module.weight if Rounding.act_dtype == torch.bfloat16 else rounded(module.weight, Rounding.act_dtype)
+    return torch.nn.functional.linear(rounded(args[0], Rounding.act_dtype), weight, module.bias)
 
 
 def build(fuel, seed, mc):
@@ -105,19 +119,23 @@ def build(fuel, seed, mc):
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear):
             m.rocket_product = PRODUCTS[name.rsplit(".", 1)[-1]]
-            m.register_forward_pre_hook(round_linear_input)
+            m.register_forward_hook(emulated_linear)
     return model, cfg_dict["vocab_size"]
 
 
 ALL = frozenset(PRODUCTS.values())
-# (name, bf16 KV, products with bf16 inputs, bf16 attention operands)
+BF16, FP16 = torch.bfloat16, torch.float16
+# (name, bf16 KV, products with rounded inputs, their format, rounded attention operands, their format)
 MODES = [
-    ("fp32", False, frozenset(), False),
-    ("kv", True, frozenset(), False),
-    ("kv+act", True, ALL, False),
-    ("kv+attn", True, frozenset(), True),
-    ("kv+act+attn", True, ALL, True),
-] + [(f"kv+act[{p}]", True, frozenset([p]), False) for p in ("qkv", "o", "gate_up", "down", "lm_head")]
+    ("fp32", False, frozenset(), BF16, False, BF16),
+    ("kv", True, frozenset(), BF16, False, BF16),
+    ("kv+act", True, ALL, BF16, False, BF16),
+    ("kv+attn", True, frozenset(), BF16, True, BF16),
+    ("kv+act+attn", True, ALL, BF16, True, BF16),
+    ("kv+act16", True, ALL, FP16, False, BF16),
+    ("kv+attn16", True, frozenset(), BF16, True, FP16),
+    ("kv+act16+attn16", True, ALL, FP16, True, FP16),
+] + [(f"kv+act[{p}]", True, frozenset([p]), BF16, False, BF16) for p in ("qkv", "o", "gate_up", "down", "lm_head")]
 
 
 def main():
@@ -125,12 +143,18 @@ def main():
     ap.add_argument("--fuels", default="smollm2-135m,qwen3-0.6b,llama-3.2-1b,qwen3-1.7b")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--modes", default=",".join(m[0] for m in MODES[1:]), help="modes to run besides fp32, comma-separated")
     args = ap.parse_args()
     mc = load_make_checkpoint()
     fuels = args.fuels.split(",")
     unknown = [f for f in fuels if f not in mc.FUELS]
     if unknown:
         ap.error(f"unknown fuel(s) {', '.join(unknown)}; choose from {', '.join(sorted(mc.FUELS))}")
+    names = [m[0] for m in MODES]
+    bad = [m for m in args.modes.split(",") if m not in names[1:]]
+    if bad:
+        ap.error(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(names[1:])}")
+    modes = [MODES[0]] + [m for m in MODES[1:] if m[0] in args.modes.split(",")]
     if args.tokens < 1:
         ap.error(f"--tokens must be at least 1, got {args.tokens}")
     ALL_ATTENTION_FUNCTIONS.register("rocket_emulated", emulated_attention)
@@ -141,8 +165,9 @@ def main():
         model, vocab = build(fuel, args.seed, mc)
         ids = torch.randint(0, vocab, (1, args.tokens), generator=torch.Generator().manual_seed(args.seed + 7))
         ref = None
-        for mode, kv, act, attn in MODES:
-            Rounding.kv, Rounding.act, Rounding.attn = kv, act, attn
+        for mode, kv, act, act_dtype, attn, attn_dtype in modes:
+            Rounding.kv, Rounding.act, Rounding.act_dtype = kv, act, act_dtype
+            Rounding.attn, Rounding.attn_dtype = attn, attn_dtype
             with torch.no_grad():
                 logits = model(ids, use_cache=False).logits[0]
             if ref is None:
@@ -160,7 +185,7 @@ def main():
             worst = (diff2 / ref2).sqrt().max().item()
             top1 = agree / ref.shape[0]
             rows.append((fuel, mode, whole, worst, top1))
-            print(f"{fuel:14s} {mode:12s} rel L2 {whole:.2e}  worst position {worst:.2e}  top-1 {100 * top1:6.2f}%", flush=True)
+            print(f"{fuel:14s} {mode:15s} rel L2 {whole:.2e}  worst position {worst:.2e}  top-1 {100 * top1:6.2f}%", flush=True)
             del logits
         print(f"{fuel}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
         del model, ref
