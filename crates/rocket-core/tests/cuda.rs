@@ -647,10 +647,11 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
 }
 
 /// The cuBLASLt matmul path (`MatmulPath::Cublas`): every fuel's products at
-/// decode-batch and prefill row counts against the host's f64 product, on the
-/// inputs' bf16 hi and lo parts (the tensor-core GEMM's bar, 1e-4) and on hi
-/// alone (each input rounded to bf16, ~1.1e-3 relative: 4e-3), timed beside
-/// rocket's own tensor-core GEMM at the same shape; then teacher-forced logits
+/// decode-batch and prefill row counts against the host's f64 product, on fp16
+/// operands (each input rounded to fp16, ~1.4e-4 relative: 5e-4), on the inputs'
+/// bf16 hi and lo parts (the tensor-core GEMM's bar, 1e-4) and on hi alone (each
+/// input rounded to bf16, ~1.1e-3 relative: 4e-3), timed beside rocket's own
+/// tensor-core GEMM at the same shape; then teacher-forced logits
 /// of each checkpoint on the graph path with it against the CPU reference,
 /// under the bar the other paths meet. Prints CUBLAS lines. Needs
 /// libcublasLt.so on the loader path (benches/gpu_run.sh adds the toolkit's).
@@ -668,13 +669,26 @@ fn cublas_matmul_matches_the_host_and_the_reference() {
                 seed += 1;
                 let check = |kernel| gpu.matmul_check(kernel, MatmulFusion::default(), n, k, rows, accumulate, 10, seed).unwrap();
                 let (c, b, t) = (check(MatmulKernel::Cublas), check(MatmulKernel::CublasBf16), check(MatmulKernel::Tensor));
+                let h = check(MatmulKernel::CublasF16);
                 let tflops = |us: f64| 2.0 * (n * k * rows) as f64 / us / 1e6;
                 println!(
-                    "CUBLAS {fuel} {name} {n}x{k} rows {rows}: hi+lo rel L2 {:.2e}, {:.1} us ({:.0} TFLOP/s); bf16 alone rel L2 {:.2e}, {:.1} us; \
-                     tensor-core GEMM {:.1} us ({:.0} TFLOP/s), rel L2 {:.2e}",
-                    c.rel_l2, c.micros, tflops(c.micros), b.rel_l2, b.micros, t.micros, tflops(t.micros), t.rel_l2
+                    "CUBLAS {fuel} {name} {n}x{k} rows {rows}: fp16 rel L2 {:.2e}, {:.1} us ({:.0} TFLOP/s); hi+lo rel L2 {:.2e}, {:.1} us ({:.0} TFLOP/s); \
+                     bf16 alone rel L2 {:.2e}, {:.1} us; tensor-core GEMM {:.1} us ({:.0} TFLOP/s), rel L2 {:.2e}",
+                    h.rel_l2,
+                    h.micros,
+                    tflops(h.micros),
+                    c.rel_l2,
+                    c.micros,
+                    tflops(c.micros),
+                    b.rel_l2,
+                    b.micros,
+                    t.micros,
+                    tflops(t.micros),
+                    t.rel_l2
                 );
-                assert!(c.all_written && b.all_written, "{fuel} {name} rows {rows}: an output was never written");
+                assert!(c.all_written && b.all_written && h.all_written, "{fuel} {name} rows {rows}: an output was never written");
+                // fp16 keeps 11 bits of each input (2^-12 relative rounding, ~1.4e-4 over a sum).
+                assert!(h.rel_l2 <= 5e-4, "{fuel} {name} rows {rows}: fp16 rel L2 {}", h.rel_l2);
                 // The split keeps what the tensor-core GEMM keeps (its bar); hi alone is off by
                 // a bf16 rounding of each input (~1.1e-3 relative each: 4e-3).
                 assert!(c.rel_l2 <= 1e-4, "{fuel} {name} rows {rows}: hi+lo rel L2 {}", c.rel_l2);
@@ -698,6 +712,101 @@ fn cublas_matmul_matches_the_host_and_the_reference() {
         misses.extend((rel > 1e-2).then(|| format!("{}: rel L2 {rel}", path.display())));
     }
     assert!(misses.is_empty(), "over the 1e-2 bar: {misses:?}");
+}
+
+/// to_f16.cu against the host's conversion (half's, to nearest even): random
+/// values over fp16's whole range, its subnormals and the edges, bit for bit,
+/// with the range flag clear; then one value past the range sets it (and only a
+/// finite one: inf and NaN inputs convert without it). The same for the
+/// weights' bf16 -> fp16 copy.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn fp16_conversions_round_as_the_host_and_flag_values_past_the_range() {
+    require_gpu();
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    let mut values: Vec<f32> = (0..100_003u64)
+        .map(|i| {
+            // splitmix64
+            let mut r = (i ^ 0xf16).wrapping_add(0x9e37_79b9_7f4a_7c15);
+            r = (r ^ (r >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            r = (r ^ (r >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            r ^= r >> 31;
+            let magnitude = 2f32.powf((r >> 40) as f32 / (1u64 << 24) as f32 * 42.0 - 26.0); // 2^-26 .. 2^16
+            let v = if r & 1 == 1 { -magnitude } else { magnitude };
+            v.clamp(-65_519.0, 65_519.0)
+        })
+        .collect();
+    // Ties at the subnormal and normal steps, the largest finite fp16, and what rounds to it.
+    values.extend([2f32.powi(-25), 3.0 * 2f32.powi(-25), 1.0 + 2f32.powi(-11), 65_504.0, 65_519.99, -65_519.99, 0.0, -0.0, f32::INFINITY, f32::NAN]);
+    let (bits, flagged) = gpu.to_f16_on_device(&values).unwrap();
+    let wrong: Vec<_> = values
+        .iter()
+        .zip(&bits)
+        .filter(|&(&v, &b)| {
+            let want = half::f16::from_f32(v);
+            if v.is_nan() { !half::f16::from_bits(b).is_nan() } else { want.to_bits() != b }
+        })
+        .take(5)
+        .collect();
+    println!("F16 to_f16: {} values, {} differ from the host's rounding, range flag {flagged}", values.len(), wrong.len());
+    assert!(wrong.is_empty(), "to_f16 differs from half::f16::from_f32 at {wrong:?}");
+    assert!(!flagged, "to_f16 flagged values within fp16's range (or inf / NaN inputs)");
+    for past in [65_520.0f32, -70_000.0, 3.0e38] {
+        let (bits, flagged) = gpu.to_f16_on_device(&[1.0, past, 2.0, 3.0, 4.0]).unwrap();
+        println!("F16 to_f16 of {past}: bits {:#06x}, range flag {flagged}", bits[1]);
+        assert!(flagged, "to_f16 of {past} did not set the range flag");
+    }
+
+    let weights: Vec<u16> = values.iter().filter(|v| v.abs() < 65_504.0).map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+    let (bits, flagged) = gpu.bf16_to_f16_on_device(&weights).unwrap();
+    let wrong = weights.iter().zip(&bits).filter(|&(&w, &b)| half::f16::from_f32(half::bf16::from_bits(w).to_f32()).to_bits() != b).count();
+    println!("F16 bf16_to_f16: {} weights, {wrong} differ from the host's, range flag {flagged}", weights.len());
+    assert_eq!(wrong, 0, "bf16_to_f16 differs from the host's conversion");
+    assert!(!flagged, "bf16_to_f16 flagged weights within fp16's range");
+    let (_, flagged) = gpu.bf16_to_f16_on_device(&[half::bf16::from_f32(1.0e5).to_bits(), 0, 0, 0, 0]).unwrap();
+    assert!(flagged, "bf16_to_f16 of 1e5 did not set the range flag");
+}
+
+/// cuBLASLt's fp16 products where activations leave fp16's range: a checkpoint
+/// whose MLP norm has one weight of 1e6 puts the gate|up input past 65,504 in a
+/// 160-row pass; that pass must be redone on bf16 hi+lo parts (the operands the
+/// backend reports change) and its logits match the CPU reference on the same
+/// weights, as the unchanged checkpoint's do on fp16 operands. Without the
+/// fallback the logits are not finite. Prints F16-RANGE lines; needs
+/// libcublasLt.so on the loader path.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn fp16_products_redo_a_pass_past_the_range_on_bf16_parts() {
+    require_gpu();
+    let path = fixture("tiny-qwen3");
+    for big in [None, Some(1.0e6f32)] {
+        let open = || {
+            let (spec, mut weights) = open_weights(&path);
+            if let Some(v) = big {
+                weights.layers[0].mlp_norm[5] = v;
+            }
+            (spec, weights)
+        };
+        let (spec, weights) = open();
+        let opts = GpuOptions { decode: DecodePath::Graph, matmul: MatmulPath::Cublas, ..GpuOptions::default() };
+        let gpu = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap();
+        let (cpu_spec, cpu_weights) = open();
+        let cpu = rocket_core::backend::cpu::CpuBackend::new(cpu_spec, std::sync::Arc::new(cpu_weights));
+        let ids = random_ids(11, 160, spec.vocab_size);
+        let before = gpu.cublas_operands().unwrap();
+        let logits = |b: &dyn Backend| {
+            let mut s = b.new_session(160).unwrap();
+            b.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids }], Logits::All).unwrap()
+        };
+        let (got, want) = (logits(&gpu), logits(&cpu));
+        let after = gpu.cublas_operands().unwrap();
+        let rel = rel_l2(&got, &want);
+        println!("F16-RANGE mlp norm weight {big:?}: operands {before} -> {after}, logits rel L2 {rel:.3e} against the CPU reference (160 positions)");
+        assert_eq!(before, "fp16", "the fp16 copy was not made");
+        assert_eq!(after, if big.is_some() { "bf16 hi+lo" } else { "fp16" }, "mlp norm weight {big:?}");
+        assert!(got.iter().all(|v| v.is_finite()), "mlp norm weight {big:?}: non-finite logits");
+        assert!(rel <= 1e-2, "mlp norm weight {big:?}: rel L2 {rel} over the 1e-2 bar");
+    }
 }
 
 /// Prefix reuse on the GPU: a second prompt sharing whole blocks with a first

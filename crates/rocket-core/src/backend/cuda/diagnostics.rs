@@ -1,7 +1,8 @@
 //! Entry points of the CUDA backend for tests and measurements (feature
 //! `diagnostics`): megakernel runs with teacher forcing, kept logits, a traced
-//! step or a forced stall, and the device sampler on given logits. The product
-//! decodes through `Backend::decode_loop` and `forward_sample` instead.
+//! step or a forced stall, the device sampler on given logits, and the fp16
+//! conversions of cuBLASLt's operands. The product decodes through
+//! `Backend::decode_loop` and `forward_sample` instead.
 
 use super::driver::DeviceBuffer;
 use super::megakernel::{Launch, Megakernel, MAX_LOOP_STEPS};
@@ -149,5 +150,49 @@ impl CudaBackend {
         let inner = &mut *guard;
         let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
         mk.watchdog_probe(&inner.ctx, &inner.stream, kv).map(Some)
+    }
+
+    /// to_f16.cu's `to_f16` on `values`: their fp16 bits and whether the range
+    /// flag was set.
+    pub fn to_f16_on_device(&self, values: &[f32]) -> Result<(Vec<u16>, bool)> {
+        let inner = self.lock()?;
+        let (ctx, st) = (&inner.ctx, &inner.stream);
+        let x = DeviceBuffer::with_data(ctx, st, values, "the conversion check's inputs")?;
+        let y = DeviceBuffer::with_data(ctx, st, &vec![0xffffu16; values.len()], "the conversion check's outputs")?;
+        let flag = DeviceBuffer::with_data(ctx, st, &[0u32], "the conversion check's flag")?;
+        inner.kernels.to_f16(st, x.ptr, y.ptr, values.len(), flag.ptr)?;
+        Self::conversion_results(st, &y, &flag, values.len())
+    }
+
+    /// to_f16.cu's `bf16_to_f16` on bf16 `bits`: their fp16 bits and whether the
+    /// range flag was set.
+    pub fn bf16_to_f16_on_device(&self, bits: &[u16]) -> Result<(Vec<u16>, bool)> {
+        let inner = self.lock()?;
+        let (ctx, st) = (&inner.ctx, &inner.stream);
+        let x = DeviceBuffer::with_data(ctx, st, bits, "the conversion check's inputs")?;
+        let y = DeviceBuffer::with_data(ctx, st, &vec![0xffffu16; bits.len()], "the conversion check's outputs")?;
+        let flag = DeviceBuffer::with_data(ctx, st, &[0u32], "the conversion check's flag")?;
+        inner.kernels.bf16_to_f16(st, x.ptr, y.ptr, bits.len(), flag.ptr)?;
+        Self::conversion_results(st, &y, &flag, bits.len())
+    }
+
+    fn conversion_results(st: &super::driver::Stream, y: &DeviceBuffer, flag: &DeviceBuffer, n: usize) -> Result<(Vec<u16>, bool)> {
+        let mut out = vec![0u16; n];
+        y.download(st, 0, &mut out)?;
+        let mut set = [0u32];
+        flag.download(st, 0, &mut set)?;
+        Ok((out, set[0] != 0))
+    }
+
+    /// Which operands cuBLASLt's products take now: "fp16", "bf16 hi+lo" (no
+    /// fp16 copy, or a pass's activations left fp16's range), or "none" (no
+    /// cuBLASLt loaded).
+    pub fn cublas_operands(&self) -> Result<&'static str> {
+        let inner = self.lock()?;
+        Ok(match (&inner.kernels.cublas, &inner.f16_weights) {
+            (None, _) => "none",
+            (Some(_), Some(_)) => "fp16",
+            (Some(_), None) => "bf16 hi+lo",
+        })
     }
 }

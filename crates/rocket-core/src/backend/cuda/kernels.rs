@@ -179,6 +179,8 @@ pub(crate) struct Kernels {
     attn_prefill_merge: Function,
     silu_mul: Function,
     to_bf16_split: Function,
+    to_f16: Function,
+    bf16_to_f16: Function,
     argmax: Function,
     sample: Function,
     sample_topk_lists: Function,
@@ -235,6 +237,8 @@ impl Kernels {
             attn_prefill_merge: f(&format!("attn_prefill_merge_hd{head_dim}"))?,
             silu_mul: f("silu_mul")?,
             to_bf16_split: f("to_bf16_split")?,
+            to_f16: f("to_f16")?,
+            bf16_to_f16: f("bf16_to_f16")?,
             argmax: f("argmax")?,
             sample: f("sample_rows")?,
             sample_topk_lists: f("sample_topk_lists")?,
@@ -490,6 +494,29 @@ impl Kernels {
         let args = [Arg::Ptr(x), Arg::Ptr(hi), Arg::Ptr(lo), Arg::I32(n as i32)];
         self.go(&self.to_bf16_split, s, (n.div_ceil(1024) as u32, 1, 1), 256, 0, &args)?;
         Ok((hi, lo))
+    }
+
+    /// y = x (f32) rounded to fp16, for cuBLASLt's fp16 products; a finite value
+    /// past fp16's range sets the u32 at `overflow` (to_f16.cu).
+    pub(crate) fn to_f16(&self, s: &Stream, x: u64, y: u64, n: usize, overflow: u64) -> Result<()> {
+        let n = Self::elementwise_len("to_f16", n)?;
+        self.go(&self.to_f16, s, (n.div_ceil(1024) as u32, 1, 1), 256, 0, &[Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32), Arg::Ptr(overflow)])
+    }
+
+    /// y = x (bf16) as fp16: the weights' copy for cuBLASLt's fp16 products; a
+    /// weight past fp16's range sets the u32 at `overflow` (to_f16.cu).
+    pub(crate) fn bf16_to_f16(&self, s: &Stream, x: u64, y: u64, n: usize, overflow: u64) -> Result<()> {
+        let n = Self::elementwise_len("bf16_to_f16", n)?;
+        self.go(&self.bf16_to_f16, s, (n.div_ceil(1024) as u32, 1, 1), 256, 0, &[Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32), Arg::Ptr(overflow)])
+    }
+
+    /// The element count of an elementwise kernel that indexes with an i32 (its
+    /// last CTA's threads count up to n + 1,023).
+    fn elementwise_len(what: &str, n: usize) -> Result<usize> {
+        if n > i32::MAX as usize - 1024 {
+            return Err(RocketError::Internal(format!("{what} of {n} elements (at most 2^31 - 1,025)")));
+        }
+        Ok(n)
     }
 
     /// out[r] = argmax of logits row r; `state` holds `argmax_state_bytes(rows)`

@@ -10,6 +10,7 @@ mod cublas;
 #[cfg(feature = "diagnostics")]
 mod diagnostics;
 mod driver;
+mod f16_weights;
 #[cfg(feature = "diagnostics")]
 mod handoff_probe;
 #[cfg(feature = "diagnostics")]
@@ -41,6 +42,7 @@ use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
 use crate::progress::LoadProgress;
 use crate::sampling::SamplingParams;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
+use f16_weights::{F16Weights, NoF16};
 use kernels::{argmax_state_bytes, prefill_group_tiles, prefill_partial_floats, prefill_splits, GemmFusion, GemmPlan, GemmScratch, Kernels, PREFILL_TILE};
 use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
 use sampler::DeviceSampler;
@@ -66,6 +68,8 @@ pub struct CudaInfo {
     pub module_load_seconds: f64,
     pub upload_seconds: f64,
     pub weight_bytes: usize,
+    /// The fp16 copy of the layers' matrices for cuBLASLt (0: none).
+    pub f16_weight_bytes: usize,
 }
 
 /// Measured on the H200 with each kernel forced on the graph path: from 2 rows
@@ -130,6 +134,9 @@ struct Inner {
     /// keeps the decode graphs).
     prefill_partials: Option<PrefillPartials>,
     sampler: DeviceSampler,
+    /// The layers' matrices in fp16 for cuBLASLt's products (cublas.rs); dropped
+    /// for good when a pass's activations leave fp16's range.
+    f16_weights: Option<F16Weights>,
     weights: DeviceWeights,
     kernels: Kernels,
     host_inputs: PinnedBuffer,
@@ -227,8 +234,11 @@ struct Scratch {
     /// launch, so never poisoned.
     argmax_state: DeviceBuffer,
     gemm: GemmScratch,
-    /// A pass's matmul input rounded to bf16, for cuBLASLt (None on the other matmul paths).
+    /// A pass's matmul input as cuBLASLt takes it: fp16, or bf16 hi and lo parts
+    /// (None where no pass this long takes cuBLASLt).
     bf16: Option<DeviceBuffer>,
+    /// Set by to_f16.cu when an activation leaves fp16's range (with `bf16`).
+    f16_overflow: Option<DeviceBuffer>,
 }
 
 impl Scratch {
@@ -259,8 +269,12 @@ impl Scratch {
                 b
             },
             bf16: match bf16_inputs {
-                // hi then lo parts, bf16 each.
+                // hi then lo parts, bf16 each (an fp16 input takes the first half).
                 true => Some(a(2 * 2 * rows * Self::matmul_shapes(s).iter().map(|&(_, k)| k).max().unwrap_or(0), what)?),
+                false => None,
+            },
+            f16_overflow: match bf16_inputs {
+                true => Some(a(4, what)?),
                 false => None,
             },
         })
@@ -375,6 +389,10 @@ impl CudaBackend {
         let t = Instant::now();
         let dev_weights = DeviceWeights::upload(&ctx, &stream, &spec, weights, progress)?;
         let upload_seconds = t.elapsed().as_secs_f64();
+        let f16_weights = match &kernels.cublas {
+            Some(_) => fp16_copy(&ctx, &stream, &kernels, &spec, &dev_weights)?,
+            None => None,
+        };
         let new_megakernel = || Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights, options.watchdog);
         let megakernel = match options.decode {
             DecodePath::Graph => None,
@@ -399,6 +417,7 @@ impl CudaBackend {
             module_load_seconds: kernels.load_seconds,
             upload_seconds,
             weight_bytes: dev_weights.bytes,
+            f16_weight_bytes: f16_weights.as_ref().map_or(0, |f| f.bytes),
         };
         tracing::info!(?info, "cuda backend ready");
         let host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(1))?;
@@ -414,6 +433,7 @@ impl CudaBackend {
                 scratch: None,
                 prefill_partials: None,
                 sampler: DeviceSampler::default(),
+                f16_weights,
                 weights: dev_weights,
                 kernels,
                 host_inputs,
@@ -546,18 +566,35 @@ impl CudaBackend {
         }
         scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
-        if decode && self.options.cuda_graphs {
-            let key = (rows, splits, argmax);
-            if !inner.graphs.contains_key(&key) {
-                inner.stream.begin_capture()?;
-                let recorded = self.record_pass(inner, scratch, &shape);
-                let graph = inner.stream.end_capture();
-                recorded?;
-                inner.graphs.insert(key, graph?);
+        // At most twice: a pass whose activations left fp16's range runs again on
+        // the bf16 hi+lo products, with the fp16 copy gone for good. The rerun
+        // rewrites every KV position the first run wrote before anything reads it.
+        loop {
+            if decode && self.options.cuda_graphs {
+                let key = (rows, splits, argmax);
+                if !inner.graphs.contains_key(&key) {
+                    inner.stream.begin_capture()?;
+                    let recorded = self.record_pass(inner, scratch, &shape);
+                    let graph = inner.stream.end_capture();
+                    recorded?;
+                    inner.graphs.insert(key, graph?);
+                }
+                inner.graphs[&key].launch(&inner.stream)?;
+            } else {
+                self.record_pass(inner, scratch, &shape)?;
             }
-            inner.graphs[&key].launch(&inner.stream)?;
-        } else {
-            self.record_pass(inner, scratch, &shape)?;
+            let Some(flag) = Self::f16_flag(inner, scratch, rows) else { break };
+            let mut overflowed = [0u32];
+            flag.download(&inner.stream, 0, &mut overflowed)?;
+            if overflowed[0] == 0 {
+                break;
+            }
+            tracing::warn!(
+                rows,
+                "activations past fp16's range: this pass and every later one multiply on bf16 hi+lo parts (twice the arithmetic)"
+            );
+            inner.f16_weights = None;
+            inner.graphs.clear();
         }
 
         let out = match pick {
@@ -582,6 +619,15 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// The range flag of a pass of `rows` rows whose cuBLASLt products take fp16
+    /// operands (record_pass zeroes it first), else None.
+    fn f16_flag<'s>(inner: &Inner, scratch: &'s Scratch, rows: usize) -> Option<&'s DeviceBuffer> {
+        match (&inner.f16_weights, &scratch.f16_overflow) {
+            (Some(_), Some(flag)) if rows >= CUBLAS_MIN_ROWS => Some(flag),
+            _ => None,
+        }
+    }
+
     /// Launches one whole forward pass on the stream (also what a graph records).
     fn record_pass(&self, inner: &Inner, sc: &Scratch, p: &PassShape) -> Result<()> {
         let s = &self.spec;
@@ -594,9 +640,15 @@ impl CudaBackend {
         let row_map = sc.inputs.ptr + Scratch::row_map_offset(sc.rows) as u64;
         let split_index = if p.split_listed { sc.inputs.ptr + Scratch::split_rows_offset(sc.rows) as u64 } else { 0 };
         let tile_table = sc.inputs.ptr + Scratch::tiles_offset(sc.rows) as u64;
+        if let Some(flag) = Self::f16_flag(inner, sc, t) {
+            flag.fill_u8(st, 0)?;
+        }
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
         for (li, l) in w.layers.iter().enumerate() {
-            self.normed_matmul(k, st, sc, l.attn_norm, l.qkv, sc.qkv.ptr, qd + 2 * kvd, t, false)?;
+            // The fp16 copies of this layer's matrices (0: none).
+            let w16 = inner.f16_weights.as_ref().map(|f| f.layers[li]);
+            let (qkv16, o16, gate_up16, down16) = w16.map_or((0, 0, 0, 0), |f| (f.qkv, f.o, f.gate_up, f.down));
+            self.normed_matmul(k, st, sc, l.attn_norm, [l.qkv, qkv16], sc.qkv.ptr, qd + 2 * kvd, t, false)?;
             k.rope_kv(st, sc.qkv.ptr, w.inv_freq, l.q_norm, l.k_norm, eps, meta, s.num_heads, s.num_kv_heads, li, nl, t)?;
             if p.split_rows > 0 {
                 k.attention(
@@ -633,16 +685,16 @@ impl CudaBackend {
                     k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, table, sc.attn.ptr, partials, s.num_heads, s.num_kv_heads, li, nl, n, splits)?;
                 }
             }
-            self.matmul(k, st, sc, l.o, sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
-            self.normed_matmul(k, st, sc, l.mlp_norm, l.gate_up, sc.act.ptr, 2 * ff, t, true)?;
-            self.matmul(k, st, sc, l.down, sc.act.ptr, sc.x.ptr, d, ff, t, true)?;
+            self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
+            self.normed_matmul(k, st, sc, l.mlp_norm, [l.gate_up, gate_up16], sc.act.ptr, 2 * ff, t, true)?;
+            self.matmul(k, st, sc, [l.down, down16], sc.act.ptr, sc.x.ptr, d, ff, t, true)?;
         }
         // The final norm stays its own kernel, fused or not: prefill passes gather their
         // last rows in it, and a decode row must get the same bits whether or not a prompt
         // shares its pass. (Fused, the LM head also measured slower: 152 vs 141 µs.)
         let map = if p.gather_last { row_map } else { 0 };
         k.rms_norm(st, sc.x.ptr, w.final_norm, sc.normed.ptr, d, eps, map, p.out_rows)?;
-        self.matmul(k, st, sc, w.lm_head, sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, false)?;
+        self.matmul(k, st, sc, [w.lm_head, 0], sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, false)?;
         if p.argmax {
             k.argmax(st, sc.logits.ptr, sc.argmax.ptr, s.vocab_size, p.out_rows, sc.argmax_state.ptr)?;
         }
@@ -651,16 +703,25 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// y (+)= x · Wᵀ for `rows` input rows: cuBLASLt (on x's bf16 hi and lo
-    /// parts in the scratch's `bf16`) or the tensor-core GEMM where the matmul
-    /// mode picks it for `rows` and the width allows, else the GEMV.
+    /// y (+)= x · Wᵀ for `rows` input rows: cuBLASLt (on x rounded to fp16 with
+    /// W's fp16 copy, else on x's bf16 hi and lo parts, in the scratch's `bf16`),
+    /// or the tensor-core GEMM where the matmul mode picks it for `rows` and the
+    /// width allows, else the GEMV. `w` is W in bf16 and its fp16 copy (0: none).
     #[allow(clippy::too_many_arguments)]
-    fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
+    fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: [u64; 2], x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
+        let [w, w16] = w;
         let kernel = matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, width);
         if kernel == ProductKernel::Cublas {
             let (Some(lt), Some(xb)) = (&k.cublas, &sc.bf16) else {
-                return Err(RocketError::Internal("a cuBLASLt product without cuBLASLt or its bf16 buffers".into()));
+                return Err(RocketError::Internal("a cuBLASLt product without cuBLASLt or its input buffers".into()));
             };
+            if w16 != 0 {
+                let Some(flag) = &sc.f16_overflow else {
+                    return Err(RocketError::Internal("an fp16 cuBLASLt product without its range flag".into()));
+                };
+                k.to_f16(st, x, xb.ptr, rows * width, flag.ptr)?;
+                return lt.matmul(st, cublas::Operands::F16, w16, xb.ptr, y, n, width, rows, accumulate);
+            }
             let (hi, lo) = k.to_bf16_split(st, x, xb.ptr, rows * width)?;
             return lt.matmul_split(st, w, hi, lo, y, n, width, rows, accumulate);
         }
@@ -676,12 +737,12 @@ impl CudaBackend {
     /// tensor-core launch with the norm and SiLU fused where the matmul mode and
     /// shapes allow (gemm_tc.cu), else rms_norm, the matmul and silu_mul.
     #[allow(clippy::too_many_arguments)]
-    fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: u64, y: u64, n: usize, rows: usize, silu: bool) -> Result<()> {
+    fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: [u64; 2], y: u64, n: usize, rows: usize, silu: bool) -> Result<()> {
         let (d, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps as f32);
         let on_tensor_cores = matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, d) == ProductKernel::Tensor;
         let fits = on_tensor_cores && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
         if self.options.fuse && fits {
-            return k.gemm_tc(st, w, sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
+            return k.gemm_tc(st, w[0], sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
         }
         k.rms_norm(st, sc.x.ptr, norm_w, sc.h.ptr, d, eps, 0, rows)?;
         if silu {
@@ -690,6 +751,23 @@ impl CudaBackend {
         } else {
             self.matmul(k, st, sc, w, sc.h.ptr, y, n, d, rows, false)
         }
+    }
+}
+
+/// The fp16 copy of the layers' matrices for cuBLASLt, or None (logged) where a
+/// weight is past fp16's range or the device has no room for it.
+fn fp16_copy(ctx: &Context, stream: &Stream, kernels: &Kernels, spec: &ModelSpec, weights: &DeviceWeights) -> Result<Option<F16Weights>> {
+    match F16Weights::convert(ctx, stream, kernels, spec, weights) {
+        Ok(Ok(copy)) => Ok(Some(copy)),
+        Ok(Err(NoF16::OutOfRange)) => {
+            tracing::info!("a weight is past fp16's range: cuBLASLt multiplies on bf16 hi+lo parts (twice the arithmetic)");
+            Ok(None)
+        }
+        Err(RocketError::DeviceMemory(why)) => {
+            tracing::warn!("no room for the fp16 copy of the weights, cuBLASLt multiplies on bf16 hi+lo parts (twice the arithmetic): {why}");
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 
