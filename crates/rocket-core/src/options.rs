@@ -93,10 +93,11 @@ choice! {
         /// The tensor-core GEMM (kernels/src/gemm_tc.cu) for every pass.
         Tensor = "tensor",
         /// NVIDIA's cuBLASLt (loaded at run time) for passes of at least
-        /// `CUBLAS_MIN_ROWS` (128) rows: prefill, ~1.8x faster at 4K tokens;
-        /// the activations go in as bf16 hi and lo parts, so the precision is
-        /// the tensor-core GEMM's. Shorter passes multiply as `auto` does.
-        /// Loading fails where cuBLASLt is not found.
+        /// `CUBLAS_MIN_ROWS` (128) rows: prefill. Its products take fp16
+        /// operands (an fp16 copy of the layers' matrices, made at load), or,
+        /// once a pass's activations leave fp16's range, the activations' bf16
+        /// hi and lo parts (backend/cuda/cublas.rs). Shorter passes multiply as
+        /// `auto` does. Loading fails where cuBLASLt is not found.
         Cublas = "cublas",
     }
 }
