@@ -583,7 +583,7 @@ impl CudaBackend {
             } else {
                 self.record_pass(inner, scratch, &shape)?;
             }
-            let Some(flag) = Self::f16_flag(inner, scratch, rows) else { break };
+            let Some(flag) = self.f16_flag(inner, scratch, rows) else { break };
             let mut overflowed = [0u32];
             flag.download(&inner.stream, 0, &mut overflowed)?;
             if overflowed[0] == 0 {
@@ -619,13 +619,13 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// The range flag of a pass of `rows` rows whose cuBLASLt products take fp16
-    /// operands (record_pass zeroes it first), else None.
-    fn f16_flag<'s>(inner: &Inner, scratch: &'s Scratch, rows: usize) -> Option<&'s DeviceBuffer> {
-        match (&inner.f16_weights, &scratch.f16_overflow) {
-            (Some(_), Some(flag)) if rows >= CUBLAS_MIN_ROWS => Some(flag),
-            _ => None,
-        }
+    /// The range flag of a pass of `rows` rows where a layer product takes
+    /// cuBLASLt on fp16 operands (record_pass zeroes it first), else None.
+    fn f16_flag<'s>(&self, inner: &Inner, scratch: &'s Scratch, rows: usize) -> Option<&'s DeviceBuffer> {
+        let (Some(_), Some(flag)) = (&inner.f16_weights, &scratch.f16_overflow) else { return None };
+        let on_cublas = |&(n, k): &(usize, usize)| matmul_kernel(self.options.matmul, inner.kernels.cublas.is_some(), rows, n, k) == ProductKernel::Cublas;
+        // The layer products (the LM head has no fp16 copy).
+        Scratch::matmul_shapes(&self.spec)[..4].iter().any(on_cublas).then_some(flag)
     }
 
     /// Launches one whole forward pass on the stream (also what a graph records).
@@ -640,7 +640,7 @@ impl CudaBackend {
         let row_map = sc.inputs.ptr + Scratch::row_map_offset(sc.rows) as u64;
         let split_index = if p.split_listed { sc.inputs.ptr + Scratch::split_rows_offset(sc.rows) as u64 } else { 0 };
         let tile_table = sc.inputs.ptr + Scratch::tiles_offset(sc.rows) as u64;
-        if let Some(flag) = Self::f16_flag(inner, sc, t) {
+        if let Some(flag) = self.f16_flag(inner, sc, t) {
             flag.fill_u8(st, 0)?;
         }
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
