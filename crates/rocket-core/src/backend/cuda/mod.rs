@@ -68,6 +68,8 @@ pub struct CudaInfo {
     pub module_load_seconds: f64,
     pub upload_seconds: f64,
     pub weight_bytes: usize,
+    /// Whether cuBLASLt loaded (`matmul cublas`, or `auto` where it is found).
+    pub cublas_loaded: bool,
     /// The fp16 copy of the layers' matrices for cuBLASLt (0: none).
     pub f16_weight_bytes: usize,
 }
@@ -417,6 +419,7 @@ impl CudaBackend {
             module_load_seconds: kernels.load_seconds,
             upload_seconds,
             weight_bytes: dev_weights.bytes,
+            cublas_loaded: kernels.cublas.is_some(),
             f16_weight_bytes: f16_weights.as_ref().map_or(0, |f| f.bytes),
         };
         tracing::info!(?info, "cuda backend ready");
@@ -815,7 +818,14 @@ impl Backend for CudaBackend {
 
     fn device_description(&self) -> String {
         let i = &self.info;
-        format!("{} (sm_{}{}, {} SMs, {})", i.device_name, i.compute_capability.0, i.compute_capability.1, i.sm_count, i.kernel_image)
+        // Which operands cuBLASLt's products took at load (a pass past fp16's range
+        // switches to the split later, with a warning in the log).
+        let cublas = match (i.cublas_loaded, i.f16_weight_bytes) {
+            (false, _) => "",
+            (true, 0) => ", cuBLASLt on bf16 hi+lo",
+            (true, _) => ", cuBLASLt on fp16",
+        };
+        format!("{} (sm_{}{}, {} SMs, {}{cublas})", i.device_name, i.compute_capability.0, i.compute_capability.1, i.sm_count, i.kernel_image)
     }
 
     fn copy_bandwidth_gbs(&self) -> Result<Option<f64>> {
