@@ -7,7 +7,7 @@
 // host redoes the pass on the bf16 hi+lo products. grid = ceil(n / 1024),
 // block = 256, 4 elements a thread.
 //
-// bf16_to_f16: the fp16 copy of a weight matrix, made once at load. Exact but for
+// bf16_to_f16: the fp16 copy of a weight matrix, made once. Exact but for
 // magnitudes below fp16's normal range (2^-14), which keep fewer bits; a weight
 // past its range sets *overflow, and the copy is not used. Same grid.
 #include "common.cuh"

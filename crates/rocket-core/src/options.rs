@@ -94,7 +94,8 @@ choice! {
         Tensor = "tensor",
         /// NVIDIA's cuBLASLt (loaded at run time) for passes of at least
         /// `CUBLAS_MIN_ROWS` (128) rows: prefill. Its products take fp16
-        /// operands (an fp16 copy of the layers' matrices, made at load), or,
+        /// operands (an fp16 copy of the layers' matrices, made at the first
+        /// pass that needs it), or,
         /// once a pass's activations leave fp16's range, the activations' bf16
         /// hi and lo parts (backend/cuda/cublas.rs). Shorter passes multiply as
         /// `auto` does. Loading fails where cuBLASLt is not found.

@@ -5,7 +5,7 @@
 //! GEMM does not.
 //!
 //! The inputs are fp16: the activations rounded once (kernels/src/to_f16.cu)
-//! and an fp16 copy of the layers' matrices made at load. fp16 keeps 11
+//! and an fp16 copy of the layers' matrices, made at the first pass that needs it. fp16 keeps 11
 //! significant bits where bf16 keeps 8 (on bf16 activations alone the logits of
 //! a tiny checkpoint were 1.1e-2 rel. L2 from the CPU reference, over the 1e-2
 //! bar; benches/precision_study.py puts fp16 operands within ~2e-4 of the bf16

@@ -184,15 +184,24 @@ impl CudaBackend {
         Ok((out, set[0] != 0))
     }
 
-    /// Which operands cuBLASLt's products take now: "fp16", "bf16 hi+lo" (no
-    /// fp16 copy, or a pass's activations left fp16's range), or "none" (no
-    /// cuBLASLt loaded).
+    /// Which operands cuBLASLt's products take now: "fp16" (the fp16 copy is
+    /// made, or will be at the first pass that needs it), "bf16 hi+lo" (a
+    /// weight or a pass's activations were past fp16's range, or there was no
+    /// room for the copy), or "none" (no cuBLASLt loaded).
     pub fn cublas_operands(&self) -> Result<&'static str> {
         let inner = self.lock()?;
-        Ok(match (&inner.kernels.cublas, &inner.f16_weights) {
+        Ok(match (&inner.kernels.cublas, &inner.f16) {
             (None, _) => "none",
-            (Some(_), Some(_)) => "fp16",
-            (Some(_), None) => "bf16 hi+lo",
+            (Some(_), super::F16Copy::NotYet | super::F16Copy::Ready(_)) => "fp16",
+            (Some(_), super::F16Copy::Off) => "bf16 hi+lo",
+        })
+    }
+
+    /// Bytes of the fp16 copy of the layers' matrices held now (0: none yet, or none).
+    pub fn f16_copy_bytes(&self) -> Result<usize> {
+        Ok(match &self.lock()?.f16 {
+            super::F16Copy::Ready(copy) => copy.bytes,
+            super::F16Copy::NotYet | super::F16Copy::Off => 0,
         })
     }
 }

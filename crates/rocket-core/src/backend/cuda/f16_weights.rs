@@ -1,6 +1,6 @@
 //! The fp16 copy of the layers' matrices that cuBLASLt's fp16 products read
-//! (backend/cuda/cublas.rs), converted on the device from the bf16 arena once
-//! at load. The LM head has none: its passes of 128 rows or more (all-position
+//! (backend/cuda/cublas.rs), converted on the device from the bf16 arena at the
+//! first pass that needs it. The LM head has none: its passes of 128 rows or more (all-position
 //! logits) keep the bf16 hi+lo products.
 
 use super::driver::{Context, DeviceBuffer, Stream};

@@ -70,8 +70,18 @@ pub struct CudaInfo {
     pub weight_bytes: usize,
     /// Whether cuBLASLt loaded (`matmul cublas`, or `auto` where it is found).
     pub cublas_loaded: bool,
-    /// The fp16 copy of the layers' matrices for cuBLASLt (0: none).
-    pub f16_weight_bytes: usize,
+}
+
+/// The fp16 copy of the layers' matrices that cuBLASLt's products read
+/// (cublas.rs): made at the first pass that has a product on cuBLASLt, so a
+/// model whose passes never reach it (short prompts, a small fuel under `auto`)
+/// keeps the memory, and the megakernel and KV caches get theirs first.
+enum F16Copy {
+    NotYet,
+    Ready(F16Weights),
+    /// For good: a weight or a pass's activations past fp16's range, or no room;
+    /// cuBLASLt multiplies on bf16 hi+lo parts.
+    Off,
 }
 
 /// Measured on the H200 with each kernel forced on the graph path: from 2 rows
@@ -136,9 +146,7 @@ struct Inner {
     /// keeps the decode graphs).
     prefill_partials: Option<PrefillPartials>,
     sampler: DeviceSampler,
-    /// The layers' matrices in fp16 for cuBLASLt's products (cublas.rs); dropped
-    /// for good when a pass's activations leave fp16's range.
-    f16_weights: Option<F16Weights>,
+    f16: F16Copy,
     weights: DeviceWeights,
     kernels: Kernels,
     host_inputs: PinnedBuffer,
@@ -276,7 +284,11 @@ impl Scratch {
                 false => None,
             },
             f16_overflow: match bf16_inputs {
-                true => Some(a(4, what)?),
+                true => {
+                    let flag = a(4, what)?;
+                    flag.fill_u8(st, 0)?;
+                    Some(flag)
+                }
                 false => None,
             },
         })
@@ -391,10 +403,6 @@ impl CudaBackend {
         let t = Instant::now();
         let dev_weights = DeviceWeights::upload(&ctx, &stream, &spec, weights, progress)?;
         let upload_seconds = t.elapsed().as_secs_f64();
-        let f16_weights = match &kernels.cublas {
-            Some(_) => fp16_copy(&ctx, &stream, &kernels, &spec, &dev_weights)?,
-            None => None,
-        };
         let new_megakernel = || Megakernel::new(&ctx, kernels.module(), &stream, &spec, &dev_weights, options.watchdog);
         let megakernel = match options.decode {
             DecodePath::Graph => None,
@@ -420,7 +428,6 @@ impl CudaBackend {
             upload_seconds,
             weight_bytes: dev_weights.bytes,
             cublas_loaded: kernels.cublas.is_some(),
-            f16_weight_bytes: f16_weights.as_ref().map_or(0, |f| f.bytes),
         };
         tracing::info!(?info, "cuda backend ready");
         let host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(1))?;
@@ -436,7 +443,7 @@ impl CudaBackend {
                 scratch: None,
                 prefill_partials: None,
                 sampler: DeviceSampler::default(),
-                f16_weights,
+                f16: F16Copy::NotYet,
                 weights: dev_weights,
                 kernels,
                 host_inputs,
@@ -569,6 +576,14 @@ impl CudaBackend {
         }
         scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
+        if matches!(inner.f16, F16Copy::NotYet) && self.layer_product_on_cublas(inner, rows) {
+            inner.f16 = match fp16_copy(&inner.ctx, &inner.stream, &inner.kernels, s, &inner.weights)? {
+                Some(copy) => F16Copy::Ready(copy),
+                None => F16Copy::Off,
+            };
+            // A graph recorded before has the products on the split.
+            inner.graphs.clear();
+        }
         // At most twice: a pass whose activations left fp16's range runs again on
         // the bf16 hi+lo products, with the fp16 copy gone for good. The rerun
         // rewrites every KV position the first run wrote before anything reads it.
@@ -596,7 +611,7 @@ impl CudaBackend {
                 rows,
                 "activations past fp16's range: this pass and every later one multiply on bf16 hi+lo parts (twice the arithmetic)"
             );
-            inner.f16_weights = None;
+            inner.f16 = F16Copy::Off;
             inner.graphs.clear();
         }
 
@@ -622,13 +637,19 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// The range flag of a pass of `rows` rows where a layer product takes
-    /// cuBLASLt on fp16 operands (record_pass zeroes it first), else None.
-    fn f16_flag<'s>(&self, inner: &Inner, scratch: &'s Scratch, rows: usize) -> Option<&'s DeviceBuffer> {
-        let (Some(_), Some(flag)) = (&inner.f16_weights, &scratch.f16_overflow) else { return None };
+    /// Whether one of a pass's layer products (not the LM head, which has no fp16
+    /// copy) takes cuBLASLt at `rows` rows.
+    fn layer_product_on_cublas(&self, inner: &Inner, rows: usize) -> bool {
         let on_cublas = |&(n, k): &(usize, usize)| matmul_kernel(self.options.matmul, inner.kernels.cublas.is_some(), rows, n, k) == ProductKernel::Cublas;
-        // The layer products (the LM head has no fp16 copy).
-        Scratch::matmul_shapes(&self.spec)[..4].iter().any(on_cublas).then_some(flag)
+        Scratch::matmul_shapes(&self.spec)[..4].iter().any(on_cublas)
+    }
+
+    /// The range flag of a pass of `rows` rows whose cuBLASLt products take fp16
+    /// operands, else None. Zeroed where the scratch is made: once set, the fp16
+    /// copy is gone for good and the flag is never read again.
+    fn f16_flag<'s>(&self, inner: &Inner, scratch: &'s Scratch, rows: usize) -> Option<&'s DeviceBuffer> {
+        let (F16Copy::Ready(_), Some(flag)) = (&inner.f16, &scratch.f16_overflow) else { return None };
+        self.layer_product_on_cublas(inner, rows).then_some(flag)
     }
 
     /// Launches one whole forward pass on the stream (also what a graph records).
@@ -643,13 +664,13 @@ impl CudaBackend {
         let row_map = sc.inputs.ptr + Scratch::row_map_offset(sc.rows) as u64;
         let split_index = if p.split_listed { sc.inputs.ptr + Scratch::split_rows_offset(sc.rows) as u64 } else { 0 };
         let tile_table = sc.inputs.ptr + Scratch::tiles_offset(sc.rows) as u64;
-        if let Some(flag) = self.f16_flag(inner, sc, t) {
-            flag.fill_u8(st, 0)?;
-        }
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
         for (li, l) in w.layers.iter().enumerate() {
             // The fp16 copies of this layer's matrices (0: none).
-            let w16 = inner.f16_weights.as_ref().map(|f| f.layers[li]);
+            let w16 = match &inner.f16 {
+                F16Copy::Ready(f) => Some(f.layers[li]),
+                F16Copy::NotYet | F16Copy::Off => None,
+            };
             let (qkv16, o16, gate_up16, down16) = w16.map_or((0, 0, 0, 0), |f| (f.qkv, f.o, f.gate_up, f.down));
             self.normed_matmul(k, st, sc, l.attn_norm, [l.qkv, qkv16], sc.qkv.ptr, qd + 2 * kvd, t, false)?;
             k.rope_kv(st, sc.qkv.ptr, w.inv_freq, l.q_norm, l.k_norm, eps, meta, s.num_heads, s.num_kv_heads, li, nl, t)?;
@@ -761,7 +782,10 @@ impl CudaBackend {
 /// weight is past fp16's range or the device has no room for it.
 fn fp16_copy(ctx: &Context, stream: &Stream, kernels: &Kernels, spec: &ModelSpec, weights: &DeviceWeights) -> Result<Option<F16Weights>> {
     match F16Weights::convert(ctx, stream, kernels, spec, weights) {
-        Ok(Ok(copy)) => Ok(Some(copy)),
+        Ok(Ok(copy)) => {
+            tracing::info!(bytes = copy.bytes, "fp16 copy of the layers' matrices made for cuBLASLt's products");
+            Ok(Some(copy))
+        }
         Ok(Err(NoF16::OutOfRange)) => {
             tracing::info!("a weight is past fp16's range: cuBLASLt multiplies on bf16 hi+lo parts (twice the arithmetic)");
             Ok(None)
@@ -818,13 +842,7 @@ impl Backend for CudaBackend {
 
     fn device_description(&self) -> String {
         let i = &self.info;
-        // Which operands cuBLASLt's products took at load (a pass past fp16's range
-        // switches to the split later, with a warning in the log).
-        let cublas = match (i.cublas_loaded, i.f16_weight_bytes) {
-            (false, _) => "",
-            (true, 0) => ", cuBLASLt on bf16 hi+lo",
-            (true, _) => ", cuBLASLt on fp16",
-        };
+        let cublas = if i.cublas_loaded { ", cuBLASLt" } else { "" };
         format!("{} (sm_{}{}, {} SMs, {}{cublas})", i.device_name, i.compute_capability.0, i.compute_capability.1, i.sm_count, i.kernel_image)
     }
 
