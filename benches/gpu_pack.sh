@@ -2,8 +2,8 @@
 # Builds, on the CPU machine, everything one GPU-machine session needs into
 # .device-carry/ (ignored by git; name it in the device tool's `carry`):
 #   bin/rocket                  the CLI (rocket bench), release build
-#   cuda-test                   crates/rocket-core/tests/cuda.rs (CUDA backend vs CPU reference)
-#   cuda-megakernel-test        crates/rocket-core/tests/cuda_megakernel.rs
+#   cuda-test.xz                crates/rocket-core/tests/cuda.rs (CUDA backend vs CPU reference)
+#   cuda-megakernel-test.xz     crates/rocket-core/tests/cuda_megakernel.rs
 #   cuda-prod-path-test.xz      crates/rocket-core/tests/cuda_prod_path.rs (graph prefill, then
 #                               megakernel decode across launches, against the CPU reference)
 #                               (the three built with rocket-core's `diagnostics` feature: the probes,
@@ -41,7 +41,7 @@ cp "$(test_binary cuda_prod_path)" "$OUT/cuda-prod-path-test"
 cargo build --release --locked -p rocket-core --features diagnostics --example logits_at
 cp target/release/examples/logits_at "$OUT/logits-at"
 strip "$OUT/bin/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/logits-at"
-xz -f -T0 "$OUT/cuda-prod-path-test" "$OUT/logits-at"
+xz -f -T0 "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/logits-at"
 
 ls "$OUT"/wheels/gguf-0.19.0-*.whl > /dev/null 2>&1 || python3 -m pip download -q --no-deps gguf==0.19.0 -d "$OUT/wheels"
 

@@ -133,13 +133,13 @@ if has tests; then
     # The tests pick their paths themselves (the greedy test asserts batched == solo
     # bit for bit on the graph path with each fixed matmul kernel).
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
-        timeout 300 "$CARRY/cuda-test" --include-ignored --test-threads=1 --nocapture --skip handoff_probe --skip cublas_matmul ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
+        timeout 300 "$(unpacked cuda-test)" --include-ignored --test-threads=1 --nocapture --skip handoff_probe --skip cublas_matmul ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
     check "cuda tests" $?
     grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|FENCE|test result|FAILED|panicked" "$LOGS/cuda-test.log"
 fi
 
 if has handoff; then
-    ROCKET_FIXTURES=$PWD/tests/parity/fixtures timeout 120 "$CARRY/cuda-test" --include-ignored --exact --nocapture \
+    ROCKET_FIXTURES=$PWD/tests/parity/fixtures timeout 120 "$(unpacked cuda-test)" --include-ignored --exact --nocapture \
         handoff_probe_times_each_protocol_beside_the_weight_stream > "$LOGS/handoff.log" 2>&1
     check "hand-off probe" $?
     grep -E "HANDOFF|test result|FAILED|panicked" "$LOGS/handoff.log"
@@ -148,7 +148,7 @@ fi
 if has mk; then
     # The tests load the megakernel (and the GEMV for the graph path's side) themselves.
     ROCKET_GPU_CHECKPOINTS=$CKPTS \
-        timeout "${MK_TIMEOUT:-420}" "$CARRY/cuda-megakernel-test" --include-ignored --test-threads=1 --nocapture ${MK_FILTER:-} > "$LOGS/mk-test.log" 2>&1
+        timeout "${MK_TIMEOUT:-420}" "$(unpacked cuda-megakernel-test)" --include-ignored --test-threads=1 --nocapture ${MK_FILTER:-} > "$LOGS/mk-test.log" 2>&1
     check "megakernel tests" $?
     grep -E "MK-|test result|FAILED|panicked|error" "$LOGS/mk-test.log" | grep -v "MK-PROFILE.*|" | head -40
 fi
@@ -201,7 +201,7 @@ fi
 CUBLAS_LIB=${CUBLAS_LIB:-/usr/local/cuda/lib64}
 if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (CUBLAS lines), then TTFT and batch 16
     LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_FIXTURES=$PWD/tests/parity/fixtures \
-        ROCKET_GPU_CHECKPOINTS=$CK/qwen3-0.6b,$CK/llama-3.2-1b timeout 300 "$CARRY/cuda-test" --include-ignored --exact --nocapture \
+        ROCKET_GPU_CHECKPOINTS=$CK/qwen3-0.6b,$CK/llama-3.2-1b timeout 300 "$(unpacked cuda-test)" --include-ignored --exact --nocapture \
         cublas_matmul_matches_the_host_and_the_reference > "$LOGS/cublas.log" 2>&1
     check "cublas checks" $?
     grep -E "CUBLAS|test result|FAILED|panicked" "$LOGS/cublas.log"
@@ -280,7 +280,7 @@ if has sanitize; then
         shift 4
         # ROCKET_WATCHDOG_MS: the megakernel test's watchdog, long enough for the sanitizer's pace.
         ROCKET_WATCHDOG_MS=120000 ROCKET_GPU_CHECKPOINTS=$ckpts ROCKET_MK_PROMPTS=1 \
-            timeout "${SANITIZE_TIMEOUT:-240}" "$SAN" --tool "$tool" "$@" "$CARRY/cuda-megakernel-test" --include-ignored \
+            timeout "${SANITIZE_TIMEOUT:-240}" "$SAN" --tool "$tool" "$@" "$(unpacked cuda-megakernel-test)" --include-ignored \
             --test-threads=1 --nocapture "$test" > "$LOGS/sanitize-$name.log" 2>&1
         rc=$?
         summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$name.log" | tail -1)
