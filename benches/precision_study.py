@@ -19,7 +19,9 @@ arithmetic that emulates what a GPU prefill path rounds:
 - `kv+act16`, `kv+attn16`, `kv+act16+attn16`: the same roundings to fp16 instead of bf16
   (an fp16 tensor-core product: 11 significant bits instead of 8, at the same rate). The
   matrix products' weights are rounded to fp16 too (bf16 weights convert exactly but for
-  magnitudes below fp16's normal range), as are the attention's keys and values.
+  magnitudes below fp16's normal range), as are the attention's keys and values;
+- `kv+act16+attn`: fp16 products with bf16 attention operands (bf16 queries and weights
+  against the bf16 cache: no conversion of the keys and values).
 
 Per mode it prints the logits' relative L2 distance from the fp32 run (over every
 position, and the worst position) and the share of positions whose top-1 token agrees.
@@ -135,6 +137,7 @@ MODES = [
     ("kv+act16", True, ALL, FP16, False, BF16),
     ("kv+attn16", True, frozenset(), BF16, True, FP16),
     ("kv+act16+attn16", True, ALL, FP16, True, FP16),
+    ("kv+act16+attn", True, ALL, FP16, True, BF16),
 ] + [(f"kv+act[{p}]", True, frozenset([p]), BF16, False, BF16) for p in ("qkv", "o", "gate_up", "down", "lm_head")]
 
 
