@@ -51,10 +51,6 @@ def load_make_checkpoint():
     return mod
 
 
-def bf16(x):
-    return x.to(torch.bfloat16).to(x.dtype)
-
-
 def rounded(x, dtype):
     return x.to(dtype).to(x.dtype)
 
@@ -77,7 +73,7 @@ PRODUCTS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "o_proj": "o", "g
 def emulated_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Causal GQA attention with the rounding of `Rounding`; fp32 scores and softmax."""
     if Rounding.kv:
-        key, value = bf16(key), bf16(value)
+        key, value = rounded(key, torch.bfloat16), rounded(value, torch.bfloat16)
     if Rounding.attn:
         query = rounded(query, Rounding.attn_dtype)
         key, value = rounded(key, Rounding.attn_dtype), rounded(value, Rounding.attn_dtype)
@@ -96,12 +92,14 @@ def emulated_attention(module, query, key, value, attention_mask, scaling=None, 
     return out.transpose(1, 2).contiguous(), probs
 
 
-def emulated_linear(module, args, output):
-    """The product again from rounded operands (bf16 weights are bf16 already)."""
-    if module.rocket_product not in Rounding.act:
-        return None
-    weight = module.weight if Rounding.act_dtype == torch.bfloat16 else rounded(module.weight, Rounding.act_dtype)
-    return torch.nn.functional.linear(rounded(args[0], Rounding.act_dtype), weight, module.bias)
+def emulated_linear(module, x):
+    """A Linear's forward with the operands `Rounding` asks for (bf16 weights are bf16 already)."""
+    weight = module.weight
+    if module.rocket_product in Rounding.act:
+        x = rounded(x, Rounding.act_dtype)
+        if Rounding.act_dtype != torch.bfloat16:
+            weight = rounded(weight, Rounding.act_dtype)
+    return torch.nn.functional.linear(x, weight, module.bias)
 
 
 def build(fuel, seed, mc):
@@ -121,7 +119,7 @@ def build(fuel, seed, mc):
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear):
             m.rocket_product = PRODUCTS[name.rsplit(".", 1)[-1]]
-            m.register_forward_hook(emulated_linear)
+            m.forward = emulated_linear.__get__(m)
     return model, cfg_dict["vocab_size"]
 
 
@@ -153,11 +151,11 @@ def main():
     unknown = [f for f in fuels if f not in mc.FUELS]
     if unknown:
         ap.error(f"unknown fuel(s) {', '.join(unknown)}; choose from {', '.join(sorted(mc.FUELS))}")
-    names = [m[0] for m in MODES]
-    bad = [m for m in args.modes.split(",") if m not in names[1:]]
+    names, asked = [m[0] for m in MODES[1:]], args.modes.split(",")
+    bad = [m for m in asked if m not in names]
     if bad:
-        ap.error(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(names[1:])}")
-    modes = [MODES[0]] + [m for m in MODES[1:] if m[0] in args.modes.split(",")]
+        ap.error(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(names)}")
+    modes = [MODES[0]] + [m for m in MODES[1:] if m[0] in asked]
     if args.tokens < 1:
         ap.error(f"--tokens must be at least 1, got {args.tokens}")
     ALL_ATTENTION_FUNCTIONS.register("rocket_emulated", emulated_attention)
