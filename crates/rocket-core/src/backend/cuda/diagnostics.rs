@@ -4,7 +4,8 @@
 //! conversions of cuBLASLt's operands. The product decodes through
 //! `Backend::decode_loop` and `forward_sample` instead.
 
-use super::driver::DeviceBuffer;
+use super::driver::{DeviceBuffer, Stream};
+use super::kernels::Kernels;
 use super::megakernel::{Launch, Megakernel, MAX_LOOP_STEPS};
 use super::{own_session, CudaBackend, CudaSession};
 use crate::backend::{Backend, LoopRequest, SampleRequest, Session};
@@ -155,29 +156,25 @@ impl CudaBackend {
     /// to_f16.cu's `to_f16` on `values`: their fp16 bits and whether the range
     /// flag was set.
     pub fn to_f16_on_device(&self, values: &[f32]) -> Result<(Vec<u16>, bool)> {
-        let inner = self.lock()?;
-        let (ctx, st) = (&inner.ctx, &inner.stream);
-        let x = DeviceBuffer::with_data(ctx, st, values, "the conversion check's inputs")?;
-        let y = DeviceBuffer::with_data(ctx, st, &vec![0xffffu16; values.len()], "the conversion check's outputs")?;
-        let flag = DeviceBuffer::with_data(ctx, st, &[0u32], "the conversion check's flag")?;
-        inner.kernels.to_f16(st, x.ptr, y.ptr, values.len(), flag.ptr)?;
-        Self::conversion_results(st, &y, &flag, values.len())
+        self.conversion_on_device(values, Kernels::to_f16)
     }
 
     /// to_f16.cu's `bf16_to_f16` on bf16 `bits`: their fp16 bits and whether the
     /// range flag was set.
     pub fn bf16_to_f16_on_device(&self, bits: &[u16]) -> Result<(Vec<u16>, bool)> {
-        let inner = self.lock()?;
-        let (ctx, st) = (&inner.ctx, &inner.stream);
-        let x = DeviceBuffer::with_data(ctx, st, bits, "the conversion check's inputs")?;
-        let y = DeviceBuffer::with_data(ctx, st, &vec![0xffffu16; bits.len()], "the conversion check's outputs")?;
-        let flag = DeviceBuffer::with_data(ctx, st, &[0u32], "the conversion check's flag")?;
-        inner.kernels.bf16_to_f16(st, x.ptr, y.ptr, bits.len(), flag.ptr)?;
-        Self::conversion_results(st, &y, &flag, bits.len())
+        self.conversion_on_device(bits, Kernels::bf16_to_f16)
     }
 
-    fn conversion_results(st: &super::driver::Stream, y: &DeviceBuffer, flag: &DeviceBuffer, n: usize) -> Result<(Vec<u16>, bool)> {
-        let mut out = vec![0u16; n];
+    /// One of to_f16.cu's conversions (`convert(stream, x, y, n, flag)`) on `input`,
+    /// into outputs poisoned with 0xffff.
+    fn conversion_on_device<T: Copy>(&self, input: &[T], convert: impl Fn(&Kernels, &Stream, u64, u64, usize, u64) -> Result<()>) -> Result<(Vec<u16>, bool)> {
+        let inner = self.lock()?;
+        let (ctx, st) = (&inner.ctx, &inner.stream);
+        let x = DeviceBuffer::with_data(ctx, st, input, "the conversion check's inputs")?;
+        let y = DeviceBuffer::with_data(ctx, st, &vec![0xffffu16; input.len()], "the conversion check's outputs")?;
+        let flag = DeviceBuffer::with_data(ctx, st, &[0u32], "the conversion check's flag")?;
+        convert(&inner.kernels, st, x.ptr, y.ptr, input.len(), flag.ptr)?;
+        let mut out = vec![0u16; input.len()];
         y.download(st, 0, &mut out)?;
         let mut set = [0u32];
         flag.download(st, 0, &mut set)?;
@@ -192,16 +189,13 @@ impl CudaBackend {
         let inner = self.lock()?;
         Ok(match (&inner.kernels.cublas, &inner.f16) {
             (None, _) => "none",
-            (Some(_), super::F16Copy::NotYet | super::F16Copy::Ready(_)) => "fp16",
             (Some(_), super::F16Copy::Off) => "bf16 hi+lo",
+            (Some(_), super::F16Copy::NotYet | super::F16Copy::Ready(_)) => "fp16",
         })
     }
 
     /// Bytes of the fp16 copy of the layers' matrices held now (0: none yet, or none).
     pub fn f16_copy_bytes(&self) -> Result<usize> {
-        Ok(match &self.lock()?.f16 {
-            super::F16Copy::Ready(copy) => copy.bytes,
-            super::F16Copy::NotYet | super::F16Copy::Off => 0,
-        })
+        Ok(self.lock()?.f16.ready().map_or(0, |copy| copy.bytes))
     }
 }

@@ -27,13 +27,6 @@ pub(crate) struct F16Weights {
     pub layers: Vec<F16Layer>,
 }
 
-/// Why a model has no fp16 copy.
-#[derive(Debug)]
-pub(crate) enum NoF16 {
-    /// A weight's magnitude is past fp16's largest (65,504).
-    OutOfRange,
-}
-
 impl F16Weights {
     /// Element counts of one layer's matrices, in `F16Layer`'s order.
     fn layer_shapes(s: &ModelSpec) -> [usize; 4] {
@@ -46,7 +39,8 @@ impl F16Weights {
         s.num_layers * Self::layer_shapes(s).iter().map(|&n| (2 * n).next_multiple_of(ALIGN)).sum::<usize>()
     }
 
-    pub(crate) fn convert(ctx: &Context, stream: &Stream, kernels: &Kernels, s: &ModelSpec, w: &DeviceWeights) -> Result<std::result::Result<Self, NoF16>> {
+    /// The copy, or None where a weight's magnitude is past fp16's largest (65,504).
+    pub(crate) fn convert(ctx: &Context, stream: &Stream, kernels: &Kernels, s: &ModelSpec, w: &DeviceWeights) -> Result<Option<Self>> {
         let bytes = Self::bytes_for(s);
         let arena = DeviceBuffer::alloc(ctx, bytes, "the fp16 copy of the layers' matrices")?;
         let overflow = DeviceBuffer::with_data(ctx, stream, &[0u32], "the fp16 copy's range flag")?;
@@ -64,10 +58,7 @@ impl F16Weights {
         }
         let mut flag = [0u32];
         overflow.download(stream, 0, &mut flag)?;
-        if flag[0] != 0 {
-            return Ok(Err(NoF16::OutOfRange));
-        }
-        Ok(Ok(F16Weights { _arena: arena, bytes, layers }))
+        Ok((flag[0] == 0).then_some(F16Weights { _arena: arena, bytes, layers }))
     }
 }
 

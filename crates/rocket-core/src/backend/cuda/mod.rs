@@ -42,7 +42,7 @@ use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
 use crate::progress::LoadProgress;
 use crate::sampling::SamplingParams;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
-use f16_weights::{F16Weights, NoF16};
+use f16_weights::F16Weights;
 use kernels::{argmax_state_bytes, prefill_group_tiles, prefill_partial_floats, prefill_splits, GemmFusion, GemmPlan, GemmScratch, Kernels, PREFILL_TILE};
 use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
 use sampler::DeviceSampler;
@@ -82,6 +82,15 @@ enum F16Copy {
     /// For good: a weight or a pass's activations past fp16's range, or no room;
     /// cuBLASLt multiplies on bf16 hi+lo parts.
     Off,
+}
+
+impl F16Copy {
+    fn ready(&self) -> Option<&F16Weights> {
+        match self {
+            F16Copy::Ready(copy) => Some(copy),
+            F16Copy::NotYet | F16Copy::Off => None,
+        }
+    }
 }
 
 /// Measured on the H200 with each kernel forced on the graph path: from 2 rows
@@ -648,8 +657,8 @@ impl CudaBackend {
     /// operands, else None. Zeroed where the scratch is made: once set, the fp16
     /// copy is gone for good and the flag is never read again.
     fn f16_flag<'s>(&self, inner: &Inner, scratch: &'s Scratch, rows: usize) -> Option<&'s DeviceBuffer> {
-        let (F16Copy::Ready(_), Some(flag)) = (&inner.f16, &scratch.f16_overflow) else { return None };
-        self.layer_product_on_cublas(inner, rows).then_some(flag)
+        let flag = scratch.f16_overflow.as_ref()?;
+        (inner.f16.ready().is_some() && self.layer_product_on_cublas(inner, rows)).then_some(flag)
     }
 
     /// Launches one whole forward pass on the stream (also what a graph records).
@@ -667,11 +676,10 @@ impl CudaBackend {
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
         for (li, l) in w.layers.iter().enumerate() {
             // The fp16 copies of this layer's matrices (0: none).
-            let w16 = match &inner.f16 {
-                F16Copy::Ready(f) => Some(f.layers[li]),
-                F16Copy::NotYet | F16Copy::Off => None,
-            };
-            let (qkv16, o16, gate_up16, down16) = w16.map_or((0, 0, 0, 0), |f| (f.qkv, f.o, f.gate_up, f.down));
+            let (qkv16, o16, gate_up16, down16) = inner.f16.ready().map_or((0, 0, 0, 0), |f| {
+                let l = f.layers[li];
+                (l.qkv, l.o, l.gate_up, l.down)
+            });
             self.normed_matmul(k, st, sc, l.attn_norm, [l.qkv, qkv16], sc.qkv.ptr, qd + 2 * kvd, t, false)?;
             k.rope_kv(st, sc.qkv.ptr, w.inv_freq, l.q_norm, l.k_norm, eps, meta, s.num_heads, s.num_kv_heads, li, nl, t)?;
             if p.split_rows > 0 {
@@ -782,11 +790,11 @@ impl CudaBackend {
 /// weight is past fp16's range or the device has no room for it.
 fn fp16_copy(ctx: &Context, stream: &Stream, kernels: &Kernels, spec: &ModelSpec, weights: &DeviceWeights) -> Result<Option<F16Weights>> {
     match F16Weights::convert(ctx, stream, kernels, spec, weights) {
-        Ok(Ok(copy)) => {
+        Ok(Some(copy)) => {
             tracing::info!(bytes = copy.bytes, "fp16 copy of the layers' matrices made for cuBLASLt's products");
             Ok(Some(copy))
         }
-        Ok(Err(NoF16::OutOfRange)) => {
+        Ok(None) => {
             tracing::info!("a weight is past fp16's range: cuBLASLt multiplies on bf16 hi+lo parts (twice the arithmetic)");
             Ok(None)
         }
