@@ -61,6 +61,15 @@ __device__ __forceinline__ void unpack8(uint4 w, float* out) {
     }
 }
 
+// v rounded to fp16 (to nearest even, as half::f16::from_f32); a finite v that
+// rounds past fp16's range (|v| >= 65520) sets `over` (to_f16.cu).
+__device__ __forceinline__ uint16_t f32_to_f16(float v, bool& over) {
+    uint16_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    over |= (h & 0x7fffu) == 0x7c00u && isfinite(v);
+    return h;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, HandoffMode, MatmulFusion, MatmulKernel};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, FusedF16, HandoffMode, MatmulFusion, MatmulKernel};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
 use rocket_core::{DecodePath, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, SamplingParams};
@@ -769,6 +769,46 @@ fn fp16_conversions_round_as_the_host_and_flag_values_past_the_range() {
     assert!(flagged, "bf16_to_f16 of 1e5 did not set the range flag");
 }
 
+/// The norm and SiLU·mul writing cuBLASLt's fp16 operands themselves
+/// (rms_norm_f16, silu_mul_f16) give the bits of rms_norm / silu_mul followed by
+/// to_f16, and set the range flag exactly where to_f16 does: random rows at
+/// Llama-3.2-1B's widths, then the same rows with values past fp16's range (a
+/// norm weight of 1e6; one gate and up pair of 300, SiLU·mul ~9e4).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn fused_fp16_outputs_are_the_bits_of_the_separate_rounding() {
+    require_gpu();
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    let rows = 37;
+    for (op, dim) in [(FusedF16::RmsNorm, 2048usize), (FusedF16::SiluMul, 8192)] {
+        for past in [false, true] {
+            let width = if op == FusedF16::RmsNorm { dim } else { 2 * dim };
+            let mut input = random_values(0xf05e + dim as u64, rows * width, 6.0);
+            let mut weights = if op == FusedF16::RmsNorm { random_values(0x3e1, dim, 1.5) } else { Vec::new() };
+            if past {
+                match op {
+                    FusedF16::RmsNorm => weights[5] = 1.0e6,
+                    FusedF16::SiluMul => (input[3 * width + 7], input[3 * width + dim + 7]) = (300.0, 300.0),
+                }
+            }
+            let c = gpu.fused_f16_on_device(op, &input, &weights, dim, rows).unwrap();
+            let differ = c.fused.iter().zip(&c.separate).filter(|(a, b)| a != b).count();
+            let poison = c.fused.iter().filter(|&&b| b == 0xffff).count();
+            println!(
+                "F16-FUSED {op:?} {rows}x{dim}, values past the range {past}: {differ} of {} differ from the separate rounding, \
+                 {poison} left unwritten, range flag fused {} separate {}",
+                c.fused.len(),
+                c.fused_flag,
+                c.separate_flag
+            );
+            assert_eq!(poison, 0, "{op:?}: outputs never written");
+            assert_eq!(differ, 0, "{op:?}: the fused fp16 output differs from rounding the f32 output");
+            assert_eq!(c.separate_flag, past, "{op:?}: to_f16's flag, values past the range {past}");
+            assert_eq!(c.fused_flag, c.separate_flag, "{op:?}: the fused kernel's range flag differs from to_f16's");
+        }
+    }
+}
+
 /// cuBLASLt's fp16 products where activations leave fp16's range: a checkpoint
 /// whose MLP norm has one weight of 1e6 puts the gate|up input past 65,504 in a
 /// 160-row pass; that pass must be redone on bf16 hi+lo parts (the operands the
@@ -788,11 +828,11 @@ fn fp16_products_redo_a_pass_past_the_range_on_bf16_parts() {
         if let Some(v) = big {
             weights.layers[0].mlp_norm[5] = v;
         }
-        let backend = |matmul| {
-            let opts = GpuOptions { decode: DecodePath::Graph, matmul, ..GpuOptions::default() };
+        let backend = |matmul, fuse| {
+            let opts = GpuOptions { decode: DecodePath::Graph, matmul, fuse, ..GpuOptions::default() };
             CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
         };
-        let (lt, tc) = (backend(MatmulPath::Cublas), backend(MatmulPath::Tensor));
+        let (lt, tc) = (backend(MatmulPath::Cublas, true), backend(MatmulPath::Tensor, true));
         let ids = random_ids(11, 160, spec.vocab_size);
         let next = [random_ids(12, 1, spec.vocab_size)[0]];
         let before = lt.cublas_operands().unwrap();
@@ -807,12 +847,17 @@ fn fp16_products_redo_a_pass_past_the_range_on_bf16_parts() {
         let got = logits(&lt);
         let (after, copy) = (lt.cublas_operands().unwrap(), lt.f16_copy_bytes().unwrap());
         let want = logits(&tc);
+        // Unfused, the norm and SiLU·mul write f32 and to_f16 rounds it: the same bits.
+        let unfused = logits(&backend(MatmulPath::Cublas, false));
+        let fused_differ = got.iter().zip(&unfused).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         let rel = rel_l2(&got, &want);
         let step = rel_l2(&got[160 * spec.vocab_size..], &want[160 * spec.vocab_size..]);
         println!(
             "F16-RANGE mlp norm weight {big:?}: operands {before} -> {after} (fp16 copy {copy} bytes), logits rel L2 {rel:.3e} \
-             (decode step after {step:.3e}) against the tensor-core GEMM (160 positions)"
+             (decode step after {step:.3e}) against the tensor-core GEMM (160 positions); {fused_differ} logits differ \
+             between the fused and the separate fp16 rounding"
         );
+        assert_eq!(fused_differ, 0, "mlp norm weight {big:?}: the fused fp16 operands changed the logits");
         assert_eq!(before, "fp16", "cuBLASLt without fp16 operands at load");
         assert!(got.iter().all(|v| v.is_finite()), "mlp norm weight {big:?}: non-finite logits");
         if big.is_some() {

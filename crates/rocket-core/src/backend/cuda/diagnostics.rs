@@ -16,6 +16,23 @@ use crate::megakernel::{MegakernelError, Profile};
 /// and the launch's steps the one-CTA sampler picked.
 pub type SampledLoop = (Vec<u32>, Vec<f32>, usize);
 
+/// The kernels with an fp16 output of their own (`fused_f16_on_device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedF16 {
+    RmsNorm,
+    SiluMul,
+}
+
+/// `fused_f16_on_device`'s result: the fused kernel's fp16 bits and range flag,
+/// and those of the f32 kernel followed by to_f16.
+#[derive(Debug, Clone)]
+pub struct FusedF16Check {
+    pub fused: Vec<u16>,
+    pub separate: Vec<u16>,
+    pub fused_flag: bool,
+    pub separate_flag: bool,
+}
+
 impl CudaBackend {
     /// The fuel whose megakernel decodes at batch 1, or None (CUDA-graph path).
     pub fn megakernel_fuel(&self) -> Result<Option<&'static str>> {
@@ -179,6 +196,51 @@ impl CudaBackend {
         let mut set = [0u32];
         flag.download(st, 0, &mut set)?;
         Ok((out, set[0] != 0))
+    }
+
+    /// The fused fp16 outputs against the separate rounding, on the device:
+    /// `rows` rows of `input` (RmsNorm: x [rows][dim] with the norm weights
+    /// `weights` [dim]; SiluMul: gate|up [rows][2 dim], `weights` unused) through
+    /// rms_norm_f16 / silu_mul_f16, and through rms_norm / silu_mul then to_f16.
+    /// Outputs are poisoned with 0xffff.
+    pub fn fused_f16_on_device(&self, op: FusedF16, input: &[f32], weights: &[f32], dim: usize, rows: usize) -> Result<FusedF16Check> {
+        let width = match op {
+            FusedF16::RmsNorm => dim,
+            FusedF16::SiluMul => 2 * dim,
+        };
+        if input.len() != rows * width || (op == FusedF16::RmsNorm && weights.len() != dim) {
+            return Err(RocketError::Internal(format!("fused_f16_on_device: {} inputs, {} weights for {rows} rows of {dim}", input.len(), weights.len())));
+        }
+        let inner = self.lock()?;
+        let (ctx, st, k) = (&inner.ctx, &inner.stream, &inner.kernels);
+        let n = rows * dim;
+        let x = DeviceBuffer::with_data(ctx, st, input, "the fused fp16 check's inputs")?;
+        let w = DeviceBuffer::with_data(ctx, st, if weights.is_empty() { &[0.0f32][..] } else { weights }, "the fused fp16 check's weights")?;
+        let wide = DeviceBuffer::with_data(ctx, st, &vec![f32::NAN; n], "the fused fp16 check's f32 outputs")?;
+        let poisoned = || DeviceBuffer::with_data(ctx, st, &vec![0xffffu16; n], "the fused fp16 check's outputs");
+        let (fused, separate) = (poisoned()?, poisoned()?);
+        let flags = DeviceBuffer::with_data(ctx, st, &[0u32; 2], "the fused fp16 check's flags")?;
+        let eps = 1e-6;
+        match op {
+            FusedF16::RmsNorm => {
+                k.rms_norm_f16(st, x.ptr, w.ptr, fused.ptr, dim, eps, rows, flags.ptr)?;
+                k.rms_norm(st, x.ptr, w.ptr, wide.ptr, dim, eps, 0, rows)?;
+            }
+            FusedF16::SiluMul => {
+                k.silu_mul_f16(st, x.ptr, fused.ptr, dim, rows, flags.ptr)?;
+                k.silu_mul(st, x.ptr, wide.ptr, dim, rows)?;
+            }
+        }
+        k.to_f16(st, wide.ptr, separate.ptr, n, flags.ptr + 4)?;
+        let download = |b: &DeviceBuffer| -> Result<Vec<u16>> {
+            let mut out = vec![0u16; n];
+            b.download(st, 0, &mut out)?;
+            Ok(out)
+        };
+        let (fused, separate) = (download(&fused)?, download(&separate)?);
+        let mut set = [0u32; 2];
+        flags.download(st, 0, &mut set)?;
+        Ok(FusedF16Check { fused, separate, fused_flag: set[0] != 0, separate_flag: set[1] != 0 })
     }
 
     /// Which operands cuBLASLt's products take now: "fp16" (the fp16 copy is

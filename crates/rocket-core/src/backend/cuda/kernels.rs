@@ -171,6 +171,7 @@ pub(crate) struct Kernels {
     sms: usize,
     embed: Function,
     rms_norm: Function,
+    rms_norm_f16: Function,
     gemv: [Function; 5],
     rope_kv: Function,
     attn_partial: Function,
@@ -178,6 +179,7 @@ pub(crate) struct Kernels {
     attn_prefill: Function,
     attn_prefill_merge: Function,
     silu_mul: Function,
+    silu_mul_f16: Function,
     to_bf16_split: Function,
     to_f16: Function,
     bf16_to_f16: Function,
@@ -224,6 +226,7 @@ impl Kernels {
             sms: ctx.sm_count.max(1) as usize,
             embed: f("embed_gather")?,
             rms_norm: f("rms_norm")?,
+            rms_norm_f16: f("rms_norm_f16")?,
             gemv,
             rope_kv: f("rope_store_kv")?,
             attn_partial: f(&format!("attn_partial_hd{head_dim}"))?,
@@ -236,6 +239,7 @@ impl Kernels {
             },
             attn_prefill_merge: f(&format!("attn_prefill_merge_hd{head_dim}"))?,
             silu_mul: f("silu_mul")?,
+            silu_mul_f16: f("silu_mul_f16")?,
             to_bf16_split: f("to_bf16_split")?,
             to_f16: f("to_f16")?,
             bf16_to_f16: f("bf16_to_f16")?,
@@ -267,9 +271,22 @@ impl Kernels {
     /// `row_map` 0 means output row i normalises input row i.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rms_norm(&self, s: &Stream, x: u64, w: u64, out: u64, dim: usize, eps: f32, row_map: u64, rows: usize) -> Result<()> {
-        let block = dim.div_ceil(32).clamp(1, 32) as u32 * 32;
         let args = [Arg::Ptr(x), Arg::Ptr(w), Arg::Ptr(out), Arg::I32(dim as i32), Arg::F32(eps), Arg::Ptr(row_map)];
-        self.go(&self.rms_norm, s, (rows as u32, 1, 1), block.min(256), 0, &args)
+        self.go(&self.rms_norm, s, (rows as u32, 1, 1), Self::rms_norm_block(dim), 0, &args)
+    }
+
+    /// rms_norm's values rounded to fp16 (the bits of `rms_norm` then `to_f16`),
+    /// for a cuBLASLt product on fp16 operands; a finite value past fp16's range
+    /// sets the u32 at `overflow` (rms_norm.cu).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rms_norm_f16(&self, s: &Stream, x: u64, w: u64, out: u64, dim: usize, eps: f32, rows: usize, overflow: u64) -> Result<()> {
+        let args = [Arg::Ptr(x), Arg::Ptr(w), Arg::Ptr(out), Arg::I32(dim as i32), Arg::F32(eps), Arg::Ptr(overflow)];
+        self.go(&self.rms_norm_f16, s, (rows as u32, 1, 1), Self::rms_norm_block(dim), 0, &args)
+    }
+
+    /// A warp per 32 elements of a row, 1 to 8 warps.
+    fn rms_norm_block(dim: usize) -> u32 {
+        (dim.div_ceil(32).clamp(1, 32) as u32 * 32).min(256)
     }
 
     /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ.
@@ -481,6 +498,14 @@ impl Kernels {
 
     pub(crate) fn silu_mul(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize) -> Result<()> {
         self.go(&self.silu_mul, s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, 0, &[Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32)])
+    }
+
+    /// silu_mul's values rounded to fp16 (the bits of `silu_mul` then `to_f16`),
+    /// for the down-projection on cuBLASLt's fp16 operands; a finite value past
+    /// fp16's range sets the u32 at `overflow` (silu_mul.cu).
+    pub(crate) fn silu_mul_f16(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize, overflow: u64) -> Result<()> {
+        let args = [Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32), Arg::Ptr(overflow)];
+        self.go(&self.silu_mul_f16, s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, 0, &args)
     }
 
     /// hi[i] = x[i] as bf16 (round to nearest even) and lo[i] = x[i] - hi[i] as

@@ -9,6 +9,8 @@
 mod cublas;
 #[cfg(feature = "diagnostics")]
 mod diagnostics;
+#[cfg(feature = "diagnostics")]
+pub use diagnostics::{FusedF16, FusedF16Check};
 mod driver;
 mod f16_weights;
 #[cfg(feature = "diagnostics")]
@@ -665,7 +667,7 @@ impl CudaBackend {
     fn record_pass(&self, inner: &Inner, sc: &Scratch, p: &PassShape) -> Result<()> {
         let s = &self.spec;
         let (k, w, st) = (&inner.kernels, &inner.weights, &inner.stream);
-        let (d, qd, kvd, ff, nl) = (s.hidden_size, s.q_dim(), s.kv_dim(), s.intermediate_size, s.num_layers);
+        let (d, qd, kvd, nl) = (s.hidden_size, s.q_dim(), s.kv_dim(), s.num_layers);
         let eps = s.rms_norm_eps as f32;
         let t = p.rows;
         let tokens = sc.inputs.ptr;
@@ -718,8 +720,7 @@ impl CudaBackend {
                 }
             }
             self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
-            self.normed_matmul(k, st, sc, l.mlp_norm, [l.gate_up, gate_up16], sc.act.ptr, 2 * ff, t, true)?;
-            self.matmul(k, st, sc, [l.down, down16], sc.act.ptr, sc.x.ptr, d, ff, t, true)?;
+            self.mlp(k, st, sc, l.mlp_norm, [l.gate_up, gate_up16], [l.down, down16], t)?;
         }
         // The final norm stays its own kernel, fused or not: prefill passes gather their
         // last rows in it, and a decode row must get the same bits whether or not a prompt
@@ -742,18 +743,16 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: [u64; 2], x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
         let [w, w16] = w;
+        if self.f16_product(k, rows, n, width, w16) {
+            let (lt, xb, flag) = f16_operands(k, sc)?;
+            k.to_f16(st, x, xb, rows * width, flag)?;
+            return lt.matmul(st, cublas::Operands::F16, w16, xb, y, n, width, rows, accumulate);
+        }
         let kernel = matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, width);
         if kernel == ProductKernel::Cublas {
             let (Some(lt), Some(xb)) = (&k.cublas, &sc.bf16) else {
                 return Err(RocketError::Internal("a cuBLASLt product without cuBLASLt or its input buffers".into()));
             };
-            if w16 != 0 {
-                let Some(flag) = &sc.f16_overflow else {
-                    return Err(RocketError::Internal("an fp16 cuBLASLt product without its range flag".into()));
-                };
-                k.to_f16(st, x, xb.ptr, rows * width, flag.ptr)?;
-                return lt.matmul(st, cublas::Operands::F16, w16, xb.ptr, y, n, width, rows, accumulate);
-            }
             let (hi, lo) = k.to_bf16_split(st, x, xb.ptr, rows * width)?;
             return lt.matmul_split(st, w, hi, lo, y, n, width, rows, accumulate);
         }
@@ -776,13 +775,53 @@ impl CudaBackend {
         if self.options.fuse && fits {
             return k.gemm_tc(st, w[0], sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
         }
-        k.rms_norm(st, sc.x.ptr, norm_w, sc.h.ptr, d, eps, 0, rows)?;
-        if silu {
-            self.matmul(k, st, sc, w, sc.h.ptr, sc.gu.ptr, n, d, rows, false)?;
-            k.silu_mul(st, sc.gu.ptr, y, n / 2, rows)
+        let product_out = if silu { sc.gu.ptr } else { y };
+        if self.options.fuse && self.f16_product(k, rows, n, d, w[1]) {
+            // The norm writes the product's fp16 operand itself.
+            let (lt, xb, flag) = f16_operands(k, sc)?;
+            k.rms_norm_f16(st, sc.x.ptr, norm_w, xb, d, eps, rows, flag)?;
+            lt.matmul(st, cublas::Operands::F16, w[1], xb, product_out, n, d, rows, false)?;
         } else {
-            self.matmul(k, st, sc, w, sc.h.ptr, y, n, d, rows, false)
+            k.rms_norm(st, sc.x.ptr, norm_w, sc.h.ptr, d, eps, 0, rows)?;
+            self.matmul(k, st, sc, w, sc.h.ptr, product_out, n, d, rows, false)?;
         }
+        if silu {
+            k.silu_mul(st, sc.gu.ptr, y, n / 2, rows)?;
+        }
+        Ok(())
+    }
+
+    /// The MLP: x += (silu(gate) · up)(RMSNorm(x; norm_w)) · downᵀ. Where both
+    /// products take cuBLASLt's fp16 operands (and `fuse` is on), SiLU·mul writes
+    /// the down-projection's fp16 operand itself; else `normed_matmul` and `matmul`.
+    #[allow(clippy::too_many_arguments)]
+    fn mlp(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, gate_up: [u64; 2], down: [u64; 2], rows: usize) -> Result<()> {
+        let (d, ff) = (self.spec.hidden_size, self.spec.intermediate_size);
+        let fp16_act = self.options.fuse && self.f16_product(k, rows, 2 * ff, d, gate_up[1]) && self.f16_product(k, rows, d, ff, down[1]);
+        if !fp16_act {
+            self.normed_matmul(k, st, sc, norm_w, gate_up, sc.act.ptr, 2 * ff, rows, true)?;
+            return self.matmul(k, st, sc, down, sc.act.ptr, sc.x.ptr, d, ff, rows, true);
+        }
+        self.normed_matmul(k, st, sc, norm_w, gate_up, sc.gu.ptr, 2 * ff, rows, false)?;
+        let (lt, xb, flag) = f16_operands(k, sc)?;
+        k.silu_mul_f16(st, sc.gu.ptr, xb, ff, rows, flag)?;
+        lt.matmul(st, cublas::Operands::F16, down[1], xb, sc.x.ptr, d, ff, rows, true)
+    }
+
+    /// Whether a product of `rows` rows by an n x width matrix runs on cuBLASLt
+    /// with fp16 operands: the library takes it and the matrix has an fp16 copy
+    /// (`w16`, 0: none).
+    fn f16_product(&self, k: &Kernels, rows: usize, n: usize, width: usize, w16: u64) -> bool {
+        w16 != 0 && matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, width) == ProductKernel::Cublas
+    }
+}
+
+/// What an fp16 cuBLASLt product needs: the library, the operand buffer (the
+/// scratch's `bf16`) and the range flag.
+fn f16_operands<'a>(k: &'a Kernels, sc: &Scratch) -> Result<(&'a cublas::Cublas, u64, u64)> {
+    match (&k.cublas, &sc.bf16, &sc.f16_overflow) {
+        (Some(lt), Some(xb), Some(flag)) => Ok((lt, xb.ptr, flag.ptr)),
+        _ => Err(RocketError::Internal("an fp16 cuBLASLt product without cuBLASLt, its operand buffer or its range flag".into())),
     }
 }
 
