@@ -307,39 +307,45 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
 }
 
 // attn_prefill_merge_hdD: the output of every row of a tile whose context spans
-// several splits, from the splits' partials in split order (grid = (tiles, n_heads),
-// block = 128). A split with no key for a row (max -inf) adds nothing; the first
-// live split starts the sums, so one live split gives its direct output's bits.
+// several splits, from the splits' partials in split order. A split with no key
+// for a row (max -inf) adds nothing; the first live split starts the sums, so one
+// live split gives its direct output's bits. Each thread merges four columns of
+// one row (float4 loads; its loads do not wait on each other's results, where a
+// loop over a tile's elements per thread was a chain of dependent L2 round trips):
+// grid = (tiles, n_heads, D / 8), block = 128 = PREFILL_MERGE_ROWS(D) rows x D / 4.
+#define PREFILL_MERGE_ROWS(D) (4 * PREFILL_THREADS / (D))
 template <int D>
 __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,
                                                         const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                                         float* __restrict__ out, int n_heads, int span, int max_splits) {
-    constexpr int T = PREFILL_TILE;
+    constexpr int T = PREFILL_TILE, ROWS = PREFILL_MERGE_ROWS(D);
+    static_assert(T % ROWS == 0 && D % 4 == 0, "a tile's rows split evenly over the CTAs");
     const int tile_index = blockIdx.x, head = blockIdx.y;
     const PrefillTile tile = tiles[tile_index];
     const int end = meta[tile.first_row].position + tile.rows;
     const int splits = (end + span - 1) / span;
     if (splits == 1) return;  // written by attn_prefill itself
+    const int r = blockIdx.z * ROWS + threadIdx.x / (D / 4), d = 4 * (threadIdx.x % (D / 4));
+    if (r >= tile.rows) return;
     const size_t item0 = ((size_t)tile_index * n_heads + head) * max_splits;
-    const size_t row_stride = (size_t)n_heads * D;
-    for (int i = threadIdx.x; i < tile.rows * D; i += blockDim.x) {
-        const int r = i / D, d = i % D;
-        float M = -INFINITY;
-        for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[((item0 + s) * T + r) * 2]);
-        float L = 0.0f, o = 0.0f;
-        bool first = true;
-        for (int s = 0; s < splits; s++) {
-            const float m = part_ml[((item0 + s) * T + r) * 2];
-            if (m == -INFINITY) continue;
-            const float f = exp2f(m - M);
-            const float l = part_ml[((item0 + s) * T + r) * 2 + 1] * f;
-            const float x = part_o[((item0 + s) * T + r) * D + d] * f;
-            L = first ? l : L + l;
-            o = first ? x : o + x;
-            first = false;
-        }
-        out[(tile.first_row + r) * row_stride + head * D + d] = o / L;
+    float M = -INFINITY;
+    for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[((item0 + s) * T + r) * 2]);
+    float L = 0.0f;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    bool first = true;
+    for (int s = 0; s < splits; s++) {
+        const float m = part_ml[((item0 + s) * T + r) * 2];
+        if (m == -INFINITY) continue;
+        const float f = exp2f(m - M);
+        const float l = part_ml[((item0 + s) * T + r) * 2 + 1] * f;
+        const float4 p = *reinterpret_cast<const float4*>(part_o + ((item0 + s) * T + r) * D + d);
+        const float4 x = make_float4(p.x * f, p.y * f, p.z * f, p.w * f);
+        L = first ? l : L + l;
+        o = first ? x : make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
+        first = false;
     }
+    *reinterpret_cast<float4*>(out + (tile.first_row + r) * (size_t)n_heads * D + head * D + d) =
+        make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
 }
 
 #define ATTN_PREFILL(D)                                                                                                  \

@@ -491,7 +491,9 @@ impl Kernels {
                 Arg::I32(span),
                 Arg::I32(max_splits as i32),
             ];
-            self.go(&self.attn_prefill_merge, s, (tiles as u32, n_heads as u32, 1), PREFILL_THREADS, 0, &args)?;
+            // attention_prefill.cu PREFILL_MERGE_ROWS: a CTA merges 512 / head_dim rows.
+            let row_groups = self.head_dim / 8;
+            self.go(&self.attn_prefill_merge, s, (tiles as u32, n_heads as u32, row_groups), PREFILL_THREADS, 0, &args)?;
         }
         Ok(())
     }
