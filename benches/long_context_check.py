@@ -64,6 +64,18 @@ def random_ids(seed, n, vocab):
     return rng.integers(0, vocab * 9 // 10, size=n, dtype=np.int64)
 
 
+def memory_efficient_attention():
+    """fp32 SDPA on the memory-efficient kernel only: the math kernel materialises every
+    head's [N, N] scores (16K positions: 8 GiB and up per call, past an 80 GB GPU). GQA goes
+    through transformers' repeat_kv (SDPA's enable_gqa has no efficient kernel); the same
+    arithmetic. Where no efficient kernel fits, SDPA raises instead of falling back."""
+    torch.backends.cuda.enable_math_sdp(False)
+    import transformers.integrations.sdpa_attention as sdpa
+
+    if hasattr(sdpa, "use_gqa_in_sdpa"):
+        sdpa.use_gqa_in_sdpa = lambda *args, **kwargs: False
+
+
 def load_fp32(path, device):
     kw = {"attn_implementation": "sdpa"}
     # transformers renamed torch_dtype to dtype (4.56); an unknown keyword would be ignored.
@@ -123,6 +135,8 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
     device = torch.device(args.device)
+    if device.type == "cuda":
+        memory_efficient_attention()
     lengths = [int(x) for x in args.lengths.split(",")]
     rows, pairs, failures = [], [], []
     tmp = tempfile.mkdtemp(prefix="long-ref-")

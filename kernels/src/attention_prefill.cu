@@ -17,12 +17,33 @@
 // weights are exactly 0 and its correction exp2(0) = 1). So the tiling of a
 // chunk into CTAs, and whatever else shares the pass, cannot change a row.
 //
-// grid = (tiles, n_heads), block = 128 (4 warps; warp w owns query rows
-// 16w..16w+15 of its tile). tiles[t] = (first row, rows): up to 64 consecutive
-// rows of one sequence, at consecutive positions from meta[first].position.
-// Output: out[row][head * D + d], f32, as attn_merge writes it.
+// Keys and values are staged with cp.async into two buffers: the copies of the
+// next 64 positions are in flight while the MMAs run on these (a CTA of 4 warps,
+// 2-3 per SM at these register counts, had little else to hide a load behind).
 //
-// mma.sync m16n8k16 fragments (PTX ISA), g = lane / 4, c = lane % 4:
+// Context splits: a CTA walks one `span` of key positions, [s * span, (s + 1) *
+// span), so a few rows deep in a long context (a prompt's piece beside decoding
+// streams, the last pieces of a long prompt) still spread over every SM instead of
+// one CTA per (tile, head) walking the whole context. A tile whose context fits in
+// one span writes its output directly; otherwise each split writes its rows'
+// unnormalised output, max and sum, and attn_prefill_merge combines the splits in
+// order. Split boundaries sit at absolute multiples of `span` (a constant of the
+// host, kernels.rs PREFILL_SPAN), so a row's bits still depend only on its query,
+// its position and the cache; a split past a row's position leaves it no key
+// (max -inf, sum 0), which the merge skips, and one live split merges to exactly
+// its direct output (its weight is exp2(0) = 1).
+//
+// grid = (tiles, n_heads, max_splits), block = 128 (4 warps; warp w owns query rows
+// 16w..16w+15 of its tile), dynamic shared memory PREFILL_SMEM_BYTES(D). CTAs of
+// splits past their tile's context return at once.
+// tiles[t] = (first row, rows): up to 64 consecutive rows of one sequence, at
+// consecutive positions from meta[first].position.
+// Output: out[row][head * D + d], f32, as attn_merge writes it. Partials of tile t,
+// head h, split s: item ((t * n_heads + h) * max_splits + s), part_o[item][64][D]
+// and part_ml[item][64][2] (max in base 2, sum).
+//
+// mma.sync m16n8k16 fragments (PTX ISA), g = lane / 4, c = lane % 4 (K's and V's
+// B fragments come from ldmatrix_x4, which hands each lane these elements):
 //   A (16x16, row-major) regs 0..3: (row g, cols 2c..2c+1), (row g+8, same),
 //                                   (row g, cols 2c+8..), (row g+8, cols 2c+8..)
 //   B (16x8, k x n)      regs 0..1: (k 2c..2c+1, col g), (k 2c+8..2c+9, col g)
@@ -32,23 +53,41 @@
 
 #define PREFILL_TILE 64     // query rows per CTA and key positions per step
 #define PREFILL_THREADS 128 // 4 warps x 16 rows
+// Two buffers of keys and values, rows of D + 8 bf16 (kernels.rs `prefill_smem_bytes`).
+#define PREFILL_SMEM_BYTES(D) (2 * 2 * PREFILL_TILE * ((D) + 8) * 2)
 
 struct PrefillTile {
     int32_t first_row;
     int32_t rows;
 };
 
-// Two f32 -> bf16x2 (round to nearest even): `lo_k` in the low half.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k));
-    return r;
+// 16 bytes global -> shared, or 16 zero bytes where `live` is false (src-size 0:
+// nothing is read).
+__device__ __forceinline__ void cp_async16_or_zero(uint16_t* dst, const uint16_t* src, bool live) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src),
+                 "r"(live ? 16 : 0)
+                 : "memory");
 }
 
-// (a, b) -> bf16x2 hi and the bf16x2 of what hi left out.
-__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
-    hi = pack_bf16x2(a, b);
-    lo = pack_bf16x2(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
+// Four 8x8 bf16 matrices from shared memory: lane l gives the address of row
+// l % 8 of matrix l / 8 (16 bytes, 16-byte aligned), and register i receives
+// matrix i's elements (row lane / 4, columns 2 (lane % 4) and + 1), or with TRANS
+// its (rows 2 (lane % 4) and + 1, column lane / 4): the B fragments of mma.sync
+// m16n8k16 straight from [key][dim] tiles, one instruction for two fragments.
+template <bool TRANS>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    if (TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    }
 }
 
 __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -61,20 +100,28 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
 
 template <int D>
 __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,
-                                                  const PrefillTile* __restrict__ tiles, float* __restrict__ out, int n_heads,
-                                                  int n_kv, int layer, int n_layers, float scale) {
+                                                  const PrefillTile* __restrict__ tiles, float* __restrict__ out,
+                                                  float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads,
+                                                  int n_kv, int layer, int n_layers, int span, float scale) {
     constexpr int T = PREFILL_TILE, KS = D + 8;  // shared row stride in bf16: 16 bytes of padding spread the banks
     constexpr int KSTEPS = D / 16, DT = D / 8, NT = T / 8;
-    __shared__ __align__(16) uint16_t sk[T * KS];
-    __shared__ __align__(16) uint16_t sv[T * KS];
+    static_assert(KSTEPS % 2 == 0 && DT % 2 == 0, "ldmatrix_x4 loads two k-steps of K and two dimension tiles of V");
+    static_assert((KS * 2) % 16 == 0, "ldmatrix rows start on 16 bytes");
+    extern __shared__ __align__(16) uint16_t prefill_smem[];  // [buffer][k | v][T * KS]
 
     // The longest tiles (latest positions) first, so the short ones fill the tail.
-    const PrefillTile tile = tiles[gridDim.x - 1 - blockIdx.x];
-    const int head = blockIdx.y;
+    const int tile_index = gridDim.x - 1 - blockIdx.x;
+    const PrefillTile tile = tiles[tile_index];
+    const int head = blockIdx.y, split = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int kv_head = head / (n_heads / n_kv), kvd = n_kv * D;
     const RowMeta m0 = meta[tile.first_row];
     const int p0 = m0.position;  // of the tile's first row
+    // Keys at positions [0, end): the last row's context; this CTA's are [k_begin, k_end).
+    const int end = p0 + tile.rows;
+    const int splits = (end + span - 1) / span;
+    if (split >= splits) return;
+    const int k_begin = split * span, k_end = min(end, k_begin + span);
     const uint16_t* cache = reinterpret_cast<const uint16_t*>(m0.kv_base);
     const size_t pos_stride = (size_t)n_layers * 2 * kvd;
     const uint16_t* kv0 = cache + (size_t)layer * 2 * kvd + kv_head * D;
@@ -107,39 +154,54 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
     for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;  // sums: this thread's columns only
 
-    // Keys at positions [0, end): the last row's context.
-    const int end = p0 + tile.rows;
-    for (int k0 = 0; k0 < end; k0 += T) {
-        // Stage keys and values of positions k0..k0+63 (zeros past `end`: a masked
-        // weight times a NaN would still be NaN).
-        __syncthreads();  // the previous step's reads are done
+    // Queue the copies of keys and values of positions k0..k0+63 into buffer b
+    // (zeros past `end`: a masked weight times a NaN would still be NaN), as one
+    // cp.async group.
+    auto stage = [&](int b, int k0) {
+        uint16_t* sk = prefill_smem + b * 2 * T * KS;
+        uint16_t* sv = sk + T * KS;
         constexpr int CHUNKS = T * D / 8;  // 16-byte chunks per tile
 #pragma unroll
         for (int i = threadIdx.x; i < CHUNKS; i += PREFILL_THREADS) {
             const int key = i / (D / 8), ch = i % (D / 8);
-            uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
-            if (k0 + key < end) {
-                const uint16_t* src = kv0 + (size_t)(k0 + key) * pos_stride + ch * 8;
-                kx = *reinterpret_cast<const uint4*>(src);
-                vx = *reinterpret_cast<const uint4*>(src + kvd);
-            }
-            *reinterpret_cast<uint4*>(sk + key * KS + ch * 8) = kx;
-            *reinterpret_cast<uint4*>(sv + key * KS + ch * 8) = vx;
+            const bool live = k0 + key < end;
+            const uint16_t* src = live ? kv0 + (size_t)(k0 + key) * pos_stride + ch * 8 : kv0;
+            cp_async16_or_zero(sk + key * KS + ch * 8, src, live);
+            cp_async16_or_zero(sv + key * KS + ch * 8, src + (live ? kvd : 0), live);
         }
-        __syncthreads();
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    stage(0, k_begin);
+    for (int k0 = k_begin, b = 0; k0 < k_end; k0 += T, b ^= 1) {
+        // The next positions' copies go to the other buffer (every warp finished
+        // reading it at the end of the last step); an empty group past the end
+        // keeps the count of groups in flight the same.
+        if (k0 + T < k_end) {
+            stage(b ^ 1, k0 + T);
+        } else {
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this thread's copies of buffer b landed
+        __syncthreads();                                       // and every thread's
+        const uint16_t* sk = prefill_smem + b * 2 * T * KS;
+        const uint16_t* sv = sk + T * KS;
 
         // Scores: S = Q K^T for this warp's 16 rows and the 64 keys (8 tiles of 8).
+        // K's B fragments of k-steps ks and ks + 1 in one ldmatrix: matrix i holds
+        // the tile's 8 keys at dimensions ks * 16 + 8 i.
         float s[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            const uint16_t* krow = sk + (nt * 8 + g) * KS + 2 * c;
+            const uint16_t* krow = sk + (nt * 8 + (lane & 7)) * KS + (lane >> 3) * 8;
 #pragma unroll
-            for (int ks = 0; ks < KSTEPS; ks++) {
-                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + ks * 16);
-                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + ks * 16 + 8);
-                mma_16x8x16(s[nt], qh[ks], b0, b1);
-                mma_16x8x16(s[nt], ql[ks], b0, b1);
+            for (int ks = 0; ks < KSTEPS; ks += 2) {
+                uint32_t kb[4];
+                ldmatrix_x4<false>(kb, krow + ks * 16);
+                mma_16x8x16(s[nt], qh[ks], kb[0], kb[1]);
+                mma_16x8x16(s[nt], ql[ks], kb[0], kb[1]);
+                mma_16x8x16(s[nt], qh[ks + 1], kb[2], kb[3]);
+                mma_16x8x16(s[nt], ql[ks + 1], kb[2], kb[3]);
             }
         }
         // Causal mask: key position > row position (which also covers keys past `end`).
@@ -194,17 +256,21 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
             split_bf16x2(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);
             split_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);
             split_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);
-            // B fragments of V (k = key, n = dim): two keys per register, gathered.
-            const uint16_t* v0 = sv + (j * 16 + 2 * c) * KS + g;
+            // B fragments of V (k = key, n = dim) of dimension tiles dt and dt + 1 in
+            // one transposing ldmatrix: matrix i holds keys j * 16 + 8 (i % 2) and up
+            // at dimensions (dt + i / 2) * 8 and up.
+            const uint16_t* vrow = sv + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8;
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                const uint16_t* v = v0 + dt * 8;
-                const uint32_t b0 = (uint32_t)v[0] | ((uint32_t)v[KS] << 16);
-                const uint32_t b1 = (uint32_t)v[8 * KS] | ((uint32_t)v[9 * KS] << 16);
-                mma_16x8x16(o[dt], ph, b0, b1);
-                mma_16x8x16(o[dt], pl, b0, b1);
+            for (int dt = 0; dt < DT; dt += 2) {
+                uint32_t vb[4];
+                ldmatrix_x4<true>(vb, vrow + dt * 8);
+                mma_16x8x16(o[dt], ph, vb[0], vb[1]);
+                mma_16x8x16(o[dt], pl, vb[0], vb[1]);
+                mma_16x8x16(o[dt + 1], ph, vb[2], vb[3]);
+                mma_16x8x16(o[dt + 1], pl, vb[2], vb[3]);
             }
         }
+        __syncthreads();  // every warp is done with buffer b before the next step refills it
     }
 
     // Whole-row sums, then normalise and store this thread's columns of its two rows.
@@ -212,24 +278,92 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
     sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 2);
     sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 1);
     sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 2);
-    const size_t row_stride = (size_t)n_heads * D;
+    if (splits == 1) {
+        const size_t row_stride = (size_t)n_heads * D;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            const int col = head * D + dt * 8 + 2 * c;
+            if (r_a < tile.rows)
+                *reinterpret_cast<float2*>(out + (tile.first_row + r_a) * row_stride + col) = make_float2(o[dt][0] / sum_a, o[dt][1] / sum_a);
+            if (r_b < tile.rows)
+                *reinterpret_cast<float2*>(out + (tile.first_row + r_b) * row_stride + col) = make_float2(o[dt][2] / sum_b, o[dt][3] / sum_b);
+        }
+        return;
+    }
+    // This split's partials, unnormalised, for attn_prefill_merge.
+    const size_t item = ((size_t)tile_index * n_heads + head) * gridDim.z + split;
+    float* po = part_o + item * T * D;
+    float* pml = part_ml + item * T * 2;
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
-        const int col = head * D + dt * 8 + 2 * c;
-        if (r_a < tile.rows)
-            *reinterpret_cast<float2*>(out + (tile.first_row + r_a) * row_stride + col) = make_float2(o[dt][0] / sum_a, o[dt][1] / sum_a);
-        if (r_b < tile.rows)
-            *reinterpret_cast<float2*>(out + (tile.first_row + r_b) * row_stride + col) = make_float2(o[dt][2] / sum_b, o[dt][3] / sum_b);
+        const int col = dt * 8 + 2 * c;
+        if (r_a < tile.rows) *reinterpret_cast<float2*>(po + r_a * D + col) = make_float2(o[dt][0], o[dt][1]);
+        if (r_b < tile.rows) *reinterpret_cast<float2*>(po + r_b * D + col) = make_float2(o[dt][2], o[dt][3]);
     }
+    if (c == 0) {
+        if (r_a < tile.rows) *reinterpret_cast<float2*>(pml + r_a * 2) = make_float2(max_a, sum_a);
+        if (r_b < tile.rows) *reinterpret_cast<float2*>(pml + r_b * 2) = make_float2(max_b, sum_b);
+    }
+}
+
+// attn_prefill_merge_hdD: the output of every row of a tile whose context spans
+// several splits, from the splits' partials in split order. A split with no key
+// for a row (max -inf) adds nothing; the first live split starts the sums, so one
+// live split gives its direct output's bits. Each thread merges four columns of
+// one row (float4 loads; its loads do not wait on each other's results, where a
+// loop over a tile's elements per thread was a chain of dependent L2 round trips):
+// grid = (tiles, n_heads, D / 8), block = 128 = PREFILL_MERGE_ROWS(D) rows x D / 4.
+#define PREFILL_MERGE_ROWS(D) (4 * PREFILL_THREADS / (D))
+template <int D>
+__device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,
+                                                        const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                                        float* __restrict__ out, int n_heads, int span, int max_splits) {
+    constexpr int T = PREFILL_TILE, ROWS = PREFILL_MERGE_ROWS(D);
+    static_assert(T % ROWS == 0 && D % 4 == 0, "a tile's rows split evenly over the CTAs");
+    const int tile_index = blockIdx.x, head = blockIdx.y;
+    const PrefillTile tile = tiles[tile_index];
+    const int end = meta[tile.first_row].position + tile.rows;
+    const int splits = (end + span - 1) / span;
+    if (splits == 1) return;  // written by attn_prefill itself
+    const int r = blockIdx.z * ROWS + threadIdx.x / (D / 4), d = 4 * (threadIdx.x % (D / 4));
+    if (r >= tile.rows) return;
+    const size_t item0 = ((size_t)tile_index * n_heads + head) * max_splits;
+    float M = -INFINITY;
+    for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[((item0 + s) * T + r) * 2]);
+    float L = 0.0f;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    bool first = true;
+    for (int s = 0; s < splits; s++) {
+        const float m = part_ml[((item0 + s) * T + r) * 2];
+        if (m == -INFINITY) continue;
+        const float f = exp2f(m - M);
+        const float l = part_ml[((item0 + s) * T + r) * 2 + 1] * f;
+        const float4 p = *reinterpret_cast<const float4*>(part_o + ((item0 + s) * T + r) * D + d);
+        const float4 x = make_float4(p.x * f, p.y * f, p.z * f, p.w * f);
+        L = first ? l : L + l;
+        o = first ? x : make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
+        first = false;
+    }
+    *reinterpret_cast<float4*>(out + (tile.first_row + r) * (size_t)n_heads * D + head * D + d) =
+        make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
 }
 
 #define ATTN_PREFILL(D)                                                                                                  \
     ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
         attn_prefill_hd##D(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,                  \
-                           const PrefillTile* __restrict__ tiles, float* __restrict__ out, int n_heads, int n_kv,         \
-                           int layer, int n_layers, float scale) {                                                       \
+                           const PrefillTile* __restrict__ tiles, float* __restrict__ out, float* __restrict__ part_o,   \
+                           float* __restrict__ part_ml, int n_heads, int n_kv, int layer, int n_layers, int span,        \
+                           float scale) {                                                                                \
         pdl_enter();                                                                                                     \
-        attn_prefill_body<D>(q, q_stride, meta, tiles, out, n_heads, n_kv, layer, n_layers, scale);                     \
+        attn_prefill_body<D>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers, span,       \
+                             scale);                                                                                     \
+    }                                                                                                                    \
+    ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
+        attn_prefill_merge_hd##D(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,                \
+                                 const float* __restrict__ part_o, const float* __restrict__ part_ml,                    \
+                                 float* __restrict__ out, int n_heads, int span, int max_splits) {                       \
+        pdl_enter();                                                                                                     \
+        attn_prefill_merge_body<D>(meta, tiles, part_o, part_ml, out, n_heads, span, max_splits);                        \
     }
 ATTN_PREFILL(32)
 ATTN_PREFILL(64)

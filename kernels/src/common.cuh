@@ -34,6 +34,23 @@ __device__ __forceinline__ uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+// Two f32 -> bf16x2 with cvt.rn (to nearest even, as f32_to_bf16): `lo_k` in
+// the low half (the lower column or k of an MMA fragment register).
+__device__ __forceinline__ uint32_t bf16x2_rn(float lo_k, float hi_k) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k));
+    return r;
+}
+
+// The hi/lo split of the tensor-core paths (a = hi + lo to ~16 bits of
+// mantissa, so two bf16 MMAs multiply an f32 operand): (a, b) -> bf16x2 hi and
+// the bf16x2 of what hi left out. (to_bf16.cu's split for cuBLASLt works one
+// value at a time and keeps an infinite input's lo at 0.)
+__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
+    hi = bf16x2_rn(a, b);
+    lo = bf16x2_rn(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
+}
+
 // Eight bf16 packed in 16 bytes -> eight floats.
 __device__ __forceinline__ void unpack8(uint4 w, float* out) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
@@ -42,6 +59,15 @@ __device__ __forceinline__ void unpack8(uint4 w, float* out) {
         out[2 * i] = __uint_as_float(words[i] << 16);
         out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
     }
+}
+
+// v rounded to fp16 (to nearest even, as half::f16::from_f32); a finite v that
+// rounds past fp16's range (|v| >= 65520) sets `over` (to_f16.cu).
+__device__ __forceinline__ uint16_t f32_to_f16(float v, bool& over) {
+    uint16_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    over |= (h & 0x7fffu) == 0x7c00u && isfinite(v);
+    return h;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

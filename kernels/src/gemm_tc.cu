@@ -153,15 +153,9 @@ struct Copies {
     }
 };
 
-// The f32 inputs of a landed ring slot -> bf16 hi and lo tiles (x = hi + lo),
-// four elements per thread at a time, so every thread shares the work. cvt.rn
-// rounds to nearest even like f32_to_bf16, two values per instruction.
-__device__ __forceinline__ uint32_t bf16x2_rn(float lo_k, float hi_k) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k));
-    return r;
-}
-
+// The f32 inputs of a landed ring slot -> bf16 hi and lo tiles (x = hi + lo,
+// common.cuh split_bf16x2), four elements per thread at a time, so every thread
+// shares the work.
 // With `norm` (the RMSNorm fusion), each input is first added to its row's sum of
 // squares ss[i] (thread-local; the row of iteration i is idx >> 4) and multiplied
 // by its column's norm weight, which came into the slot with the block.
@@ -180,9 +174,9 @@ __device__ __forceinline__ void split_inputs(const unsigned char* stage, unsigne
             const float4 w = *reinterpret_cast<const float4*>(nw + q * 4);
             a.x *= w.x; a.y *= w.y; a.z *= w.z; a.w *= w.w;
         }
-        const uint32_t h0 = bf16x2_rn(a.x, a.y), h1 = bf16x2_rn(a.z, a.w);
-        const uint32_t l0 = bf16x2_rn(a.x - __uint_as_float(h0 << 16), a.y - __uint_as_float(h0 & 0xffff0000u));
-        const uint32_t l1 = bf16x2_rn(a.z - __uint_as_float(h1 << 16), a.w - __uint_as_float(h1 & 0xffff0000u));
+        uint32_t h0, h1, l0, l1;
+        split_bf16x2(a.x, a.y, h0, l0);
+        split_bf16x2(a.z, a.w, h1, l1);
         const int off = swizzled(r, q >> 1) + (q & 1) * 8;
         *reinterpret_cast<uint2*>(hi + off) = make_uint2(h0, h1);
         *reinterpret_cast<uint2*>(lo + off) = make_uint2(l0, l1);

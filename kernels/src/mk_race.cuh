@@ -165,9 +165,15 @@ __device__ __forceinline__ uint64_t select_threshold(Each& each, uint32_t k, Sel
 
 // The merge's shared state (the race's shared space), past its select's.
 constexpr int TOPK_MAX_SMS = 256;
+// Candidates the merge ranks in shared memory (one consumer each, over the
+// select's buckets); more go through select_threshold.
+constexpr int TOPK_RANKED = CONSUMERS;
 struct TopkShared {
-    SelectShared sel;
+    SelectShared sel;       // its buckets hold the ranked candidates instead when they fit
     uint32_t lens[TOPK_MAX_SMS];
+    uint64_t tops[TOPK_MAX_SMS];  // each SM's best key
+    uint64_t top_bound;     // the k-th largest of them (0: fewer than k)
+    uint32_t n_cand;        // entries at or above the merge's bound
     uint64_t surv[RACE_TOPK_MAX];
     uint64_t sorted[RACE_TOPK_MAX];
     long long bins[RACE_TOPK_MAX];
@@ -176,6 +182,8 @@ struct TopkShared {
 };
 static_assert(sizeof(TopkShared) <= (RACE_KEY_BINS + 2 * RACE_MASS_BINS) * 8, "the top-k merge fits the race's shared space");
 static_assert(RACE_TOPK_MAX <= CONSUMERS && RACE_LIST >= RACE_TOPK_MAX, "topk_merge: one thread per survivor; an SM's list holds its k best");
+static_assert(TOPK_RANKED * 8 <= sizeof(SelectShared::counts) && TOPK_RANKED <= CONSUMERS && TOPK_MAX_SMS <= CONSUMERS,
+              "topk_merge: the ranked candidates fit the buckets, one consumer each; one consumer per SM");
 
 // An SM's part that cannot be merged (its tile list overflowed): sample_token decides.
 constexpr uint64_t RACE_GIVE_UP = ~0ull;
@@ -395,9 +403,12 @@ struct RacePart {
 };
 
 // TOPK's merge (see race_merge). Every SM's list holds its tokens at or above
-// its threshold, and an SM with the highest threshold B has k tokens at or
-// above B: the global k best are among the lists' entries at or above B, and
-// they are the k best of those.
+// its threshold, so it holds each of the global k best that lies on it. Two
+// lower bounds of the global k-th key: the highest of the SMs' thresholds (that
+// SM has k keys at or above it) and the k-th largest of the SMs' best keys (k
+// distinct keys at or above it). The global k best are the k best of the
+// lists' entries at or above the higher bound: usually a few dozen, which are
+// ranked in shared memory; more go through select_threshold.
 template <class F>
 __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
     const int tid = threadIdx.x;
@@ -411,10 +422,29 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
         const uint32_t len = __ldcg(p.lm_idx + i);
         if (len > (uint32_t)RACE_LIST) bad = 1;
         ts.lens[i] = len;
+        uint64_t top = 0;
+        const unsigned long long* list = p.race_keys + (size_t)i * RACE_LIST;
+#pragma unroll 8
+        for (uint32_t j = 0; j < min(len, (uint32_t)RACE_LIST); j++) top = max(top, (uint64_t)__ldcg(list + j));
+        ts.tops[i] = top;
     }
-    if (tid == 0) ts.sel.len = 0;
-    bound = ConsumerSampler::block_key_reduce<true>(bound, sh);  // (its barriers publish lens and len)
+    if (tid == 0) {
+        ts.sel.len = 0;
+        ts.n_cand = 0;
+        ts.top_bound = 0;
+    }
+    bound = ConsumerSampler::block_key_reduce<true>(bound, sh);  // (its barriers publish lens, tops and the zeros)
     if (ConsumerSampler::block_key_reduce<true>(bad, sh) != 0) return 0xffffffffu;
+    // The k-th largest best key: its rank (the larger ones) is k - 1. Equal
+    // ranks only come from SMs without a candidate (0), which write 0.
+    for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
+        const uint64_t mine = ts.tops[i];
+        uint32_t rank = 0;
+        for (int j = 0; j < p.lm_tiles; j++) rank += ts.tops[j] > mine;
+        if (rank + 1 == r.top_k) ts.top_bound = mine;
+    }
+    consumer_sync();
+    bound = max(bound, ts.top_bound);
     auto each = [&](auto&& f) {
         for (int idx = tid; idx < p.lm_tiles * RACE_LIST; idx += CONSUMERS) {
             if ((uint32_t)(idx % RACE_LIST) >= ts.lens[idx / RACE_LIST]) continue;
@@ -422,25 +452,46 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
             if (key >= bound) f(key);
         }
     };
-    // The k best: exactly min(k, entries) keys at or above the threshold.
-    const uint64_t thr = select_threshold(each, r.top_k, ts.sel);
+    uint64_t* cand = reinterpret_cast<uint64_t*>(ts.sel.counts);
     each([&](uint64_t key) {
-        if (key >= thr) {
-            const uint32_t slot = atomicAdd(&ts.sel.len, 1u);
-            if (slot < (uint32_t)RACE_TOPK_MAX) ts.surv[slot] = key;
-        }
+        const uint32_t slot = atomicAdd(&ts.n_cand, 1u);
+        if (slot < (uint32_t)TOPK_RANKED) cand[slot] = key;
     });
     consumer_sync();
-    const uint32_t kk = ts.sel.len;
-    if (kk == 0 || kk > min(r.top_k, (uint32_t)RACE_TOPK_MAX)) return 0xffffffffu;  // no candidate: the host's argmax
-    // Most likely first: each entry's place is the number of larger ones (the keys are unique).
-    if (tid < (int)kk) {
-        const uint64_t mine = ts.surv[tid];
-        uint32_t place = 0;
-        for (uint32_t j = 0; j < kk; j++) place += ts.surv[j] > mine;
-        ts.sorted[place] = mine;
+    const uint32_t n = ts.n_cand;
+    uint32_t kk;
+    if (n <= (uint32_t)TOPK_RANKED) {
+        // Most likely first: a candidate's place is the number of larger ones (the keys are unique).
+        kk = min(n, r.top_k);
+        if (tid < (int)n) {
+            const uint64_t mine = cand[tid];
+            uint32_t place = 0;
+            for (uint32_t j = 0; j < n; j++) place += cand[j] > mine;
+            if (place < kk) ts.sorted[place] = mine;
+        }
+        consumer_sync();
+    } else {
+        // The k best: exactly min(k, entries) keys at or above the threshold.
+        const uint64_t thr = select_threshold(each, r.top_k, ts.sel);
+        each([&](uint64_t key) {
+            if (key >= thr) {
+                const uint32_t slot = atomicAdd(&ts.sel.len, 1u);
+                if (slot < (uint32_t)RACE_TOPK_MAX) ts.surv[slot] = key;
+            }
+        });
+        consumer_sync();
+        kk = ts.sel.len;
+        if (kk > min(r.top_k, (uint32_t)RACE_TOPK_MAX)) return 0xffffffffu;
+        // Most likely first, as above.
+        if (tid < (int)kk) {
+            const uint64_t mine = ts.surv[tid];
+            uint32_t place = 0;
+            for (uint32_t j = 0; j < kk; j++) place += ts.surv[j] > mine;
+            ts.sorted[place] = mine;
+        }
+        consumer_sync();
     }
-    consumer_sync();
+    if (kk == 0) return 0xffffffffu;  // no candidate: the host's argmax
     const uint64_t* sorted = ts.sorted;
     // The host takes the first +inf logit (sampling.rs `sample`); it is the best key. (A finite
     // token's key can round to +inf too and would win the tie with a lower id.)

@@ -9,6 +9,7 @@
 #include "attention_prefill.cu"
 #include "silu_mul.cu"
 #include "to_bf16.cu"
+#include "to_f16.cu"
 #include "transpose.cu"
 #include "argmax.cu"
 #include "sample.cu"

@@ -40,7 +40,7 @@ struct SampleRow {
     uint32_t penalty_len;
     uint32_t mask_off;     // end ids [mask_off, +mask_len) set to -inf (min_tokens)
     uint32_t mask_len;
-    uint32_t reserved;
+    uint32_t path;         // sample.cu: which kernels pick this row (SAMPLE_PATH_*; 0 in the megakernel)
 };
 static_assert(sizeof(SampleRow) == 64, "SampleRow layout is shared with Rust");
 
@@ -174,6 +174,24 @@ __device__ __forceinline__ bool race_hopeless(double s, double top) {
 }
 // Bins below the top one that can hold weight (s > A - 32 >= M - 32).
 constexpr int RACE_MASS_BINS = 520;
+static_assert(RACE_MASS_BINS > -RACE_WEIGHTLESS_BELOW * RACE_BINS_PER_NAT,
+              "a weighed token's bin is at most 32 nats x 16 bins below the top one");
+
+// race::top_p_bin over masses per bin counted down from the top one (mass[d]:
+// bin top_bin - d, every weighed token within RACE_MASS_BINS of the top): the
+// deepest bin whose mass above is under top_p of the total. One thread.
+__device__ __forceinline__ long long race_top_p_cut(const unsigned long long* mass, float top_p, long long top_bin) {
+    unsigned long long total = 0;
+    for (int b = 0; b < RACE_MASS_BINS; b++) total += mass[b];
+    const double target = __dmul_rn((double)top_p, __ull2double_rn(total));
+    unsigned long long above = 0;
+    int last = 0;
+    for (int b = 0; b < RACE_MASS_BINS && __ull2double_rn(above) < target; b++) {
+        last = b;
+        above += mass[b];
+    }
+    return top_bin - last;
+}
 
 __device__ __forceinline__ double race_scaled(float l, double inv_t) { return __dmul_rn((double)l, inv_t); }
 __device__ __forceinline__ long long race_bin(double s) {
@@ -216,6 +234,28 @@ struct CompactItems {
     uint32_t n;
     __device__ __forceinline__ uint32_t size() const { return n; }
     __device__ __forceinline__ uint64_t get(uint32_t i) const { return __ldcg(&items[i].key); }
+};
+
+// The tokens a pick chooses among: a whole logits row (token i at index i)...
+struct WholeRow {
+    const float* row;
+    uint32_t vocab;
+    __device__ __forceinline__ uint32_t size() const { return vocab; }
+    __device__ __forceinline__ float logit(uint32_t i) const { return __ldcg(row + i); }
+    __device__ __forceinline__ uint32_t id(uint32_t i) const { return i; }
+};
+
+// ...or the item keys listed for it (sample.cu's top-k lists: a superset of the
+// row's k best), a 0 key being an empty slot.
+struct ListedRow {
+    const uint64_t* keys;
+    uint32_t n;
+    __device__ __forceinline__ uint32_t size() const { return n; }
+    __device__ __forceinline__ float logit(uint32_t i) const {
+        const uint64_t k = __ldcg(keys + i);
+        return k ? key_logit(k) : -INFINITY;
+    }
+    __device__ __forceinline__ uint32_t id(uint32_t i) const { return key_id(__ldcg(keys + i)); }
 };
 
 // THREADS threads run it together; Bar::sync() is their barrier.
@@ -276,14 +316,15 @@ struct Sampler {
 
     // crate::sampling::argmax over the (processed) row: the largest value, the
     // lowest index on ties; NaN never wins and a row without a winner gives 0.
-    static __device__ uint32_t row_argmax(const float* row, uint32_t vocab, SampleShared& sh) {
+    template <class Row>
+    static __device__ uint32_t row_argmax(const Row& row, SampleShared& sh) {
         // Key: value order, then lower index first; 0 = no candidate.
         uint64_t best = 0;
-        for (uint32_t i = threadIdx.x; i < vocab; i += THREADS) {
-            const float v = __ldcg(row + i);
+        for (uint32_t i = threadIdx.x; i < row.size(); i += THREADS) {
+            const float v = row.logit(i);
             if (v > -INFINITY) {
                 // + 0.0f turns -0.0 into +0.0: the host's `>` sees them equal (lower index wins).
-                const uint64_t k = item_key(__fadd_rn(v, 0.0f), i);
+                const uint64_t k = item_key(__fadd_rn(v, 0.0f), row.id(i));
                 best = k > best ? k : best;
             }
         }
@@ -294,14 +335,25 @@ struct Sampler {
     // The host sampler's token for a row whose penalties and min_tokens mask are
     // already applied (see the file comment); every thread gets it.
     static __device__ uint32_t pick(const float* row, uint32_t vocab, const SampleRow& r, SampleItem* items, SampleShared& sh) {
+        return pick_in(WholeRow{row, vocab}, r, items, sh);
+    }
+
+    // The same over listed tokens: the host's token whenever `row` holds every
+    // one of the row's min(top_k, candidates) best (r.top_k > 0). The cuts and
+    // the race only ever look at those (the k-th key, the top-p mass and min-p
+    // over the k best, the race over what the cuts keep), and a token the
+    // whole-row pick drops as hopeless cannot win here either.
+    template <class Row>
+    static __device__ uint32_t pick_in(const Row& row, const SampleRow& r, SampleItem* items, SampleShared& sh) {
+        const uint32_t vocab = row.size();
         if (r.temperature == 0.0f) {
-            return row_argmax(row, vocab, sh);
+            return row_argmax(row, sh);
         }
 
         // The top logit and the number of candidates.
         uint64_t top = 0, mine = 0;
         for (uint32_t i = threadIdx.x; i < vocab; i += THREADS) {
-            const float l = __ldcg(row + i);
+            const float l = row.logit(i);
             if (is_candidate(l)) {
                 mine++;
                 const uint64_t k = (uint64_t)order_key(l) << 32;
@@ -312,7 +364,7 @@ struct Sampler {
         const uint64_t n_cand = block_sum(mine, sh);
         // No candidate, or a +inf one that takes all the mass: the host's argmax.
         if (top == 0 || top == ((uint64_t)order_key(INFINITY) << 32)) {
-            return row_argmax(row, vocab, sh);
+            return row_argmax(row, sh);
         }
         const double inv_t = __ddiv_rn(1.0, (double)r.temperature);
         const double m = race_scaled(key_logit(top), inv_t);
@@ -322,9 +374,9 @@ struct Sampler {
             // The race over every candidate.
             uint64_t best = 0;
             for (uint32_t i = threadIdx.x; i < vocab; i += THREADS) {
-                const float l = __ldcg(row + i);
+                const float l = row.logit(i);
                 if (is_candidate(l)) {
-                    const uint64_t k = race_key(race_scaled(l, inv_t), i, hash);
+                    const uint64_t k = race_key(race_scaled(l, inv_t), row.id(i), hash);
                     best = k > best ? k : best;
                 }
             }
@@ -339,14 +391,14 @@ struct Sampler {
             bool keep = false;
             float l = 0.0f;
             if (i < vocab) {
-                l = __ldcg(row + i);
+                l = row.logit(i);
                 keep = is_candidate(l) && !race_hopeless(race_scaled(l, inv_t), m);
             }
             const uint32_t ballot = __ballot_sync(0xffffffffu, keep);
             uint32_t base_slot = 0;
             if ((threadIdx.x & 31) == 0 && ballot) base_slot = atomicAdd(&sh.n_items, (uint32_t)__popc(ballot));
             base_slot = __shfl_sync(0xffffffffu, base_slot, 0);
-            if (keep) __stcg(&items[base_slot + __popc(ballot & ((1u << (threadIdx.x & 31)) - 1u))].key, item_key(l, i));
+            if (keep) __stcg(&items[base_slot + __popc(ballot & ((1u << (threadIdx.x & 31)) - 1u))].key, item_key(l, row.id(i)));
         }
         Bar::sync();
         const CompactItems compact{items, sh.n_items};
@@ -368,18 +420,7 @@ struct Sampler {
                 if (w != 0) atomicAdd(&sh.mass[top_bin - race_bin(s)], (unsigned long long)w);
             }
             Bar::sync();
-            if (threadIdx.x == 0) {
-                unsigned long long total = 0;
-                for (int b = 0; b < RACE_MASS_BINS; b++) total += sh.mass[b];
-                const double target = __dmul_rn((double)r.top_p, __ull2double_rn(total));
-                unsigned long long above = 0;
-                int last = 0;
-                for (int b = 0; b < RACE_MASS_BINS && __ull2double_rn(above) < target; b++) {
-                    last = b;
-                    above += sh.mass[b];
-                }
-                sh.cut = top_bin - last;
-            }
+            if (threadIdx.x == 0) sh.cut = race_top_p_cut(sh.mass, r.top_p, top_bin);
             Bar::sync();
             cut = sh.cut;
         }

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""CPU twin of kernels/src/attention_prefill.cu (attn_prefill_hdD), lane by lane.
+"""CPU twin of kernels/src/attention_prefill.cu (attn_prefill_hdD and
+attn_prefill_merge_hdD), lane by lane.
 
 It runs the kernel's code path for every CTA of a launch on numpy arrays shaped
 [warp][lane]: the same index expressions for the Q A-fragments, the K and V
-B-fragments read from the padded shared tiles (row stride KS = D + 8), the C
+B-fragments loaded with ldmatrix (emulated from the PTX ISA's description of
+which lane addresses which row and which lane receives which element) from the
+padded shared tiles (row stride KS = D + 8), the C
 positions, the causal mask, the quad shuffles, the staging of K and V (zeros
-past `end`), the hi/lo bf16 split through an emulated `cvt.rn.bf16x2.f32` and
+past `end`), the hi/lo bf16 split through an emulated `cvt.rn.bf16x2.f32`, the
+context splits (a CTA per span of key positions, partials, then the merge) and
 the output store. `mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32` is emulated
 separately from the PTX ISA's fragment tables (section "Matrix Fragments for
 mma.m16n8k16 with floating point type"), written per element index i as the ISA
@@ -16,11 +20,16 @@ products are exact) and rounded to f32.
 Checks (all on random data, against a float64 causal attention of the same bf16
 cache and f32 queries):
   accuracy     every written row within 1e-4 relative of the reference;
-  coverage     each CTA writes exactly its tile's rows of its head, once, finite;
-  memory       no read of the cache at or past `end`, of shared padding or of a
-               never-staged shared word; every vector access aligned;
+  coverage     each output of a tile's rows and head is written once, finite,
+               by the CTA (one split) or the merge (several);
+  memory       no read of the cache at or past `end`, of shared padding, of a
+               never-staged shared word or of a partial no split wrote; every
+               vector access aligned; no partial written twice;
   tiling       a row's output is the same bits whatever tile (first row, rows,
-               `end`) computed it.
+               `end`) computed it, also where one tile's context spans several
+               splits and another's does not.
+The sweep runs with a span of 128 positions (the host's is 1024; the kernel takes
+it as an argument) so that contexts of a few hundred positions cross splits.
 `--mutants` re-runs a short sweep with deliberate index mistakes in the twin's
 copy of the kernel and requires each one to fail a check.
 
@@ -46,8 +55,9 @@ NEG_INF = F32(-np.inf)
 # The kernel source this twin was last checked against: a different hash means the
 # twin may no longer mirror the kernel (update both, then this hash).
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill.cu"
-KERNEL_SHA256 = "28a8bc07e5268d22147083e40d6deaec9e71e759e4af0b199b5a60a6043c7f27"
+KERNEL_SHA256 = "95e5a401f4c15bdb6e6875f29edd3f2ba4cd7906929e7ac24b706724fb91ff61"
 POISON_BF16 = 0xFFFF  # a NaN: what an unwritten cache slot or shared word holds here
+SPAN = 128  # key positions per context split in the sweep (a multiple of T)
 
 
 class TwinFault(Exception):
@@ -139,7 +149,7 @@ def shfl_xor(v, m):
 class Launch:
     """Global memory of one launch: q (f32, flat), caches (bf16 per sequence), out (f32)."""
 
-    def __init__(self, q, q_stride, positions, kv_base, caches, tiles, n_heads, n_kv, n_layers, layer, D, out_rows):
+    def __init__(self, q, q_stride, positions, kv_base, caches, tiles, n_heads, n_kv, n_layers, layer, D, out_rows, span=SPAN):
         self.q, self.q_stride = q, q_stride
         self.positions, self.kv_base, self.caches = positions, kv_base, caches
         self.tiles = np.asarray(tiles, np.int32).reshape(-1, 2)
@@ -147,50 +157,86 @@ class Launch:
         self.out = np.full(out_rows * n_heads * D, np.nan, F32)
         self.writes = np.zeros(out_rows * n_heads * D, int)
         self.scale = F32(1.0 / np.sqrt(F32(D)))  # kernels.rs: 1 / sqrt(head_dim) in f32
+        # kernels.rs: max_splits is the pass's most splits of one tile's context.
+        self.span = span
+        ends = [int(positions[f]) + r for f, r in self.tiles]
+        self.max_splits = max(-(-e // span) for e in ends)
+        items = len(self.tiles) * n_heads * self.max_splits
+        self.part_o = np.full(items * T * D, np.nan, F32)
+        self.part_ml = np.full(items * T * 2, np.nan, F32)
+        self.part_writes = np.zeros(items * T * (D + 2), int).reshape(items * T, D + 2)
+        self.merged = 0  # outputs the merge wrote
 
 
-def attn_prefill_cta(L, bx, by, mut=frozenset()):
-    """One CTA (blockIdx = (bx, by)) of attn_prefill_hdD, all 128 threads at once."""
+def attn_prefill_cta(L, bx, by, bz, mut=frozenset()):
+    """One CTA (blockIdx = (bx, by, bz)) of attn_prefill_hdD, all 128 threads at once."""
     D = L.D
     KS = D + 8
     KSTEPS, DT, NT = D // 16, D // 8, T // 8
-    sk = np.full(T * KS, POISON_BF16, np.uint32)  # shared memory is not zeroed: a NaN shows a stray read
-    sv = np.full(T * KS, POISON_BF16, np.uint32)
+    # Two buffers of keys and values (the kernel's dynamic shared memory). Shared
+    # memory is not zeroed: a NaN shows a stray read.
+    skb = [np.full(T * KS, POISON_BF16, np.uint32) for _ in range(2)]
+    svb = [np.full(T * KS, POISON_BF16, np.uint32) for _ in range(2)]
+    in_flight = [None]  # the buffer whose copies are still landing while the MMAs run
 
     grid_x = len(L.tiles)
-    first_row, rows = (int(x) for x in L.tiles[grid_x - 1 - bx])
-    head = by
+    tile_index = grid_x - 1 - bx
+    first_row, rows = (int(x) for x in L.tiles[tile_index])
+    head, split = by, bz
     warp, lane = WARP, LANE
     g, c = lane >> 2, lane & 3
     kv_head = head % L.n_kv if "kv_head_mod" in mut else head // (L.n_heads // L.n_kv)
     kvd = L.n_kv * D
     p0 = int(L.positions[first_row])
+    end = p0 + rows
+    if "end_past" in mut:
+        end += 1
+    splits = -(-end // L.span)
+    if split >= splits:
+        return
+    k_begin = split * L.span + (T if "split_begin_off" in mut else 0)
+    k_end = min(end, k_begin + L.span)
     cache = L.caches[L.kv_base[first_row]]
     pos_stride = L.n_layers * 2 * kvd
     kv0 = L.layer * 2 * kvd + kv_head * D  # element offset; the cache base is 256-byte aligned
 
     def pack_bf16x2(lo_k, hi_k):
-        # asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k))
+        # common.cuh bf16x2_rn: asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k))
         return cvt_rn_bf16x2_f32(lo_k, hi_k) if "pack_order" in mut else cvt_rn_bf16x2_f32(hi_k, lo_k)
 
-    def split_bf16x2(a, b):
+    def split_bf16x2(a, b):  # common.cuh split_bf16x2
         hi = pack_bf16x2(a, b)
         if "lo_wrong_half" in mut:
             return hi, pack_bf16x2(a - u2f(hi & np.uint32(0xFFFF0000)), b - u2f(hi << np.uint32(16)))
         return hi, pack_bf16x2(a - u2f(hi << np.uint32(16)), b - u2f(hi & np.uint32(0xFFFF0000)))
 
-    def shared_u32(arr, idx):
-        # *reinterpret_cast<const uint32_t*>(sk + idx): 4-byte aligned, inside a staged row
-        if (idx % 2).any():
-            raise TwinFault("misaligned 32-bit shared load")
-        return shared_u16(arr, idx) | (shared_u16(arr, idx + 1) << np.uint32(16))
-
     def shared_u16(arr, idx):
+        if in_flight[0] is not None and (arr is skb[in_flight[0]] or arr is svb[in_flight[0]]):
+            raise TwinFault("shared load from the buffer whose copies are in flight")
         if (idx < 0).any() or (idx >= T * KS).any():
             raise TwinFault("shared load out of bounds")
         if (idx % KS >= D).any():
             raise TwinFault("shared load from the padding")
         return arr[idx]
+
+    def ldmatrix_x4(arr, idx, trans):
+        # ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16, as the PTX ISA gives it:
+        # lane 8i + r holds the address of row r of matrix i (8 b16, 16-byte aligned);
+        # register i of lane t receives matrix i's word t % 4 of row t / 4 (columns
+        # 2 (t % 4) and + 1, the lower in the low half), of the transposed matrix with .trans.
+        if (idx % 8).any():
+            raise TwinFault("misaligned ldmatrix row address")
+        rows = np.stack([shared_u16(arr, idx + e).astype(np.uint32) for e in range(8)], -1)  # [warp][lane][8]
+        t = np.arange(32)
+        regs = []
+        for i in range(4):
+            m = rows[:, 8 * i : 8 * i + 8, :]  # [warp][row][col] of matrix i
+            if trans:
+                lo, hi = m[:, 2 * (t % 4), t // 4], m[:, 2 * (t % 4) + 1, t // 4]
+            else:
+                lo, hi = m[:, t // 4, 2 * (t % 4)], m[:, t // 4, 2 * (t % 4) + 1]
+            regs.append(lo | (hi << np.uint32(16)))
+        return regs
 
     r_a = warp * 16 + g
     r_b = r_a + 8
@@ -223,12 +269,10 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
     sum_a = np.zeros((NWARPS, 32), F32)
     sum_b = sum_a.copy()
 
-    end = p0 + rows
-    if "end_past" in mut:
-        end += 1
-    k0 = 0
-    while k0 < end:
-        # Stage keys and values of positions k0..k0+63 (zeros past end).
+    def stage(b, k0):
+        # Keys and values of positions k0..k0+63 into buffer b (zeros past end):
+        # cp.async of 16 bytes, or 16 zero bytes (src-size 0).
+        sk, sv = skb[b], svb[b]
         CHUNKS = T * D // 8
         tid = np.arange(THREADS)
         for base in range(0, CHUNKS, THREADS):
@@ -255,15 +299,32 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
                 sk[dst : dst + 8] = kx
                 sv[dst : dst + 8] = vx
 
+    k0, b = k_begin, 0
+    stage(0, k_begin)
+    while k0 < k_end:
+        # The next positions' copies go to the other buffer while this one is read.
+        nxt = b if "same_buffer" in mut else b ^ 1
+        if k0 + T < k_end:
+            stage(nxt, k0 + T)
+            in_flight[0] = nxt
+        else:
+            in_flight[0] = None
+        cur = (b ^ 1) if "read_other_buffer" in mut else b
+        sk, sv = skb[cur], svb[cur]
+
         # Scores S = Q K^T: 8 tiles of 8 keys.
         s = np.zeros((NT, NWARPS, 32, 4), F32)
         for nt in range(NT):
-            krow = (nt * 8 + g) * KS + 2 * c
-            for ks in range(KSTEPS):
-                b0 = shared_u32(sk, krow + ks * 16)
-                b1 = shared_u32(sk, krow + ks * 16 + (4 if "krow_b1" in mut else 8))
-                s[nt] = mma_m16n8k16(s[nt], qh[ks], b0, b1)
-                s[nt] = mma_m16n8k16(s[nt], ql[ks], b0, b1)
+            if "k_matrices_swapped" in mut:
+                krow = (nt * 8 + (lane & 7)) * KS + ((lane >> 3) & 1) * 16 + (lane >> 4) * 8
+            else:
+                krow = (nt * 8 + (lane & 7)) * KS + (lane >> 3) * (4 if "krow_b1" in mut else 8)
+            for ks in range(0, KSTEPS, 2):
+                kb = ldmatrix_x4(sk, krow + ks * 16, "k_trans" in mut)
+                s[nt] = mma_m16n8k16(s[nt], qh[ks], kb[0], kb[1])
+                s[nt] = mma_m16n8k16(s[nt], ql[ks], kb[0], kb[1])
+                s[nt] = mma_m16n8k16(s[nt], qh[ks + 1], kb[2], kb[3])
+                s[nt] = mma_m16n8k16(s[nt], ql[ks + 1], kb[2], kb[3])
         # Causal mask.
         tile_a = np.full((NWARPS, 32), NEG_INF)
         tile_b = tile_a.copy()
@@ -314,18 +375,19 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
             ph[..., order[1]], pl[..., order[1]] = split_bf16x2(s[2 * j][..., 2], s[2 * j][..., 3])
             ph[..., order[2]], pl[..., order[2]] = split_bf16x2(s[2 * j + 1][..., 0], s[2 * j + 1][..., 1])
             ph[..., order[3]], pl[..., order[3]] = split_bf16x2(s[2 * j + 1][..., 2], s[2 * j + 1][..., 3])
-            v0 = (j * 16 + 2 * c) * KS + g
-            for dt in range(DT):
-                v = v0 + dt * 8
-                if "v_adjacent" in mut:
-                    b0 = shared_u16(sv, v) | (shared_u16(sv, v + 1) << np.uint32(16))
-                    b1 = shared_u16(sv, v + 8) | (shared_u16(sv, v + 9) << np.uint32(16))
-                else:
-                    b0 = shared_u16(sv, v) | (shared_u16(sv, v + KS) << np.uint32(16))
-                    b1 = shared_u16(sv, v + 8 * KS) | (shared_u16(sv, v + 9 * KS) << np.uint32(16))
-                o[dt] = mma_m16n8k16(o[dt], ph, b0, b1)
-                o[dt] = mma_m16n8k16(o[dt], pl, b0, b1)
+            if "v_key_dim_swapped" in mut:
+                vrow = (j * 16 + (lane & 7) + (lane >> 4) * 8) * KS + ((lane >> 3) & 1) * 8
+            else:
+                vrow = (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8
+            for dt in range(0, DT, 2):
+                vb = ldmatrix_x4(sv, vrow + dt * 8, "v_adjacent" not in mut)
+                o[dt] = mma_m16n8k16(o[dt], ph, vb[0], vb[1])
+                o[dt] = mma_m16n8k16(o[dt], pl, vb[0], vb[1])
+                o[dt + 1] = mma_m16n8k16(o[dt + 1], ph, vb[2], vb[3])
+                o[dt + 1] = mma_m16n8k16(o[dt + 1], pl, vb[2], vb[3])
         k0 += T
+        b ^= 1
+        in_flight[0] = None
 
     sum_a = sum_a + shfl_xor(sum_a, 1)
     if "sum_shfl_one" not in mut:
@@ -337,6 +399,9 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
         sum_b = sum_b + shfl_xor(sum_b, 1)
         if "sum_shfl_one" not in mut:
             sum_b = sum_b + shfl_xor(sum_b, 2)
+    if splits > 1 or "always_partial" in mut:
+        store_partials(L, tile_index, head, split, rows, o, (r_a, max_a, sum_a), (r_b, max_b, sum_b), mut)
+        return
     row_stride = L.n_heads * D
     for dt in range(DT):
         col = head * D + dt * 8 + (c if "store_col_c" in mut else 2 * c)
@@ -353,10 +418,83 @@ def attn_prefill_cta(L, bx, by, mut=frozenset()):
             np.add.at(L.writes, addr + 1, 1)
 
 
+def store_partials(L, tile_index, head, split, rows, o, a, b, mut):
+    """A split's unnormalised output, max and sum of its rows (c == 0 writes max and sum)."""
+    D = L.D
+    item = (tile_index * L.n_heads + (0 if "item_no_head" in mut else head)) * L.max_splits + split
+    c = LANE & 3
+    for r, mx, sm, lo in (a + (0,), b + (2,)):
+        live = r < rows
+        for dt in range(D // 8):
+            col = dt * 8 + 2 * c
+            addr = ((item * T + r) * D + col)[live]
+            if (addr % 2).any() or (addr + 1 >= len(L.part_o)).any():
+                raise TwinFault("bad float2 partial store")
+            L.part_o[addr] = o[dt][..., lo][live]
+            L.part_o[addr + 1] = o[dt][..., lo + 1][live]
+            np.add.at(L.part_writes, ((item * T + r)[live], col[live]), 1)
+            np.add.at(L.part_writes, ((item * T + r)[live], col[live] + 1), 1)
+        w = live & (c == 0)
+        slot = (item * T + r)[w]
+        L.part_ml[slot * 2] = mx[w]
+        L.part_ml[slot * 2 + 1] = sm[w]
+        np.add.at(L.part_writes, (slot, D), 1)
+        np.add.at(L.part_writes, (slot, D + 1), 1)
+
+
+def merge_cta(L, tile_index, head, mut=frozenset()):
+    """attn_prefill_merge_hdD for (tile, head): rows of a tile spanning several splits."""
+    D = L.D
+    first_row, rows = (int(x) for x in L.tiles[tile_index])
+    end = int(L.positions[first_row]) + rows
+    splits = -(-end // L.span)
+    if splits == 1 and "merge_single" not in mut:
+        return
+    item0 = (tile_index * L.n_heads + head) * L.max_splits
+
+    def ml(s, r, k):
+        slot = (item0 + s) * T + r
+        if L.part_writes[slot, D + k] != 1:
+            raise TwinFault(f"merge reads a partial no split wrote (split {s}, row {r})")
+        return L.part_ml[slot * 2 + k]
+
+    row_stride = L.n_heads * D
+    for r in range(rows):
+        M = NEG_INF
+        for s in range(splits):
+            M = np.fmax(M, ml(s, r, 0))
+        for d in range(D):
+            Lsum, o, first = F32(0), F32(0), True
+            order = range(splits - 1, -1, -1) if "merge_reversed" in mut else range(splits)
+            for s in order:
+                m = ml(s, r, 0)
+                if m == NEG_INF:
+                    continue
+                f = np.exp2(F32(m - M))
+                slot = (item0 + s) * T + r
+                if L.part_writes[slot, d] != 1:
+                    raise TwinFault("merge reads an unwritten partial output")
+                l_ = F32(ml(s, r, 1) * f)
+                x = F32(L.part_o[slot * D + d] * f)
+                Lsum = l_ if first else F32(Lsum + l_)
+                o = x if first else F32(o + x)
+                first = False
+            addr = (first_row + r) * row_stride + head * D + d
+            L.out[addr] = F32(o / Lsum)
+            L.writes[addr] += 1
+            L.merged += 1
+
+
 def run_launch(L, mut=frozenset()):
-    for bx in range(len(L.tiles)):
-        for by in range(L.n_heads):
-            attn_prefill_cta(L, bx, by, mut)
+    for bz in range(L.max_splits):
+        for bx in range(len(L.tiles)):
+            for by in range(L.n_heads):
+                attn_prefill_cta(L, bx, by, bz, mut)
+    if (L.part_writes > 1).any():
+        raise TwinFault("a partial written twice")
+    for t in range(len(L.tiles)):
+        for h in range(L.n_heads):
+            merge_cta(L, t, h, mut)
     return L.out.reshape(-1, L.n_heads * L.D)
 
 
@@ -466,6 +604,10 @@ def sweep(quick, mut=frozenset(), verbose=True, rng_seed=7):
     rows_all = range(1, 66) if not quick else (1, 2, 17, 64)
     for n in rows_all:
         cfgs.append((32, 2, [((5 * n) % 101, n), (64 if n % 2 else 0, 3)]))
+    # Contexts over several spans: a tile crossing a split boundary, one whose rows
+    # all sit past the first span, a lone row three spans deep.
+    for D in (32, 64, 128):
+        cfgs.append((D, 2, [(100, 60), (2 * SPAN + 3, 1), (SPAN + 20, 70)]))
     for D, ratio in itertools.product((32, 64, 128), (1, 2, 4)):
         for p0 in (0, 5, 64, 100):
             for rows in ((7, 64) if quick else (1, 7, 16, 33, 64)):
@@ -473,6 +615,7 @@ def sweep(quick, mut=frozenset(), verbose=True, rng_seed=7):
     if quick:
         cfgs = cfgs[:: 3 if mut else 1]
     worst = 0.0
+    merged = 0
     t = time.time()
     for D, ratio, seqs in cfgs:
         n_kv = 2 if ratio < 4 else 1
@@ -480,8 +623,11 @@ def sweep(quick, mut=frozenset(), verbose=True, rng_seed=7):
         out = run_launch(L, mut)
         err = check_launch(L, out)
         worst = max(worst, err)
+        merged += L.merged
+    if merged == 0:
+        raise AssertionError("no launch of the sweep crossed a split: the merge went untested")
     if verbose:
-        print(f"accuracy/coverage: {len(cfgs)} launches, worst relative error {worst:.2e} ({time.time() - t:.0f} s)")
+        print(f"accuracy/coverage: {len(cfgs)} launches, worst relative error {worst:.2e}, {merged} outputs merged from splits ({time.time() - t:.0f} s)")
     t = time.time()
     n = 0
     for D, ratio in ((32, 2), (64, 1), (128, 4)) if not mut else ((32, 2),):
@@ -495,8 +641,11 @@ MUTANTS = {
     "pack_order": "pack_bf16x2 with the cvt operands swapped (lo_k in the upper half)",
     "lo_wrong_half": "the lo split subtracts the other element's hi",
     "a_rows_swapped": "Q A fragment: regs 1 and 2 swapped (row offset 8*(i>>1), col 8*(i&1))",
-    "krow_b1": "K B fragment reg 1 at k + 4 instead of k + 8",
-    "v_adjacent": "V B fragment: v[1], v[8], v[9] instead of v[KS], v[8*KS], v[9*KS]",
+    "krow_b1": "K ldmatrix rows at dimension offsets 4 (lane / 8) instead of 8 (lane / 8)",
+    "k_trans": "K loaded with ldmatrix .trans",
+    "k_matrices_swapped": "K ldmatrix matrices 1 and 2 swapped (k-step ks + 1's first half as ks's second)",
+    "v_adjacent": "V loaded without ldmatrix .trans",
+    "v_key_dim_swapped": "V ldmatrix rows: lane bit 4 picks the keys and bit 3 the dimensions",
     "p_regs_swapped": "P as A fragment: score tiles 2j and 2j+1 of rows g+8 / g mixed (regs 1, 2 swapped)",
     "mask_ge": "causal mask kp >= pos (the diagonal masked)",
     "mask_b_uses_a": "rows g+8 masked with row g's position",
@@ -511,6 +660,12 @@ MUTANTS = {
     "sum_b_order": "rows g+8 add the quad's sums in another order (accurate, not tiling-invariant)",
     "kv_head_mod": "kv_head = head % n_kv instead of head / (n_heads / n_kv)",
     "v_reads_k": "values read at the key offset (no + kvd)",
+    "same_buffer": "the next positions' copies into the buffer being read",
+    "read_other_buffer": "the MMAs read the buffer whose copies are in flight",
+    "split_begin_off": "a split's keys start one tile past its span",
+    "always_partial": "a tile within one span writes partials, not its output",
+    "item_no_head": "partials indexed without the head (heads overwrite each other)",
+    "merge_single": "the merge also runs for tiles within one span",
 }
 
 

@@ -30,6 +30,9 @@ pub struct BatchModel<'a> {
     pub(crate) prefix_block: usize,
     /// Where prompt KV is kept for later requests; None when disabled.
     pub(crate) prefix_cache: Option<&'a Mutex<KvPrefixCache>>,
+    /// What a prompt row costs, which sizes a prompt's piece beside decoding
+    /// requests (`piece_end`).
+    pub(crate) row_cost: RowCost,
 }
 
 /// Cached prompt prefixes as sessions, each holding exactly its tokens' KV.
@@ -84,6 +87,38 @@ pub const LOOP_STEPS: usize = 128;
 /// pass's activations stay bounded.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// Multiply-adds of one prompt row, over the whole model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowCost {
+    /// In the layers' matrix products.
+    pub matmul_macs: u64,
+    /// In attention, per key position the row attends to (2 x q_dim x layers).
+    pub pair_macs: u64,
+}
+
+impl RowCost {
+    /// A piece of `rows` prompt rows from position `start`, in multiply-adds of
+    /// prompt attention: on the H200 the tensor-core GEMM ran ~108 TFLOP/s and the
+    /// prompt attention ~50 (hi/lo products), so a matrix multiply-add counts half.
+    pub fn piece(&self, start: usize, rows: usize) -> u128 {
+        let attention = rows as u128 * (start + rows) as u128 * self.pair_macs as u128;
+        attention + rows as u128 * self.matmul_macs as u128 / 2
+    }
+}
+
+/// While other requests decode in the same pass, a prompt's piece is cut so that
+/// it costs at most this many multiply-adds (`RowCost::piece`): ~2.7 ms on the
+/// H200 (prompt attention ran ~25 T multiply-adds/s at 16K positions), so the
+/// decoding requests' step stays within a few times their own (~1.5 ms for eight
+/// Llama-3.2-1B streams). Llama-3.2-1B: pieces of 128 rows at the start of a
+/// prompt, 64 from 1K positions on. A prompt alone keeps whole chunks.
+pub const INTERACTIVE_PIECE_MACS: u64 = 1 << 36;
+
+/// Rows of the smallest piece, and the step between piece sizes: whole tiles of
+/// the prefill attention (kernels/src/attention_prefill.cu PREFILL_TILE), so a
+/// prompt that starts on a tile keeps starting each piece on one.
+pub const PIECE_ROWS: usize = 64;
+
 /// Where a request stands after one of its tokens.
 enum After {
     Running,
@@ -135,6 +170,23 @@ fn end(mut a: Active<'_>, after: After) {
 pub(crate) fn chunk_end(start: usize, prompt_len: usize, chunk: usize, block: usize) -> usize {
     let next = |n: usize| (start / n + 1) * n;
     next(chunk).min(next(block)).min(prompt_len)
+}
+
+/// Where a prefill pass starting at prompt position `start` ends when other
+/// requests decode in the same pass (`beside_decode`): at `chunk_end`, or sooner
+/// where that piece would cost more than `budget_macs` (`RowCost::piece`), at
+/// the most whole `PIECE_ROWS` rows within it (never fewer than `PIECE_ROWS`).
+/// Alone, a prompt takes whole chunks: its own time to first token is what counts.
+pub(crate) fn piece_end(start: usize, prompt_len: usize, chunk: usize, block: usize, beside_decode: bool, cost: RowCost, budget_macs: u64) -> usize {
+    let end = chunk_end(start, prompt_len, chunk, block);
+    if !beside_decode {
+        return end;
+    }
+    let mut rows = PIECE_ROWS;
+    while start + rows < end && cost.piece(start, rows + PIECE_ROWS) <= budget_macs as u128 {
+        rows += PIECE_ROWS;
+    }
+    end.min(start + rows)
 }
 
 /// The lengths of `prompt`'s prefix that waiting requests would copy from the
@@ -215,6 +267,7 @@ pub struct Batcher<'a> {
     model: BatchModel<'a>,
     max_batch: usize,
     prefill_chunk: usize,
+    piece_macs: u64,
     next_id: RequestId,
     waiting: VecDeque<Active<'a>>,
     running: Vec<Active<'a>>,
@@ -227,6 +280,7 @@ impl<'a> Batcher<'a> {
             model: model.into(),
             max_batch: max_batch.max(1),
             prefill_chunk: PREFILL_CHUNK,
+            piece_macs: INTERACTIVE_PIECE_MACS,
             next_id: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -238,6 +292,13 @@ impl<'a> Batcher<'a> {
     /// latency of the other requests in the batch.
     pub fn set_prefill_chunk(&mut self, tokens: usize) {
         self.prefill_chunk = tokens.max(1);
+    }
+
+    /// Multiply-adds a prompt's piece may cost while other requests decode in
+    /// its pass (default [`INTERACTIVE_PIECE_MACS`]; see `piece_end`).
+    /// Smaller trades the prompt's time to first token for the others' latency.
+    pub fn set_interactive_piece_macs(&mut self, macs: u64) {
+        self.piece_macs = macs;
     }
 
     /// Queues a request. Checks it first ([`BatchModel::check`]); on error
@@ -309,6 +370,10 @@ impl<'a> Batcher<'a> {
         let mut prefilling = Vec::with_capacity(self.running.len());
         let mut requests = Vec::with_capacity(if device_sampling { self.running.len() } else { 0 });
         let (chunk, block) = (self.prefill_chunk, self.model.prefix_block);
+        // Requests past their prompt decode in this pass: prompts beside them come in
+        // pieces whose attention their step can afford.
+        let beside_decode = self.running.iter().any(|a| a.state.last_token().is_some());
+        let (row_cost, budget) = (self.model.row_cost, self.piece_macs);
         for (a, last) in self.running.iter_mut().zip(&last_tokens) {
             let Active { state, session, .. } = a;
             let session = session.as_deref_mut().expect("running requests hold a session");
@@ -319,7 +384,7 @@ impl<'a> Batcher<'a> {
             let tokens = match state.last_token() {
                 None => {
                     let prompt = state.prompt_ids();
-                    let end = chunk_end(session.len(), prompt.len(), chunk, block);
+                    let end = piece_end(session.len(), prompt.len(), chunk, block, beside_decode, row_cost, budget);
                     picks.push(end == prompt.len());
                     &prompt[session.len()..end]
                 }

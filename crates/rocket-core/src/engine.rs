@@ -359,6 +359,7 @@ impl Engine {
             max_seq_len: self.info.max_seq_len,
             prefix_block: self.prefix_block,
             prefix_cache: self.prefix_cache.as_ref(),
+            row_cost: crate::batch::RowCost { matmul_macs: self.info.spec.layer_matmul_macs(), pair_macs: 2 * (self.info.spec.q_dim() * self.info.spec.num_layers) as u64 },
         }
     }
 

@@ -80,20 +80,25 @@ choice! {
     /// Which kernel multiplies a pass's rows by the weights (`matmul`).
     MatmulPath, "matmul" {
         /// The tensor cores for passes of at least `TENSOR_CORE_MIN_ROWS` rows
-        /// (prefill, large batches), the GEMV below. A row's logits then depend
-        /// (≈1e-3 relative) on how many rows share its pass; `gemv` or `tensor`
-        /// make them batch-independent bit for bit (for `tensor`, in passes of
-        /// up to 256 rows: longer ones do not split K).
+        /// (prefill, large batches), the GEMV below; where cuBLASLt loads,
+        /// products of `CUBLAS_AUTO_MIN_MACS` multiply-adds or more in passes
+        /// of `CUBLAS_MIN_ROWS` rows or more (long prefills) on it, as `cublas`
+        /// runs them. A row's logits then depend (≈1e-3 relative) on how many
+        /// rows share its pass; `gemv` or `tensor` make them batch-independent
+        /// bit for bit (for `tensor`, in passes of up to 256 rows: longer ones
+        /// do not split K).
         Auto = "auto",
         /// The GEMV (kernels/src/gemv.cu) for every pass.
         Gemv = "gemv",
         /// The tensor-core GEMM (kernels/src/gemm_tc.cu) for every pass.
         Tensor = "tensor",
         /// NVIDIA's cuBLASLt (loaded at run time) for passes of at least
-        /// `CUBLAS_MIN_ROWS` (128) rows: prefill, ~1.8x faster at 4K tokens;
-        /// the activations go in as bf16 hi and lo parts, so the precision is
-        /// the tensor-core GEMM's. Shorter passes multiply as `auto` does.
-        /// Loading fails where cuBLASLt is not found.
+        /// `CUBLAS_MIN_ROWS` (128) rows: prefill. Its products take fp16
+        /// operands (an fp16 copy of the layers' matrices, made at the first
+        /// pass that needs it), or,
+        /// once a pass's activations leave fp16's range, the activations' bf16
+        /// hi and lo parts (backend/cuda/cublas.rs). Shorter passes multiply as
+        /// `auto` does. Loading fails where cuBLASLt is not found.
         Cublas = "cublas",
     }
 }

@@ -1,14 +1,16 @@
-//! The block rule of prefix reuse (see `prefix_cache`), checked on the passes
-//! themselves: the CPU backend's per-row math would hide a reuse at a point a
-//! full prefill does not split at, the GPU's tensor-core prefill would not. So
-//! a backend that records every prefill pass's (first position, rows) shows
-//! that a request reusing a cached prefix runs exactly the passes the same
-//! request runs without reuse after that prefix.
+//! Prefill passes as the batcher cuts them, checked on the passes themselves by
+//! a backend that records every chunk's (first position, rows): the CPU
+//! backend's per-row math would hide where a prompt is cut, the GPU's would not.
+//! - The block rule of prefix reuse (see `prefix_cache`): a request reusing a
+//!   cached prefix runs exactly the passes the same request runs without reuse
+//!   after that prefix.
+//! - Pieces beside decoding requests (`batch::piece_end`): a prompt that arrives
+//!   while another request decodes comes in pieces its attention budget allows.
 
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, Chunk, Logits, Session};
-use crate::batch::chunk_end;
+use crate::batch::{chunk_end, piece_end, RowCost, PIECE_ROWS};
 use crate::engine::{Engine, EngineOptions};
 use crate::error::Result;
 use crate::sampling::SamplingParams;
@@ -103,4 +105,86 @@ fn a_reused_prefix_leaves_the_passes_after_it_as_they_were() {
         assert!(all.iter().any(|&(start, rows)| start < reused && start + rows == reused), "a full prefill splits at {reused}: {all:?}");
         assert_eq!(prefill(&with), after, "block {block}, chunk {chunk}: passes after the reused prefix");
     }
+}
+
+#[test]
+fn pieces_beside_decoding_requests_follow_the_budget() {
+    // Llama-3.2-1B: 973 M multiply-adds per row in the matrices, 2 x 2048 x 16 per
+    // (row, key) pair in attention.
+    let llama = RowCost { matmul_macs: 16 * (2048 * (2 * 2048 + 2 * 512) + 3 * 2048 * 8192), pair_macs: 2 * 2048 * 16 };
+    let spec = crate::megakernel::verify::tests::spec(2048, 8192, 16, 32, 8, 64, 128_256);
+    assert_eq!(spec.layer_matmul_macs(), llama.matmul_macs);
+    assert_eq!(llama.matmul_macs, 973_078_528);
+    let budget = crate::batch::INTERACTIVE_PIECE_MACS;
+    let piece = |start: usize| piece_end(start, 20_000, 512, 512, true, llama, budget) - start;
+    assert_eq!([0, 512, 1024, 4096, 16_384].map(piece), [128, 128, 64, 64, 64]);
+    // A small model (SmolLM2-135M's shape) keeps whole chunks further in.
+    let smol = RowCost { matmul_macs: 30 * (576 * (2 * 576 + 2 * 192) + 3 * 576 * 1536), pair_macs: 2 * 576 * 30 };
+    let small = |start: usize| piece_end(start, 20_000, 512, 512, true, smol, budget) - start;
+    assert_eq!([0, 1024, 4096, 16_384].map(small), [512, 512, 320, 64]);
+    for cost in [llama, smol] {
+        for start in (0..19_968).step_by(512) {
+            let rows = piece_end(start, 20_000, 512, 512, true, cost, budget) - start;
+            assert_eq!(rows % PIECE_ROWS, 0, "at {start}");
+            // Within budget, unless it is the smallest piece; and the next size up is not.
+            assert!(rows == PIECE_ROWS || cost.piece(start, rows) <= budget as u128, "at {start}: {rows} rows");
+            assert!(rows == 512 || cost.piece(start, rows + PIECE_ROWS) > budget as u128, "at {start}: {rows} rows");
+        }
+    }
+    // Alone, whole chunks; beside decoding, still never across a block or the prompt's end.
+    assert_eq!(piece_end(8192, 20_000, 512, 512, false, llama, budget), 8704);
+    assert_eq!(piece_end(0, 20_000, 512, 128, true, smol, budget), 128);
+    assert_eq!(piece_end(16_384, 16_400, 512, 512, true, llama, budget), 16_400);
+}
+
+type Finished = std::rc::Rc<std::cell::RefCell<Vec<(&'static str, Vec<u32>)>>>;
+
+/// Runs `long` through a batcher of two, after `short`'s prompt pass when given
+/// (so `short` decodes beside it); returns the prompt passes and each one's tokens.
+fn beside(e: &Engine, passes: &Passes, short: Option<&[u32]>, long: &[u32], piece_macs: u64) -> (Vec<(usize, usize)>, Finished) {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) };
+    let finished = Finished::default();
+    passes.lock().unwrap().clear();
+    let mut b = crate::Batcher::new(e, 2);
+    b.set_interactive_piece_macs(piece_macs);
+    let add = |b: &mut crate::Batcher<'_>, name: &'static str, ids: &[u32]| {
+        let done = finished.clone();
+        let request = crate::EngineRequest { prompt: String::new(), prompt_ids: ids.to_vec(), params: params.clone() };
+        b.add(request, Box::new(move |ev| {
+            if let crate::BatchEvent::Finished(o) = ev {
+                done.borrow_mut().push((name, o.token_ids));
+            }
+            true
+        }))
+        .unwrap();
+    };
+    if let Some(short) = short {
+        add(&mut b, "short", short);
+        b.step().unwrap(); // the short prompt's pass: it decodes from the next one on
+    }
+    add(&mut b, "long", long);
+    b.run_to_completion().unwrap();
+    drop(b);
+    let prompt_passes = passes.lock().unwrap().iter().copied().filter(|&(start, rows)| rows > 1 && start < long.len()).collect();
+    (prompt_passes, finished)
+}
+
+#[test]
+fn a_prompt_arriving_while_another_decodes_comes_in_pieces_with_the_same_tokens() {
+    let short: Vec<u32> = (0..5).map(|i| (i * 31 + 2) % 500).collect();
+    let long: Vec<u32> = (0..200).map(|i| (i * 17 + 3) % 500).collect();
+    let (e, passes) = engine(512, 0);
+    // Every piece's attention over budget: the smallest pieces, whole tiles.
+    let cost = e.batch_model().row_cost;
+    let small = u64::try_from(cost.piece(0, 64)).unwrap();
+    let tokens = |f: &Finished, name: &str| f.borrow().iter().find(|(n, _)| *n == name).map(|(_, t)| t.clone()).unwrap();
+    let (alone, solo) = beside(&e, &passes, None, &long, small);
+    assert_eq!(alone, [(0, 200)], "a prompt alone takes whole chunks");
+    let (pieces, both) = beside(&e, &passes, Some(&short), &long, small);
+    assert_eq!(pieces, [(0, 5), (0, 64), (64, 64), (128, 64), (192, 8)], "the long prompt beside a decoding request");
+    assert_eq!(tokens(&both, "long"), tokens(&solo, "long"), "the long prompt's tokens depend on its pieces");
+    assert_eq!(tokens(&both, "short").len(), 12);
+    // With the default budget a 200-token prompt at the start of its context is one piece.
+    let (default, _) = beside(&e, &passes, Some(&short), &long, crate::batch::INTERACTIVE_PIECE_MACS);
+    assert_eq!(default, [(0, 5), (0, 200)]);
 }

@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, HandoffMode, MatmulFusion, MatmulKernel};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, FusedF16, HandoffMode, MatmulFusion, MatmulKernel};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
 use rocket_core::{DecodePath, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, SamplingParams};
@@ -276,10 +276,16 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
             }
             b.forward(&mut [Chunk { session: s.as_mut(), tokens: chunk }], Logits::All).unwrap()
         };
-        // Whole tiles, partial ones, a chunk that starts mid-tile after a cached prefix, and
-        // long enough for many key tiles.
+        // Whole tiles, partial ones, a chunk that starts mid-tile after a cached prefix,
+        // long enough for many key tiles, and (where the model allows) one whose first
+        // tile's context crosses a context split (kernels.rs PREFILL_SPAN, 1024).
         let long = (if vocab > 100_000 { 300 } else { 700 }).min(spec.max_position_embeddings);
-        for (n, (prefix_len, len)) in [(0, 2), (0, 17), (0, 64), (0, 130), (40, 77), (0, long)].into_iter().enumerate() {
+        let deep = spec.max_position_embeddings >= 1100;
+        let mut cases = vec![(0, 2), (0, 17), (0, 64), (0, 130), (40, 77), (0, long)];
+        if deep {
+            cases.push((1000, 60));
+        }
+        for (n, (prefix_len, len)) in cases.into_iter().enumerate() {
             let ids = random_ids(900 + n as u64, prefix_len + len, vocab);
             let (prefix, chunk) = ids.split_at(prefix_len);
             let (a, b) = (run(&tc, prefix, chunk), run(&split, prefix, chunk));
@@ -296,13 +302,35 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
             assert!(worst <= 3e-3, "{}: prefix {prefix_len} + {len}: worst row rel L2 {worst}", path.display());
         }
         // A row's result does not depend on how its prompt was split into passes (key
-        // tiles sit on absolute positions; the matmuls do not depend on the row count).
+        // tiles sit on absolute positions; the products split k the same way in passes of
+        // up to 256 rows).
         let ids = random_ids(950, 130, vocab);
         let whole = run(&tc, &[], &ids);
         let parts = run(&tc, &ids[..50], &ids[50..]);
         let differ = whole[50 * vocab..].iter().zip(&parts).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
         println!("TC-ATTN {}: rows 50..130 in one pass and after a 50-row pass: {differ} logits differ", path.display());
         assert_eq!(differ, 0, "{}: a prompt row's logits depend on how the prompt was split", path.display());
+        if deep {
+            // Across a context split: rows 1000..1100 in a pass from 960 (rows 1000..1023
+            // in a tile within the first split, written directly) and in a pass from 1000
+            // (the same rows in a tile crossing it, merged from one live split; rows 1024..
+            // merged from two splits in other tiles). Positions 960..999 go in a pass of
+            // their own in the second run: every pass from 960 on has 33-256 rows, so the
+            // products split k the same way for each row (kernels.rs GemmPlan; the 960-row
+            // first pass does not split k, and positions 960..999 in it would differ).
+            let ids = random_ids(960, 1100, vocab);
+            let from_960 = run(&tc, &ids[..960], &ids[960..]);
+            let from_1000 = {
+                let mut s = tc.new_session(ids.len()).unwrap();
+                for pass in [&ids[..960], &ids[960..1000]] {
+                    tc.forward(&mut [Chunk { session: s.as_mut(), tokens: pass }], Logits::Last).unwrap();
+                }
+                tc.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids[1000..] }], Logits::All).unwrap()
+            };
+            let differ = from_960[40 * vocab..].iter().zip(&from_1000).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            println!("TC-ATTN {}: rows 1000..1100 in a pass from 960 and in one from 1000: {differ} logits differ", path.display());
+            assert_eq!(differ, 0, "{}: a row's logits depend on how its tile meets a context split", path.display());
+        }
     }
 }
 
@@ -386,38 +414,46 @@ fn device_sampler_picks_the_host_samplers_token() {
             })
             .collect();
         let end_ids: Vec<u32> = random_ids(77, 3, vocab);
-        let (mut rows, mut mismatches, mut device_s) = (0usize, Vec::new(), 0.0f64);
-        for (batch, chunk) in settings.chunks(48).enumerate() {
-            let logits: Vec<f32> = (0..chunk.len()).flat_map(|i| sampler_logits(i + batch, (batch * 100 + i) as u64, vocab)).collect();
-            let requests: Vec<SampleRequest<'_>> = chunk
-                .iter()
-                .enumerate()
-                .map(|(i, p)| SampleRequest {
-                    params: p,
-                    seed: p.seed.unwrap(),
-                    step: (batch * 7 + i) as u64,
-                    history: &histories[i % histories.len()],
-                    end_ids: &end_ids,
-                })
-                .collect();
-            let t = std::time::Instant::now();
-            let got = gpu.sample_on_device(&logits, &requests).unwrap();
-            device_s += t.elapsed().as_secs_f64();
-            for (i, r) in requests.iter().enumerate() {
-                let want = r.sample_on_host(&logits[i * vocab..(i + 1) * vocab]);
-                if got[i] != want {
-                    mismatches.push(format!("row {i} of batch {batch} ({:?}, kind {}): device {} host {want}", r.params, (i + batch) % 7, got[i]));
+        // Every setting in mixed batches (each row through its own path), then each
+        // split path's rows alone (sample.cu over 32 CTAs per row): sampled top-k <= 64
+        // (the lists), and greedy or no top-k cut (the bins).
+        let listable: Vec<SamplingParams> = settings.iter().filter(|p| p.temperature > 0.0 && (1..=64).contains(&p.top_k)).cloned().collect();
+        let binned: Vec<SamplingParams> = settings.iter().filter(|p| p.temperature == 0.0 || p.top_k == 0 || p.top_k >= vocab).cloned().collect();
+        for (label, settings) in [("SAMPLER", &settings), ("SAMPLER-TOPK", &listable), ("SAMPLER-BINS", &binned)] {
+            let (mut rows, mut mismatches, mut device_s) = (0usize, Vec::new(), 0.0f64);
+            for (batch, chunk) in settings.chunks(48).enumerate() {
+                let logits: Vec<f32> = (0..chunk.len()).flat_map(|i| sampler_logits(i + batch, (batch * 100 + i) as u64, vocab)).collect();
+                let requests: Vec<SampleRequest<'_>> = chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| SampleRequest {
+                        params: p,
+                        seed: p.seed.unwrap(),
+                        step: (batch * 7 + i) as u64,
+                        history: &histories[i % histories.len()],
+                        end_ids: &end_ids,
+                    })
+                    .collect();
+                let t = std::time::Instant::now();
+                let got = gpu.sample_on_device(&logits, &requests).unwrap();
+                device_s += t.elapsed().as_secs_f64();
+                for (i, r) in requests.iter().enumerate() {
+                    let want = r.sample_on_host(&logits[i * vocab..(i + 1) * vocab]);
+                    if got[i] != want {
+                        mismatches.push(format!("row {i} of batch {batch} ({:?}, kind {}): device {} host {want}", r.params, (i + batch) % 7, got[i]));
+                    }
+                    rows += 1;
                 }
-                rows += 1;
             }
+            println!(
+                "{label} {}: {rows} rows, {} differ from the host sampler; {:.1} us per row (batches of 48, with upload)",
+                path.display(),
+                mismatches.len(),
+                device_s * 1e6 / rows as f64
+            );
+            assert!(rows > 0, "{label}: no rows");
+            assert!(mismatches.is_empty(), "{label}: {}", mismatches[..mismatches.len().min(5)].join("\n"));
         }
-        println!(
-            "SAMPLER {}: {rows} rows, {} differ from the host sampler; {:.1} us per row (batches of 48, with upload)",
-            path.display(),
-            mismatches.len(),
-            device_s * 1e6 / rows as f64
-        );
-        assert!(mismatches.is_empty(), "{}", mismatches[..mismatches.len().min(5)].join("\n"));
     }
 }
 
@@ -621,10 +657,11 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
 }
 
 /// The cuBLASLt matmul path (`MatmulPath::Cublas`): every fuel's products at
-/// decode-batch and prefill row counts against the host's f64 product, on the
-/// inputs' bf16 hi and lo parts (the tensor-core GEMM's bar, 1e-4) and on hi
-/// alone (each input rounded to bf16, ~1.1e-3 relative: 4e-3), timed beside
-/// rocket's own tensor-core GEMM at the same shape; then teacher-forced logits
+/// decode-batch and prefill row counts against the host's f64 product, on fp16
+/// operands (each input rounded to fp16, ~1.4e-4 relative: 5e-4), on the inputs'
+/// bf16 hi and lo parts (the tensor-core GEMM's bar, 1e-4) and on hi alone (each
+/// input rounded to bf16, ~1.1e-3 relative: 4e-3), timed beside rocket's own
+/// tensor-core GEMM at the same shape; then teacher-forced logits
 /// of each checkpoint on the graph path with it against the CPU reference,
 /// under the bar the other paths meet. Prints CUBLAS lines. Needs
 /// libcublasLt.so on the loader path (benches/gpu_run.sh adds the toolkit's).
@@ -642,13 +679,27 @@ fn cublas_matmul_matches_the_host_and_the_reference() {
                 seed += 1;
                 let check = |kernel| gpu.matmul_check(kernel, MatmulFusion::default(), n, k, rows, accumulate, 10, seed).unwrap();
                 let (c, b, t) = (check(MatmulKernel::Cublas), check(MatmulKernel::CublasBf16), check(MatmulKernel::Tensor));
+                let h = check(MatmulKernel::CublasF16);
                 let tflops = |us: f64| 2.0 * (n * k * rows) as f64 / us / 1e6;
                 println!(
-                    "CUBLAS {fuel} {name} {n}x{k} rows {rows}: hi+lo rel L2 {:.2e}, {:.1} us ({:.0} TFLOP/s); bf16 alone rel L2 {:.2e}, {:.1} us; \
-                     tensor-core GEMM {:.1} us ({:.0} TFLOP/s), rel L2 {:.2e}",
-                    c.rel_l2, c.micros, tflops(c.micros), b.rel_l2, b.micros, t.micros, tflops(t.micros), t.rel_l2
+                    "CUBLAS {fuel} {name} {n}x{k} rows {rows}: fp16 rel L2 {:.2e}, {:.1} us ({:.0} TFLOP/s); hi+lo rel L2 {:.2e}, {:.1} us ({:.0} TFLOP/s); \
+                     bf16 alone rel L2 {:.2e}, {:.1} us; tensor-core GEMM {:.1} us ({:.0} TFLOP/s), rel L2 {:.2e}",
+                    h.rel_l2,
+                    h.micros,
+                    tflops(h.micros),
+                    c.rel_l2,
+                    c.micros,
+                    tflops(c.micros),
+                    b.rel_l2,
+                    b.micros,
+                    t.micros,
+                    tflops(t.micros),
+                    t.rel_l2
                 );
-                assert!(c.all_written && b.all_written, "{fuel} {name} rows {rows}: an output was never written");
+                assert!(c.all_written && b.all_written && h.all_written, "{fuel} {name} rows {rows}: an output was never written");
+                // fp16 keeps 11 bits of each input (unit roundoff 2^-11; ~1.9e-4 rel L2 on
+                // these uniform inputs).
+                assert!(h.rel_l2 <= 5e-4, "{fuel} {name} rows {rows}: fp16 rel L2 {}", h.rel_l2);
                 // The split keeps what the tensor-core GEMM keeps (its bar); hi alone is off by
                 // a bf16 rounding of each input (~1.1e-3 relative each: 4e-3).
                 assert!(c.rel_l2 <= 1e-4, "{fuel} {name} rows {rows}: hi+lo rel L2 {}", c.rel_l2);
@@ -672,6 +723,162 @@ fn cublas_matmul_matches_the_host_and_the_reference() {
         misses.extend((rel > 1e-2).then(|| format!("{}: rel L2 {rel}", path.display())));
     }
     assert!(misses.is_empty(), "over the 1e-2 bar: {misses:?}");
+}
+
+/// to_f16.cu against the host's conversion (half's, to nearest even): random
+/// values over fp16's whole range, its subnormals and the edges, bit for bit,
+/// with the range flag clear; then one value past the range sets it (and only a
+/// finite one: inf and NaN inputs convert without it). The same for the
+/// weights' bf16 -> fp16 copy.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn fp16_conversions_round_as_the_host_and_flag_values_past_the_range() {
+    require_gpu();
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    let mut values: Vec<f32> = (0..100_003u64)
+        .map(|i| {
+            // splitmix64
+            let mut r = (i ^ 0xf16).wrapping_add(0x9e37_79b9_7f4a_7c15);
+            r = (r ^ (r >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            r = (r ^ (r >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            r ^= r >> 31;
+            let magnitude = 2f32.powf((r >> 40) as f32 / (1u64 << 24) as f32 * 42.0 - 26.0); // 2^-26 .. 2^16
+            let v = if r & 1 == 1 { -magnitude } else { magnitude };
+            v.clamp(-65_519.0, 65_519.0)
+        })
+        .collect();
+    // Ties at the subnormal and normal steps, the largest finite fp16, and what rounds to it.
+    values.extend([2f32.powi(-25), 3.0 * 2f32.powi(-25), 1.0 + 2f32.powi(-11), 65_504.0, 65_519.99, -65_519.99, 0.0, -0.0, f32::INFINITY, f32::NAN]);
+    let (bits, flagged) = gpu.to_f16_on_device(&values).unwrap();
+    let wrong: Vec<_> = values
+        .iter()
+        .zip(&bits)
+        .filter(|&(&v, &b)| {
+            let want = half::f16::from_f32(v);
+            if v.is_nan() { !half::f16::from_bits(b).is_nan() } else { want.to_bits() != b }
+        })
+        .collect();
+    println!("F16 to_f16: {} values, {} differ from the host's rounding, range flag {flagged}", values.len(), wrong.len());
+    assert!(wrong.is_empty(), "to_f16 differs from half::f16::from_f32 at {} values, e.g. {:?}", wrong.len(), &wrong[..wrong.len().min(5)]);
+    assert!(!flagged, "to_f16 flagged values within fp16's range (or inf / NaN inputs)");
+    for past in [65_520.0f32, -70_000.0, 3.0e38] {
+        let (bits, flagged) = gpu.to_f16_on_device(&[1.0, past, 2.0, 3.0, 4.0]).unwrap();
+        println!("F16 to_f16 of {past}: bits {:#06x}, range flag {flagged}", bits[1]);
+        assert!(flagged, "to_f16 of {past} did not set the range flag");
+    }
+
+    // bf16 weights within fp16's range (bf16 steps by 256 near 2^16: 65,408 and up round
+    // to 65,536, past it).
+    let weights: Vec<u16> = values.iter().map(|&v| half::bf16::from_f32(v)).filter(|w| w.to_f32().abs() <= 65_504.0).map(|w| w.to_bits()).collect();
+    let (bits, flagged) = gpu.bf16_to_f16_on_device(&weights).unwrap();
+    let wrong = weights.iter().zip(&bits).filter(|&(&w, &b)| half::f16::from_f32(half::bf16::from_bits(w).to_f32()).to_bits() != b).count();
+    println!("F16 bf16_to_f16: {} weights, {wrong} differ from the host's, range flag {flagged}", weights.len());
+    assert_eq!(wrong, 0, "bf16_to_f16 differs from the host's conversion");
+    assert!(!flagged, "bf16_to_f16 flagged weights within fp16's range");
+    let (_, flagged) = gpu.bf16_to_f16_on_device(&[half::bf16::from_f32(1.0e5).to_bits(), 0, 0, 0, 0]).unwrap();
+    assert!(flagged, "bf16_to_f16 of 1e5 did not set the range flag");
+}
+
+/// The norm and SiLU·mul writing cuBLASLt's fp16 operands themselves
+/// (rms_norm_f16, silu_mul_f16) give the bits of rms_norm / silu_mul followed by
+/// to_f16, and set the range flag exactly where to_f16 does: random rows at
+/// Llama-3.2-1B's widths, then the same rows with values past fp16's range (a
+/// norm weight of 1e6; one gate and up pair of 300, SiLU·mul ~9e4).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn fused_fp16_outputs_are_the_bits_of_the_separate_rounding() {
+    require_gpu();
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    let rows = 37;
+    for (op, dim) in [(FusedF16::RmsNorm, 2048usize), (FusedF16::SiluMul, 8192)] {
+        for past in [false, true] {
+            let width = if op == FusedF16::RmsNorm { dim } else { 2 * dim };
+            let mut input = random_values(0xf05e + dim as u64, rows * width, 6.0);
+            let mut weights = if op == FusedF16::RmsNorm { random_values(0x3e1, dim, 1.5) } else { Vec::new() };
+            if past {
+                match op {
+                    FusedF16::RmsNorm => weights[5] = 1.0e6,
+                    FusedF16::SiluMul => (input[3 * width + 7], input[3 * width + dim + 7]) = (300.0, 300.0),
+                }
+            }
+            let c = gpu.fused_f16_on_device(op, &input, &weights, dim, rows).unwrap();
+            let differ = c.fused.iter().zip(&c.separate).filter(|(a, b)| a != b).count();
+            let poison = c.fused.iter().filter(|&&b| b == 0xffff).count();
+            println!(
+                "F16-FUSED {op:?} {rows}x{dim}, values past the range {past}: {differ} of {} differ from the separate rounding, \
+                 {poison} left unwritten, range flag fused {} separate {}",
+                c.fused.len(),
+                c.fused_flag,
+                c.separate_flag
+            );
+            assert_eq!(poison, 0, "{op:?}: outputs never written");
+            assert_eq!(differ, 0, "{op:?}: the fused fp16 output differs from rounding the f32 output");
+            assert_eq!(c.separate_flag, past, "{op:?}: to_f16's flag, values past the range {past}");
+            assert_eq!(c.fused_flag, c.separate_flag, "{op:?}: the fused kernel's range flag differs from to_f16's");
+        }
+    }
+}
+
+/// cuBLASLt's fp16 products where activations leave fp16's range: a checkpoint
+/// whose MLP norm has one weight of 1e6 puts the gate|up input past 65,504 in a
+/// 160-row pass; that pass must be redone on bf16 hi+lo parts (the operands the
+/// backend reports change, the fp16 copy is freed) and its logits, and a decode
+/// step's after it, match the tensor-core GEMM's on the same device weights (hi+lo
+/// inputs too; the CPU reference multiplies the fixture's fp16 weights, which such a
+/// norm weight makes ~1e-1 apart from their bf16 rounding), as the unchanged
+/// checkpoint's do on fp16 operands. Without the fallback the logits are not
+/// finite. Prints F16-RANGE lines; needs libcublasLt.so on the loader path.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn fp16_products_redo_a_pass_past_the_range_on_bf16_parts() {
+    require_gpu();
+    let path = fixture("tiny-qwen3");
+    for big in [None, Some(1.0e6f32)] {
+        let (spec, mut weights) = open_weights(&path);
+        if let Some(v) = big {
+            weights.layers[0].mlp_norm[5] = v;
+        }
+        let backend = |matmul, fuse| {
+            let opts = GpuOptions { decode: DecodePath::Graph, matmul, fuse, ..GpuOptions::default() };
+            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
+        };
+        let (lt, tc) = (backend(MatmulPath::Cublas, true), backend(MatmulPath::Tensor, true));
+        let ids = random_ids(11, 160, spec.vocab_size);
+        let next = [random_ids(12, 1, spec.vocab_size)[0]];
+        let before = lt.cublas_operands().unwrap();
+        // Every position's logits of the 160-row pass, then one decode step's.
+        let logits = |b: &CudaBackend| {
+            let mut s = b.new_session(161).unwrap();
+            let mut l = b.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids }], Logits::All).unwrap();
+            assert_eq!(s.len(), 160, "the pass advanced its sequence once");
+            l.extend(b.forward(&mut [Chunk { session: s.as_mut(), tokens: &next }], Logits::Last).unwrap());
+            l
+        };
+        let got = logits(&lt);
+        let (after, copy) = (lt.cublas_operands().unwrap(), lt.f16_copy_bytes().unwrap());
+        let want = logits(&tc);
+        // Unfused, the norm and SiLU·mul write f32 and to_f16 rounds it: the same bits.
+        let unfused = logits(&backend(MatmulPath::Cublas, false));
+        let fused_differ = got.iter().zip(&unfused).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        let rel = rel_l2(&got, &want);
+        let step = rel_l2(&got[160 * spec.vocab_size..], &want[160 * spec.vocab_size..]);
+        println!(
+            "F16-RANGE mlp norm weight {big:?}: operands {before} -> {after} (fp16 copy {copy} bytes), logits rel L2 {rel:.3e} \
+             (decode step after {step:.3e}) against the tensor-core GEMM (160 positions); {fused_differ} logits differ \
+             between the fused and the separate fp16 rounding"
+        );
+        assert_eq!(fused_differ, 0, "mlp norm weight {big:?}: the fused fp16 operands changed the logits");
+        assert_eq!(before, "fp16", "cuBLASLt without fp16 operands at load");
+        assert!(got.iter().all(|v| v.is_finite()), "mlp norm weight {big:?}: non-finite logits");
+        if big.is_some() {
+            assert_eq!((after, copy), ("bf16 hi+lo", 0), "a pass past fp16's range kept the fp16 products");
+        } else {
+            assert_eq!(after, "fp16");
+            assert!(copy > 0, "no fp16 copy after a pass with products on cuBLASLt");
+        }
+        // Both on 16-bit weights with f32 sums; fp16 inputs keep 11 bits, hi+lo ~16.
+        assert!(rel <= 1e-2 && step <= 1e-2, "mlp norm weight {big:?}: rel L2 {rel}, decode step {step}, over the 1e-2 bar");
+    }
 }
 
 /// Prefix reuse on the GPU: a second prompt sharing whole blocks with a first

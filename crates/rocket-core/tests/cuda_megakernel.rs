@@ -14,7 +14,9 @@ use std::time::Instant;
 use rocket_core::backend::cuda::{unavailable_reason, CudaBackend};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
-use rocket_core::megakernel::{MegakernelError, Op, StallSite};
+use rocket_core::backend::SampleRequest;
+use rocket_core::megakernel::{MegakernelError, Op, Profile, StallSite};
+use rocket_core::sampling::TokenHistory;
 use rocket_core::sampling::argmax;
 use rocket_core::options::parse_watchdog_ms;
 use rocket_core::{DecodePath, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, SamplingParams};
@@ -194,12 +196,33 @@ fn a_traced_step_shows_where_the_time_goes() {
         f.gpu.megakernel_teacher_forced(&ids).unwrap().unwrap();
         let wall_us = t.elapsed().as_secs_f64() * 1e6 / ids.len() as f64;
         // Step 100: warm, and well inside the launch.
-        let profile = f.gpu.megakernel_profile(&ids, 100).unwrap().unwrap();
+        let profile = f.gpu.megakernel_profile(&ids, 100, None).unwrap().unwrap();
         for line in profile.to_string().lines() {
             println!("MK-PROFILE {}: {line}", f.name);
         }
         println!("MK-PROFILE {}: untraced launch {wall_us:.1} µs per step (wall, with logits copies)", f.name);
         assert!(profile.step_us > 0.0 && profile.step_us < 20.0 * wall_us, "{}: traced step {} µs", f.name, profile.step_us);
+        // The same step sampled: its LM head phase holds the SMs' sampler parts and the
+        // merge, so its length against greedy's is what sampling costs per token.
+        let history = TokenHistory::new(&ids[..1]);
+        for (label, params) in [
+            ("top-k 20 + top-p 0.95", SamplingParams { temperature: 0.6, top_k: 20, top_p: 0.95, ..SamplingParams::default() }),
+            ("top-p 0.9", SamplingParams { temperature: 0.6, top_p: 0.9, ..SamplingParams::default() }),
+        ] {
+            let request = SampleRequest { params: &params, seed: 7, step: 0, history: &history, end_ids: &[] };
+            let sampled = f.gpu.megakernel_profile(&ids, 100, Some(&request)).unwrap().unwrap();
+            // From the last layer's end to the last LM-head instruction done (the token picked).
+            let lm = |p: &Profile| p.lm_head.as_ref().map_or(f64::NAN, |ph| ph.done_us.2 - ph.ready_us);
+            println!(
+                "MK-PROFILE-SAMPLED {} {label}: step {:.1} µs (greedy {:.1}), LM head phase {:.1} µs (greedy {:.1})",
+                f.name,
+                sampled.step_us,
+                profile.step_us,
+                lm(&sampled),
+                lm(&profile)
+            );
+            assert!(sampled.step_us > 0.0 && sampled.step_us < 20.0 * wall_us, "{} {label}: traced step {} µs", f.name, sampled.step_us);
+        }
     }
 }
 
@@ -207,8 +230,6 @@ fn a_traced_step_shows_where_the_time_goes() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn sampled_loops_pick_the_host_samplers_tokens() {
     require_gpu();
-    use rocket_core::backend::SampleRequest;
-    use rocket_core::sampling::TokenHistory;
     let settings = [
         SamplingParams { temperature: 0.7, top_k: 20, top_p: 0.95, ..SamplingParams::default() }, // Qwen3's defaults
         SamplingParams { temperature: 1.0, ..SamplingParams::default() }, // the race over all SMs
@@ -288,8 +309,6 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn short_launches_of_every_mode_for_the_sanitizers() {
     require_gpu();
-    use rocket_core::backend::SampleRequest;
-    use rocket_core::sampling::TokenHistory;
     let modes = [
         ("argmax+penalty", SamplingParams { temperature: 0.0, repetition_penalty: 1.3, ..SamplingParams::default() }),
         ("race", SamplingParams { temperature: 1.0, ..SamplingParams::default() }),

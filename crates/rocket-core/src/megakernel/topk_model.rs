@@ -1,8 +1,9 @@
 //! A CPU model of the megakernel's all-SM top-k (`kernels/src/mk_race.cuh`:
 //! `select_threshold`, `RacePart::topk_list`, `topk_merge`), step for step but
-//! sequential: each virtual SM lists its k best keys, the last one selects the
-//! k best of the lists' entries above the highest SM threshold, orders them and
-//! cuts and races over them. Its radix select runs the kernel's thread layout
+//! sequential: each virtual SM lists its k best keys; the last one bounds the
+//! global k-th key from below (the highest SM threshold, the k-th largest SM
+//! best key), ranks the lists' entries above the bound when there are at most
+//! 256 of them (else selects their k best), and cuts and races over the k best. Its radix select runs the kernel's thread layout
 //! (`select_threshold_threads`: 256 consumers' bucket sums, warp scans, the one
 //! thread that writes each digit). The tests check that it picks
 //! `sampling::sample`'s token for any split of the vocabulary over SMs, which
@@ -140,22 +141,64 @@ fn sm_list(keys: &[u64], k: u32) -> (Vec<u64>, u64) {
     (keys.iter().copied().filter(|&key| key >= bound).collect(), bound)
 }
 
-/// `topk_merge`'s token, or None where the kernel gives the step to the one-CTA
-/// sampler (exact: the host's argmax when no candidate is left).
-fn merge(parts: &[(Vec<u64>, u64)], p: &SamplingParams, seed: u64, step: u64) -> Option<u32> {
+/// Candidates `topk_merge` ranks in shared memory (mk_race.cuh TOPK_RANKED).
+const TOPK_RANKED: usize = 256;
+
+/// How `topk_merge` found the k best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MergePath {
+    /// The entries at or above the bound, ranked in shared memory.
+    Ranked,
+    /// Too many entries: select_threshold over them.
+    Selected,
+}
+
+/// `topk_merge`'s token (None where the kernel gives the step to the one-CTA
+/// sampler: exact, the host's argmax when no candidate is left) and how it
+/// found the k best.
+fn merge_path(parts: &[(Vec<u64>, u64)], p: &SamplingParams, seed: u64, step: u64) -> (Option<u32>, MergePath) {
     let k = p.top_k as u32;
     if parts.iter().any(|(list, _)| list.len() > RACE_LIST) {
-        return None;
+        return (None, MergePath::Ranked);
     }
-    let bound = parts.iter().map(|&(_, b)| b).max().unwrap_or(0);
+    // Lower bounds of the global k-th key: the highest SM threshold, and the
+    // k-th largest of the SMs' best keys (by rank: ties only among the 0s).
+    let tops: Vec<u64> = parts.iter().map(|(l, _)| l.iter().copied().max().unwrap_or(0)).collect();
+    let top_bound = tops.iter().copied().filter(|&mine| tops.iter().filter(|&&o| o > mine).count() + 1 == k as usize).last().unwrap_or(0);
+    let bound = parts.iter().map(|&(_, b)| b).max().unwrap_or(0).max(top_bound);
     let entries: Vec<u64> = parts.iter().flat_map(|(l, _)| l.iter().copied()).filter(|&key| key >= bound).collect();
-    let thr = select_threshold_threads(&entries, k).0;
-    let mut best: Vec<u64> = entries.into_iter().filter(|&key| key >= thr).collect();
+    let (best, path) = if entries.len() <= TOPK_RANKED {
+        // Each candidate's place is the number of larger ones; the first k places are kept.
+        let kk = entries.len().min(k as usize);
+        let mut sorted = vec![0u64; kk];
+        for &mine in &entries {
+            let place = entries.iter().filter(|&&o| o > mine).count();
+            if place < kk {
+                sorted[place] = mine;
+            }
+        }
+        (sorted, MergePath::Ranked)
+    } else {
+        let thr = select_threshold_threads(&entries, k).0;
+        let mut best: Vec<u64> = entries.into_iter().filter(|&key| key >= thr).collect();
+        best.sort_unstable_by(|a, b| b.cmp(a));
+        (best, MergePath::Selected)
+    };
     let kk = best.len();
     if kk == 0 || kk > (k as usize).min(RACE_TOPK_MAX) {
-        return None;
+        return (None, path);
     }
-    best.sort_unstable_by(|a, b| b.cmp(a));
+    (race_over(&best, p, seed, step), path)
+}
+
+/// `topk_merge`'s token; see `merge_path`.
+fn merge(parts: &[(Vec<u64>, u64)], p: &SamplingParams, seed: u64, step: u64) -> Option<u32> {
+    merge_path(parts, p, seed, step).0
+}
+
+/// The cuts and the race over the k best, most likely first.
+fn race_over(best: &[u64], p: &SamplingParams, seed: u64, step: u64) -> Option<u32> {
+    let kk = best.len();
     if key_logit(best[0]) == f32::INFINITY {
         return Some(key_id(best[0]));
     }
@@ -347,9 +390,45 @@ mod tests {
                 }
                 let parts: Vec<(Vec<u64>, u64)> = keys.iter().map(|keys| sm_list(keys, k)).collect();
                 assert!(parts.iter().all(|(l, _)| l.len() <= k as usize));
-                let got = merge(&parts, &p, 9, case).expect("the merge decides");
-                assert_eq!(got, sample(&logits, &p, 9, case), "case {case}, k {k}");
+                let (got, path) = merge_path(&parts, &p, 9, case);
+                assert_eq!(got.expect("the merge decides"), sample(&logits, &p, 9, case), "case {case}, k {k}");
+                // Random rows leave few entries above the bounds: ranked, no radix select.
+                if case > 0 {
+                    assert_eq!(path, MergePath::Ranked, "case {case}, k {k}");
+                }
             }
         }
+    }
+
+    /// Rows whose high tokens gather on a few dozen SMs, each of which lists
+    /// more low tokens than high ones: both bounds stay low, hundreds of
+    /// entries pass them, and the merge selects, picking the host's token all the same.
+    #[test]
+    fn crowded_lists_take_the_select_path() {
+        let (sms, per_sm, k) = (132, 1000, 64u32);
+        let v = sms * per_sm;
+        let mut logits = vec![0.0f32; v];
+        // SM j < 64 (tokens j * per_sm ..) holds 8 high tokens at 10 + j / 1000; the rest are 0.
+        for j in 0..64 {
+            for i in 0..8 {
+                logits[j * per_sm + i * 7] = 10.0 + j as f32 / 1000.0;
+            }
+        }
+        let owner: Vec<usize> = (0..sms).collect();
+        let mut keys = vec![Vec::new(); sms];
+        for (i, &l) in logits.iter().enumerate() {
+            keys[owner[i / per_sm]].push(item_key(l, i as u32));
+        }
+        let parts: Vec<(Vec<u64>, u64)> = keys.iter().map(|keys| sm_list(keys, k)).collect();
+        let mut selected = 0;
+        for step in 0..16 {
+            for (top_p, min_p) in [(1.0, 0.0), (0.9, 0.0), (1.0, 0.5)] {
+                let p = SamplingParams { temperature: 0.7, top_k: k as usize, top_p, min_p, ..SamplingParams::default() };
+                let (got, path) = merge_path(&parts, &p, 3, step);
+                assert_eq!(got, Some(sample(&logits, &p, 3, step)), "step {step}, {p:?}");
+                selected += usize::from(path == MergePath::Selected);
+            }
+        }
+        assert_eq!(selected, 16 * 3, "the bounds left few entries: the case does not reach select_threshold");
     }
 }

@@ -77,6 +77,15 @@ impl ModelSpec {
         self.num_kv_heads * self.head_dim
     }
 
+    /// Multiply-adds of one row through every layer's matrix products (q, k, v,
+    /// o, gate, up, down), saturating for sizes no validated spec has.
+    pub fn layer_matmul_macs(&self) -> u64 {
+        let (d, ff) = (self.hidden_size as u64, self.intermediate_size as u64);
+        let (q, kv) = (self.q_dim() as u64, self.kv_dim() as u64);
+        let per_layer = d.saturating_mul(2 * q + 2 * kv).saturating_add(d.saturating_mul(ff).saturating_mul(3));
+        per_layer.saturating_mul(self.num_layers as u64)
+    }
+
     /// Parameter count of the canonical tensors (tied embeddings counted once).
     /// A validated spec's count fits in `usize`; an unvalidated one saturates.
     pub fn parameter_count(&self) -> usize {

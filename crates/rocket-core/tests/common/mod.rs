@@ -191,3 +191,14 @@ pub fn random_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
         })
         .collect()
 }
+
+/// Seeded values uniform in [-scale, scale).
+pub fn random_values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}

@@ -1,15 +1,23 @@
 //! Matrix products on cuBLASLt (`MatmulPath::Cublas`): y [rows][n] (+)= x
-//! [rows][k] · W[n][k]ᵀ with bf16 inputs, f32 accumulation and an f32 output,
+//! [rows][k] · W[n][k]ᵀ with 16-bit inputs, f32 accumulation and an f32 output,
 //! for prefill and batched passes. NVIDIA's kernels reach the tensor cores'
 //! full rate at prefill sizes (wgmma on Hopper), which rocket's own mma.sync
-//! GEMM does not. The activations are split into bf16 hi and lo parts first
-//! (kernels/src/to_bf16.cu) and the product runs on each, the second adding to
-//! the first: twice the arithmetic, but ~16 bits of each activation, as the
-//! tensor-core GEMM's hi+lo split keeps (on hi alone, the logits of a tiny
-//! checkpoint were 1.1e-2 rel. L2 from the CPU reference, over the 1e-2 bar).
+//! GEMM does not.
+//!
+//! The inputs are fp16: the activations rounded once (kernels/src/to_f16.cu)
+//! and an fp16 copy of the layers' matrices, made at the first pass that needs it. fp16 keeps 11
+//! significant bits where bf16 keeps 8 (on bf16 activations alone the logits of
+//! a tiny checkpoint were 1.1e-2 rel. L2 from the CPU reference, over the 1e-2
+//! bar; benches/precision_study.py puts fp16 operands within ~2e-4 of the bf16
+//! KV cache's own error). fp16's range is narrower: a pass whose activations
+//! leave it is redone, and every later pass runs, on the weights' bf16 with
+//! each activation split into bf16 hi and lo parts (kernels/src/to_bf16.cu),
+//! two products the second adding to the first: twice the arithmetic, ~16 bits
+//! of each activation, as the tensor-core GEMM's hi+lo split keeps.
 //!
 //! cuBLASLt is loaded at run time (libcublasLt.so from the CUDA toolkit or
-//! the `nvidia-cublas` wheel); rocket needs it only when this path is chosen.
+//! the `nvidia-cublas` wheel): `matmul cublas` needs it, `matmul auto` uses it
+//! for long prefills where it is found.
 //!
 //! In cuBLAS's column-major terms the product is Yᵀ = W · Xᵀ: A = W stored as
 //! a k × n matrix (the row-major [n][k]) used transposed, B = x as k × rows,
@@ -40,8 +48,24 @@ fn alignment(ptr: u64) -> u32 {
     1 << ptr.trailing_zeros().min(8)
 }
 
-/// One product's shape and its pointers' alignments: what a plan depends on.
-type PlanKey = (usize, usize, usize, [u32; 3]);
+/// The type of a product's two inputs (W and x).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Operands {
+    Bf16,
+    F16,
+}
+
+impl Operands {
+    fn data_type(self) -> sys::cudaDataType {
+        match self {
+            Operands::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+            Operands::F16 => sys::cudaDataType::CUDA_R_16F,
+        }
+    }
+}
+
+/// One product's input type, shape and pointers' alignments: what a plan depends on.
+type PlanKey = (Operands, usize, usize, usize, [u32; 3]);
 
 /// The descriptors and the chosen algorithm of one product shape.
 struct Plan {
@@ -56,7 +80,7 @@ struct Plan {
 unsafe impl Send for Plan {}
 
 impl Plan {
-    fn new(handle: sys::cublasLtHandle_t, (n, k, rows, aligned): PlanKey) -> std::result::Result<Self, CublasError> {
+    fn new(handle: sys::cublasLtHandle_t, (operands, n, k, rows, aligned): PlanKey) -> std::result::Result<Self, CublasError> {
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
         let mut plan = Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), c: std::ptr::null_mut(), algo: unsafe { std::mem::zeroed() } };
         // Transposed A: 1 is CUBLAS_OP_T.
@@ -70,8 +94,8 @@ impl Plan {
                 std::mem::size_of::<i32>(),
             )?;
         }
-        plan.a = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16BF, k as u64, n as u64, k as i64)?;
-        plan.b = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16BF, k as u64, rows as u64, k as i64)?;
+        plan.a = lt::create_matrix_layout(operands.data_type(), k as u64, n as u64, k as i64)?;
+        plan.b = lt::create_matrix_layout(operands.data_type(), k as u64, rows as u64, k as i64)?;
         plan.c = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_32F, n as u64, rows as u64, n as i64)?;
         let pref = lt::create_matmul_pref()?;
         let workspace = WORKSPACE_BYTES as u64;
@@ -146,16 +170,16 @@ impl Cublas {
         Ok(Cublas { handle, workspace, plans: Mutex::new(HashMap::new()) })
     }
 
-    /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ on `stream`: `w` and `x` bf16,
-    /// `y` f32 (added to with `accumulate`).
+    /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ on `stream`: `w` and `x` both of
+    /// the `operands` type, `y` f32 (added to with `accumulate`).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn matmul(&self, stream: &Stream, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
+    pub(crate) fn matmul(&self, stream: &Stream, operands: Operands, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
         let mut plans = self.plans.lock().map_err(|_| RocketError::Internal("the cuBLASLt plans' lock is poisoned".into()))?;
-        let key = (n, k, rows, [alignment(w), alignment(x), alignment(y)]);
+        let key = (operands, n, k, rows, [alignment(w), alignment(x), alignment(y)]);
         let plan = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(Plan::new(self.handle, key).map_err(|err| lt_err(&format!("plan for {n}x{k} at {rows} rows"), err))?)
+                e.insert(Plan::new(self.handle, key).map_err(|err| lt_err(&format!("plan for {operands:?} {n}x{k} at {rows} rows"), err))?)
             }
         };
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
@@ -185,12 +209,35 @@ impl Cublas {
         .map_err(|e| lt_err(&format!("matmul {n}x{k} at {rows} rows"), e))
     }
 
+    /// One small product of each operand type on `stream`, checked: a library that
+    /// opens but cannot plan or run for this GPU (too old, the wrong one) fails
+    /// here, at load, not in the first long prefill.
+    pub(crate) fn smoke_test(&self, ctx: &Context, stream: &Stream) -> Result<()> {
+        let (n, k, rows) = (128usize, 64usize, 128usize);
+        // 1.0 in bf16 and in fp16.
+        for (operands, one) in [(Operands::Bf16, 0x3f80u16), (Operands::F16, 0x3c00u16)] {
+            let w = DeviceBuffer::with_data(ctx, stream, &vec![one; n * k], "the cuBLASLt check's weights")?;
+            let x = DeviceBuffer::with_data(ctx, stream, &vec![one; rows * k], "the cuBLASLt check's inputs")?;
+            let y = DeviceBuffer::with_data(ctx, stream, &vec![f32::NAN; rows * n], "the cuBLASLt check's outputs")?;
+            self.matmul(stream, operands, w.ptr, x.ptr, y.ptr, n, k, rows, false)?;
+            // Accumulating: y = 2k.
+            self.matmul(stream, operands, w.ptr, x.ptr, y.ptr, n, k, rows, true)?;
+            let mut got = vec![0f32; rows * n];
+            y.download(stream, 0, &mut got)?;
+            stream.sync()?;
+            if let Some(v) = got.iter().find(|&&v| v != (2 * k) as f32) {
+                return Err(RocketError::Device(format!("cuBLASLt's {operands:?} check product gave {v}, not {}", 2 * k)));
+            }
+        }
+        Ok(())
+    }
+
     /// y (+)= (hi + lo) · Wᵀ: the product on the activations' bf16 hi and lo
     /// parts (`matmul` twice, the second accumulating).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_split(&self, stream: &Stream, w: u64, hi: u64, lo: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
-        self.matmul(stream, w, hi, y, n, k, rows, accumulate)?;
-        self.matmul(stream, w, lo, y, n, k, rows, true)
+        self.matmul(stream, Operands::Bf16, w, hi, y, n, k, rows, accumulate)?;
+        self.matmul(stream, Operands::Bf16, w, lo, y, n, k, rows, true)
     }
 }
 

@@ -1,9 +1,11 @@
 //! Entry points of the CUDA backend for tests and measurements (feature
 //! `diagnostics`): megakernel runs with teacher forcing, kept logits, a traced
-//! step or a forced stall, and the device sampler on given logits. The product
-//! decodes through `Backend::decode_loop` and `forward_sample` instead.
+//! step or a forced stall, the device sampler on given logits, and the fp16
+//! conversions of cuBLASLt's operands. The product decodes through
+//! `Backend::decode_loop` and `forward_sample` instead.
 
-use super::driver::DeviceBuffer;
+use super::driver::{DeviceBuffer, Stream};
+use super::kernels::Kernels;
 use super::megakernel::{Launch, Megakernel, MAX_LOOP_STEPS};
 use super::{own_session, CudaBackend, CudaSession};
 use crate::backend::{Backend, LoopRequest, SampleRequest, Session};
@@ -13,6 +15,23 @@ use crate::megakernel::{MegakernelError, Profile};
 /// `megakernel_sampled`'s result: the sampled tokens, their raw logits ([tokens][vocab])
 /// and the launch's steps the one-CTA sampler picked.
 pub type SampledLoop = (Vec<u32>, Vec<f32>, usize);
+
+/// The kernels with an fp16 output of their own (`fused_f16_on_device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedF16 {
+    RmsNorm,
+    SiluMul,
+}
+
+/// `fused_f16_on_device`'s result: the fused kernel's fp16 bits and range flag,
+/// and those of the f32 kernel followed by to_f16.
+#[derive(Debug, Clone)]
+pub struct FusedF16Check {
+    pub fused: Vec<u16>,
+    pub separate: Vec<u16>,
+    pub fused_flag: bool,
+    pub separate_flag: bool,
+}
 
 impl CudaBackend {
     /// The fuel whose megakernel decodes at batch 1, or None (CUDA-graph path).
@@ -74,13 +93,17 @@ impl CudaBackend {
     }
 
     /// Where the megakernel's time goes: teacher-forces `ids` and reads the
-    /// kernel's timestamps of step `step` (see `megakernel::profile`). None when
-    /// no megakernel is loaded.
-    pub fn megakernel_profile(&self, ids: &[u32], step: usize) -> Result<Option<Profile>> {
+    /// kernel's timestamps of step `step` (see `megakernel::profile`). With
+    /// `sampling`, only the first id is forced and every later step samples as
+    /// the request says (end ids never stop the launch), so the traced step's
+    /// LM head includes the SMs' sampler parts and the merge. None when no
+    /// megakernel is loaded.
+    pub fn megakernel_profile(&self, ids: &[u32], step: usize, sampling: Option<&SampleRequest<'_>>) -> Result<Option<Profile>> {
         if step >= ids.len() {
             return Err(RocketError::invalid_arg("step", step, format!("must be < the {} steps of the run", ids.len())));
         }
-        self.megakernel_forced(ids, None, (&[], 0), false, Some(step), |mk, _, _| {
+        let sampled = sampling.map(|r| (0, SampleRequest { end_ids: &[], ..*r }));
+        self.megakernel_forced(ids, sampled, (&[], 0), false, Some(step), |mk, _, _| {
             let stamps = mk.last_trace.take().ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
             Profile::from_trace(&mk.schedule, &stamps)
         })
@@ -145,5 +168,96 @@ impl CudaBackend {
         let inner = &mut *guard;
         let Some(mk) = inner.megakernel.as_mut() else { return Ok(None) };
         mk.watchdog_probe(&inner.ctx, &inner.stream, kv).map(Some)
+    }
+
+    /// to_f16.cu's `to_f16` on `values`: their fp16 bits and whether the range
+    /// flag was set.
+    pub fn to_f16_on_device(&self, values: &[f32]) -> Result<(Vec<u16>, bool)> {
+        self.conversion_on_device(values, Kernels::to_f16)
+    }
+
+    /// to_f16.cu's `bf16_to_f16` on bf16 `bits`: their fp16 bits and whether the
+    /// range flag was set.
+    pub fn bf16_to_f16_on_device(&self, bits: &[u16]) -> Result<(Vec<u16>, bool)> {
+        self.conversion_on_device(bits, Kernels::bf16_to_f16)
+    }
+
+    /// One of to_f16.cu's conversions (`convert(stream, x, y, n, flag)`) on `input`,
+    /// into outputs poisoned with 0xffff.
+    fn conversion_on_device<T: Copy>(&self, input: &[T], convert: impl Fn(&Kernels, &Stream, u64, u64, usize, u64) -> Result<()>) -> Result<(Vec<u16>, bool)> {
+        let inner = self.lock()?;
+        let (ctx, st) = (&inner.ctx, &inner.stream);
+        let x = DeviceBuffer::with_data(ctx, st, input, "the conversion check's inputs")?;
+        let y = DeviceBuffer::with_data(ctx, st, &vec![0xffffu16; input.len()], "the conversion check's outputs")?;
+        let flag = DeviceBuffer::with_data(ctx, st, &[0u32], "the conversion check's flag")?;
+        convert(&inner.kernels, st, x.ptr, y.ptr, input.len(), flag.ptr)?;
+        let mut out = vec![0u16; input.len()];
+        y.download(st, 0, &mut out)?;
+        let mut set = [0u32];
+        flag.download(st, 0, &mut set)?;
+        Ok((out, set[0] != 0))
+    }
+
+    /// The fused fp16 outputs against the separate rounding, on the device:
+    /// `rows` rows of `input` (RmsNorm: x [rows][dim] with the norm weights
+    /// `weights` [dim]; SiluMul: gate|up [rows][2 dim], `weights` unused) through
+    /// rms_norm_f16 / silu_mul_f16, and through rms_norm / silu_mul then to_f16.
+    /// Outputs are poisoned with 0xffff.
+    pub fn fused_f16_on_device(&self, op: FusedF16, input: &[f32], weights: &[f32], dim: usize, rows: usize) -> Result<FusedF16Check> {
+        let width = match op {
+            FusedF16::RmsNorm => dim,
+            FusedF16::SiluMul => 2 * dim,
+        };
+        if input.len() != rows * width || (op == FusedF16::RmsNorm && weights.len() != dim) {
+            return Err(RocketError::Internal(format!("fused_f16_on_device: {} inputs, {} weights for {rows} rows of {dim}", input.len(), weights.len())));
+        }
+        let inner = self.lock()?;
+        let (ctx, st, k) = (&inner.ctx, &inner.stream, &inner.kernels);
+        let n = rows * dim;
+        let x = DeviceBuffer::with_data(ctx, st, input, "the fused fp16 check's inputs")?;
+        let w = DeviceBuffer::with_data(ctx, st, if weights.is_empty() { &[0.0f32][..] } else { weights }, "the fused fp16 check's weights")?;
+        let wide = DeviceBuffer::with_data(ctx, st, &vec![f32::NAN; n], "the fused fp16 check's f32 outputs")?;
+        let poisoned = || DeviceBuffer::with_data(ctx, st, &vec![0xffffu16; n], "the fused fp16 check's outputs");
+        let (fused, separate) = (poisoned()?, poisoned()?);
+        let flags = DeviceBuffer::with_data(ctx, st, &[0u32; 2], "the fused fp16 check's flags")?;
+        let eps = 1e-6;
+        match op {
+            FusedF16::RmsNorm => {
+                k.rms_norm_f16(st, x.ptr, w.ptr, fused.ptr, dim, eps, rows, flags.ptr)?;
+                k.rms_norm(st, x.ptr, w.ptr, wide.ptr, dim, eps, 0, rows)?;
+            }
+            FusedF16::SiluMul => {
+                k.silu_mul_f16(st, x.ptr, fused.ptr, dim, rows, flags.ptr)?;
+                k.silu_mul(st, x.ptr, wide.ptr, dim, rows)?;
+            }
+        }
+        k.to_f16(st, wide.ptr, separate.ptr, n, flags.ptr + 4)?;
+        let download = |b: &DeviceBuffer| -> Result<Vec<u16>> {
+            let mut out = vec![0u16; n];
+            b.download(st, 0, &mut out)?;
+            Ok(out)
+        };
+        let (fused, separate) = (download(&fused)?, download(&separate)?);
+        let mut set = [0u32; 2];
+        flags.download(st, 0, &mut set)?;
+        Ok(FusedF16Check { fused, separate, fused_flag: set[0] != 0, separate_flag: set[1] != 0 })
+    }
+
+    /// Which operands cuBLASLt's products take now: "fp16" (the fp16 copy is
+    /// made, or will be at the first pass that needs it), "bf16 hi+lo" (a
+    /// weight or a pass's activations were past fp16's range, or there was no
+    /// room for the copy), or "none" (no cuBLASLt loaded).
+    pub fn cublas_operands(&self) -> Result<&'static str> {
+        let inner = self.lock()?;
+        Ok(match (&inner.kernels.cublas, &inner.f16) {
+            (None, _) => "none",
+            (Some(_), super::F16Copy::Off) => "bf16 hi+lo",
+            (Some(_), super::F16Copy::NotYet | super::F16Copy::Ready(_)) => "fp16",
+        })
+    }
+
+    /// Bytes of the fp16 copy of the layers' matrices held now (0: none yet, or none).
+    pub fn f16_copy_bytes(&self) -> Result<usize> {
+        Ok(self.lock()?.f16.ready().map_or(0, |copy| copy.bytes))
     }
 }

@@ -385,6 +385,7 @@ unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
 
 /// One kernel argument: its bytes, passed by pointer as cuLaunchKernel expects.
+#[derive(Clone, Copy)]
 pub(crate) enum Arg {
     Ptr(u64),
     /// Only the probes (feature `diagnostics`) pass a 64-bit count.

@@ -171,17 +171,28 @@ pub(crate) struct Kernels {
     sms: usize,
     embed: Function,
     rms_norm: Function,
+    rms_norm_f16: Function,
     gemv: [Function; 5],
     rope_kv: Function,
     attn_partial: Function,
     attn_merge: Function,
     attn_prefill: Function,
+    attn_prefill_merge: Function,
     silu_mul: Function,
+    silu_mul_f16: Function,
     to_bf16_split: Function,
+    to_f16: Function,
+    bf16_to_f16: Function,
     argmax: Function,
     sample: Function,
+    sample_topk_lists: Function,
+    sample_topk_rows: Function,
+    sample_bins_max: Function,
+    sample_bins_parts: Function,
+    sample_bins_rows: Function,
     head_dim: u32,
-    /// cuBLASLt, loaded only for `MatmulPath::Cublas` (backend/cuda/cublas.rs).
+    /// cuBLASLt (backend/cuda/cublas.rs): loaded for `MatmulPath::Cublas`, and
+    /// for `Auto` where the library is found.
     pub cublas: Option<Cublas>,
     /// Launch every kernel as a programmatic dependent launch (common.cuh
     /// `pdl_wait`): its CTAs start, and the GEMM's weights stream, while the
@@ -215,15 +226,30 @@ impl Kernels {
             sms: ctx.sm_count.max(1) as usize,
             embed: f("embed_gather")?,
             rms_norm: f("rms_norm")?,
+            rms_norm_f16: f("rms_norm_f16")?,
             gemv,
             rope_kv: f("rope_store_kv")?,
             attn_partial: f(&format!("attn_partial_hd{head_dim}"))?,
             attn_merge: f(&format!("attn_merge_hd{head_dim}"))?,
-            attn_prefill: f(&format!("attn_prefill_hd{head_dim}"))?,
+            attn_prefill: {
+                let func = f(&format!("attn_prefill_hd{head_dim}"))?;
+                // hd128's two buffers (68 KiB) are over the 48 KiB a launch gets without asking.
+                func.set_max_dynamic_smem(prefill_smem_bytes(head_dim))?;
+                func
+            },
+            attn_prefill_merge: f(&format!("attn_prefill_merge_hd{head_dim}"))?,
             silu_mul: f("silu_mul")?,
+            silu_mul_f16: f("silu_mul_f16")?,
             to_bf16_split: f("to_bf16_split")?,
+            to_f16: f("to_f16")?,
+            bf16_to_f16: f("bf16_to_f16")?,
             argmax: f("argmax")?,
             sample: f("sample_rows")?,
+            sample_topk_lists: f("sample_topk_lists")?,
+            sample_topk_rows: f("sample_topk_rows")?,
+            sample_bins_max: f("sample_bins_max")?,
+            sample_bins_parts: f("sample_bins_parts")?,
+            sample_bins_rows: f("sample_bins_rows")?,
             head_dim: head_dim as u32,
             cublas: None,
             pdl: true,
@@ -245,9 +271,22 @@ impl Kernels {
     /// `row_map` 0 means output row i normalises input row i.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rms_norm(&self, s: &Stream, x: u64, w: u64, out: u64, dim: usize, eps: f32, row_map: u64, rows: usize) -> Result<()> {
-        let block = dim.div_ceil(32).clamp(1, 32) as u32 * 32;
         let args = [Arg::Ptr(x), Arg::Ptr(w), Arg::Ptr(out), Arg::I32(dim as i32), Arg::F32(eps), Arg::Ptr(row_map)];
-        self.go(&self.rms_norm, s, (rows as u32, 1, 1), block.min(256), 0, &args)
+        self.go(&self.rms_norm, s, (rows as u32, 1, 1), Self::rms_norm_block(dim), 0, &args)
+    }
+
+    /// rms_norm's values rounded to fp16 (the bits of `rms_norm` then `to_f16`),
+    /// for a cuBLASLt product on fp16 operands; a finite value past fp16's range
+    /// sets the u32 at `overflow` (rms_norm.cu).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rms_norm_f16(&self, s: &Stream, x: u64, w: u64, out: u64, dim: usize, eps: f32, rows: usize, overflow: u64) -> Result<()> {
+        let args = [Arg::Ptr(x), Arg::Ptr(w), Arg::Ptr(out), Arg::I32(dim as i32), Arg::F32(eps), Arg::Ptr(overflow)];
+        self.go(&self.rms_norm_f16, s, (rows as u32, 1, 1), Self::rms_norm_block(dim), 0, &args)
+    }
+
+    /// A warp per 32 elements of a row, 1 to 8 warps.
+    fn rms_norm_block(dim: usize) -> u32 {
+        (dim.div_ceil(32).clamp(1, 32) as u32 * 32).min(256)
     }
 
     /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ.
@@ -400,7 +439,10 @@ impl Kernels {
 
     /// Causal attention of prompt rows on the tensor cores (attention_prefill.cu):
     /// `tiles` PrefillTile entries at `tile_table`, each up to PREFILL_TILE
-    /// consecutive rows of one sequence, into out [rows][n_heads*hd].
+    /// consecutive rows of one sequence, into out [rows][n_heads*hd]. A CTA walks
+    /// one PREFILL_SPAN of key positions; tiles whose context spans several
+    /// (`max_splits` at most, `prefill_splits`) leave partials in `part_o` /
+    /// `part_ml` (`prefill_partial_floats`) for the merge that follows.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_prefill(
         &self,
@@ -410,30 +452,62 @@ impl Kernels {
         meta: u64,
         tile_table: u64,
         out: u64,
+        (part_o, part_ml): (u64, u64),
         n_heads: usize,
         n_kv: usize,
         layer: usize,
         n_layers: usize,
         tiles: usize,
+        max_splits: usize,
     ) -> Result<()> {
         let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let span = PREFILL_SPAN as i32;
         let args = [
             Arg::Ptr(q),
             Arg::I32(q_stride as i32),
             Arg::Ptr(meta),
             Arg::Ptr(tile_table),
             Arg::Ptr(out),
+            Arg::Ptr(part_o),
+            Arg::Ptr(part_ml),
             Arg::I32(n_heads as i32),
             Arg::I32(n_kv as i32),
             Arg::I32(layer as i32),
             Arg::I32(n_layers as i32),
+            Arg::I32(span),
             Arg::F32(scale),
         ];
-        self.go(&self.attn_prefill, s, (tiles as u32, n_heads as u32, 1), PREFILL_THREADS, 0, &args)
+        let smem = prefill_smem_bytes(self.head_dim as usize) as u32;
+        let grid = (tiles as u32, n_heads as u32, max_splits.max(1) as u32);
+        self.go(&self.attn_prefill, s, grid, PREFILL_THREADS, smem, &args)?;
+        if max_splits > 1 {
+            let args = [
+                Arg::Ptr(meta),
+                Arg::Ptr(tile_table),
+                Arg::Ptr(part_o),
+                Arg::Ptr(part_ml),
+                Arg::Ptr(out),
+                Arg::I32(n_heads as i32),
+                Arg::I32(span),
+                Arg::I32(max_splits as i32),
+            ];
+            // attention_prefill.cu PREFILL_MERGE_ROWS: a CTA merges 512 / head_dim rows.
+            let row_groups = self.head_dim / 8;
+            self.go(&self.attn_prefill_merge, s, (tiles as u32, n_heads as u32, row_groups), PREFILL_THREADS, 0, &args)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn silu_mul(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize) -> Result<()> {
         self.go(&self.silu_mul, s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, 0, &[Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32)])
+    }
+
+    /// silu_mul's values rounded to fp16 (the bits of `silu_mul` then `to_f16`),
+    /// for the down-projection on cuBLASLt's fp16 operands; a finite value past
+    /// fp16's range sets the u32 at `overflow` (silu_mul.cu).
+    pub(crate) fn silu_mul_f16(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize, overflow: u64) -> Result<()> {
+        let args = [Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32), Arg::Ptr(overflow)];
+        self.go(&self.silu_mul_f16, s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, 0, &args)
     }
 
     /// hi[i] = x[i] as bf16 (round to nearest even) and lo[i] = x[i] - hi[i] as
@@ -447,6 +521,29 @@ impl Kernels {
         let args = [Arg::Ptr(x), Arg::Ptr(hi), Arg::Ptr(lo), Arg::I32(n as i32)];
         self.go(&self.to_bf16_split, s, (n.div_ceil(1024) as u32, 1, 1), 256, 0, &args)?;
         Ok((hi, lo))
+    }
+
+    /// y = x (f32) rounded to fp16, for cuBLASLt's fp16 products; a finite value
+    /// past fp16's range sets the u32 at `overflow` (to_f16.cu).
+    pub(crate) fn to_f16(&self, s: &Stream, x: u64, y: u64, n: usize, overflow: u64) -> Result<()> {
+        let n = Self::elementwise_len("to_f16", n)?;
+        self.go(&self.to_f16, s, (n.div_ceil(1024) as u32, 1, 1), 256, 0, &[Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32), Arg::Ptr(overflow)])
+    }
+
+    /// y = x (bf16) as fp16: the weights' copy for cuBLASLt's fp16 products; a
+    /// weight past fp16's range sets the u32 at `overflow` (to_f16.cu).
+    pub(crate) fn bf16_to_f16(&self, s: &Stream, x: u64, y: u64, n: usize, overflow: u64) -> Result<()> {
+        let n = Self::elementwise_len("bf16_to_f16", n)?;
+        self.go(&self.bf16_to_f16, s, (n.div_ceil(1024) as u32, 1, 1), 256, 0, &[Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32), Arg::Ptr(overflow)])
+    }
+
+    /// The element count of an elementwise kernel that indexes with an i32 (its
+    /// last CTA's threads count up to n + 1,023).
+    fn elementwise_len(what: &str, n: usize) -> Result<usize> {
+        if n > i32::MAX as usize - 1024 {
+            return Err(RocketError::Internal(format!("{what} of {n} elements (at most 2^31 - 1,025)")));
+        }
+        Ok(n)
     }
 
     /// out[r] = argmax of logits row r; `state` holds `argmax_state_bytes(rows)`
@@ -463,27 +560,81 @@ impl Kernels {
     }
 
     /// out[r] = the host sampler's token for logits row r (modified in place by
-    /// the penalties) and request `rows[r]`; `items` holds SAMPLE_ITEM_BYTES ×
-    /// vocab bytes per row.
+    /// the penalties) and request `rows[r]`, each row through the kernels its
+    /// `path` names (`SamplePath`); `paths` says which paths the rows use, so
+    /// only their kernels launch. `items` holds SAMPLE_ITEM_BYTES × vocab bytes
+    /// per row, `lists` SAMPLE_LIST_BYTES and `bins` SAMPLE_BIN_BYTES.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn sample(&self, s: &Stream, logits: u64, inputs: &SampleInputs, items: u64, out: u64, vocab: usize, rows: usize) -> Result<()> {
-        let args = [
-            Arg::Ptr(logits),
-            Arg::Ptr(inputs.rows),
-            Arg::Ptr(inputs.penalty_tokens),
-            Arg::Ptr(inputs.penalty_counts),
-            Arg::Ptr(inputs.mask_ids),
-            Arg::Ptr(items),
-            Arg::Ptr(out),
-            Arg::I32(vocab as i32),
-        ];
-        self.go(&self.sample, s, (rows as u32, 1, 1), SAMPLE_THREADS, 0, &args)
+    pub(crate) fn sample(&self, s: &Stream, logits: u64, inputs: &SampleInputs, scratch: &SampleScratch, out: u64, vocab: usize, rows: usize, paths: &[SamplePath]) -> Result<()> {
+        let per_row = (rows as u32, 1, 1);
+        let per_part = (SAMPLE_PARTS as u32, rows as u32, 1);
+        let row_inputs = [Arg::Ptr(logits), Arg::Ptr(inputs.rows), Arg::Ptr(inputs.penalty_tokens), Arg::Ptr(inputs.penalty_counts), Arg::Ptr(inputs.mask_ids)];
+        let vocab = Arg::I32(vocab as i32);
+        let with = |tail: &[Arg]| -> Vec<Arg> { row_inputs.iter().chain(tail).copied().collect() };
+        if paths.contains(&SamplePath::Whole) {
+            self.go(&self.sample, s, per_row, SAMPLE_THREADS, 0, &with(&[Arg::Ptr(scratch.items), Arg::Ptr(out), vocab]))?;
+        }
+        if paths.contains(&SamplePath::Lists) {
+            self.go(&self.sample_topk_lists, s, per_part, SAMPLE_LIST_THREADS, 0, &with(&[Arg::Ptr(scratch.items), Arg::Ptr(scratch.lists), vocab]))?;
+            let args = [Arg::Ptr(scratch.lists), Arg::Ptr(inputs.rows), Arg::Ptr(scratch.items), Arg::Ptr(out), vocab];
+            self.go(&self.sample_topk_rows, s, per_row, SAMPLE_THREADS, 0, &args)?;
+        }
+        if paths.contains(&SamplePath::Bins) {
+            self.go(&self.sample_bins_max, s, per_part, SAMPLE_LIST_THREADS, 0, &with(&[Arg::Ptr(scratch.bins), vocab]))?;
+            let args = [Arg::Ptr(logits), Arg::Ptr(inputs.rows), Arg::Ptr(scratch.bins), vocab];
+            self.go(&self.sample_bins_parts, s, per_part, SAMPLE_LIST_THREADS, 0, &args)?;
+            let args = [Arg::Ptr(scratch.bins), Arg::Ptr(inputs.rows), Arg::Ptr(out)];
+            self.go(&self.sample_bins_rows, s, per_row, SAMPLE_THREADS, 0, &args)?;
+        }
+        Ok(())
     }
 }
 
 /// Query rows per CTA of `attn_prefill` (attention_prefill.cu PREFILL_TILE), and its block size.
 pub(crate) const PREFILL_TILE: usize = 64;
 const PREFILL_THREADS: u32 = 128;
+
+/// Key positions one `attn_prefill` CTA walks (its context split). A row's bits
+/// depend on it, so it is a constant: it lets a few rows deep in a long context
+/// (a prompt's piece beside decoding streams) spread over every SM, while the
+/// partials it costs stay a few percent of a long pass's traffic (a 512-row pass
+/// at 16K positions writes and reads ~70 MB per layer).
+pub(crate) const PREFILL_SPAN: usize = 1024;
+
+/// Context splits of the tensor-core prefill attention for a tile whose last
+/// row has `context` positions (attention_prefill.cu: `(end + span - 1) / span`).
+pub(crate) const fn prefill_splits(context: usize) -> usize {
+    context.div_ceil(PREFILL_SPAN)
+}
+
+/// (tile, split) items of partials one prefill attention launch may leave: a
+/// pass with more tiles launches it over groups of tiles that reuse the space
+/// (~70 MB for Llama-3.2-1B; a 512-row pass at 16K positions needs 128 items).
+pub(crate) const PREFILL_PARTIAL_ITEMS: usize = 128;
+
+/// Tiles per prefill attention launch when a tile has up to `max_splits` splits.
+pub(crate) const fn prefill_group_tiles(max_splits: usize) -> usize {
+    if max_splits <= 1 {
+        usize::MAX
+    } else if max_splits >= PREFILL_PARTIAL_ITEMS {
+        1
+    } else {
+        PREFILL_PARTIAL_ITEMS / max_splits
+    }
+}
+
+/// f32 values of the prefill attention's partials for `tiles` tiles of up to
+/// `max_splits` splits: (part_o, part_ml), laid out per (tile, head, split) item.
+pub(crate) const fn prefill_partial_floats(tiles: usize, n_heads: usize, max_splits: usize, head_dim: usize) -> (usize, usize) {
+    let rows = tiles * n_heads * max_splits * PREFILL_TILE;
+    (rows * head_dim, rows * 2)
+}
+
+/// Dynamic shared memory of `attn_prefill_hd{head_dim}` (attention_prefill.cu
+/// `PREFILL_SMEM_BYTES`): two buffers of keys and values, rows of head_dim + 8 bf16.
+const fn prefill_smem_bytes(head_dim: usize) -> usize {
+    2 * 2 * PREFILL_TILE * (head_dim + 8) * 2
+}
 
 /// Block size and logits per CTA of `argmax` (kernels/src/argmax.cu).
 const ARGMAX_THREADS: u32 = 256;
@@ -497,8 +648,48 @@ pub(crate) const fn argmax_state_bytes(rows: usize) -> usize {
 /// Threads per row of `sample_rows` (kernels/src/sample.cu SAMPLE_THREADS).
 const SAMPLE_THREADS: u32 = 1024;
 
+/// CTAs per row of `sample_topk_lists`, the longest list each keeps (the
+/// largest top-k that path serves), and its block size (kernels/src/sample.cu).
+pub(crate) const SAMPLE_PARTS: usize = 32;
+pub(crate) const SAMPLE_LIST_K: usize = 64;
+const SAMPLE_LIST_THREADS: u32 = 256;
+
+/// Bytes of one row's top-k lists: SAMPLE_PARTS lists of SAMPLE_LIST_K u64 keys.
+pub(crate) const SAMPLE_LIST_BYTES: usize = SAMPLE_PARTS * SAMPLE_LIST_K * 8;
+
 /// Bytes of one compacted candidate (kernels/src/sample.cu SampleItem).
 pub(crate) const SAMPLE_ITEM_BYTES: usize = 8;
+
+/// Bins below a row's top one that can hold weight (sampler.cuh RACE_MASS_BINS:
+/// a weighed token's scaled logit is within 32 nats of the top, 16 bins a nat).
+pub(crate) const SAMPLE_MASS_BINS: usize = 520;
+
+/// u64 words one part of a row leaves for the bins path (sample.cu
+/// SAMPLE_BIN_WORDS): mass and best key per bin, the best key below the bins,
+/// the argmax key and the top logit's order key.
+pub(crate) const SAMPLE_BIN_WORDS: usize = 2 * SAMPLE_MASS_BINS + 3;
+
+/// Bytes of one row's bins-path partials: SAMPLE_PARTS parts of SAMPLE_BIN_WORDS.
+pub(crate) const SAMPLE_BIN_BYTES: usize = SAMPLE_PARTS * SAMPLE_BIN_WORDS * 8;
+
+/// Which kernels pick a row (sample.cu SAMPLE_PATH_*, the value of `SampleRow::path`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum SamplePath {
+    /// One CTA walks the whole row (sample_rows).
+    Whole = 0,
+    /// SAMPLE_PARTS CTAs list their slice's k best, one CTA picks (sample_topk_*).
+    Lists = 1,
+    /// SAMPLE_PARTS CTAs sum their slice's bins and race, one CTA merges (sample_bins_*).
+    Bins = 2,
+}
+
+/// Device scratch of the sampler's paths.
+pub(crate) struct SampleScratch {
+    pub items: u64,
+    pub lists: u64,
+    pub bins: u64,
+}
 
 /// One row's sampling request, laid out as kernels/src/sample.cu `SampleRow`.
 #[repr(C)]
@@ -517,7 +708,8 @@ pub(crate) struct SampleRow {
     pub penalty_len: u32,
     pub mask_off: u32,
     pub mask_len: u32,
-    pub reserved: u32,
+    /// A `SamplePath` (0 in the megakernel, which samples its own way).
+    pub path: u32,
 }
 const _: () = assert!(std::mem::size_of::<SampleRow>() == 64, "SampleRow must match sample.cu");
 
@@ -549,6 +741,53 @@ mod tests {
         };
         assert_eq!(define("PREFILL_TILE"), PREFILL_TILE);
         assert_eq!(define("PREFILL_THREADS"), PREFILL_THREADS as usize);
+        // The launch's dynamic shared memory is the kernel's two buffers.
+        let smem = src.lines().find_map(|l| l.strip_prefix("#define PREFILL_SMEM_BYTES(D) ")).expect("no PREFILL_SMEM_BYTES");
+        assert_eq!(smem.split("//").next().unwrap().trim(), "(2 * 2 * PREFILL_TILE * ((D) + 8) * 2)");
+        assert_eq!([32, 64, 128].map(prefill_smem_bytes), [20_480, 36_864, 69_632]);
+        assert!(prefill_smem_bytes(128) <= 227 * 1024);
+    }
+
+    /// Context splits: whole spans, and launches whose partials fit the space kept
+    /// for them whatever the pass (a tile deeper than every item still gets one).
+    #[test]
+    fn prefill_splits_and_groups_bound_the_partials() {
+        assert_eq!([1, 1024, 1025, 4096, 16_384, 131_072].map(prefill_splits), [1, 1, 2, 4, 16, 128]);
+        assert_eq!(prefill_group_tiles(1), usize::MAX);
+        for splits in [2, 3, 16, 127, 128, 129, 1000] {
+            let group = prefill_group_tiles(splits);
+            assert!(group >= 1, "{splits} splits");
+            assert!(group * splits <= PREFILL_PARTIAL_ITEMS.max(splits), "{splits} splits: {group} tiles per launch");
+            // No smaller launch than the space allows: one more tile would not fit.
+            assert!(splits >= PREFILL_PARTIAL_ITEMS || (group + 1) * splits > PREFILL_PARTIAL_ITEMS, "{splits} splits");
+        }
+        // A 512-row pass (8 tiles) at 16K positions runs in one launch.
+        assert!(prefill_group_tiles(prefill_splits(16_384)) >= 8);
+        // Llama-3.2-1B: 128 items of 32 heads x 64 rows x (64 + 2) floats, ~69 MB.
+        let (o, ml) = prefill_partial_floats(PREFILL_PARTIAL_ITEMS, 32, 1, 64);
+        assert_eq!((o + ml) * 4, 69_206_016);
+    }
+
+    /// The device sampler's split over CTAs, as sample.cu defines it.
+    #[test]
+    fn sampler_constants_are_the_kernels() {
+        let src = include_str!("../../../../../kernels/src/sample.cu");
+        let define = |name: &str| -> usize {
+            let prefix = format!("#define {name} ");
+            let line = src.lines().find_map(|l| l.strip_prefix(prefix.as_str())).unwrap_or_else(|| panic!("no #define {name}"));
+            line.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("#define {name} {line}"))
+        };
+        assert_eq!(define("SAMPLE_THREADS"), SAMPLE_THREADS as usize);
+        assert_eq!(define("SAMPLE_PARTS"), SAMPLE_PARTS);
+        assert_eq!(define("SAMPLE_LIST_K"), SAMPLE_LIST_K);
+        assert_eq!(define("SAMPLE_LIST_THREADS"), SAMPLE_LIST_THREADS as usize);
+        assert_eq!(define("SAMPLE_PATH_WHOLE"), SamplePath::Whole as usize);
+        assert_eq!(define("SAMPLE_PATH_LISTS"), SamplePath::Lists as usize);
+        assert_eq!(define("SAMPLE_PATH_BINS"), SamplePath::Bins as usize);
+        let bin_words = src.lines().find_map(|l| l.strip_prefix("#define SAMPLE_BIN_WORDS ")).expect("no SAMPLE_BIN_WORDS");
+        assert_eq!(bin_words.trim(), "(2 * RACE_MASS_BINS + 3)");
+        let cuh = include_str!("../../../../../kernels/src/sampler.cuh");
+        assert!(cuh.contains(&format!("constexpr int RACE_MASS_BINS = {SAMPLE_MASS_BINS};")), "sampler.cuh's RACE_MASS_BINS");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use super::cublas::Cublas;
+use super::cublas::{Cublas, Operands};
 use super::driver::{DeviceBuffer, TimedEvent};
 use super::kernels::{GemmFusion, GemmPlan, GemmScratch};
 use super::CudaBackend;
@@ -26,6 +26,9 @@ pub enum MatmulKernel {
     /// cuBLASLt on the hi parts alone: half the arithmetic, one rounding of
     /// each input to bf16 (what the split buys, measured).
     CublasBf16,
+    /// cuBLASLt on fp16 operands, as the forward pass runs it with the weights'
+    /// fp16 copy: x rounded by to_f16.cu (timed with it), W converted before.
+    CublasF16,
 }
 
 /// What the tensor-core GEMM folds into the product (gemm_tc.cu's fused prologue
@@ -100,7 +103,7 @@ impl CudaBackend {
             MatmulKernel::Tensor => (k % 64 == 0, "a multiple of 64"),
             MatmulKernel::Gemv => (k % 8 == 0, "a multiple of 8"),
             // The lo parts follow the hi parts: 16-byte aligned when k is a multiple of 8.
-            MatmulKernel::Cublas | MatmulKernel::CublasBf16 => (k % 8 == 0, "a multiple of 8"),
+            MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 => (k % 8 == 0, "a multiple of 8"),
         };
         if !needs.0 {
             return Err(RocketError::invalid_arg("k", k, format!("must be {} for {kernel:?}", needs.1)));
@@ -131,17 +134,33 @@ impl CudaBackend {
         let plan = kernels.gemm_plan(n, k, rows);
         let scratch = GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?;
         let (cublas, x_bf16) = match kernel {
-            MatmulKernel::Cublas | MatmulKernel::CublasBf16 => {
-                (Some(Cublas::new(ctx)?), Some(DeviceBuffer::alloc(ctx, 2 * rows * k * 2, "the matmul check's bf16 inputs")?))
+            MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 => {
+                (Some(Cublas::new(ctx)?), Some(DeviceBuffer::alloc(ctx, 2 * rows * k * 2, "the matmul check's 16-bit inputs")?))
             }
             _ => (None, None),
         };
+        // The fp16 copy of every rotated weight copy, and the range flag (which
+        // these inputs, within [-1, 1), must never set).
+        let f16 = match kernel {
+            MatmulKernel::CublasF16 => {
+                let w16 = DeviceBuffer::alloc(ctx, w_bytes * copies, "the matmul check's fp16 weights")?;
+                let flag = DeviceBuffer::with_data(ctx, st, &[0u32], "the matmul check's range flag")?;
+                kernels.bf16_to_f16(st, weights.ptr, w16.ptr, n * k * copies, flag.ptr)?;
+                Some((w16, flag))
+            }
+            _ => None,
+        };
         let launch = |w: u64| match (kernel, &cublas, &x_bf16) {
+            (MatmulKernel::CublasF16, Some(lt), Some(xb)) => {
+                let (w16, flag) = f16.as_ref().expect("made above for CublasF16");
+                kernels.to_f16(st, x.ptr, xb.ptr, rows * k, flag.ptr)?;
+                lt.matmul(st, Operands::F16, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate)
+            }
             (MatmulKernel::Cublas | MatmulKernel::CublasBf16, Some(lt), Some(xb)) => {
                 let (hi, lo) = kernels.to_bf16_split(st, x.ptr, xb.ptr, rows * k)?;
                 match kernel {
                     MatmulKernel::Cublas => lt.matmul_split(st, w, hi, lo, y.ptr, n, k, rows, accumulate),
-                    _ => lt.matmul(st, w, hi, y.ptr, n, k, rows, accumulate),
+                    _ => lt.matmul(st, Operands::Bf16, w, hi, y.ptr, n, k, rows, accumulate),
                 }
             }
             (MatmulKernel::Tensor, ..) => kernels.gemm_tc(st, w, x.ptr, y.ptr, n, k, rows, accumulate, &scratch, gemm_fusion),
@@ -177,7 +196,15 @@ impl CudaBackend {
             MatmulKernel::Gemv => "gemv".to_string(),
             MatmulKernel::Cublas => "cublaslt hi+lo".to_string(),
             MatmulKernel::CublasBf16 => "cublaslt bf16".to_string(),
+            MatmulKernel::CublasF16 => "cublaslt fp16".to_string(),
         };
+        if let Some((_, flag)) = &f16 {
+            let mut set = [0u32];
+            flag.download(st, 0, &mut set)?;
+            if set[0] != 0 {
+                return Err(RocketError::Internal("the fp16 conversion flagged inputs within [-1, 1) as out of range".into()));
+            }
+        }
         Ok(MatmulCheck {
             kernel,
             plan,

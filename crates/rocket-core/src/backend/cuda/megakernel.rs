@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use super::driver::{grown, Arg, Context, DeviceBuffer, Function, MappedBuffer, Module, Stream};
+use super::poll_pacer::{self, PollPacer};
 use super::weights::DeviceWeights;
 use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
 use super::sampler::sample_row;
@@ -435,13 +436,18 @@ impl Megakernel {
         let cpu_start = thread_cpu_seconds();
         self.function.launch_cooperative(stream, self.grid, THREADS as u32, SMEM_BYTES, &params)?;
 
-        // Poll: hand tokens on as they land; sleep between looks so the host stays idle.
+        // Poll: hand tokens on as they land; sleep between looks (PollPacer) so the host stays idle.
         // A launch that publishes nothing for longer than the device's own watchdog
         // could take to end it is reported rather than waited on forever (time
         // spent in `on_token` does not count: it restarts the clock).
         let stall_limit = self.watchdog * 4 + Duration::from_secs(2);
         let mut last_progress = std::time::Instant::now();
         let (mut seen, mut accepted, mut stopped) = (0usize, 0usize, false);
+        let mut pacer = PollPacer::default();
+        // Whether the loop ends at the token of step `step`: an end id, once
+        // free-running (the kernel's `pick_token` rule).
+        let ends_at = |step: usize, token: u32| step >= launch.forced.len() && req.end_ids.contains(&token);
+        let mut ending = false;
         loop {
             let finished = match stream.is_idle() {
                 Ok(done) => done,
@@ -460,10 +466,12 @@ impl Megakernel {
                         self.ring.write(RING_STOP, 1);
                     }
                 }
+                ending |= ends_at(seen, token);
                 seen += 1;
             }
             if seen > before {
                 last_progress = std::time::Instant::now();
+                pacer.saw(last_progress, seen - before);
             }
             if finished {
                 break;
@@ -475,7 +483,10 @@ impl Megakernel {
                 self.hung = true;
                 return Err(e.into());
             }
-            std::thread::sleep(Duration::from_micros(50));
+            // Where the launch is about to end (its last step, the host's stop, an
+            // end id), look again at the fine poll: the GPU is idle until the host sees it.
+            let ending = ending || stopped || seen >= steps;
+            std::thread::sleep(if ending { poll_pacer::STEP } else { pacer.sleep(std::time::Instant::now()) });
         }
         stream.sync().map_err(|e| self.fault_error(e))?;
         let mut state = [0u32; STATE_WORDS];

@@ -9,7 +9,10 @@
 mod cublas;
 #[cfg(feature = "diagnostics")]
 mod diagnostics;
+#[cfg(feature = "diagnostics")]
+pub use diagnostics::{FusedF16, FusedF16Check};
 mod driver;
+mod f16_weights;
 #[cfg(feature = "diagnostics")]
 mod handoff_probe;
 #[cfg(feature = "diagnostics")]
@@ -20,6 +23,7 @@ mod matmul_check;
 #[cfg(feature = "diagnostics")]
 pub use matmul_check::{MatmulCheck, MatmulFusion, MatmulKernel};
 pub mod megakernel;
+mod poll_pacer;
 #[cfg(feature = "diagnostics")]
 mod probe;
 #[cfg(feature = "diagnostics")]
@@ -40,7 +44,8 @@ use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
 use crate::progress::LoadProgress;
 use crate::sampling::SamplingParams;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
-use kernels::{argmax_state_bytes, GemmFusion, GemmPlan, GemmScratch, Kernels, PREFILL_TILE};
+use f16_weights::F16Weights;
+use kernels::{argmax_state_bytes, prefill_group_tiles, prefill_partial_floats, prefill_splits, GemmFusion, GemmPlan, GemmScratch, Kernels, PREFILL_TILE};
 use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
 use sampler::DeviceSampler;
 use weights::DeviceWeights;
@@ -65,6 +70,29 @@ pub struct CudaInfo {
     pub module_load_seconds: f64,
     pub upload_seconds: f64,
     pub weight_bytes: usize,
+    /// Whether cuBLASLt loaded (`matmul cublas`, or `auto` where it is found).
+    pub cublas_loaded: bool,
+}
+
+/// The fp16 copy of the layers' matrices that cuBLASLt's products read
+/// (cublas.rs): made at the first pass that has a product on cuBLASLt, so a
+/// model whose passes never reach it (short prompts, a small fuel under `auto`)
+/// keeps the memory, and the megakernel and KV caches get theirs first.
+enum F16Copy {
+    NotYet,
+    Ready(F16Weights),
+    /// For good: a weight or a pass's activations past fp16's range, or no room;
+    /// cuBLASLt multiplies on bf16 hi+lo parts.
+    Off,
+}
+
+impl F16Copy {
+    fn ready(&self) -> Option<&F16Weights> {
+        match self {
+            F16Copy::Ready(copy) => Some(copy),
+            F16Copy::NotYet | F16Copy::Off => None,
+        }
+    }
 }
 
 /// Measured on the H200 with each kernel forced on the graph path: from 2 rows
@@ -80,19 +108,33 @@ pub const TENSOR_CORE_MIN_ROWS: usize = 2;
 /// rows: 115 µs against 318), and prefill passes are that long.
 pub const CUBLAS_MIN_ROWS: usize = 128;
 
-/// Whether `matmul` multiplies a pass of `rows` rows on rocket's tensor-core GEMM.
-fn tensor_cores_for(matmul: MatmulPath, rows: usize) -> bool {
-    match matmul {
-        MatmulPath::Gemv => false,
-        MatmulPath::Tensor => true,
-        MatmulPath::Auto => rows >= TENSOR_CORE_MIN_ROWS,
-        MatmulPath::Cublas => (TENSOR_CORE_MIN_ROWS..CUBLAS_MIN_ROWS).contains(&rows),
-    }
+/// Under `MatmulPath::Auto` with cuBLASLt loaded, a product of `rows` rows by an
+/// n x k weight takes it from this many multiply-adds (rows * n * k) and
+/// `CUBLAS_MIN_ROWS` rows. Measured on the H200 (matmul check, every fuel's
+/// products at 128, 512 and 4,096 rows): every product of 2^30 or more was faster
+/// on cuBLASLt (hi+lo), by 1.5-3x; below it, some were and some were not
+/// (SmolLM2's qkv at 512 rows: 24 µs against 14).
+pub const CUBLAS_AUTO_MIN_MACS: usize = 1 << 30;
+
+/// Which kernel multiplies one product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProductKernel {
+    Gemv,
+    Tensor,
+    Cublas,
 }
 
-/// Whether `matmul` multiplies a pass of `rows` rows on cuBLASLt.
-fn cublas_for(matmul: MatmulPath, rows: usize) -> bool {
-    matmul == MatmulPath::Cublas && rows >= CUBLAS_MIN_ROWS
+/// The kernel for a product of `rows` rows by an n x k weight under `matmul`,
+/// with or without cuBLASLt loaded (`MatmulPath::Cublas` always loads it).
+fn matmul_kernel(matmul: MatmulPath, cublas: bool, rows: usize, n: usize, k: usize) -> ProductKernel {
+    let below_cublas = if rows >= TENSOR_CORE_MIN_ROWS { ProductKernel::Tensor } else { ProductKernel::Gemv };
+    match matmul {
+        MatmulPath::Gemv => ProductKernel::Gemv,
+        MatmulPath::Tensor => ProductKernel::Tensor,
+        MatmulPath::Cublas if rows >= CUBLAS_MIN_ROWS => ProductKernel::Cublas,
+        MatmulPath::Auto if cublas && rows >= CUBLAS_MIN_ROWS && rows * n * k >= CUBLAS_AUTO_MIN_MACS => ProductKernel::Cublas,
+        MatmulPath::Cublas | MatmulPath::Auto => below_cublas,
+    }
 }
 
 pub struct CudaBackend {
@@ -110,12 +152,37 @@ struct Inner {
     megakernel: Option<Megakernel>,
     graphs: HashMap<(usize, usize, bool), Graph>,
     scratch: Option<Scratch>,
+    /// The prefill attention's split partials, grown to the largest prompt pass
+    /// (apart from `scratch`: no graph records a prefill pass, so growing them
+    /// keeps the decode graphs).
+    prefill_partials: Option<PrefillPartials>,
     sampler: DeviceSampler,
+    f16: F16Copy,
     weights: DeviceWeights,
     kernels: Kernels,
     host_inputs: PinnedBuffer,
     stream: Stream,
     ctx: Arc<Context>,
+}
+
+/// Room for `items` (tile, split) pairs of the tensor-core prefill attention's
+/// partials, every head's (kernels.rs `prefill_partial_floats`).
+struct PrefillPartials {
+    items: usize,
+    o: DeviceBuffer,
+    ml: DeviceBuffer,
+}
+
+impl PrefillPartials {
+    /// Poisoned: a partial the merge reads before a split wrote it shows as NaN.
+    fn new(ctx: &Context, st: &Stream, s: &ModelSpec, items: usize) -> Result<Self> {
+        let (o, ml) = prefill_partial_floats(items, s.num_heads, 1, s.head_dim);
+        let what = "prefill attention partials";
+        let partials = PrefillPartials { items, o: DeviceBuffer::alloc(ctx, o * 4, what)?, ml: DeviceBuffer::alloc(ctx, ml * 4, what)? };
+        partials.o.fill_u8(st, 0xff)?;
+        partials.ml.fill_u8(st, 0xff)?;
+        Ok(partials)
+    }
 }
 
 /// Per-row data the kernels read (kernels/src/common.cuh `RowMeta`).
@@ -188,8 +255,11 @@ struct Scratch {
     /// launch, so never poisoned.
     argmax_state: DeviceBuffer,
     gemm: GemmScratch,
-    /// A pass's matmul input rounded to bf16, for cuBLASLt (None on the other matmul paths).
+    /// A pass's matmul input as cuBLASLt takes it: fp16, or bf16 hi and lo parts
+    /// (None where no pass this long takes cuBLASLt).
     bf16: Option<DeviceBuffer>,
+    /// Set by to_f16.cu when an activation leaves fp16's range (with `bf16`).
+    f16_overflow: Option<DeviceBuffer>,
 }
 
 impl Scratch {
@@ -220,8 +290,16 @@ impl Scratch {
                 b
             },
             bf16: match bf16_inputs {
-                // hi then lo parts, bf16 each.
+                // hi then lo parts, bf16 each (an fp16 input takes the first half).
                 true => Some(a(2 * 2 * rows * Self::matmul_shapes(s).iter().map(|&(_, k)| k).max().unwrap_or(0), what)?),
+                false => None,
+            },
+            f16_overflow: match bf16_inputs {
+                true => {
+                    let flag = a(4, what)?;
+                    flag.fill_u8(st, 0)?;
+                    Some(flag)
+                }
                 false => None,
             },
         })
@@ -300,6 +378,8 @@ struct PassShape {
     split_listed: bool,
     /// Tiles of prompt rows for the tensor-core prefill attention (0: none).
     prefill_tiles: usize,
+    /// Most context splits of one of those tiles (kernels.rs `prefill_splits`).
+    prefill_splits: usize,
     gather_last: bool,
     argmax: bool,
 }
@@ -317,8 +397,19 @@ impl CudaBackend {
         let stream = Stream::new()?;
         let mut kernels = Kernels::load(&ctx, spec.head_dim)?;
         kernels.pdl = options.pdl;
-        if options.matmul == MatmulPath::Cublas {
-            kernels.cublas = Some(cublas::Cublas::new(&ctx)?);
+        match options.matmul {
+            MatmulPath::Cublas => kernels.cublas = Some(cublas::Cublas::new(&ctx)?),
+            // `auto` takes cuBLASLt for large prefill products where the library loads
+            // and runs a check product (cudarc panics on a symbol an old library lacks).
+            MatmulPath::Auto => {
+                let load = || cublas::Cublas::new(&ctx).and_then(|lt| lt.smoke_test(&ctx, &stream).map(|()| lt));
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)) {
+                    Ok(Ok(lt)) => kernels.cublas = Some(lt),
+                    Ok(Err(e)) => tracing::info!("matmul auto without cuBLASLt (long prefills on the tensor-core GEMM): {e}"),
+                    Err(_) => tracing::info!("matmul auto without cuBLASLt (long prefills on the tensor-core GEMM): loading it panicked"),
+                }
+            }
+            MatmulPath::Gemv | MatmulPath::Tensor => {}
         }
         let t = Instant::now();
         let dev_weights = DeviceWeights::upload(&ctx, &stream, &spec, weights, progress)?;
@@ -347,6 +438,7 @@ impl CudaBackend {
             module_load_seconds: kernels.load_seconds,
             upload_seconds,
             weight_bytes: dev_weights.bytes,
+            cublas_loaded: kernels.cublas.is_some(),
         };
         tracing::info!(?info, "cuda backend ready");
         let host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(1))?;
@@ -360,7 +452,9 @@ impl CudaBackend {
                 megakernel,
                 graphs: HashMap::new(),
                 scratch: None,
+                prefill_partials: None,
                 sampler: DeviceSampler::default(),
+                f16: F16Copy::NotYet,
                 weights: dev_weights,
                 kernels,
                 host_inputs,
@@ -417,6 +511,7 @@ impl CudaBackend {
             split_rows: rows,
             split_listed: false,
             prefill_tiles: 0,
+            prefill_splits: 0,
             gather_last: !decode && logits == Logits::Last,
             argmax,
         };
@@ -433,7 +528,9 @@ impl CudaBackend {
             // Graphs point into the old buffers: drop them with the buffers.
             inner.graphs.clear();
             inner.scratch = None;
-            let fresh = Scratch::new(&inner.ctx, &inner.stream, s, r.next_power_of_two(), sp, self.options.matmul == MatmulPath::Cublas)?;
+            // The bf16 inputs only where a pass this long can take cuBLASLt.
+            let bf16 = inner.kernels.cublas.is_some() && r.next_power_of_two() >= CUBLAS_MIN_ROWS;
+            let fresh = Scratch::new(&inner.ctx, &inner.stream, s, r.next_power_of_two(), sp, bf16)?;
             fresh.poison(&inner.stream)?;
             inner.scratch = Some(fresh);
             inner.host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(r.next_power_of_two()))?;
@@ -447,7 +544,7 @@ impl CudaBackend {
         let mut row_map = Vec::with_capacity(chunks.len());
         // With prompts tiled, the tiles and the split kernel's rows go straight into the
         // staging buffer (no list on a decode pass, where every row is the split kernel's).
-        let (mut split_rows, mut tiles) = (0usize, 0usize);
+        let (mut split_rows, mut tiles, mut max_splits) = (0usize, 0usize, 0usize);
         for c in chunks.iter_mut() {
             let sess = own_session::<CudaSession>(c.session, "cuda")?;
             let first = row;
@@ -460,9 +557,11 @@ impl CudaBackend {
             }
             if tiled && c.tokens.len() >= 2 {
                 for start in (first..row).step_by(PREFILL_TILE) {
-                    let tile = PrefillTile { first_row: start as i32, rows: (row - start).min(PREFILL_TILE) as i32 };
+                    let tile_rows = (row - start).min(PREFILL_TILE);
+                    let tile = PrefillTile { first_row: start as i32, rows: tile_rows as i32 };
                     put(bytes, Scratch::tiles_offset(cap) + tiles * std::mem::size_of::<PrefillTile>(), tile);
                     tiles += 1;
+                    max_splits = max_splits.max(prefill_splits(sess.len + (start - first) + tile_rows));
                 }
             } else if tiled {
                 for r in first..row {
@@ -479,21 +578,52 @@ impl CudaBackend {
             shape.split_rows = split_rows;
             shape.split_listed = true;
             shape.prefill_tiles = tiles;
+            shape.prefill_splits = max_splits;
+            let items = tiles.min(prefill_group_tiles(max_splits)) * max_splits;
+            if max_splits > 1 && inner.prefill_partials.as_ref().is_none_or(|p| p.items < items) {
+                inner.prefill_partials = None;
+                inner.prefill_partials = Some(PrefillPartials::new(&inner.ctx, &inner.stream, s, items)?);
+            }
         }
         scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
-        if decode && self.options.cuda_graphs {
-            let key = (rows, splits, argmax);
-            if !inner.graphs.contains_key(&key) {
-                inner.stream.begin_capture()?;
-                let recorded = self.record_pass(inner, scratch, &shape);
-                let graph = inner.stream.end_capture();
-                recorded?;
-                inner.graphs.insert(key, graph?);
+        if matches!(inner.f16, F16Copy::NotYet) && self.layer_product_on_cublas(inner, rows) {
+            inner.f16 = match fp16_copy(&inner.ctx, &inner.stream, &inner.kernels, s, &inner.weights)? {
+                Some(copy) => F16Copy::Ready(copy),
+                None => F16Copy::Off,
+            };
+            // A graph recorded before has the products on the split.
+            inner.graphs.clear();
+        }
+        // At most twice: a pass whose activations left fp16's range runs again on
+        // the bf16 hi+lo products, with the fp16 copy gone for good. The rerun
+        // rewrites every KV position the first run wrote before anything reads it.
+        loop {
+            if decode && self.options.cuda_graphs {
+                let key = (rows, splits, argmax);
+                if !inner.graphs.contains_key(&key) {
+                    inner.stream.begin_capture()?;
+                    let recorded = self.record_pass(inner, scratch, &shape);
+                    let graph = inner.stream.end_capture();
+                    recorded?;
+                    inner.graphs.insert(key, graph?);
+                }
+                inner.graphs[&key].launch(&inner.stream)?;
+            } else {
+                self.record_pass(inner, scratch, &shape)?;
             }
-            inner.graphs[&key].launch(&inner.stream)?;
-        } else {
-            self.record_pass(inner, scratch, &shape)?;
+            let Some(flag) = self.f16_flag(inner, scratch, rows) else { break };
+            let mut overflowed = [0u32];
+            flag.download(&inner.stream, 0, &mut overflowed)?;
+            if overflowed[0] == 0 {
+                break;
+            }
+            tracing::warn!(
+                rows,
+                "activations past fp16's range: this pass and every later one multiply on bf16 hi+lo parts (twice the arithmetic)"
+            );
+            inner.f16 = F16Copy::Off;
+            inner.graphs.clear();
         }
 
         let out = match pick {
@@ -518,11 +648,26 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// Whether one of a pass's layer products (not the LM head, which has no fp16
+    /// copy) takes cuBLASLt at `rows` rows.
+    fn layer_product_on_cublas(&self, inner: &Inner, rows: usize) -> bool {
+        let on_cublas = |&(n, k): &(usize, usize)| matmul_kernel(self.options.matmul, inner.kernels.cublas.is_some(), rows, n, k) == ProductKernel::Cublas;
+        Scratch::matmul_shapes(&self.spec)[..4].iter().any(on_cublas)
+    }
+
+    /// The range flag of a pass of `rows` rows whose cuBLASLt products take fp16
+    /// operands, else None. Zeroed where the scratch is made: once set, the fp16
+    /// copy is gone for good and the flag is never read again.
+    fn f16_flag<'s>(&self, inner: &Inner, scratch: &'s Scratch, rows: usize) -> Option<&'s DeviceBuffer> {
+        let flag = scratch.f16_overflow.as_ref()?;
+        (inner.f16.ready().is_some() && self.layer_product_on_cublas(inner, rows)).then_some(flag)
+    }
+
     /// Launches one whole forward pass on the stream (also what a graph records).
     fn record_pass(&self, inner: &Inner, sc: &Scratch, p: &PassShape) -> Result<()> {
         let s = &self.spec;
         let (k, w, st) = (&inner.kernels, &inner.weights, &inner.stream);
-        let (d, qd, kvd, ff, nl) = (s.hidden_size, s.q_dim(), s.kv_dim(), s.intermediate_size, s.num_layers);
+        let (d, qd, kvd, nl) = (s.hidden_size, s.q_dim(), s.kv_dim(), s.num_layers);
         let eps = s.rms_norm_eps as f32;
         let t = p.rows;
         let tokens = sc.inputs.ptr;
@@ -532,7 +677,12 @@ impl CudaBackend {
         let tile_table = sc.inputs.ptr + Scratch::tiles_offset(sc.rows) as u64;
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
         for (li, l) in w.layers.iter().enumerate() {
-            self.normed_matmul(k, st, sc, l.attn_norm, l.qkv, sc.qkv.ptr, qd + 2 * kvd, t, false)?;
+            // The fp16 copies of this layer's matrices (0: none).
+            let (qkv16, o16, gate_up16, down16) = inner.f16.ready().map_or((0, 0, 0, 0), |f| {
+                let l = f.layers[li];
+                (l.qkv, l.o, l.gate_up, l.down)
+            });
+            self.normed_matmul(k, st, sc, l.attn_norm, [l.qkv, qkv16], sc.qkv.ptr, qd + 2 * kvd, t, false)?;
             k.rope_kv(st, sc.qkv.ptr, w.inv_freq, l.q_norm, l.k_norm, eps, meta, s.num_heads, s.num_kv_heads, li, nl, t)?;
             if p.split_rows > 0 {
                 k.attention(
@@ -554,18 +704,30 @@ impl CudaBackend {
                 )?;
             }
             if p.prefill_tiles > 0 {
-                k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, tile_table, sc.attn.ptr, s.num_heads, s.num_kv_heads, li, nl, p.prefill_tiles)?;
+                // A pass within one split per tile reads and writes no partial.
+                let partials = match &inner.prefill_partials {
+                    Some(pp) if p.prefill_splits > 1 => (pp.o.ptr, pp.ml.ptr),
+                    _ if p.prefill_splits > 1 => return Err(RocketError::Internal("prefill splits without their partials".into())),
+                    _ => (0, 0),
+                };
+                // Groups of tiles share the partials' space, one launch after another.
+                let (tiles, splits) = (p.prefill_tiles, p.prefill_splits);
+                let group = prefill_group_tiles(splits).min(tiles);
+                for first in (0..tiles).step_by(group) {
+                    let table = tile_table + (first * std::mem::size_of::<PrefillTile>()) as u64;
+                    let n = group.min(tiles - first);
+                    k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, table, sc.attn.ptr, partials, s.num_heads, s.num_kv_heads, li, nl, n, splits)?;
+                }
             }
-            self.matmul(k, st, sc, l.o, sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
-            self.normed_matmul(k, st, sc, l.mlp_norm, l.gate_up, sc.act.ptr, 2 * ff, t, true)?;
-            self.matmul(k, st, sc, l.down, sc.act.ptr, sc.x.ptr, d, ff, t, true)?;
+            self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
+            self.mlp(k, st, sc, l.mlp_norm, [l.gate_up, gate_up16], [l.down, down16], t)?;
         }
         // The final norm stays its own kernel, fused or not: prefill passes gather their
         // last rows in it, and a decode row must get the same bits whether or not a prompt
         // shares its pass. (Fused, the LM head also measured slower: 152 vs 141 µs.)
         let map = if p.gather_last { row_map } else { 0 };
         k.rms_norm(st, sc.x.ptr, w.final_norm, sc.normed.ptr, d, eps, map, p.out_rows)?;
-        self.matmul(k, st, sc, w.lm_head, sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, false)?;
+        self.matmul(k, st, sc, [w.lm_head, 0], sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, false)?;
         if p.argmax {
             k.argmax(st, sc.logits.ptr, sc.argmax.ptr, s.vocab_size, p.out_rows, sc.argmax_state.ptr)?;
         }
@@ -574,19 +736,27 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// y (+)= x · Wᵀ for `rows` input rows: cuBLASLt (on x's bf16 hi and lo
-    /// parts in the scratch's `bf16`) or the tensor-core GEMM where the matmul
-    /// mode picks it for `rows` and the width allows, else the GEMV.
+    /// y (+)= x · Wᵀ for `rows` input rows: cuBLASLt (on x rounded to fp16 with
+    /// W's fp16 copy, else on x's bf16 hi and lo parts, in the scratch's `bf16`),
+    /// or the tensor-core GEMM where the matmul mode picks it for `rows` and the
+    /// width allows, else the GEMV. `w` is W in bf16 and its fp16 copy (0: none).
     #[allow(clippy::too_many_arguments)]
-    fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: u64, x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
-        if cublas_for(self.options.matmul, rows) {
+    fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: [u64; 2], x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
+        let [w, w16] = w;
+        if self.f16_product(k, rows, n, width, w16) {
+            let (lt, xb, flag) = f16_operands(k, sc)?;
+            k.to_f16(st, x, xb, rows * width, flag)?;
+            return lt.matmul(st, cublas::Operands::F16, w16, xb, y, n, width, rows, accumulate);
+        }
+        let kernel = matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, width);
+        if kernel == ProductKernel::Cublas {
             let (Some(lt), Some(xb)) = (&k.cublas, &sc.bf16) else {
-                return Err(RocketError::Internal("matmul cublas without cuBLASLt or its bf16 buffers".into()));
+                return Err(RocketError::Internal("a cuBLASLt product without cuBLASLt or its input buffers".into()));
             };
             let (hi, lo) = k.to_bf16_split(st, x, xb.ptr, rows * width)?;
             return lt.matmul_split(st, w, hi, lo, y, n, width, rows, accumulate);
         }
-        if tensor_cores_for(self.options.matmul, rows) && k.gemm_tc_fits(width) {
+        if kernel == ProductKernel::Tensor && k.gemm_tc_fits(width) {
             k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm, GemmFusion::default())
         } else {
             k.gemv(st, w, x, y, n, width, rows, accumulate)
@@ -598,19 +768,80 @@ impl CudaBackend {
     /// tensor-core launch with the norm and SiLU fused where the matmul mode and
     /// shapes allow (gemm_tc.cu), else rms_norm, the matmul and silu_mul.
     #[allow(clippy::too_many_arguments)]
-    fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: u64, y: u64, n: usize, rows: usize, silu: bool) -> Result<()> {
+    fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: [u64; 2], y: u64, n: usize, rows: usize, silu: bool) -> Result<()> {
         let (d, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps as f32);
-        let fits = tensor_cores_for(self.options.matmul, rows) && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
+        let on_tensor_cores = matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, d) == ProductKernel::Tensor;
+        let fits = on_tensor_cores && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
         if self.options.fuse && fits {
-            return k.gemm_tc(st, w, sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
+            return k.gemm_tc(st, w[0], sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
         }
-        k.rms_norm(st, sc.x.ptr, norm_w, sc.h.ptr, d, eps, 0, rows)?;
-        if silu {
-            self.matmul(k, st, sc, w, sc.h.ptr, sc.gu.ptr, n, d, rows, false)?;
-            k.silu_mul(st, sc.gu.ptr, y, n / 2, rows)
+        let product_out = if silu { sc.gu.ptr } else { y };
+        if self.options.fuse && self.f16_product(k, rows, n, d, w[1]) {
+            // The norm writes the product's fp16 operand itself.
+            let (lt, xb, flag) = f16_operands(k, sc)?;
+            k.rms_norm_f16(st, sc.x.ptr, norm_w, xb, d, eps, rows, flag)?;
+            lt.matmul(st, cublas::Operands::F16, w[1], xb, product_out, n, d, rows, false)?;
         } else {
-            self.matmul(k, st, sc, w, sc.h.ptr, y, n, d, rows, false)
+            k.rms_norm(st, sc.x.ptr, norm_w, sc.h.ptr, d, eps, 0, rows)?;
+            self.matmul(k, st, sc, w, sc.h.ptr, product_out, n, d, rows, false)?;
         }
+        if silu {
+            k.silu_mul(st, sc.gu.ptr, y, n / 2, rows)?;
+        }
+        Ok(())
+    }
+
+    /// The MLP: x += (silu(gate) · up)(RMSNorm(x; norm_w)) · downᵀ. Where both
+    /// products take cuBLASLt's fp16 operands (and `fuse` is on), SiLU·mul writes
+    /// the down-projection's fp16 operand itself; else `normed_matmul` and `matmul`.
+    #[allow(clippy::too_many_arguments)]
+    fn mlp(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, gate_up: [u64; 2], down: [u64; 2], rows: usize) -> Result<()> {
+        let (d, ff) = (self.spec.hidden_size, self.spec.intermediate_size);
+        let fp16_act = self.options.fuse && self.f16_product(k, rows, 2 * ff, d, gate_up[1]) && self.f16_product(k, rows, d, ff, down[1]);
+        if !fp16_act {
+            self.normed_matmul(k, st, sc, norm_w, gate_up, sc.act.ptr, 2 * ff, rows, true)?;
+            return self.matmul(k, st, sc, down, sc.act.ptr, sc.x.ptr, d, ff, rows, true);
+        }
+        self.normed_matmul(k, st, sc, norm_w, gate_up, sc.gu.ptr, 2 * ff, rows, false)?;
+        let (lt, xb, flag) = f16_operands(k, sc)?;
+        k.silu_mul_f16(st, sc.gu.ptr, xb, ff, rows, flag)?;
+        lt.matmul(st, cublas::Operands::F16, down[1], xb, sc.x.ptr, d, ff, rows, true)
+    }
+
+    /// Whether a product of `rows` rows by an n x width matrix runs on cuBLASLt
+    /// with fp16 operands: the library takes it and the matrix has an fp16 copy
+    /// (`w16`, 0: none).
+    fn f16_product(&self, k: &Kernels, rows: usize, n: usize, width: usize, w16: u64) -> bool {
+        w16 != 0 && matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, width) == ProductKernel::Cublas
+    }
+}
+
+/// What an fp16 cuBLASLt product needs: the library, the operand buffer (the
+/// scratch's `bf16`) and the range flag.
+fn f16_operands<'a>(k: &'a Kernels, sc: &Scratch) -> Result<(&'a cublas::Cublas, u64, u64)> {
+    match (&k.cublas, &sc.bf16, &sc.f16_overflow) {
+        (Some(lt), Some(xb), Some(flag)) => Ok((lt, xb.ptr, flag.ptr)),
+        _ => Err(RocketError::Internal("an fp16 cuBLASLt product without cuBLASLt, its operand buffer or its range flag".into())),
+    }
+}
+
+/// The fp16 copy of the layers' matrices for cuBLASLt, or None (logged) where a
+/// weight is past fp16's range or the device has no room for it.
+fn fp16_copy(ctx: &Context, stream: &Stream, kernels: &Kernels, spec: &ModelSpec, weights: &DeviceWeights) -> Result<Option<F16Weights>> {
+    match F16Weights::convert(ctx, stream, kernels, spec, weights) {
+        Ok(Some(copy)) => {
+            tracing::info!(bytes = copy.bytes, "fp16 copy of the layers' matrices made for cuBLASLt's products");
+            Ok(Some(copy))
+        }
+        Ok(None) => {
+            tracing::info!("a weight is past fp16's range: cuBLASLt multiplies on bf16 hi+lo parts (twice the arithmetic)");
+            Ok(None)
+        }
+        Err(RocketError::DeviceMemory(why)) => {
+            tracing::warn!("no room for the fp16 copy of the weights, cuBLASLt multiplies on bf16 hi+lo parts (twice the arithmetic): {why}");
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -658,7 +889,8 @@ impl Backend for CudaBackend {
 
     fn device_description(&self) -> String {
         let i = &self.info;
-        format!("{} (sm_{}{}, {} SMs, {})", i.device_name, i.compute_capability.0, i.compute_capability.1, i.sm_count, i.kernel_image)
+        let cublas = if i.cublas_loaded { ", cuBLASLt" } else { "" };
+        format!("{} (sm_{}{}, {} SMs, {}{cublas})", i.device_name, i.compute_capability.0, i.compute_capability.1, i.sm_count, i.kernel_image)
     }
 
     fn copy_bandwidth_gbs(&self) -> Result<Option<f64>> {
@@ -836,19 +1068,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_pass_size_has_one_matmul_kernel() {
-        for rows in [1, 2, 17, 127, 128, 129, 4096] {
-            let tc = |m| tensor_cores_for(m, rows);
-            assert!(!(tc(MatmulPath::Cublas) && cublas_for(MatmulPath::Cublas, rows)), "{rows} rows: two kernels");
-            assert_eq!(cublas_for(MatmulPath::Cublas, rows), rows >= CUBLAS_MIN_ROWS, "{rows} rows");
-            // Below cuBLASLt's rows, `cublas` multiplies as `auto` does.
-            if rows < CUBLAS_MIN_ROWS {
-                assert_eq!(tc(MatmulPath::Cublas), tc(MatmulPath::Auto), "{rows} rows");
+    fn each_product_has_the_kernel_its_measurements_chose() {
+        use ProductKernel::*;
+        let (llama_gate_up, smollm2_qkv) = ((16384, 2048), (960, 576));
+        let pick = |m, lt, rows, (n, k): (usize, usize)| matmul_kernel(m, lt, rows, n, k);
+        for lt in [false, true] {
+            // The fixed kernels, and the GEMV for one row.
+            for rows in [1, 16, 128, 4096] {
+                assert_eq!(pick(MatmulPath::Gemv, lt, rows, llama_gate_up), Gemv);
+                assert_eq!(pick(MatmulPath::Tensor, lt, rows, llama_gate_up), Tensor);
+                assert_eq!(pick(MatmulPath::Auto, lt, 1, llama_gate_up), Gemv);
             }
-            for m in [MatmulPath::Auto, MatmulPath::Gemv, MatmulPath::Tensor] {
-                assert!(!cublas_for(m, rows));
-            }
+            // Decode batches stay on the tensor cores.
+            assert_eq!(pick(MatmulPath::Auto, lt, 16, llama_gate_up), Tensor);
+            assert_eq!(pick(MatmulPath::Cublas, lt, 127, llama_gate_up), Tensor);
         }
+        // `cublas`: every pass of 128 rows or more.
+        assert_eq!(pick(MatmulPath::Cublas, true, 128, smollm2_qkv), Cublas);
+        // `auto`: cuBLASLt where it loaded, for products of 2^30 multiply-adds or more.
+        assert_eq!(pick(MatmulPath::Auto, true, 128, llama_gate_up), Cublas); // 4.3e9
+        assert_eq!(pick(MatmulPath::Auto, false, 128, llama_gate_up), Tensor);
+        assert_eq!(pick(MatmulPath::Auto, true, 512, smollm2_qkv), Tensor); // 2.8e8
+        assert_eq!(pick(MatmulPath::Auto, true, 4096, smollm2_qkv), Cublas); // 2.3e9
+        assert_eq!(pick(MatmulPath::Auto, true, 64, (1 << 20, 1 << 20)), Tensor); // big, but a decode-sized pass
+        // The bounds: 128 rows x 8192 x 1024 is 2^30.
+        assert_eq!(pick(MatmulPath::Auto, true, 128, (8192, 1024)), Cublas);
+        assert_eq!(pick(MatmulPath::Auto, true, 128, (8191, 1024)), Tensor);
+        assert_eq!(pick(MatmulPath::Auto, true, 127, (1 << 20, 1024)), Tensor);
     }
 
     #[test]
