@@ -55,7 +55,7 @@ NEG_INF = F32(-np.inf)
 # The kernel source this twin was last checked against: a different hash means the
 # twin may no longer mirror the kernel (update both, then this hash).
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill.cu"
-KERNEL_SHA256 = "95e5a401f4c15bdb6e6875f29edd3f2ba4cd7906929e7ac24b706724fb91ff61"
+KERNEL_SHA256 = "b4ea1ae18f12d1cc194d6dbff418481d406918f62d81fea2bce4b38efb7549da"
 POISON_BF16 = 0xFFFF  # a NaN: what an unwritten cache slot or shared word holds here
 SPAN = 128  # key positions per context split in the sweep (a multiple of T)
 
@@ -442,14 +442,16 @@ def store_partials(L, tile_index, head, split, rows, o, a, b, mut):
         np.add.at(L.part_writes, (slot, D + 1), 1)
 
 
-def merge_cta(L, tile_index, head, mut=frozenset()):
-    """attn_prefill_merge_hdD for (tile, head): rows of a tile spanning several splits."""
+def merge_cta(L, tile_index, head, z, mut=frozenset()):
+    """attn_prefill_merge_hdD for CTA (tile, head, z): rows of a tile spanning several
+    splits, each thread four columns of one row (PREFILL_MERGE_ROWS(D) rows per CTA)."""
     D = L.D
     first_row, rows = (int(x) for x in L.tiles[tile_index])
     end = int(L.positions[first_row]) + rows
     splits = -(-end // L.span)
     if splits == 1 and "merge_single" not in mut:
         return
+    merge_rows = (2 if "merge_rows_half" in mut else 4) * THREADS // D
     item0 = (tile_index * L.n_heads + head) * L.max_splits
 
     def ml(s, r, k):
@@ -459,11 +461,15 @@ def merge_cta(L, tile_index, head, mut=frozenset()):
         return L.part_ml[slot * 2 + k]
 
     row_stride = L.n_heads * D
-    for r in range(rows):
+    for tid in range(THREADS):
+        r = z * merge_rows + tid // (D // 4)
+        d0 = (2 if "merge_col_stride" in mut else 4) * (tid % (D // 4))
+        if r >= rows:
+            continue
         M = NEG_INF
         for s in range(splits):
             M = np.fmax(M, ml(s, r, 0))
-        for d in range(D):
+        for d in range(d0, d0 + 4):
             Lsum, o, first = F32(0), F32(0), True
             order = range(splits - 1, -1, -1) if "merge_reversed" in mut else range(splits)
             for s in order:
@@ -494,7 +500,8 @@ def run_launch(L, mut=frozenset()):
         raise TwinFault("a partial written twice")
     for t in range(len(L.tiles)):
         for h in range(L.n_heads):
-            merge_cta(L, t, h, mut)
+            for z in range(L.D // 8):  # kernels.rs: grid (tiles, heads, head_dim / 8)
+                merge_cta(L, t, h, z, mut)
     return L.out.reshape(-1, L.n_heads * L.D)
 
 
@@ -666,6 +673,8 @@ MUTANTS = {
     "always_partial": "a tile within one span writes partials, not its output",
     "item_no_head": "partials indexed without the head (heads overwrite each other)",
     "merge_single": "the merge also runs for tiles within one span",
+    "merge_rows_half": "merge CTAs of 2 x THREADS / D rows (half of each tile's rows merged)",
+    "merge_col_stride": "merge threads 2 columns apart (columns written twice, others never)",
 }
 
 
