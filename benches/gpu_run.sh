@@ -39,7 +39,8 @@
 #   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
 #   race      batch-1 sampled decode per fuel (greedy, T 1.0, T 0.8 + repetition penalty,
-#             + min-p, T 0.7 + top-p 0.9, T 0.6 + top-k 20 + top-p 0.95), each on its default path,
+#             + min-p, T 0.7 + top-p 0.9, T 0.6 + top-k 20 + top-p 0.95, greedy with logprobs 5),
+#             each on its default path,
 #             and batch 16 greedy and T 0.6 + top-k 20 + top-p 0.95 on Qwen3-0.6B and Llama-3.2-1B
 #   attnprof  Nsight Compute sections (throughput, stalls, occupancy) of the prompt attention's
 #             launches in a 4,096-token Llama-3.2-1B prefill (PROFILE_FUEL picks another)
@@ -48,7 +49,8 @@
 #             and the chat case of 4,000 cached + 100 new prompt tokens at prefix blocks 512 and 128
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck on every fuel's megakernel (short launches of every
-#             sampling mode, and a teacher-forced launch on SmolLM2), racecheck on SmolLM2's
+#             sampling mode, and a teacher-forced launch on SmolLM2), racecheck on SmolLM2's and on
+#             the prompt attention (the tensor-core attention test on the tiny fixture)
 #   soak      benches/soak.py against `rocket serve` on the GPU (SOAK_S seconds, SOAK_FUEL), started
 #             in its own process session so it outlives the call; SOAK_WAIT bounds the wait per call
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
@@ -253,9 +255,10 @@ if has race; then  # batch-1 sampled decode per fuel: the issue's settings, agai
         BENCH_EXTRA="--temperature 0.8 --min-p 0.05 --repetition-penalty 1.1" bench "race-minp-$f" auto 1 128 256 3 "$f"
         BENCH_EXTRA="--temperature 0.7 --top-p 0.9" bench "race-topp-$f" auto 1 128 256 3 "$f"
         BENCH_EXTRA="--temperature 0.6 --top-k 20 --top-p 0.95" bench "race-topk-$f" auto 1 128 256 3 "$f"
+        BENCH_EXTRA="--logprobs 5" bench "race-lp5-$f" auto 1 128 256 3 "$f"
     done
     for f in $FUELS; do
-        for n in greedy t1 t08rp minp topp topk; do
+        for n in greedy t1 t08rp minp topp topk lp5; do
             printf 'RACE %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^\| 1 \|' "$LOGS/race-$n-$f.txt" | head -1)"
         done
     done
@@ -302,14 +305,17 @@ if has sanitize; then
     # memcheck: every fuel's megakernel instantiation (a short teacher-forced launch and a
     # 3-step loop per sampling mode, each token checked against the host sampler), then the
     # longer teacher-forced comparison on SmolLM2; racecheck: the short launches on SmolLM2
-    # (the 128-position test does not finish under racecheck in minutes).
+    # (the 128-position test does not finish under racecheck in minutes; what it reports there
+    # is the weight ring's bulk copies, which its mbarriers order and racecheck does not track),
+    # and the prompt attention's cp.async double buffering and barriers (the tensor-core
+    # attention test on the tiny fixture, which its CPU twin does not model).
     SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    sanitize() {  # sanitize NAME TOOL CHECKPOINTS TEST [sanitizer options...]
-        local name=$1 tool=$2 ckpts=$3 test=$4 t0=$SECONDS rc summary
-        shift 4
+    sanitize() {  # sanitize NAME TOOL CHECKPOINTS BINARY TEST [sanitizer options...]
+        local name=$1 tool=$2 ckpts=$3 binary=$4 test=$5 t0=$SECONDS rc summary
+        shift 5
         # ROCKET_WATCHDOG_MS: the megakernel test's watchdog, long enough for the sanitizer's pace.
-        ROCKET_WATCHDOG_MS=120000 ROCKET_GPU_CHECKPOINTS=$ckpts ROCKET_MK_PROMPTS=1 \
-            timeout "${SANITIZE_TIMEOUT:-240}" "$SAN" --tool "$tool" "$@" "$(unpacked cuda-megakernel-test)" --include-ignored \
+        ROCKET_WATCHDOG_MS=120000 ROCKET_GPU_CHECKPOINTS=$ckpts ROCKET_MK_PROMPTS=1 ROCKET_FIXTURES=$PWD/tests/parity/fixtures \
+            timeout "${SANITIZE_TIMEOUT:-240}" "$SAN" --tool "$tool" "$@" "$(unpacked "$binary")" --include-ignored \
             --test-threads=1 --nocapture "$test" > "$LOGS/sanitize-$name.log" 2>&1
         rc=$?
         summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$name.log" | tail -1)
@@ -321,10 +327,12 @@ if has sanitize; then
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
         case $tool in
             memcheck)
-                sanitize memcheck-short memcheck "$CKPTS" short_launches_of_every_mode_for_the_sanitizers
-                sanitize memcheck-forced memcheck "$CK/smollm2-135m" teacher_forced_top1_agrees ;;
+                sanitize memcheck-short memcheck "$CKPTS" cuda-megakernel-test short_launches_of_every_mode_for_the_sanitizers
+                sanitize memcheck-forced memcheck "$CK/smollm2-135m" cuda-megakernel-test teacher_forced_top1_agrees ;;
             racecheck)
-                sanitize racecheck-short racecheck "$CK/smollm2-135m" short_launches_of_every_mode_for_the_sanitizers \
+                sanitize racecheck-attention racecheck "" cuda-test prompt_attention_on_the_tensor_cores \
+                    --racecheck-report analysis --print-limit 40
+                sanitize racecheck-short racecheck "$CK/smollm2-135m" cuda-megakernel-test short_launches_of_every_mode_for_the_sanitizers \
                     --racecheck-report analysis --print-limit 40 ;;
         esac
     done
