@@ -201,8 +201,8 @@ impl CudaBackend {
     /// The fused fp16 outputs against the separate rounding, on the device:
     /// `rows` rows of `input` (RmsNorm: x [rows][dim] with the norm weights
     /// `weights` [dim]; SiluMul: gate|up [rows][2 dim], `weights` unused) through
-    /// rms_norm_f16 / silu_mul_f16, and through rms_norm / silu_mul then to_f16.
-    /// Outputs are poisoned with 0xffff.
+    /// rms_norm_f16 / silu_mul_f16, and through rms_norm / silu_mul then to_f16
+    /// (`to_f16_on_device` on their f32 outputs). Outputs are poisoned.
     pub fn fused_f16_on_device(&self, op: FusedF16, input: &[f32], weights: &[f32], dim: usize, rows: usize) -> Result<FusedF16Check> {
         let width = match op {
             FusedF16::RmsNorm => dim,
@@ -211,36 +211,34 @@ impl CudaBackend {
         if input.len() != rows * width || (op == FusedF16::RmsNorm && weights.len() != dim) {
             return Err(RocketError::Internal(format!("fused_f16_on_device: {} inputs, {} weights for {rows} rows of {dim}", input.len(), weights.len())));
         }
-        let inner = self.lock()?;
-        let (ctx, st, k) = (&inner.ctx, &inner.stream, &inner.kernels);
         let n = rows * dim;
-        let x = DeviceBuffer::with_data(ctx, st, input, "the fused fp16 check's inputs")?;
-        let w = DeviceBuffer::with_data(ctx, st, if weights.is_empty() { &[0.0f32][..] } else { weights }, "the fused fp16 check's weights")?;
-        let wide = DeviceBuffer::with_data(ctx, st, &vec![f32::NAN; n], "the fused fp16 check's f32 outputs")?;
-        let poisoned = || DeviceBuffer::with_data(ctx, st, &vec![0xffffu16; n], "the fused fp16 check's outputs");
-        let (fused, separate) = (poisoned()?, poisoned()?);
-        let flags = DeviceBuffer::with_data(ctx, st, &[0u32; 2], "the fused fp16 check's flags")?;
-        let eps = 1e-6;
-        match op {
-            FusedF16::RmsNorm => {
-                k.rms_norm_f16(st, x.ptr, w.ptr, fused.ptr, dim, eps, rows, flags.ptr)?;
-                k.rms_norm(st, x.ptr, w.ptr, wide.ptr, dim, eps, 0, rows)?;
+        let (fused, fused_flag, wide) = {
+            let inner = self.lock()?;
+            let (ctx, st, k) = (&inner.ctx, &inner.stream, &inner.kernels);
+            let x = DeviceBuffer::with_data(ctx, st, input, "the fused fp16 check's inputs")?;
+            let w = DeviceBuffer::with_data(ctx, st, if weights.is_empty() { &[0.0f32][..] } else { weights }, "the fused fp16 check's weights")?;
+            let wide = DeviceBuffer::with_data(ctx, st, &vec![f32::NAN; n], "the fused fp16 check's f32 outputs")?;
+            let fused = DeviceBuffer::with_data(ctx, st, &vec![0xffffu16; n], "the fused fp16 check's outputs")?;
+            let flag = DeviceBuffer::with_data(ctx, st, &[0u32], "the fused fp16 check's flag")?;
+            let eps = 1e-6;
+            match op {
+                FusedF16::RmsNorm => {
+                    k.rms_norm_f16(st, x.ptr, w.ptr, fused.ptr, dim, eps, rows, flag.ptr)?;
+                    k.rms_norm(st, x.ptr, w.ptr, wide.ptr, dim, eps, 0, rows)?;
+                }
+                FusedF16::SiluMul => {
+                    k.silu_mul_f16(st, x.ptr, fused.ptr, dim, rows, flag.ptr)?;
+                    k.silu_mul(st, x.ptr, wide.ptr, dim, rows)?;
+                }
             }
-            FusedF16::SiluMul => {
-                k.silu_mul_f16(st, x.ptr, fused.ptr, dim, rows, flags.ptr)?;
-                k.silu_mul(st, x.ptr, wide.ptr, dim, rows)?;
-            }
-        }
-        k.to_f16(st, wide.ptr, separate.ptr, n, flags.ptr + 4)?;
-        let download = |b: &DeviceBuffer| -> Result<Vec<u16>> {
-            let mut out = vec![0u16; n];
-            b.download(st, 0, &mut out)?;
-            Ok(out)
+            let (mut bits, mut set, mut values) = (vec![0u16; n], [0u32], vec![0f32; n]);
+            fused.download(st, 0, &mut bits)?;
+            flag.download(st, 0, &mut set)?;
+            wide.download(st, 0, &mut values)?;
+            (bits, set[0] != 0, values)
         };
-        let (fused, separate) = (download(&fused)?, download(&separate)?);
-        let mut set = [0u32; 2];
-        flags.download(st, 0, &mut set)?;
-        Ok(FusedF16Check { fused, separate, fused_flag: set[0] != 0, separate_flag: set[1] != 0 })
+        let (separate, separate_flag) = self.to_f16_on_device(&wide)?;
+        Ok(FusedF16Check { fused, separate, fused_flag, separate_flag })
     }
 
     /// Which operands cuBLASLt's products take now: "fp16" (the fp16 copy is

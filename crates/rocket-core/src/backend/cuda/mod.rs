@@ -779,9 +779,7 @@ impl CudaBackend {
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: [u64; 2], x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
         let [w, w16] = w;
         if self.f16_product(k, rows, n, width, w16) {
-            let (lt, xb, flag) = f16_operands(k, sc)?;
-            k.to_f16(st, x, xb, rows * width, flag)?;
-            return lt.matmul(st, cublas::Operands::F16, w16, xb, y, n, width, rows, accumulate);
+            return f16_matmul(k, st, sc, w16, y, n, width, rows, accumulate, |xb, flag| k.to_f16(st, x, xb, rows * width, flag));
         }
         let kernel = matmul_kernel(self.options.matmul, cublas_offer(k, w16), rows, n, width);
         if kernel == ProductKernel::Cublas {
@@ -813,9 +811,7 @@ impl CudaBackend {
         let product_out = if silu { sc.gu.ptr } else { y };
         if self.options.fuse && self.f16_product(k, rows, n, d, w[1]) {
             // The norm writes the product's fp16 operand itself.
-            let (lt, xb, flag) = f16_operands(k, sc)?;
-            k.rms_norm_f16(st, sc.x.ptr, norm_w, xb, d, eps, rows, flag)?;
-            lt.matmul(st, cublas::Operands::F16, w[1], xb, product_out, n, d, rows, false)?;
+            f16_matmul(k, st, sc, w[1], product_out, n, d, rows, false, |xb, flag| k.rms_norm_f16(st, sc.x.ptr, norm_w, xb, d, eps, rows, flag))?;
         } else {
             k.rms_norm(st, sc.x.ptr, norm_w, sc.h.ptr, d, eps, 0, rows)?;
             self.matmul(k, st, sc, w, sc.h.ptr, product_out, n, d, rows, false)?;
@@ -838,9 +834,7 @@ impl CudaBackend {
             return self.matmul(k, st, sc, down, sc.act.ptr, sc.x.ptr, d, ff, rows, true);
         }
         self.normed_matmul(k, st, sc, norm_w, gate_up, sc.gu.ptr, 2 * ff, rows, false)?;
-        let (lt, xb, flag) = f16_operands(k, sc)?;
-        k.silu_mul_f16(st, sc.gu.ptr, xb, ff, rows, flag)?;
-        lt.matmul(st, cublas::Operands::F16, down[1], xb, sc.x.ptr, d, ff, rows, true)
+        f16_matmul(k, st, sc, down[1], sc.x.ptr, d, ff, rows, true, |xb, flag| k.silu_mul_f16(st, sc.gu.ptr, xb, ff, rows, flag))
     }
 
     /// Whether a product of `rows` rows by an n x width matrix runs on cuBLASLt
@@ -851,13 +845,27 @@ impl CudaBackend {
     }
 }
 
-/// What an fp16 cuBLASLt product needs: the library, the operand buffer (the
-/// scratch's `bf16`) and the range flag.
-fn f16_operands<'a>(k: &'a Kernels, sc: &Scratch) -> Result<(&'a cublas::Cublas, u64, u64)> {
-    match (&k.cublas, &sc.bf16, &sc.f16_overflow) {
-        (Some(lt), Some(xb), Some(flag)) => Ok((lt, xb.ptr, flag.ptr)),
-        _ => Err(RocketError::Internal("an fp16 cuBLASLt product without cuBLASLt, its operand buffer or its range flag".into())),
-    }
+/// y (+)= x · W16ᵀ on cuBLASLt's fp16 operands (`w16`: W's fp16 copy), where
+/// `write_operand(xb, flag)` writes x in fp16 to the operand buffer xb (the
+/// scratch's `bf16`), setting the range flag for a value past fp16's range.
+#[allow(clippy::too_many_arguments)]
+fn f16_matmul(
+    k: &Kernels,
+    st: &Stream,
+    sc: &Scratch,
+    w16: u64,
+    y: u64,
+    n: usize,
+    width: usize,
+    rows: usize,
+    accumulate: bool,
+    write_operand: impl FnOnce(u64, u64) -> Result<()>,
+) -> Result<()> {
+    let (Some(lt), Some(xb), Some(flag)) = (&k.cublas, &sc.bf16, &sc.f16_overflow) else {
+        return Err(RocketError::Internal("an fp16 cuBLASLt product without cuBLASLt, its operand buffer or its range flag".into()));
+    };
+    write_operand(xb.ptr, flag.ptr)?;
+    lt.matmul(st, cublas::Operands::F16, w16, xb.ptr, y, n, width, rows, accumulate)
 }
 
 /// The fp16 copy of the layers' matrices for cuBLASLt, or None (logged) where a
