@@ -108,13 +108,29 @@ pub const TENSOR_CORE_MIN_ROWS: usize = 2;
 /// rows: 115 µs against 318), and prefill passes are that long.
 pub const CUBLAS_MIN_ROWS: usize = 128;
 
-/// Under `MatmulPath::Auto` with cuBLASLt loaded, a product of `rows` rows by an
-/// n x k weight takes it from this many multiply-adds (rows * n * k) and
-/// `CUBLAS_MIN_ROWS` rows. Measured on the H200 (matmul check, every fuel's
-/// products at 128, 512 and 4,096 rows): every product of 2^30 or more was faster
-/// on cuBLASLt (hi+lo), by 1.5-3x; below it, some were and some were not
-/// (SmolLM2's qkv at 512 rows: 24 µs against 14).
+/// Under `MatmulPath::Auto` with cuBLASLt loaded, a product on the bf16 hi+lo
+/// split (`CublasOffer::Split`) of `rows` rows by an n x k weight takes it from
+/// this many multiply-adds (rows * n * k) and `CUBLAS_MIN_ROWS` rows. Measured on
+/// the H200 (matmul check, every fuel's products at 128, 512 and 4,096 rows): every
+/// product of 2^30 or more was faster on cuBLASLt (hi+lo), by 1.5-3x; below it,
+/// some were and some were not (SmolLM2's qkv at 512 rows: 24 µs against 14).
+/// Products on fp16 operands take no threshold: on the H100 every fuel's product
+/// at 128, 512 and 4,096 rows was faster there (rounding included) than on the
+/// tensor-core GEMM, by 1.5-5.6x, but two of SmolLM2's, within 3 µs (o at 128 rows
+/// 20.4 against 20.0, qkv at 512 rows 16.2 against 13.6).
 pub const CUBLAS_AUTO_MIN_MACS: usize = 1 << 30;
+
+/// What cuBLASLt offers one product under `MatmulPath::Auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CublasOffer {
+    /// Not loaded.
+    None,
+    /// Products on the bf16 hi+lo split (two each): from `CUBLAS_AUTO_MIN_MACS`.
+    Split,
+    /// Products on fp16 operands (the matrix has an fp16 copy, or gets one at
+    /// this pass): every pass of `CUBLAS_MIN_ROWS` rows or more.
+    F16,
+}
 
 /// Which kernel multiplies one product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,15 +141,29 @@ enum ProductKernel {
 }
 
 /// The kernel for a product of `rows` rows by an n x k weight under `matmul`,
-/// with or without cuBLASLt loaded (`MatmulPath::Cublas` always loads it).
-fn matmul_kernel(matmul: MatmulPath, cublas: bool, rows: usize, n: usize, k: usize) -> ProductKernel {
+/// with what cuBLASLt offers it (`MatmulPath::Cublas` always loads it).
+fn matmul_kernel(matmul: MatmulPath, offer: CublasOffer, rows: usize, n: usize, k: usize) -> ProductKernel {
     let below_cublas = if rows >= TENSOR_CORE_MIN_ROWS { ProductKernel::Tensor } else { ProductKernel::Gemv };
+    let auto_takes = match offer {
+        CublasOffer::None => false,
+        CublasOffer::Split => rows * n * k >= CUBLAS_AUTO_MIN_MACS,
+        CublasOffer::F16 => true,
+    };
     match matmul {
         MatmulPath::Gemv => ProductKernel::Gemv,
         MatmulPath::Tensor => ProductKernel::Tensor,
         MatmulPath::Cublas if rows >= CUBLAS_MIN_ROWS => ProductKernel::Cublas,
-        MatmulPath::Auto if cublas && rows >= CUBLAS_MIN_ROWS && rows * n * k >= CUBLAS_AUTO_MIN_MACS => ProductKernel::Cublas,
+        MatmulPath::Auto if auto_takes && rows >= CUBLAS_MIN_ROWS => ProductKernel::Cublas,
         MatmulPath::Cublas | MatmulPath::Auto => below_cublas,
+    }
+}
+
+/// What cuBLASLt offers a product by a matrix whose fp16 copy is at `w16` (0: none).
+fn cublas_offer(kernels: &Kernels, w16: u64) -> CublasOffer {
+    match (&kernels.cublas, w16) {
+        (None, _) => CublasOffer::None,
+        (Some(_), 0) => CublasOffer::Split,
+        (Some(_), _) => CublasOffer::F16,
     }
 }
 
@@ -651,7 +681,12 @@ impl CudaBackend {
     /// Whether one of a pass's layer products (not the LM head, which has no fp16
     /// copy) takes cuBLASLt at `rows` rows.
     fn layer_product_on_cublas(&self, inner: &Inner, rows: usize) -> bool {
-        let on_cublas = |&(n, k): &(usize, usize)| matmul_kernel(self.options.matmul, inner.kernels.cublas.is_some(), rows, n, k) == ProductKernel::Cublas;
+        let offer = match (&inner.kernels.cublas, &inner.f16) {
+            (None, _) => CublasOffer::None,
+            (Some(_), F16Copy::Off) => CublasOffer::Split,
+            (Some(_), F16Copy::NotYet | F16Copy::Ready(_)) => CublasOffer::F16,
+        };
+        let on_cublas = |&(n, k): &(usize, usize)| matmul_kernel(self.options.matmul, offer, rows, n, k) == ProductKernel::Cublas;
         Scratch::matmul_shapes(&self.spec)[..4].iter().any(on_cublas)
     }
 
@@ -746,7 +781,7 @@ impl CudaBackend {
         if self.f16_product(k, rows, n, width, w16) {
             return f16_matmul(k, st, sc, w16, y, n, width, rows, accumulate, |xb, flag| k.to_f16(st, x, xb, rows * width, flag));
         }
-        let kernel = matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, width);
+        let kernel = matmul_kernel(self.options.matmul, cublas_offer(k, w16), rows, n, width);
         if kernel == ProductKernel::Cublas {
             let (Some(lt), Some(xb)) = (&k.cublas, &sc.bf16) else {
                 return Err(RocketError::Internal("a cuBLASLt product without cuBLASLt or its input buffers".into()));
@@ -768,7 +803,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: [u64; 2], y: u64, n: usize, rows: usize, silu: bool) -> Result<()> {
         let (d, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps as f32);
-        let on_tensor_cores = matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, d) == ProductKernel::Tensor;
+        let on_tensor_cores = matmul_kernel(self.options.matmul, cublas_offer(k, w[1]), rows, n, d) == ProductKernel::Tensor;
         let fits = on_tensor_cores && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
         if self.options.fuse && fits {
             return k.gemm_tc(st, w[0], sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
@@ -806,7 +841,7 @@ impl CudaBackend {
     /// with fp16 operands: the library takes it and the matrix has an fp16 copy
     /// (`w16`, 0: none).
     fn f16_product(&self, k: &Kernels, rows: usize, n: usize, width: usize, w16: u64) -> bool {
-        w16 != 0 && matmul_kernel(self.options.matmul, k.cublas.is_some(), rows, n, width) == ProductKernel::Cublas
+        w16 != 0 && matmul_kernel(self.options.matmul, cublas_offer(k, w16), rows, n, width) == ProductKernel::Cublas
     }
 }
 
@@ -1078,31 +1113,37 @@ mod tests {
     #[test]
     fn each_product_has_the_kernel_its_measurements_chose() {
         use ProductKernel::*;
-        let (llama_gate_up, smollm2_qkv) = ((16384, 2048), (960, 576));
-        let pick = |m, lt, rows, (n, k): (usize, usize)| matmul_kernel(m, lt, rows, n, k);
-        for lt in [false, true] {
+        let (llama_gate_up, smollm2_qkv, smollm2_o) = ((16384, 2048), (960, 576), (576, 576));
+        let pick = |m, offer, rows, (n, k): (usize, usize)| matmul_kernel(m, offer, rows, n, k);
+        for offer in [CublasOffer::None, CublasOffer::Split, CublasOffer::F16] {
             // The fixed kernels, and the GEMV for one row.
             for rows in [1, 16, 128, 4096] {
-                assert_eq!(pick(MatmulPath::Gemv, lt, rows, llama_gate_up), Gemv);
-                assert_eq!(pick(MatmulPath::Tensor, lt, rows, llama_gate_up), Tensor);
-                assert_eq!(pick(MatmulPath::Auto, lt, 1, llama_gate_up), Gemv);
+                assert_eq!(pick(MatmulPath::Gemv, offer, rows, llama_gate_up), Gemv);
+                assert_eq!(pick(MatmulPath::Tensor, offer, rows, llama_gate_up), Tensor);
+                assert_eq!(pick(MatmulPath::Auto, offer, 1, llama_gate_up), Gemv);
             }
             // Decode batches stay on the tensor cores.
-            assert_eq!(pick(MatmulPath::Auto, lt, 16, llama_gate_up), Tensor);
-            assert_eq!(pick(MatmulPath::Cublas, lt, 127, llama_gate_up), Tensor);
+            assert_eq!(pick(MatmulPath::Auto, offer, 16, llama_gate_up), Tensor);
+            assert_eq!(pick(MatmulPath::Auto, offer, 127, llama_gate_up), Tensor);
+            assert_eq!(pick(MatmulPath::Cublas, offer, 127, llama_gate_up), Tensor);
+            // `cublas`: every pass of 128 rows or more.
+            assert_eq!(pick(MatmulPath::Cublas, offer, 128, smollm2_o), Cublas);
         }
-        // `cublas`: every pass of 128 rows or more.
-        assert_eq!(pick(MatmulPath::Cublas, true, 128, smollm2_qkv), Cublas);
-        // `auto`: cuBLASLt where it loaded, for products of 2^30 multiply-adds or more.
-        assert_eq!(pick(MatmulPath::Auto, true, 128, llama_gate_up), Cublas); // 4.3e9
-        assert_eq!(pick(MatmulPath::Auto, false, 128, llama_gate_up), Tensor);
-        assert_eq!(pick(MatmulPath::Auto, true, 512, smollm2_qkv), Tensor); // 2.8e8
-        assert_eq!(pick(MatmulPath::Auto, true, 4096, smollm2_qkv), Cublas); // 2.3e9
-        assert_eq!(pick(MatmulPath::Auto, true, 64, (1 << 20, 1 << 20)), Tensor); // big, but a decode-sized pass
-        // The bounds: 128 rows x 8192 x 1024 is 2^30.
-        assert_eq!(pick(MatmulPath::Auto, true, 128, (8192, 1024)), Cublas);
-        assert_eq!(pick(MatmulPath::Auto, true, 128, (8191, 1024)), Tensor);
-        assert_eq!(pick(MatmulPath::Auto, true, 127, (1 << 20, 1024)), Tensor);
+        // `auto` without the library: the tensor cores.
+        assert_eq!(pick(MatmulPath::Auto, CublasOffer::None, 4096, llama_gate_up), Tensor);
+        // `auto` on the hi+lo split: products of 2^30 multiply-adds or more.
+        let split = CublasOffer::Split;
+        assert_eq!(pick(MatmulPath::Auto, split, 128, llama_gate_up), Cublas); // 4.3e9
+        assert_eq!(pick(MatmulPath::Auto, split, 512, smollm2_qkv), Tensor); // 2.8e8
+        assert_eq!(pick(MatmulPath::Auto, split, 4096, smollm2_qkv), Cublas); // 2.3e9
+        assert_eq!(pick(MatmulPath::Auto, split, 64, (1 << 20, 1 << 20)), Tensor); // big, but a decode-sized pass
+        assert_eq!(pick(MatmulPath::Auto, split, 128, (8192, 1024)), Cublas); // 128 x 8192 x 1024 = 2^30
+        assert_eq!(pick(MatmulPath::Auto, split, 128, (8191, 1024)), Tensor);
+        // `auto` on fp16 operands: every product of a pass of 128 rows or more.
+        let f16 = CublasOffer::F16;
+        assert_eq!(pick(MatmulPath::Auto, f16, 128, smollm2_o), Cublas); // 4.2e7
+        assert_eq!(pick(MatmulPath::Auto, f16, 512, smollm2_qkv), Cublas);
+        assert_eq!(pick(MatmulPath::Auto, f16, 127, (1 << 20, 1024)), Tensor);
     }
 
     #[test]
