@@ -19,6 +19,7 @@
 #include "mk_matvec.cuh"
 #include "mk_params.cuh"
 #include "mk_sync.cuh"
+#include "mk_logprobs.cuh"
 #include "mk_race.cuh"
 #include "sampler.cuh"
 
@@ -160,6 +161,7 @@ __device__ __noinline__ void pick_token(const Params& p, const Smem& s, int t, u
         consumer_argmax(v, idx, s.sc());
         token = idx == 0xffffffffu ? 0u : idx;  // all NaN or masked: index 0, as the host
     }
+    if (p.lp_out != nullptr) logprob_merge<F>(p, s, t, token);
     if (tid == 0) {
         const bool free_running = t >= p.n_forced;
         const bool stop = t + 1 >= p.max_steps || host_stop != 0 || (free_running && is_end(p, token));
@@ -224,6 +226,7 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
             const float v = part_sum<F::D>(s, first + i);
             const uint32_t row = (uint32_t)(begin + i);
             __stcg(p.logits + row, v);
+            if (p.lp_out != nullptr) __stcg(p.lp_logits + row, v);  // raw, for the logprobs (the sampler may penalise p.logits)
             if (kept) __stcg(kept + row, v);
             if (race.mode == RACE_NONE && v > -INFINITY && !(masked && is_end(p, row))) {
                 // As the host's argmax: -inf and NaN never win (a row of them gives index 0).
@@ -233,6 +236,7 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     }
     if (race.mode != RACE_NONE) race.finish<F>(p, s, t, tile_rows);
     else consumer_argmax(best, idx, s.sc());
+    if (p.lp_out != nullptr) logprob_part<F>(p, s, race.tile_list(s), race.tokens(tile_rows), race.listed(), tile_rows);
     if (tid == 0) {
         if (race.mode == RACE_NONE) {
             __stcg(p.lm_max + blockIdx.x, best);
@@ -538,7 +542,16 @@ __device__ __noinline__ void host_link(const Params& p) {
         // The step word first: once it carries STOP_BIT, ST_STEPS (released before it) is final.
         const bool over = (ld_acquire(counter(p, STEP_COUNTER)) & STOP_BIT) != 0 || ld_volatile(p.state + ST_ABORT) != 0;
         const uint32_t steps = ld_acquire(p.state + ST_STEPS);
-        for (; sent < steps; sent++) st_volatile(p.ring + RING_TOKENS + sent, __ldcg(p.tokens + sent));
+        for (; sent < steps; sent++) {
+            if (p.lp_out != nullptr) {
+                // The step's logprob record first; the fence puts it on the host before the token.
+                const uint32_t* rec = p.lp_out + (size_t)sent * LP_WORDS;
+                uint32_t* dst = p.ring + RING_TOKENS + p.max_steps + (size_t)sent * LP_WORDS;
+                for (int w = 0; w < 1 + 2 * (int)lp_count(p); w++) st_volatile(dst + w, __ldcg(rec + w));
+                __threadfence_system();
+            }
+            st_volatile(p.ring + RING_TOKENS + sent, __ldcg(p.tokens + sent));
+        }
         if (over || steps >= (uint32_t)p.max_steps) break;
         if (!stop_copied && ld_volatile(p.ring + RING_STOP) != 0) {
             stop_copied = 1;
