@@ -9,9 +9,12 @@
 // topk_merge finds them) into step t's record in p.lp_out, which the host link
 // forwards beside the token. The sums follow the SMs' tile shares, so log Z
 // may differ from the host's in its last f64 bits: a logprob then differs in
-// its last f32 bit, or, near 0 (a token of probability ~1 - 1e-8), by a few
-// f64 ulps of log Z in absolute terms. The ids are the host's exactly (rows
-// with a NaN logit aside: the host's list is then not ordered either).
+// its last f32 bit, or, near 0, by what the f64 sums' roundings can move log Z
+// (the host's in-order sum drops up to half an ulp of its running total per
+// term: a logprob of ~-1e-11 is known to ~1e-12 there). The ids are the
+// host's exactly (rows with a NaN logit aside: the host's list is then not
+// ordered either). crates/rocket-core/src/megakernel/logprob_model.rs is a CPU
+// model of the parts and the merge.
 #pragma once
 #include "mk_race.cuh"
 

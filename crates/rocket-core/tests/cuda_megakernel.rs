@@ -298,10 +298,11 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
 
 /// The kernel's logprob record for a step against `sampling::logprobs` of the
 /// step's raw logits: the same ids in the same order, each value within one
-/// f32 ulp or 8 f64 ulps of log Z (the kernel sums exp in f64 per SM share, the
-/// host in vocabulary order, so log Z may differ in its last f64 bits, which
-/// near 0 are many f32 ulps of the logprob). Returns how many values were
-/// bitwise equal, how many were compared and the largest difference.
+/// f32 ulp or what the f64 sums' roundings can move log Z (the kernel sums exp
+/// per SM share, the host in vocabulary order, dropping up to half an ulp of
+/// its running total at each of V terms: near 0 that is many f32 ulps of the
+/// logprob; megakernel/logprob_model.rs). Returns how many values were bitwise
+/// equal, how many were compared and the largest difference.
 fn check_logprobs(got: &TokenLogprob, row: &[f32], token: u32, n: usize, what: &str) -> (usize, usize, f32) {
     let (want_lp, want_top) = logprobs(row, token, n);
     assert_eq!(got.token_id, token, "{what}: the record's token");
@@ -312,13 +313,15 @@ fn check_logprobs(got: &TokenLogprob, row: &[f32], token: u32, n: usize, what: &
     let (mut equal, mut total, mut worst) = (0, 0, 0.0f32);
     // log Z from the host's side: the token's logit minus its logprob.
     let log_z = (row[token as usize] as f64 - want_lp as f64).abs();
-    let z_ulps = (8.0 * log_z * f64::EPSILON) as f32;
+    let sums = ((8.0 * log_z + row.len() as f64) * f64::EPSILON) as f32;
     for (g, w) in pairs {
-        let ulp = (f32::from_bits(w.abs().to_bits() + 1) - w.abs()).max(z_ulps);
-        assert!((g - w).abs() <= ulp, "{what}: logprob {g} against the host's {w} (more than {ulp:e} apart)");
+        let ulp = (f32::from_bits(w.abs().to_bits() + 1) - w.abs()).max(sums);
+        assert!(g == w || (g - w).abs() <= ulp, "{what}: logprob {g} against the host's {w} (more than {ulp:e} apart)");
         equal += (g.to_bits() == w.to_bits()) as usize;
         total += 1;
-        worst = worst.max((g - w).abs());
+        if g != w {
+            worst = worst.max((g - w).abs());
+        }
     }
     (equal, total, worst)
 }
