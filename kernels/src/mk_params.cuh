@@ -55,9 +55,9 @@ struct Params {
     unsigned long long* race_mass; // [RACE_LEVELS][RACE_MASS_BINS] the sampler's weights per anchor and bin, zero between steps
     unsigned long long* race_keys; // [max(RACE_KEY_BINS, grid * RACE_LIST)] the sampler's best race key per bin (zero
                                    // between steps), or for a top-k each SM's list
-    unsigned long long* lp_parts;  // [grid][LP_PART] each SM's logprob part (mk_logprobs.cuh)
-    uint32_t* lp_out;          // null: no logprobs; else [max_steps][LP_WORDS] each step's record (the host link forwards them)
-    float* lp_logits;          // [vocab] the step's raw logits when lp_out is set
+    unsigned long long* lp_parts;  // [2][grid][LP_PART] each SM's logprob part, by step parity (mk_logprobs.cuh)
+    uint32_t* lp_out;          // null: no logprobs; else [max_steps][LP_WORDS] each step's record (the host link builds and forwards them)
+    float* lp_logits;          // [2][vocab] the step's raw logits, by step parity, when lp_out is set
     unsigned long long watchdog_ns;
     int pos0;                  // position of first_token
     uint32_t first_token;
@@ -114,6 +114,7 @@ struct Scalars {
                          // start, [1] for instructions (the two calls follow each other
                          // with no barrier between, so they must not share a slot)
     uint32_t flag;       // "this CTA arrived last", broadcast by thread 0
+    uint32_t lp_free;    // the LM head's logprob buffers may be written (thread 0's wait for the host link)
     uint32_t next;       // the sampler's next token
     uint32_t consumed;   // chunks the consumers took, published when they leave
     uint32_t done;       // consumers have left: the producer stops issuing and drains

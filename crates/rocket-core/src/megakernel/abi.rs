@@ -52,10 +52,10 @@ header_constants! {
     "int" RACE_TOPK_MAX: usize = 64;
     "int" RACE_LIST: usize = RACE_TOPK_MAX;
     // Logprobs in the loop: alternatives per step at most (sampling.rs `MAX_LOGPROBS`), an SM's
-    // part (u64 words: bound, length, maximum, sum of exp, list) and a step's record in the
+    // part (u64 words: length, maximum, sum of exp, list) and a step's record in the
     // host ring (u32 words: the token's logprob, then each alternative's id and logprob).
     "int" LP_MAX: usize = 20;
-    "int" LP_PART: usize = 4 + LP_MAX;
+    "int" LP_PART: usize = 3 + LP_MAX;
     "int" LP_WORDS: usize = 1 + 2 * LP_MAX;
     // Opcodes (`Op`).
     "uint32_t" OP_QKV: u32 = 1;
@@ -72,7 +72,7 @@ header_constants! {
     "int" ST_ABORT: usize = 0;
     "int" ST_ERROR: usize = 1;
     "int" ST_ERR_SM: usize = 2;
-    // Index into the SM's instruction list, or `ERR_AT_STEP_START`.
+    // Index into the SM's instruction list, `ERR_AT_STEP_START` or `ERR_AT_LOGPROB_MERGE`.
     "int" ST_ERR_INSTR: usize = 3;
     "int" ST_ERR_STEP: usize = 4;
     "int" ST_ERR_VALUE: usize = 5;
@@ -81,7 +81,12 @@ header_constants! {
     "int" ST_HOST_STOP: usize = 8;
     // Sampled steps whose token the one-CTA sampler picked (the SMs' merge could not).
     "int" ST_ONE_CTA: usize = 9;
+    // Steps whose logprob record the host link has built (their buffers are free again).
+    "int" ST_LP_MERGED: usize = 10;
     "int" STATE_WORDS: usize = 16;
+    // `ST_ERR_INSTR` when the watchdog fired on the LM head's wait for the host link's
+    // logprob record of two steps before (whose buffers the step reuses).
+    "uint32_t" ERR_AT_LOGPROB_MERGE: u32 = 0xffff_fffe;
     // The host ring (mapped pinned memory): [0, stop, fault, 0, tokens[max_steps],
     // logprobs[max_steps][LP_WORDS]].
     "int" RING_STOP: usize = 1;

@@ -2,40 +2,39 @@
 //! step for step but sequential: each virtual SM takes its share of the raw
 //! logits (its LM-head tiles), its maximum, its f64 sum of exp(logit −
 //! maximum) in the kernel's order (each of 256 consumer threads over its
-//! tokens, then lanes and warps), and its N best by `lp_key` — N rounds of a
-//! warp maximum over the eight warps' cached tokens, then the warps' 8N
-//! ranked, or the radix select where the share passes the register cache; the
-//! merging SM bounds the N-th best key from below (the highest part bound, the
-//! N-th largest part best), ranks the entries above it (or selects their N
-//! best when more than 256) and combines the sums into log Z. The tests check
-//! that it gives `sampling::logprobs`'s ids, and values within one f32 ulp or
-//! a few f64 ulps of log Z, for any split of the vocabulary over SMs — what
-//! the kernel's design rests on; the GPU test MK-LOGPROBS checks the kernel.
+//! tokens, then lanes and warps), and its N best by `lp_key`, most likely
+//! first — N rounds of a warp maximum over the eight warps' cached tokens,
+//! then the warps' 8N ranked, or the radix select where the share passes the
+//! register cache; the host link's warp merges the parts: log Z from the
+//! sums (each lane's parts in order, then the lanes' butterfly) and the N
+//! best by N rounds of a maximum over the lists' heads. The tests check that
+//! it gives `sampling::logprobs`'s ids, and values within one f32 ulp or a
+//! few f64 ulps of log Z, for any split of the vocabulary over SMs — what the
+//! kernel's design rests on; the GPU test MK-LOGPROBS checks the kernel.
 
 use crate::megakernel::abi::{CONSUMERS, CONSUMER_WARPS, LP_MAX};
 use crate::megakernel::topk_model::{item_key, key_id, key_logit, select_threshold};
 
 /// Tokens per consumer thread the part keeps in registers (mk_race.cuh RACE_CACHED).
 const CACHED: usize = 8;
-/// Candidates the merge ranks in shared memory (mk_race.cuh TOPK_RANKED).
-const RANKED: usize = 256;
+/// The host link's lanes.
+const LANES: usize = 32;
 
 /// `lp_key`: item_key with -0.0 equal to +0.0; every logit but NaN has one.
 fn lp_key(l: f32, id: u32) -> Option<u64> {
     (!l.is_nan()).then(|| item_key(l + 0.0, id))
 }
 
-/// One SM's part: (bound, list, maximum, sum).
+/// One SM's part: its list (most likely first), maximum and sum.
 #[derive(Debug, Clone)]
 struct Part {
-    bound: u64,
     list: Vec<u64>,
     max: f64,
     sum: f64,
 }
 
-/// A sum over the consumer threads as `consumer_sum_f64` takes it: each warp's
-/// lanes by the xor butterfly, then the warps in order.
+/// A sum as the kernel's butterflies take it: each warp's lanes by the xor
+/// butterfly, then the warps in order.
 fn consumer_sum(per_thread: &[f64]) -> f64 {
     let mut total = 0.0;
     for warp in per_thread.chunks(32) {
@@ -63,82 +62,84 @@ fn part(logits: &[f32], rows: &[u32], k: usize) -> Part {
         })
         .collect();
     let sum = consumer_sum(&sums);
-    let (bound, list) = if k == 0 {
-        (0, Vec::new())
+    let mut list = if k == 0 {
+        Vec::new()
     } else if rows.len() <= CACHED * CONSUMERS {
-        // N rounds of a warp maximum, then the warps' 8N ranked.
-        let mut bests = Vec::with_capacity(CONSUMER_WARPS * k);
+        // N rounds of a warp maximum; the warps' 8N are the candidates.
+        let mut cand = Vec::with_capacity(CONSUMER_WARPS * k);
         for warp in 0..CONSUMER_WARPS {
             let mut keys: Vec<u64> = (warp * 32..warp * 32 + 32).flat_map(of_thread).filter_map(|(l, r)| lp_key(l, r)).collect();
             for _ in 0..k {
                 let w = keys.iter().copied().max().unwrap_or(0);
                 keys.retain(|&key| key != w);
-                bests.push(w);
+                cand.push(w);
             }
         }
-        let mut list: Vec<u64> = bests.into_iter().filter(|&key| key != 0).collect();
-        list.sort_unstable_by(|a, b| b.cmp(a));
-        list.truncate(k);
-        (if list.len() == k { list[k - 1] } else { 0 }, list)
+        cand.into_iter().filter(|&key| key != 0).collect()
     } else {
         let keys: Vec<u64> = rows.iter().filter_map(|&r| lp_key(logits[r as usize], r)).collect();
         let bound = select_threshold(&keys, k as u32);
-        (bound, keys.into_iter().filter(|&key| key >= bound).collect())
+        keys.into_iter().filter(|&key| key >= bound).collect::<Vec<_>>()
     };
+    // Each candidate's place among them: the list most likely first.
+    list.sort_unstable_by(|a, b| b.cmp(a));
+    list.truncate(k);
     assert!(list.len() <= LP_MAX, "a part lists at most LP_MAX keys");
-    Part { bound, list, max: max as f64, sum }
+    Part { list, max: max as f64, sum }
 }
 
-/// How the merge found the N best.
+/// What a broken merge does instead (the tests' mutants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum MergePath {
-    Ranked,
-    Selected,
+enum Mutant {
+    None,
+    /// Part sums added without rescaling to the largest maximum.
+    Unscaled,
+    /// Each part's list most likely last (a part that skipped its ranking).
+    UnsortedLists,
 }
 
-/// `logprob_best` and `logprob_merge`'s log Z: the N best keys, most likely first, and log Z.
-fn merge(parts: &[Part], k: usize) -> (Vec<u64>, f64, MergePath) {
-    merge_bounded_at(parts, k, k)
+/// `logprob_record`'s merge: the N best keys, most likely first, and log Z.
+fn merge(parts: &[Part], k: usize) -> (Vec<u64>, f64) {
+    merge_as(parts, k, Mutant::None)
 }
 
-/// `merge` with the parts' best keys bounding from the `top_rank`-th largest
-/// (the kernel's is the N-th; the tests break it).
-fn merge_bounded_at(parts: &[Part], k: usize, top_rank: usize) -> (Vec<u64>, f64, MergePath) {
-    let tops: Vec<u64> = parts.iter().map(|p| p.list.iter().copied().max().unwrap_or(0)).collect();
-    let mut bound = parts.iter().map(|p| p.bound).max().unwrap_or(0);
-    for &mine in &tops {
-        if tops.iter().filter(|&&o| o > mine).count() + 1 == top_rank {
-            bound = bound.max(mine);
-        }
+fn merge_as(parts: &[Part], k: usize, mutant: Mutant) -> (Vec<u64>, f64) {
+    let lists: Vec<Vec<u64>> = parts
+        .iter()
+        .map(|p| if mutant == Mutant::UnsortedLists { p.list.iter().rev().copied().collect() } else { p.list.clone() })
+        .collect();
+    // N rounds: the largest head wins and its list moves on.
+    let mut pos = vec![0usize; lists.len()];
+    let mut best = Vec::with_capacity(k);
+    for _ in 0..k {
+        let heads = lists.iter().zip(&pos).map(|(l, &i)| l.get(i).copied().unwrap_or(0));
+        let Some((at, w)) = heads.enumerate().max_by_key(|&(_, h)| h).filter(|&(_, h)| h != 0) else { break };
+        best.push(w);
+        pos[at] += 1;
     }
-    let cand: Vec<u64> = parts.iter().flat_map(|p| p.list.iter().copied()).filter(|&key| key >= bound).collect();
-    let (mut best, path) = if cand.len() <= RANKED {
-        (cand, MergePath::Ranked)
-    } else {
-        let thr = select_threshold(&cand, k as u32);
-        (cand.into_iter().filter(|&key| key >= thr).collect(), MergePath::Selected)
-    };
-    best.sort_unstable_by(|a, b| b.cmp(a));
-    best.truncate(k);
     let big_m = parts.iter().map(|p| p.max).filter(|&m| m > f64::NEG_INFINITY).fold(f64::NEG_INFINITY, f64::max);
-    let z: Vec<f64> = parts.iter().map(|p| if p.max > f64::NEG_INFINITY { p.sum * (p.max - big_m).exp() } else { p.sum }).collect();
-    let mut padded = z;
-    padded.resize(padded.len().next_multiple_of(32).max(CONSUMERS), 0.0);
-    (best, big_m + consumer_sum(&padded).ln(), path)
+    let scaled = |p: &Part| match mutant {
+        Mutant::Unscaled => p.sum,
+        _ if p.max > f64::NEG_INFINITY => p.sum * (p.max - big_m).exp(),
+        _ => p.sum,
+    };
+    // Lane l takes parts l, l + 32, ... in order; then the lanes' butterfly.
+    let lanes: Vec<f64> = (0..LANES).map(|l| parts.iter().skip(l).step_by(LANES).fold(0.0, |z, p| z + scaled(p))).collect();
+    (best, big_m + consumer_sum(&lanes).ln())
 }
 
 /// The step's record as the kernel writes it: the token's logprob and the N
 /// best (id, logprob), for SMs owning `owner[tile]` of the row's tiles of
 /// `tile_rows` (each SM lists its tiles in the order it claimed them).
-fn record(logits: &[f32], owner: &[usize], sms: usize, tile_rows: usize, token: u32, k: usize) -> (f32, Vec<(u32, f32)>, MergePath) {
+fn record(logits: &[f32], owner: &[usize], sms: usize, tile_rows: usize, token: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
     let mut rows = vec![Vec::new(); sms];
     for (tile, &sm) in owner.iter().enumerate() {
         rows[sm].extend((tile * tile_rows..((tile + 1) * tile_rows).min(logits.len())).map(|r| r as u32));
     }
     let parts: Vec<Part> = rows.iter().map(|r| part(logits, r, k)).collect();
-    let (best, log_z, path) = merge(&parts, k);
+    let (best, log_z) = merge(&parts, k);
     let lp = |l: f32| (l as f64 - log_z) as f32;
-    (lp(logits[token as usize]), best.iter().map(|&key| (key_id(key), lp(key_logit(key)))).collect(), path)
+    (lp(logits[token as usize]), best.iter().map(|&key| (key_id(key), lp(key_logit(key)))).collect())
 }
 
 #[cfg(test)]
@@ -160,7 +161,7 @@ mod tests {
     /// up to half an ulp of its running total at each (it is the less accurate
     /// near 0: a token of probability ~1 - 1e-11 has a logprob of ~-1e-11 known
     /// to ~1e-12). Returns the bitwise-equal count.
-    fn agree(logits: &[f32], got: &(f32, Vec<(u32, f32)>, MergePath), token: u32, k: usize, what: &str) -> usize {
+    fn agree(logits: &[f32], got: &(f32, Vec<(u32, f32)>), token: u32, k: usize, what: &str) -> usize {
         let (want_lp, want_top) = logprobs(logits, token, k);
         let ids = |t: &[(u32, f32)]| t.iter().map(|&(id, _)| id).collect::<Vec<_>>();
         assert_eq!(ids(&got.1), ids(&want_top), "{what}: ids");
@@ -241,10 +242,11 @@ mod tests {
     }
 
     #[test]
-    fn a_crowded_merge_selects() {
+    fn a_crowded_merge_draws_from_many_lists() {
         // SMs 0..63 (one tile of 1,000 tokens each) hold 16 tokens at 10.0, the rest
-        // are 0: every SM's bound is a 0-logit key, the 20th largest SM best is SM
-        // 19's first high, and the ~300 highs at or above it outnumber the ranked slots.
+        // are 0: the 20 best are ties broken by id, taken from SM 0's list, then
+        // SM 1's. A second row interleaves four SMs' lists (each one's best in
+        // turn, then each one's second, ...).
         let (sms, per_sm, k) = (132, 1000, 20);
         let mut logits = vec![0.0f32; sms * per_sm];
         for j in 0..64 {
@@ -254,19 +256,23 @@ mod tests {
         }
         let owner: Vec<usize> = (0..sms).collect();
         let got = record(&logits, &owner, sms, per_sm, 3, k);
-        assert_eq!(got.2, MergePath::Selected, "the entries above the bounds outnumber the ranked slots");
         agree(&logits, &got, 3, k, "crowded");
-        // The usual case ranks a few dozen.
-        let mut rng = Rng(5);
-        let flat: Vec<f32> = (0..sms * per_sm).map(|_| normal(&mut rng)).collect();
-        let owner = split(&mut rng, sms * per_sm / 8, sms, false);
-        assert_eq!(record(&flat, &owner, sms, 8, 0, k).2, MergePath::Ranked);
+        let mut interleaved = vec![0.0f32; sms * per_sm];
+        for j in 0..4 {
+            for i in 0..20 {
+                interleaved[j * per_sm + i] = 30.0 - (i * 4 + j) as f32 * 0.01;
+            }
+        }
+        let got = record(&interleaved, &owner, sms, per_sm, 0, k);
+        agree(&interleaved, &got, 0, k, "interleaved");
+        let ids: Vec<u32> = got.1.iter().map(|&(id, _)| id).collect();
+        assert_eq!(&ids[..6], &[0, per_sm as u32, 2 * per_sm as u32, 3 * per_sm as u32, 1, per_sm as u32 + 1]);
     }
 
     #[test]
     fn a_broken_merge_is_caught() {
         // Mutants of the model's merge: the sums not rescaled to the global maximum,
-        // and the parts' best keys bounding from one rank too high.
+        // and lists that are not most likely first.
         let mut rng = Rng(9);
         let mut logits: Vec<f32> = (0..20_000).map(|_| normal(&mut rng)).collect();
         let owner: Vec<usize> = (0..2500).map(|t| t % 50).collect();
@@ -280,12 +286,12 @@ mod tests {
                 part(&logits, &rows, 5)
             })
             .collect();
-        let (best, log_z, _) = merge(&parts, 5);
-        let unscaled = parts.iter().map(|p| p.max).fold(f64::NEG_INFINITY, f64::max) + parts.iter().map(|p| p.sum).sum::<f64>().ln();
+        let (best, log_z) = merge(&parts, 5);
         let (want, want_top) = logprobs(&logits, 0, 5);
         assert!(((logits[0] as f64 - log_z) as f32 - want).abs() < 1e-5);
-        assert!(((logits[0] as f64 - unscaled) as f32 - want).abs() > 1e-3, "an unscaled log Z would pass");
         assert_eq!(best.iter().map(|&key| key_id(key)).collect::<Vec<_>>(), want_top.iter().map(|&(id, _)| id).collect::<Vec<_>>());
-        assert_ne!(merge_bounded_at(&parts, 5, 4).0, best, "a bound one rank too high would pass");
+        let (_, unscaled) = merge_as(&parts, 5, Mutant::Unscaled);
+        assert!(((logits[0] as f64 - unscaled) as f32 - want).abs() > 1e-3, "an unscaled log Z would pass");
+        assert_ne!(merge_as(&parts, 5, Mutant::UnsortedLists).0, best, "lists most likely last would pass");
     }
 }

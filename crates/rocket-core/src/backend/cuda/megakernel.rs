@@ -84,8 +84,9 @@ struct LoopSampler {
     race_mass: DeviceBuffer,
     race_keys: DeviceBuffer,
     items: DeviceBuffer,
-    /// Logprobs in the loop (kernels/src/mk_logprobs.cuh): each SM's part, each
-    /// step's record, and the step's raw logits.
+    /// Logprobs in the loop (kernels/src/mk_logprobs.cuh): each SM's part and
+    /// the step's raw logits (two of each, by step parity), and the device's
+    /// copy of each step's record (the host reads the ring's).
     lp_parts: DeviceBuffer,
     lp_out: DeviceBuffer,
     lp_logits: DeviceBuffer,
@@ -103,9 +104,10 @@ impl LoopSampler {
             // The best key per bin, or (top-k) each SM's list.
             race_keys: DeviceBuffer::alloc(ctx, RACE_KEY_BINS.max(sms * RACE_LIST) * 8, "megakernel sampler tables")?,
             items: DeviceBuffer::alloc(ctx, vocab * SAMPLE_ITEM_BYTES, "megakernel sampler candidates")?,
-            lp_parts: DeviceBuffer::alloc(ctx, sms * LP_PART * 8, "megakernel logprobs")?,
+            // Two of each, by step parity (mk_logprobs.cuh): a step's record is merged while the next runs.
+            lp_parts: DeviceBuffer::alloc(ctx, 2 * sms * LP_PART * 8, "megakernel logprobs")?,
             lp_out: DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * LP_WORDS * 4, "megakernel logprobs")?,
-            lp_logits: DeviceBuffer::alloc(ctx, vocab * 4, "megakernel logprobs")?,
+            lp_logits: DeviceBuffer::alloc(ctx, 2 * vocab * 4, "megakernel logprobs")?,
             vocab,
         })
     }
