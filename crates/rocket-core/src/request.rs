@@ -106,14 +106,21 @@ impl RequestState {
         self.max_batch_size = self.max_batch_size.max(rows);
     }
 
-    /// Takes the logits for the next position: samples a token, updates the text
-    /// and returns the delta to stream and whether the request is now finished.
-    pub(crate) fn accept(&mut self, tokenizer: &Tokenizer, logits: &[f32]) -> Result<(StreamDelta, bool)> {
+    /// The next token from its logits on the host (the request's sampler) and,
+    /// when asked for, its logprobs; changes nothing (rows of a batch pick in
+    /// parallel, then `accept_with` each).
+    pub(crate) fn pick_on_host(&self, logits: &[f32]) -> (u32, Option<TokenLogprob>) {
         let token = self.sample_request().sample_on_host(logits);
         let logprob = self.params.logprobs.map(|n| {
             let (lp, top) = logprobs(logits, token, n);
             TokenLogprob { token_id: token, logprob: lp, top }
         });
+        (token, logprob)
+    }
+
+    /// Takes a token `pick_on_host` chose: updates the text and returns the delta
+    /// to stream and whether the request is now finished.
+    pub(crate) fn accept_with(&mut self, tokenizer: &Tokenizer, (token, logprob): (u32, Option<TokenLogprob>)) -> Result<(StreamDelta, bool)> {
         self.push_token(tokenizer, token, logprob)
     }
 
