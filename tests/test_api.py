@@ -77,6 +77,9 @@ def test_chat_template(tiny_llama: rocket.LLM) -> None:
     assert text == "<|im_start|>system\nYou are a tiny test model.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     with pytest.raises(ValueError):
         tiny_llama.apply_chat_template([{"content": "no role"}])
+    # Nothing to answer: refused before any work.
+    with pytest.raises(rocket.InvalidArgumentError, match="at least one message"):
+        tiny_llama.chat([])
 
 
 def test_teacher_forced_logits_match_incremental_decode(tiny_qwen3: rocket.LLM) -> None:

@@ -15,11 +15,15 @@ import rocket
 from conftest import FIXTURES
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def rocket_exe() -> str:
     # The script pip installed beside this interpreter (a venv's bin/ need not be on PATH).
     exe = shutil.which("rocket", path=os.path.dirname(sys.executable)) or shutil.which("rocket")
     assert exe, "`pip install .` must put a rocket command on PATH"
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=300)
+    return exe
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([rocket_exe(), *args], capture_output=True, text=True, timeout=300, input=stdin)
 
 
 def test_generate_with_default_model() -> None:
@@ -30,6 +34,35 @@ def test_generate_with_default_model() -> None:
     echoed = run("generate", "--echo", "--max-tokens", "8", "--temperature", "0", "The capital of France is")
     assert echoed.returncode == 0, echoed.stderr
     assert echoed.stdout == "The capital of France is" + r.stdout
+
+
+def test_generate_reads_the_prompt_from_stdin_without_its_line_break() -> None:
+    args = ("generate", "--max-tokens", "8", "--temperature", "0", "--stats")
+    direct = run(*args, "The capital of France is")
+    for piped in ("The capital of France is\n", "The capital of France is\r\n"):
+        r = run(*args, "-", stdin=piped)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == direct.stdout and "prompt 5 tokens" in r.stderr and "prompt 5 tokens" in direct.stderr
+
+
+def test_generate_into_a_closed_pipe_ends_quietly() -> None:
+    proc = subprocess.Popen([rocket_exe(), "generate", "--max-tokens", "64", "--temperature", "0", "--ignore-eos", "Once upon a time"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(1)  # what `| head -c 1` takes, then the reader goes away
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0 and "error" not in err, err
+
+
+def test_generate_stats_and_max_tokens_bounds() -> None:
+    r = run("generate", "--max-tokens", "1", "--temperature", "0", "--stats", "The capital of France is")
+    assert r.returncode == 0, r.stderr
+    # One token has no decode rate; counts agree with their nouns.
+    assert "output 1 token (" in r.stderr and "decode n/a" in r.stderr, r.stderr
+    for bad in ("0", "-5"):
+        r = run("generate", "--max-tokens", bad, "hi")
+        assert r.returncode == 2 and "must be an integer >= 1" in r.stderr, r.stderr
 
 
 def test_generate_refused_writes_nothing_to_stdout() -> None:
@@ -92,6 +125,9 @@ def test_bench_rejects_bad_settings() -> None:
     for args in (["--batch", "0"], ["--gen-len", "1"], ["--top-p", "0"]):
         r = run("bench", "--model", str(FIXTURES / "tiny-llama"), "--device", "cpu", *args)
         assert r.returncode != 0 and r.stderr.strip(), args
+    # A report that cannot be written is refused before the work, not after it.
+    r = run("bench", "--model", str(FIXTURES / "tiny-llama"), "--device", "cpu", "--json", "/no/such/dir/b.json")
+    assert r.returncode == 1 and "/no/such/dir/b.json" in r.stderr and "| batch" not in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("args", [("generate", "--model", "/no/such/dir", "hi"), ("inspect", "/no/such/file.gguf")])
@@ -108,8 +144,7 @@ def test_usage_error() -> None:
 
 def _inspect_output(path: str, on_terminal: bool) -> str:
     """stderr of `rocket inspect PATH` with ROCKET_PROGRESS=always (bar at once, not after 1 s)."""
-    exe = shutil.which("rocket", path=os.path.dirname(sys.executable)) or shutil.which("rocket")
-    assert exe
+    exe = rocket_exe()
     env = {**os.environ, "ROCKET_PROGRESS": "always"}
     if not on_terminal:
         r = subprocess.run([exe, "inspect", path], capture_output=True, text=True, timeout=120, env=env)

@@ -58,6 +58,14 @@ def test_stream_concatenates_to_generate(smollm2: rocket.LLM) -> None:
             assert "\ufffd" not in d.text or "\ufffd" in want.text
 
 
+def test_stop_strings_hold_back_only_text_that_may_start_one(smollm2: rocket.LLM) -> None:
+    # Nothing the model writes can begin "\x00never": each delta is what it is without stops.
+    params = greedy(max_tokens=12, ignore_eos=True)
+    plain = [d.text for d in smollm2.stream(PROMPT, params)]
+    stopped = [d.text for d in smollm2.stream(PROMPT, greedy(max_tokens=12, ignore_eos=True, stop=["\x00never"]))]
+    assert stopped == plain
+
+
 def test_closing_a_stream_cancels(smollm2: rocket.LLM) -> None:
     stream = smollm2.stream(PROMPT, greedy(max_tokens=500, ignore_eos=True))
     first = next(stream)

@@ -194,7 +194,11 @@ class LLM:
 
     def chat(self, messages: Sequence[Mapping[str, str]], params: SamplingParams | None = None) -> RequestOutput:
         """Render ``messages`` with the chat template (generation prompt added) and generate;
-        an unset ``max_tokens`` means until the context is full (as OpenAI's chat API)."""
+        an unset ``max_tokens`` means until the context is full (as OpenAI's chat API).
+        Roles go to the template as given (``apply_chat_template`` is HF's); an empty
+        conversation has nothing to answer and is refused."""
+        if len(messages) == 0:
+            raise InvalidArgumentError("messages must hold at least one message")
         prompt = self.apply_chat_template(messages, add_generation_prompt=True)
         return self._engine.generate([prompt], [_check_params(params)], True)[0]
 

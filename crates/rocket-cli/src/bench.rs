@@ -3,6 +3,7 @@
 //! its share of the copy bandwidth measured in the same process — as a table
 //! (printed last) and optionally as JSON with the date, commit, GPU and command.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -206,6 +207,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.prompt_len.is_empty() || args.prompt_len.contains(&0) || args.gen_len < 2 || args.reps == 0 {
         bail!("--prompt-len must be >= 1, --gen-len >= 2 and --reps >= 1");
     }
+    // The report's file is opened before the work, so a bad path fails at once.
+    let json_file = match &args.json {
+        Some(path) => Some(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?),
+        None => None,
+    };
     let first_len = args.prompt_len[0];
     let t = Instant::now();
     let engine = args.model.load().context("loading the model")?;
@@ -304,7 +310,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 "ttft_no_reuse_ms": p.ttft_no_reuse.0, "ttft_no_reuse_ms_std": p.ttft_no_reuse.1,
             })),
         });
-        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        let mut file = json_file.expect("opened with the path");
+        file.write_all(serde_json::to_string_pretty(&report)?.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
     }
 
     println!("model: {}  device: {device}  commit: {}", info.path.display(), env!("ROCKET_GIT_COMMIT"));

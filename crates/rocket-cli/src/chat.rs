@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use rocket_core::{ChatMessage, RequestKind, SamplingOptions};
 
-use crate::sampling_args::{count, SamplingArgs};
+use crate::sampling_args::{positive_count, SamplingArgs};
 use crate::ModelArgs;
 
 #[derive(clap::Args)]
@@ -19,7 +19,7 @@ pub struct ChatArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Tokens per answer at most [default: until the context is full]
-    #[arg(long, short = 'n', allow_negative_numbers = true, value_parser = count)]
+    #[arg(long, short = 'n', allow_negative_numbers = true, value_parser = positive_count)]
     max_tokens: Option<usize>,
     #[command(flatten)]
     sampling: SamplingArgs,

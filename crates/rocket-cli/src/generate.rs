@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use anyhow::Context;
 use rocket_core::{ChatMessage, RequestKind, SamplingOptions};
 
-use crate::sampling_args::{count, SamplingArgs};
+use crate::sampling_args::{positive_count, SamplingArgs};
 use crate::ModelArgs;
 
 #[derive(clap::Args)]
@@ -14,7 +14,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Tokens to generate at most [default: 16; with --chat, until the context is full]
-    #[arg(long, short = 'n', allow_negative_numbers = true, value_parser = count)]
+    #[arg(long, short = 'n', allow_negative_numbers = true, value_parser = positive_count)]
     max_tokens: Option<usize>,
     #[command(flatten)]
     sampling: SamplingArgs,
@@ -28,7 +28,7 @@ pub struct GenerateArgs {
     /// continuation, once the request is accepted
     #[arg(long)]
     echo: bool,
-    /// The prompt; "-" reads it from stdin
+    /// The prompt; "-" reads it from stdin (without the input's final line break)
     prompt: String,
 }
 
@@ -38,6 +38,9 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     if prompt == "-" {
         prompt.clear();
         std::io::stdin().read_to_string(&mut prompt).context("reading the prompt from stdin")?;
+        // `echo ... |` and editors end the input with a line break the prompt does not mean.
+        let end = prompt.strip_suffix('\n').map_or(prompt.len(), |p| p.strip_suffix('\r').unwrap_or(p).len());
+        prompt.truncate(end);
     }
     if args.chat {
         let messages = [ChatMessage { role: "user".into(), content: prompt }];
@@ -73,13 +76,15 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     }
     if args.stats {
         let m = &out.metrics;
+        let tokens = |n: usize| if n == 1 { "1 token".to_string() } else { format!("{n} tokens") };
+        // The decode rate counts the tokens after the first: none with one token.
+        let decode = if m.output_tokens > 1 { format!("{:.1} tokens/s", m.decode_tokens_per_second) } else { "n/a".to_string() };
         eprintln!(
-            "prompt {} tokens, output {} tokens ({}), ttft {:.1} ms, decode {:.1} tokens/s, total {:.2} s, backend {}",
-            m.prompt_tokens,
-            m.output_tokens,
+            "prompt {}, output {} ({}), ttft {:.1} ms, decode {decode}, total {:.2} s, backend {}",
+            tokens(m.prompt_tokens),
+            tokens(m.output_tokens),
             out.finish_reason.as_str(),
             m.time_to_first_token * 1e3,
-            m.decode_tokens_per_second,
             m.total_seconds,
             engine.info().backend
         );

@@ -213,11 +213,17 @@ where
     };
     match result {
         Ok(()) => 0,
+        // A reader that went away (`| head`) had what it wanted: no error, as for other tools.
+        Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
             eprintln!("error: {e:#}");
             1
         }
     }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 #[cfg(test)]

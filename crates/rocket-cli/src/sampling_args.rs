@@ -17,6 +17,15 @@ pub(crate) fn count(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A count that must be at least 1 (`--max-tokens`).
+pub(crate) fn positive_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<i128>() {
+        Ok(v) if v < 1 => Err(format!("must be an integer >= 1, got {v}")),
+        Ok(v) => usize::try_from(v).map_err(|_| format!("is too large: {v}")),
+        Err(_) => Err(format!("must be an integer >= 1, got {s:?}")),
+    }
+}
+
 fn seed(s: &str) -> Result<u64, String> {
     match s.trim().parse::<i128>() {
         Ok(v) if v < 0 => Err(format!("must be an integer in [0, 2^64), got {v}")),

@@ -148,7 +148,8 @@ fn usage_errors_exit_2() {
         (&["-t", "-1"][..], "temperature", ">= 0"),
         (&["--presence-penalty", "-3"][..], "presence_penalty", "[-2, 2]"),
         (&["--top-k", "-2"][..], "top-k", ">= 0"),
-        (&["-n", "-1"][..], "max-tokens", ">= 0"),
+        (&["-n", "-1"][..], "max-tokens", ">= 1"),
+        (&["-n", "0"][..], "max-tokens", ">= 1"),
         (&["--stop-token-ids", "9999"][..], "stop_token_ids", "vocabulary"),
     ] {
         let out = rocket().args(["generate", "--model", &fixture("tiny-llama")]).args(args).arg("hi").output().unwrap();

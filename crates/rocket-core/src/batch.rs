@@ -6,6 +6,8 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
+use rayon::prelude::*;
+
 use crate::backend::{Backend, Chunk, Logits, LoopRequest, Session};
 use crate::error::{Result, RocketError};
 use crate::output::{RequestOutput, StreamDelta};
@@ -424,6 +426,19 @@ impl<'a> Batcher<'a> {
         }
         let vocab = self.model.vocab_size;
         let tokenizer = self.model.tokenizer;
+        // Rows whose token the host picks (from the logits row: logprobs, or a
+        // sampler the device lacks) are independent: each O(vocabulary), in parallel.
+        let mut host_picks: Vec<Option<_>> = match &picked {
+            Picked::Tokens(_) => Vec::new(),
+            Picked::Logits(l) => {
+                let rows: Vec<(usize, &RequestState)> = self.running.iter().enumerate().filter(|&(i, _)| picks[i]).map(|(i, a)| (i, &a.state)).collect();
+                let mut chosen = vec![None; self.running.len()];
+                for (i, pick) in rows.par_iter().map(|&(i, state)| (i, state.pick_on_host(&l[i * vocab..(i + 1) * vocab]))).collect::<Vec<_>>() {
+                    chosen[i] = Some(pick);
+                }
+                chosen
+            }
+        };
         let mut still_running = Vec::with_capacity(self.running.len());
         for (i, mut a) in self.running.drain(..).enumerate() {
             if !picks[i] {
@@ -432,7 +447,7 @@ impl<'a> Batcher<'a> {
             }
             let accepted = match &picked {
                 Picked::Tokens(t) => a.state.accept_picked(tokenizer, t[i], None),
-                Picked::Logits(l) => a.state.accept(tokenizer, &l[i * vocab..(i + 1) * vocab]),
+                Picked::Logits(_) => a.state.accept_with(tokenizer, host_picks[i].take().expect("picked above")),
             };
             match after_token(&mut a.sink, accepted) {
                 After::Running => still_running.push(a),

@@ -111,6 +111,23 @@ fn select_backend(device: Device, gpu: &GpuOptions, spec: &ModelSpec, weights: A
     Ok(Box::new(CpuBackend::new(spec.clone(), weights)))
 }
 
+/// What quantized GGUF tensors become: f32 where the CPU reference will compute
+/// (exact), bf16 where a GPU will take them (half the host memory; its kernels
+/// read bf16). `auto` asks the driver, so a machine with no GPU computes on the
+/// exact weights.
+fn quantized_dtype(device: Device, several_gpus: bool) -> DType {
+    let gpu = match device {
+        Device::Cpu => false,
+        Device::Cuda => cfg!(feature = "cuda"),
+        Device::Auto => several_gpus || cuda_device_count().is_ok_and(|n| n > 0),
+    };
+    if gpu {
+        DType::BF16
+    } else {
+        DType::F32
+    }
+}
+
 /// How many CUDA devices this process sees.
 pub(crate) fn cuda_device_count() -> Result<usize> {
     #[cfg(feature = "cuda")]
@@ -153,9 +170,7 @@ impl Engine {
     fn load_on(path: &Path, options: EngineOptions, ordinals: Option<&[usize]>) -> Result<Vec<Self>> {
         let start = Instant::now();
         let progress = LoadProgress::new(options.progress);
-        // Quantized GGUF tensors: f32 where the CPU reference will compute (exact), bf16
-        // where a GPU may take them (half the host memory; its kernels read bf16).
-        let quantized_as = if options.device == Device::Cpu || !cfg!(feature = "cuda") { DType::F32 } else { DType::BF16 };
+        let quantized_as = quantized_dtype(options.device, ordinals.is_some());
         if options.prefix_block == 0 {
             return Err(RocketError::invalid_arg("prefix_block", 0, "must be at least 1 token"));
         }

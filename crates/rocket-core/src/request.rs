@@ -106,14 +106,21 @@ impl RequestState {
         self.max_batch_size = self.max_batch_size.max(rows);
     }
 
-    /// Takes the logits for the next position: samples a token, updates the text
-    /// and returns the delta to stream and whether the request is now finished.
-    pub(crate) fn accept(&mut self, tokenizer: &Tokenizer, logits: &[f32]) -> Result<(StreamDelta, bool)> {
+    /// The next token from its logits on the host (the request's sampler) and,
+    /// when asked for, its logprobs; changes nothing (rows of a batch pick in
+    /// parallel, then `accept_with` each).
+    pub(crate) fn pick_on_host(&self, logits: &[f32]) -> (u32, Option<TokenLogprob>) {
         let token = self.sample_request().sample_on_host(logits);
         let logprob = self.params.logprobs.map(|n| {
             let (lp, top) = logprobs(logits, token, n);
             TokenLogprob { token_id: token, logprob: lp, top }
         });
+        (token, logprob)
+    }
+
+    /// Takes a token `pick_on_host` chose: updates the text and returns the delta
+    /// to stream and whether the request is now finished.
+    pub(crate) fn accept_with(&mut self, tokenizer: &Tokenizer, (token, logprob): (u32, Option<TokenLogprob>)) -> Result<(StreamDelta, bool)> {
         self.push_token(tokenizer, token, logprob)
     }
 
@@ -211,7 +218,7 @@ impl RequestState {
             self.text.push_str(&rest);
         }
         let done = self.finish.1.is_some() || last_step;
-        let settled = if done { self.text.len() } else { settled_len(&self.text, self.max_stop_len) };
+        let settled = if done { self.text.len() } else { settled_len(&self.text, &self.params.stop) };
         let delta_text = if settled > self.emitted { self.text[self.emitted..settled].to_string() } else { String::new() };
         self.emitted = self.emitted.max(settled);
         if let (Some(all), Some(lp)) = (self.token_logprobs.as_mut(), logprob.as_ref()) {
@@ -306,13 +313,50 @@ fn find_stop(text: &str, from: usize, stops: &[String]) -> Option<(usize, String
 }
 
 /// How much of `text` can be released: not a trailing incomplete UTF-8 sequence
-/// (decoded as U+FFFD), nor the last `max_stop_len - 1` bytes, which could be the
-/// start of a stop string.
-fn settled_len(text: &str, max_stop_len: usize) -> usize {
-    let mut end = text.trim_end_matches('\u{FFFD}').len();
-    end = end.saturating_sub(max_stop_len.saturating_sub(1));
-    while !text.is_char_boundary(end) {
-        end -= 1;
+/// (decoded as U+FFFD), nor the longest tail that begins one of `stops` (the
+/// next tokens may complete it). Text that cannot start a stop string goes out
+/// with the token that made it.
+fn settled_len(text: &str, stops: &[String]) -> usize {
+    let end = text.trim_end_matches('\u{FFFD}').len();
+    let head = &text[..end];
+    // A whole stop string in the text has ended the request already: only proper prefixes are held.
+    let held = stops
+        .iter()
+        .filter_map(|stop| {
+            (1..stop.len().min(end + 1))
+                .rev()
+                .find(|&k| stop.is_char_boundary(k) && head.ends_with(&stop[..k]))
+        })
+        .max()
+        .unwrap_or(0);
+    end - held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stops(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
     }
-    end
+
+    #[test]
+    fn only_a_tail_that_may_start_a_stop_string_is_held_back() {
+        // Nothing in " Paris." can begin "xyz" or "answer": all of it goes out.
+        assert_eq!(settled_len(" Paris.", &stops(&["xyz"])), 7);
+        assert_eq!(settled_len(" Paris.", &stops(&["answer"])), 7);
+        // "an" may become "answer"; "x" may become "xyz": the longest such tail waits.
+        assert_eq!(settled_len("The an", &stops(&["answer", "xyz"])), 4);
+        assert_eq!(settled_len("max", &stops(&["answer", "xyz"])), 2);
+        assert_eq!(settled_len("The answ", &stops(&["answer", "wer!"])), 4);
+        // A stop string longer than the text: the whole text may be its start.
+        assert_eq!(settled_len("ans", &stops(&["answer"])), 0);
+        // No stop strings: everything but a pending incomplete character.
+        assert_eq!(settled_len("abc", &[]), 3);
+        assert_eq!(settled_len("abc\u{FFFD}", &[]), 3);
+        // Multi-byte characters: held back whole, and never split.
+        assert_eq!(settled_len("x é", &stops(&["éa"])), 2);
+        assert_eq!(settled_len("x \u{e9}", &stops(&["\u{e9}\u{e9}"])), 2);
+        assert_eq!(settled_len("x \u{e9}", &stops(&["\u{e8}"])), 4);
+    }
 }

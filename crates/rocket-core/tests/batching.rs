@@ -34,12 +34,14 @@ fn sampled(max_tokens: usize, seed: u64) -> SamplingParams {
 fn batch_outputs_equal_solo_runs_with_mixed_params_and_lengths() {
     for name in ["tiny-llama", "tiny-qwen3"] {
         let e = engine(name);
-        let prompts = ["hello world", "a", "the quick brown fox jumps", "zz top"];
+        let prompts = ["hello world", "a", "the quick brown fox jumps", "zz top", "logprobs too"];
         let params = [
             SamplingParams { ignore_eos: true, ..SamplingParams::greedy(9) },
             sampled(4, 1),
             sampled(13, 2),
             SamplingParams { repetition_penalty: 1.3, ignore_eos: true, ..SamplingParams::greedy(6) },
+            // The host picks every row of a pass with it (in parallel): tokens and logprobs as alone.
+            SamplingParams { logprobs: Some(3), ..sampled(7, 3) },
         ];
         let requests = prompts
             .iter()
@@ -52,6 +54,7 @@ fn batch_outputs_equal_solo_runs_with_mixed_params_and_lengths() {
             assert_eq!(b.prompt, *p, "{name}: outputs out of order");
             assert_eq!(b.token_ids, solo.token_ids, "{name}: {p:?} differs in a batch");
             assert_eq!(b.text, solo.text);
+            assert_eq!(b.logprobs, solo.logprobs, "{name}: {p:?}'s logprobs differ in a batch");
             assert_eq!(b.token_ids.len(), sp.max_tokens);
         }
     }

@@ -138,3 +138,22 @@ fn quantized_tensors_dequantize_to_f32_or_bf16_only() {
     let w = file.weights(&spec, DType::BF16).unwrap();
     assert!(w.contains("model.layers.0.mlp.up_proj.weight"));
 }
+
+/// `auto` on a machine without a GPU is the CPU reference itself: quantized
+/// tensors become f32 there, as with `cpu`, never the bf16 a GPU reads. Where
+/// `auto` finds a GPU, the weights it keeps on the host are bf16 (half the
+/// memory) and the per-step bytes say so.
+#[test]
+fn auto_keeps_the_exact_weights_where_it_runs_on_the_cpu() {
+    let path = dir().join("qwen3-kquant.gguf");
+    let auto = Engine::load(&path, EngineOptions { device: Device::Auto, ..EngineOptions::default() }).unwrap();
+    let cpu = cpu("qwen3-kquant");
+    let ids: Vec<u32> = meta("qwen3-kquant")["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    if auto.info().backend == "cpu" {
+        assert_eq!(auto.info().bytes_per_decode_step, cpu.info().bytes_per_decode_step, "auto on the CPU reads the f32 weights");
+        let (a, c) = (auto.teacher_forced_logits(&ids).unwrap(), cpu.teacher_forced_logits(&ids).unwrap());
+        assert!(a.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits()), "auto on the CPU must give the reference's logits bit for bit");
+    } else {
+        assert!(auto.info().bytes_per_decode_step < cpu.info().bytes_per_decode_step, "a GPU's host copy is bf16");
+    }
+}

@@ -93,22 +93,82 @@ impl<'a> TokenText<'a> {
     }
 }
 
-/// The legacy completions `logprobs` object for `items`; text offsets start at `offset`,
-/// which is returned advanced past these tokens.
-pub fn completion_logprobs(tt: &TokenText<'_>, items: &[TokenLogprob], offset: &mut usize) -> Value {
+/// A token as the legacy completions logprobs name it: its text, or, when its
+/// bytes are not whole UTF-8 (part of a character), `bytes:` and the bytes as
+/// `\xNN` escapes (OpenAI's form), so partial tokens keep distinct names.
+fn legacy_label(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_string(),
+        Err(_) => bytes.iter().fold("bytes:".to_string(), |mut s, b| {
+            s.push_str(&format!("\\x{b:02x}"));
+            s
+        }),
+    }
+}
+
+/// Where the next token's text starts in the completion's text, in characters
+/// (the legacy `text_offset`): a token that holds part of a character starts
+/// where that character does; an invalid byte counts as the one U+FFFD it
+/// decodes to.
+#[derive(Debug, Default)]
+pub struct TextOffset {
+    chars: usize,
+    pending: Vec<u8>,
+}
+
+impl TextOffset {
+    /// Offsets after `chars` characters (an echoed prompt's).
+    pub fn after(chars: usize) -> Self {
+        TextOffset { chars, pending: Vec::new() }
+    }
+
+    /// The offset of a token of `bytes`, then past it.
+    fn push(&mut self, bytes: &[u8]) -> usize {
+        let at = self.chars;
+        self.pending.extend_from_slice(bytes);
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(text) => {
+                    self.chars += text.chars().count();
+                    self.pending.clear();
+                    break;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    self.chars += std::str::from_utf8(&self.pending[..valid]).map_or(0, |t| t.chars().count());
+                    match e.error_len() {
+                        Some(bad) => {
+                            self.chars += 1;
+                            self.pending.drain(..valid + bad);
+                        }
+                        None => {
+                            self.pending.drain(..valid);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        at
+    }
+}
+
+/// The legacy completions `logprobs` object for `items`; `offset` follows the
+/// text across calls (a stream's chunks). Each `top_logprobs` object lists its
+/// tokens most likely first.
+pub fn completion_logprobs(tt: &TokenText<'_>, items: &[TokenLogprob], offset: &mut TextOffset) -> Value {
     let mut tokens = Vec::with_capacity(items.len());
     let mut token_logprobs = Vec::with_capacity(items.len());
     let mut top_logprobs = Vec::with_capacity(items.len());
     let mut text_offset = Vec::with_capacity(items.len());
     for item in items {
-        let text = tt.text(item.token_id);
-        text_offset.push(*offset);
-        *offset += text.chars().count();
-        tokens.push(Value::String(text));
+        let bytes = tt.bytes(item.token_id);
+        text_offset.push(offset.push(&bytes));
+        tokens.push(Value::String(legacy_label(&bytes)));
         token_logprobs.push(json!(item.logprob));
         let mut top = Map::new();
         for &(id, lp) in &item.top {
-            top.entry(tt.text(id)).or_insert(json!(lp));
+            top.entry(legacy_label(&tt.bytes(id))).or_insert(json!(lp));
         }
         top_logprobs.push(Value::Object(top));
     }
@@ -185,14 +245,14 @@ pub struct ChunkWriter {
     pub logprobs: bool,
     pub include_usage: bool,
     /// Text offset of the next token (completions logprobs).
-    offset: usize,
+    offset: TextOffset,
     /// Tokens whose text is still held back, waiting for a chunk to carry them.
     pending: Vec<TokenLogprob>,
 }
 
 impl ChunkWriter {
     pub fn new(meta: Meta, endpoint: Endpoint, logprobs: bool, include_usage: bool) -> Self {
-        ChunkWriter { meta, endpoint, logprobs, include_usage, offset: 0, pending: Vec::new() }
+        ChunkWriter { meta, endpoint, logprobs, include_usage, offset: TextOffset::default(), pending: Vec::new() }
     }
 
     fn chunk(&self, choice: Value) -> Value {
@@ -242,7 +302,7 @@ impl ChunkWriter {
             }
             (Endpoint::Completions, Some(prompt)) => {
                 let choice = self.choice(tt, prompt, None);
-                self.offset += prompt.chars().count();
+                self.offset = TextOffset::after(prompt.chars().count());
                 // An echoed prompt carries no token logprobs.
                 let mut c = self.chunk(choice);
                 c["choices"][0]["logprobs"] = Value::Null;
@@ -367,11 +427,65 @@ mod tests {
             let bytes: Vec<u8> = ids.iter().flat_map(|&id| tt.bytes(id)).collect();
             assert_eq!(bytes, text.as_bytes(), "{text:?} -> {ids:?}");
         }
-        let lp = completion_logprobs(&tt, &[TokenLogprob { token_id: 5, logprob: -0.1, top: vec![(5, -0.1), (6, -2.0)] }], &mut 3);
+        let lp = completion_logprobs(&tt, &[TokenLogprob { token_id: 5, logprob: -0.1, top: vec![(5, -0.1), (6, -2.0)] }], &mut TextOffset::after(3));
         assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
         assert_eq!(lp["text_offset"], json!([3]));
         let chat = chat_logprobs(&tt, &[TokenLogprob { token_id: 5, logprob: -0.1, top: vec![(6, -2.0)] }]);
         assert_eq!(chat["content"][0]["top_logprobs"][0]["logprob"].as_f64(), Some(-2.0f32 as f64));
+    }
+
+    #[test]
+    fn legacy_logprobs_name_partial_tokens_by_bytes_and_offset_by_characters() {
+        let tok = tokenizer();
+        let tt = TokenText::new(&tok);
+        let text = "I love 😀 and Перевод, 日本語.";
+        let ids = tok.encode(text, false).unwrap();
+        let partial: Vec<u32> = ids.iter().copied().filter(|&id| std::str::from_utf8(&tt.bytes(id)).is_err()).collect();
+        assert!(partial.len() >= 2, "the fixture's tokenizer splits some characters: {ids:?}");
+        // Each token lists every partial token as an alternative, most likely first.
+        let top: Vec<(u32, f32)> = partial.iter().rev().enumerate().map(|(i, &id)| (id, -1.0 - i as f32)).collect();
+        let items: Vec<TokenLogprob> = ids.iter().map(|&id| TokenLogprob { token_id: id, logprob: -0.5, top: top.clone() }).collect();
+        // Split over two calls, as a stream's chunks are.
+        let mut offset = TextOffset::default();
+        let (a, b) = items.split_at(items.len() / 2);
+        let (first, second) = (completion_logprobs(&tt, a, &mut offset), completion_logprobs(&tt, b, &mut offset));
+        let field = |name: &str| -> Vec<Value> { [&first, &second].iter().flat_map(|lp| lp[name].as_array().unwrap().clone()).collect() };
+        let (tokens, offsets, tops) = (field("tokens"), field("text_offset"), field("top_logprobs"));
+        let chars: Vec<char> = text.chars().collect();
+        for ((token, off), id) in tokens.iter().zip(&offsets).zip(&ids) {
+            let (token, off) = (token.as_str().unwrap(), off.as_u64().unwrap() as usize);
+            match std::str::from_utf8(&tt.bytes(*id)) {
+                // A whole token's text is the text at its offset.
+                Ok(whole) => assert!(chars[off..].iter().collect::<String>().starts_with(whole), "{token:?} at {off}"),
+                // A partial one names its bytes and starts where its first character does.
+                Err(e) => {
+                    assert!(token.starts_with("bytes:\\x"), "{token:?}");
+                    let bytes = tt.bytes(*id);
+                    let head = std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap();
+                    if head.is_empty() {
+                        assert!(off < chars.len() && chars[off].len_utf8() > 1, "{token:?} at {off}: {:?}", chars.get(off));
+                    } else {
+                        assert!(chars[off..].iter().collect::<String>().starts_with(head), "{token:?} at {off}");
+                    }
+                }
+            }
+        }
+        // Every alternative keeps its own entry, in the order given (most likely first).
+        let want: Vec<String> = partial.iter().rev().map(|&id| legacy_label(&tt.bytes(id))).collect();
+        let in_order = want.iter().fold(Vec::new(), |mut v: Vec<&String>, k| {
+            if !v.contains(&k) {
+                v.push(k)
+            }
+            v
+        });
+        assert!(in_order.windows(2).any(|w| w[0] > w[1]), "the order given must not be the sorted one: {in_order:?}");
+        for t in &tops {
+            let keys: Vec<&String> = t.as_object().unwrap().keys().collect();
+            assert_eq!(keys, in_order);
+        }
+        // Invalid bytes count as one character each.
+        let mut o = TextOffset::default();
+        assert_eq!((o.push(&[0xff]), o.push(b"a"), o.push(&[0xe2, 0x82]), o.push(&[0xac]), o.push(b"b")), (0, 1, 2, 2, 3));
     }
 
     #[test]

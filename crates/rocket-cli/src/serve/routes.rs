@@ -330,7 +330,7 @@ async fn completions_inner(app: &AppState, log: &Arc<RequestLog>, body: Result<B
     }
     let out = collect(rx, "prompt").await?;
     let tt = TokenText::new(engine.tokenizer());
-    let logprobs = out.logprobs.as_ref().map(|items| response::completion_logprobs(&tt, items, &mut 0));
+    let logprobs = out.logprobs.as_ref().map(|items| response::completion_logprobs(&tt, items, &mut response::TextOffset::default()));
     let text = if req.echo { format!("{prompt}{}", out.text) } else { out.text.clone() };
     Ok(Json(response::completion_body(&meta, text, logprobs, &out)).into_response())
 }
