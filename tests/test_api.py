@@ -152,3 +152,35 @@ def test_max_tokens_default_depends_on_the_request(smollm2_path: str) -> None:
     # A chat turn: until the context is full.
     out = llm.chat([{"role": "user", "content": "Hi"}], params)
     assert len(out.prompt_token_ids) + len(out.token_ids) == 64 and out.finish_reason == "length"
+
+
+def test_numpy_integers_are_token_ids_and_counts(tiny_qwen3: rocket.LLM) -> None:
+    ids = tiny_qwen3.tokenizer.encode("the quick brown fox")
+    as_array = np.array(ids, dtype=np.int64)
+    assert np.array_equal(tiny_qwen3.teacher_forced_logits(as_array), tiny_qwen3.teacher_forced_logits(ids))
+    params = rocket.SamplingParams(max_tokens=np.int64(3), temperature=0.0)
+    assert tiny_qwen3.generate_from_ids(as_array, params).token_ids == tiny_qwen3.generate_from_ids(ids, params).token_ids
+    assert tiny_qwen3.tokenizer.decode(as_array) == tiny_qwen3.tokenizer.decode(ids)
+    # Floats and bools stay refused.
+    for bad in ([1.0, 2.0], [True, 2], np.array([1.5])):
+        with pytest.raises(rocket.InvalidArgumentError):
+            tiny_qwen3.teacher_forced_logits(bad)
+
+
+def test_bad_arguments_name_their_parameter(tiny_llama: rocket.LLM) -> None:
+    sp = rocket.SamplingParams(max_tokens=2)
+    cases = [
+        (lambda: tiny_llama.generate(None), "prompts"),  # type: ignore[arg-type]
+        (lambda: tiny_llama.generate(5), "prompts"),  # type: ignore[arg-type]
+        (lambda: tiny_llama.generate(["a", "b"], [sp]), "params"),
+        (lambda: tiny_llama.generate("a", "not params"), "params"),  # type: ignore[arg-type]
+        (lambda: tiny_llama.stream(5), "prompt"),  # type: ignore[arg-type]
+        (lambda: tiny_llama.chat([]), "messages"),
+        (lambda: tiny_llama.chat([{"role": "user"}]), "messages"),
+        (lambda: tiny_llama.generate_from_ids([]), "prompt_token_ids"),
+        (lambda: tiny_llama.teacher_forced_logits([]), "token_ids"),
+    ]
+    for call, parameter in cases:
+        with pytest.raises(rocket.InvalidArgumentError) as e:
+            call()
+        assert e.value.parameter == parameter, (parameter, str(e.value))

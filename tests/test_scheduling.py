@@ -104,3 +104,34 @@ def test_ctrl_c_interrupts_generate(smollm2: rocket.LLM, smollm2_path: str) -> N
     assert child.returncode != 0
     assert ended - sent < 5.0, f"took {ended - sent:.1f} s to stop after SIGINT"
     assert ended - started < would_take / 3, f"stopped after {ended - started:.1f} s; the generation takes ~{would_take:.0f} s"
+
+
+TFL_CHILD = """
+import signal, sys, threading, os, time
+import rocket
+llm = rocket.LLM(sys.argv[1])
+ids = llm.tokenizer.encode("word " * 400)
+print("running", flush=True)
+try:
+    llm.teacher_forced_logits(ids)
+    print("finished")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_ctrl_c_during_teacher_forced_logits_is_a_keyboard_interrupt(smollm2_path: str) -> None:
+    # A fresh interpreter: numpy's array API is loaded by the call's result, with the signal pending.
+    child = subprocess.Popen([sys.executable, "-c", TFL_CHILD, smollm2_path], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "running"
+        time.sleep(0.3)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120.0)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert "interrupted" in out and "panicked" not in err and "PanicException" not in err, out + err

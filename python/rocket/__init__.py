@@ -170,18 +170,22 @@ class LLM:
         if isinstance(prompts, str):
             prompts = [prompts]
         else:
-            prompts = list(prompts)
+            given = prompts
+            try:
+                prompts = list(prompts)
+            except TypeError:
+                raise _bad_arg("prompts", given, "prompts must be a str or a list of str") from None
             if not all(isinstance(p, str) for p in prompts):
-                raise InvalidArgumentError("prompts must be a str or a list of str")
+                raise _bad_arg("prompts", given, "prompts must be a str or a list of str")
         if params is None or isinstance(params, SamplingParams):
             return self._engine.generate(prompts, [_check_params(params)])
         if not isinstance(params, (list, tuple)):
-            raise InvalidArgumentError(
-                f"params must be a rocket.SamplingParams or a list of them, got {type(params).__name__}"
+            raise _bad_arg(
+                "params", params, f"params must be a rocket.SamplingParams or a list of them, got {type(params).__name__}"
             )
         per_prompt = [_check_params(p) for p in params]
         if len(per_prompt) != len(prompts):
-            raise InvalidArgumentError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
+            raise _bad_arg("params", len(per_prompt), f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
         return self._engine.generate(prompts, per_prompt)
 
     def stream(self, prompt: str, params: SamplingParams | None = None) -> Stream:
@@ -189,7 +193,7 @@ class LLM:
         the texts concatenate to what :meth:`generate` returns. Closing or dropping the
         stream cancels the generation."""
         if not isinstance(prompt, str):
-            raise InvalidArgumentError("prompt must be a str")
+            raise _bad_arg("prompt", prompt, "prompt must be a str")
         return self._engine.stream(prompt, _check_params(params))
 
     def chat(self, messages: Sequence[Mapping[str, str]], params: SamplingParams | None = None) -> RequestOutput:
@@ -198,12 +202,13 @@ class LLM:
         Roles go to the template as given (``apply_chat_template`` is HF's); an empty
         conversation has nothing to answer and is refused."""
         if len(messages) == 0:
-            raise InvalidArgumentError("messages must hold at least one message")
+            raise _bad_arg("messages", messages, "messages must hold at least one message")
         prompt = self.apply_chat_template(messages, add_generation_prompt=True)
         return self._engine.generate([prompt], [_check_params(params)], True)[0]
 
     def generate_from_ids(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> RequestOutput:
-        """Generate from already-tokenised input."""
+        """Generate from already-tokenised input (ints, numpy's integers too)."""
+        _check_not_empty("prompt_token_ids", prompt_token_ids)
         return self._engine.generate_from_ids(prompt_token_ids, _check_params(params))
 
     def apply_chat_template(
@@ -217,19 +222,37 @@ class LLM:
             try:
                 pairs.append((str(m["role"]), str(m["content"])))
             except (KeyError, TypeError):
-                raise InvalidArgumentError(f"messages[{i}] must be a mapping with 'role' and 'content'") from None
+                raise _bad_arg("messages", m, f"messages[{i}] must be a mapping with 'role' and 'content'") from None
         return self._engine.apply_chat_template(pairs, add_generation_prompt)
 
     def teacher_forced_logits(self, token_ids: Sequence[int]):  # -> numpy.ndarray
-        """Logits at every position, shape ``(len(token_ids), vocab_size)``, float32."""
+        """Logits at every position, shape ``(len(token_ids), vocab_size)``, float32.
+        Runs to its end: a Ctrl-C meanwhile is raised once it returns."""
+        _check_not_empty("token_ids", token_ids)
         return self._engine.teacher_forced_logits(token_ids)
+
+
+def _bad_arg(parameter: str, value: object, message: str) -> InvalidArgumentError:
+    """An InvalidArgumentError naming its parameter, as the engine's own are."""
+    e = InvalidArgumentError(message)
+    e.parameter, e.value = parameter, value
+    return e
+
+
+def _check_not_empty(parameter: str, ids: object) -> None:
+    try:
+        empty = len(ids) == 0  # type: ignore[arg-type]
+    except TypeError:
+        return  # an iterator: the engine checks it
+    if empty:
+        raise _bad_arg(parameter, ids, f"{parameter} must hold at least one token id")
 
 
 def _check_params(params: object) -> SamplingParams:
     if params is None:
         return SamplingParams()
     if not isinstance(params, SamplingParams):
-        raise InvalidArgumentError(f"params must be a rocket.SamplingParams, got {type(params).__name__}")
+        raise _bad_arg("params", params, f"params must be a rocket.SamplingParams, got {type(params).__name__}")
     return params
 
 

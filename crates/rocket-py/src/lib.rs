@@ -84,9 +84,17 @@ fn type_name(v: &Bound<'_, PyAny>) -> String {
 
 /// A Python int (not a bool) within `[min, max]`, or InvalidArgumentError naming `name`.
 fn int_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>, min: i128, max: i128, range: &str) -> PyResult<i128> {
-    if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
+    // An int, or what says it is one through __index__ (numpy's integers); never a bool.
+    let int = if v.is_instance_of::<PyBool>() {
+        None
+    } else if v.is_instance_of::<PyInt>() {
+        Some(v.clone())
+    } else {
+        v.call_method0("__index__").ok().filter(|i| i.is_instance_of::<PyInt>() && !i.is_instance_of::<PyBool>())
+    };
+    let Some(v) = int else {
         return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be an int, got {}", type_name(v))));
-    }
+    };
     match v.extract::<i128>() {
         Ok(i) if (min..=max).contains(&i) => Ok(i),
         _ => Err(bad_arg(py, name, v, range)),
@@ -534,6 +542,8 @@ impl Engine_ {
         let e = self.engine.clone();
         let n = ids.len();
         let logits = run_detached(py, move || e.teacher_forced_logits(&ids))?;
+        // A Ctrl-C that came meanwhile is raised now (making the array with it pending would fail).
+        py.check_signals()?;
         let vocab = logits.len() / n;
         PyArray1::from_vec(py, logits).reshape([n, vocab])
     }

@@ -88,6 +88,7 @@ impl<'a> TokenText<'a> {
         self.tokenizer.decode(&[id], false).unwrap_or_default().into_bytes()
     }
 
+    #[cfg(test)]
     pub fn text(&self, id: u32) -> String {
         String::from_utf8_lossy(&self.bytes(id)).into_owned()
     }
