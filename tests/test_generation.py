@@ -72,6 +72,16 @@ def test_closing_a_stream_cancels(smollm2: rocket.LLM) -> None:
     assert isinstance(first.token_id, int)
     stream.close()
     assert list(stream) == []
+    # A with block closes it too, on leaving by break or by an exception.
+    with smollm2.stream(PROMPT, greedy(max_tokens=500, ignore_eos=True)) as s:
+        for _ in s:
+            break
+    assert list(s) == []
+    with pytest.raises(RuntimeError, match="leave"):
+        with smollm2.stream(PROMPT, greedy(max_tokens=500, ignore_eos=True)) as s:
+            next(s)
+            raise RuntimeError("leave")
+    assert list(s) == []
 
 
 def test_logprobs(smollm2: rocket.LLM) -> None:

@@ -682,6 +682,17 @@ impl Stream {
         self.finish_reason.lock().ok().and_then(|f| *f)
     }
 
+    /// `with llm.stream(...) as s:` closes the stream when the block ends.
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (_exc_type=None, _exc=None, _traceback=None))]
+    fn __exit__(&self, _exc_type: Option<&Bound<'_, PyAny>>, _exc: Option<&Bound<'_, PyAny>>, _traceback: Option<&Bound<'_, PyAny>>) -> bool {
+        self.close();
+        false
+    }
+
     /// Stop generating now (the request is cancelled before its next pass).
     fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
