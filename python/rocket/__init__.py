@@ -208,7 +208,6 @@ class LLM:
 
     def generate_from_ids(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> RequestOutput:
         """Generate from already-tokenised input (ints, numpy's integers too)."""
-        _check_not_empty("prompt_token_ids", prompt_token_ids)
         return self._engine.generate_from_ids(prompt_token_ids, _check_params(params))
 
     def apply_chat_template(
@@ -228,7 +227,6 @@ class LLM:
     def teacher_forced_logits(self, token_ids: Sequence[int]):  # -> numpy.ndarray
         """Logits at every position, shape ``(len(token_ids), vocab_size)``, float32.
         Runs to its end: a Ctrl-C meanwhile is raised once it returns."""
-        _check_not_empty("token_ids", token_ids)
         return self._engine.teacher_forced_logits(token_ids)
 
 
@@ -237,15 +235,6 @@ def _bad_arg(parameter: str, value: object, message: str) -> InvalidArgumentErro
     e = InvalidArgumentError(message)
     e.parameter, e.value = parameter, value
     return e
-
-
-def _check_not_empty(parameter: str, ids: object) -> None:
-    try:
-        empty = len(ids) == 0  # type: ignore[arg-type]
-    except TypeError:
-        return  # an iterator: the engine checks it
-    if empty:
-        raise _bad_arg(parameter, ids, f"{parameter} must hold at least one token id")
 
 
 def _check_params(params: object) -> SamplingParams:

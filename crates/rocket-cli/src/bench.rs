@@ -208,8 +208,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         bail!("--prompt-len must be >= 1, --gen-len >= 2 and --reps >= 1");
     }
     // The report's file is opened before the work, so a bad path fails at once.
-    let json_file = match &args.json {
-        Some(path) => Some(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?),
+    let json_out = match &args.json {
+        Some(path) => Some((path, std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?)),
         None => None,
     };
     let first_len = args.prompt_len[0];
@@ -272,7 +272,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 
     let prefix = args.prefix_reuse.map(|n| prefix_case(&engine, n, first_len, vocab, &sampling, args.reps)).transpose()?;
 
-    if let Some(path) = &args.json {
+    if let Some((path, mut file)) = json_out {
         let report = json!({
             "date_unix": SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             "commit": env!("ROCKET_GIT_COMMIT"),
@@ -310,7 +310,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 "ttft_no_reuse_ms": p.ttft_no_reuse.0, "ttft_no_reuse_ms_std": p.ttft_no_reuse.1,
             })),
         });
-        let mut file = json_file.expect("opened with the path");
         file.write_all(serde_json::to_string_pretty(&report)?.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
     }
 

@@ -431,12 +431,8 @@ impl<'a> Batcher<'a> {
         let mut host_picks: Vec<Option<_>> = match &picked {
             Picked::Tokens(_) => Vec::new(),
             Picked::Logits(l) => {
-                let rows: Vec<(usize, &RequestState)> = self.running.iter().enumerate().filter(|&(i, _)| picks[i]).map(|(i, a)| (i, &a.state)).collect();
-                let mut chosen = vec![None; self.running.len()];
-                for (i, pick) in rows.par_iter().map(|&(i, state)| (i, state.pick_on_host(&l[i * vocab..(i + 1) * vocab]))).collect::<Vec<_>>() {
-                    chosen[i] = Some(pick);
-                }
-                chosen
+                let states: Vec<&RequestState> = self.running.iter().map(|a| &a.state).collect();
+                states.par_iter().enumerate().map(|(i, state)| picks[i].then(|| state.pick_on_host(&l[i * vocab..(i + 1) * vocab]))).collect()
             }
         };
         let mut still_running = Vec::with_capacity(self.running.len());

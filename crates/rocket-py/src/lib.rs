@@ -142,6 +142,15 @@ fn token_ids_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>) -> PyResult<V
     Ok(ids)
 }
 
+/// `token_ids_arg` for a model's input: at least one id.
+fn input_ids_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    let ids = token_ids_arg(py, name, v)?;
+    if ids.is_empty() {
+        return Err(bad_arg(py, name, "[]", format!("{name} must hold at least one token id")));
+    }
+    Ok(ids)
+}
+
 /// Sampling options as given; unset fields are None until the engine resolves
 /// them (the model's generation_config, the request kind's max_tokens).
 #[pyclass(module = "rocket._rocket", frozen, eq)]
@@ -488,7 +497,7 @@ impl Engine_ {
 
     /// Generate from token ids (no tokenisation of the prompt).
     fn generate_from_ids(&self, py: Python<'_>, prompt_token_ids: &Bound<'_, PyAny>, params: &SamplingParams) -> PyResult<RequestOutput> {
-        let prompt_token_ids = token_ids_arg(py, "prompt_token_ids", prompt_token_ids)?;
+        let prompt_token_ids = input_ids_arg(py, "prompt_token_ids", prompt_token_ids)?;
         let vocab = self.engine.spec().vocab_size;
         if let Some(&id) = prompt_token_ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(bad_arg(py, "prompt_token_ids", id, format!("token ids must be below the vocabulary size ({vocab})")));
@@ -534,7 +543,7 @@ impl Engine_ {
 
     /// Logits at every position, shape (len(ids), vocab_size), float32.
     fn teacher_forced_logits<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, numpy::PyArray2<f32>>> {
-        let ids = token_ids_arg(py, "token_ids", ids)?;
+        let ids = input_ids_arg(py, "token_ids", ids)?;
         let vocab = self.engine.spec().vocab_size;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(bad_arg(py, "token_ids", id, format!("token ids must be below the vocabulary size ({vocab})")));

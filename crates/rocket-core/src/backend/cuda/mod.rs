@@ -159,12 +159,12 @@ fn matmul_kernel(matmul: MatmulPath, offer: CublasOffer, rows: usize, n: usize, 
     }
 }
 
-/// What cuBLASLt offers a product by a matrix whose fp16 copy is at `w16` (0: none).
-fn cublas_offer(kernels: &Kernels, w16: u64) -> CublasOffer {
-    match (&kernels.cublas, w16) {
+/// What cuBLASLt offers a product by a matrix with or without an fp16 copy.
+fn cublas_offer(kernels: &Kernels, has_f16: bool) -> CublasOffer {
+    match (&kernels.cublas, has_f16) {
         (None, _) => CublasOffer::None,
-        (Some(_), 0) => CublasOffer::Split,
-        (Some(_), _) => CublasOffer::F16,
+        (Some(_), false) => CublasOffer::Split,
+        (Some(_), true) => CublasOffer::F16,
     }
 }
 
@@ -682,11 +682,8 @@ impl CudaBackend {
     /// Whether one of a pass's layer products (not the LM head, which has no fp16
     /// copy) takes cuBLASLt at `rows` rows.
     fn layer_product_on_cublas(&self, inner: &Inner, rows: usize) -> bool {
-        let offer = match (&inner.kernels.cublas, &inner.f16) {
-            (None, _) => CublasOffer::None,
-            (Some(_), F16Copy::Off) => CublasOffer::Split,
-            (Some(_), F16Copy::NotYet | F16Copy::Ready(_)) => CublasOffer::F16,
-        };
+        // The layers' matrices get an fp16 copy at such a pass unless it is off for good.
+        let offer = cublas_offer(&inner.kernels, !matches!(inner.f16, F16Copy::Off));
         let on_cublas = |&(n, k): &(usize, usize)| matmul_kernel(self.options.matmul, offer, rows, n, k) == ProductKernel::Cublas;
         Scratch::matmul_shapes(&self.spec)[..4].iter().any(on_cublas)
     }
@@ -782,7 +779,7 @@ impl CudaBackend {
         if self.f16_product(k, rows, n, width, w16) {
             return f16_matmul(k, st, sc, w16, y, n, width, rows, accumulate, |xb, flag| k.to_f16(st, x, xb, rows * width, flag));
         }
-        let kernel = matmul_kernel(self.options.matmul, cublas_offer(k, w16), rows, n, width);
+        let kernel = matmul_kernel(self.options.matmul, cublas_offer(k, w16 != 0), rows, n, width);
         if kernel == ProductKernel::Cublas {
             let (Some(lt), Some(xb)) = (&k.cublas, &sc.bf16) else {
                 return Err(RocketError::Internal("a cuBLASLt product without cuBLASLt or its input buffers".into()));
@@ -804,7 +801,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: [u64; 2], y: u64, n: usize, rows: usize, silu: bool) -> Result<()> {
         let (d, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps as f32);
-        let on_tensor_cores = matmul_kernel(self.options.matmul, cublas_offer(k, w[1]), rows, n, d) == ProductKernel::Tensor;
+        let on_tensor_cores = matmul_kernel(self.options.matmul, cublas_offer(k, w[1] != 0), rows, n, d) == ProductKernel::Tensor;
         let fits = on_tensor_cores && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
         if self.options.fuse && fits {
             return k.gemm_tc(st, w[0], sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
@@ -842,7 +839,7 @@ impl CudaBackend {
     /// with fp16 operands: the library takes it and the matrix has an fp16 copy
     /// (`w16`, 0: none).
     fn f16_product(&self, k: &Kernels, rows: usize, n: usize, width: usize, w16: u64) -> bool {
-        w16 != 0 && matmul_kernel(self.options.matmul, cublas_offer(k, w16), rows, n, width) == ProductKernel::Cublas
+        w16 != 0 && matmul_kernel(self.options.matmul, cublas_offer(k, w16 != 0), rows, n, width) == ProductKernel::Cublas
     }
 }
 
