@@ -48,12 +48,18 @@ __device__ __forceinline__ unsigned long long* lp_parts_of(const Params& p, int 
     return p.lp_parts + (size_t)(t & 1) * gridDim.x * LP_PART;
 }
 
+// An f64 sum over a warp's lanes (the xor butterfly: every lane gets the same bits).
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 // A sum over the consumers in f64, in a fixed order (lanes, then warps)
 // through the scalars' 64-bit slots; every consumer gets it.
 __device__ __forceinline__ double consumer_sum_f64(double v, const Smem& s) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = warp_sum_f64(v);
     uint64_t* red = s.sc()->red64;
     if (lane == 0) red[warp] = (uint64_t)__double_as_longlong(v);
     consumer_sync();
@@ -119,8 +125,7 @@ __device__ void logprob_scan(const Params& p, const Smem& s, const float* raw, R
             uint64_t w = 0;
 #pragma unroll
             for (int q = 0; q < RACE_CACHED; q++) w = max(w, keys[q]);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) w = max(w, (uint64_t)__shfl_xor_sync(0xffffffffu, w, o));
+            w = warp_max_u64(w);
 #pragma unroll
             for (int q = 0; q < RACE_CACHED; q++)
                 if (keys[q] == w) keys[q] = 0;
@@ -178,18 +183,6 @@ __device__ __noinline__ void logprob_part(const Params& p, const Smem& s, int t,
         return;
     }
     logprob_scan<F>(p, s, lp_raw<F>(p, t), [&](uint32_t j) { return list[j / tile_rows] * tile_rows + j % tile_rows; }, n, part);
-}
-
-// A maximum and an f64 sum over the host link's lanes (the xor butterfly: every lane gets the same bits).
-__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max(v, (uint64_t)__shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ double warp_sum_f64(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
 }
 
 // The merge's fallback (a part gave up: an SM's tiles overflowed its list):

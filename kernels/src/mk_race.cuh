@@ -64,12 +64,18 @@ __device__ __forceinline__ int race_level(double a) {
     return (int)((long long)__dmul_rn(a, 1.0 / RACE_ANCHOR_STEP) & (RACE_LEVELS - 1));
 }
 
+// A maximum over a warp's lanes; every lane gets it.
+__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, (uint64_t)__shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 // A maximum over the consumers through the scalars' double slots (the vector
 // space holds the SM's tile list meanwhile); every consumer gets it.
 __device__ __forceinline__ uint64_t consumer_max_u64(uint64_t v, const Smem& s) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max(v, (uint64_t)__shfl_xor_sync(0xffffffffu, v, o));
+    v = warp_max_u64(v);
     uint64_t* red = s.sc()->red64;
     if (lane == 0) red[warp] = v;
     consumer_sync();
