@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use crate::error::{Result, RocketError};
 use crate::megakernel::abi::RACE_TOPK_MAX;
+use crate::portable_exp::sum_exp_below;
 use crate::race;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -261,21 +262,60 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, step: u64) -> 
 
 /// log-softmax of the model's logits at `token`, and the `n` most likely tokens.
 pub fn logprobs(logits: &[f32], token: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let log_z = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+    let max = max_ignoring_nan(logits) as f64;
+    let log_z = max + sum_exp_below(logits, max).ln();
     let lp = |i: u32| (logits[i as usize] as f64 - log_z) as f32;
+    (lp(token), top_n(logits, n).into_iter().map(|i| (i, lp(i))).collect())
+}
+
+/// The ids of the `n` largest logits, largest first (the lower id first among
+/// equals). A partial selection, O(vocab · n) for small n: once the list is full,
+/// a logit enters only above its last (`floor`), and blocks of 16 with none above
+/// it are passed over with one vectorised compare.
+fn top_n(logits: &[f32], n: usize) -> Vec<u32> {
     let mut top: Vec<u32> = Vec::with_capacity(n + 1);
-    if n > 0 {
-        // Partial selection keeps this O(vocab · n) for small n.
-        for (i, &l) in logits.iter().enumerate() {
-            if top.len() < n || l > logits[*top.last().unwrap() as usize] {
-                let pos = top.partition_point(|&j| logits[j as usize] >= l);
-                top.insert(pos, i as u32);
-                top.truncate(n);
+    // Inserts logit i in order and returns the list's last logit.
+    let offer = |top: &mut Vec<u32>, i: usize| {
+        let l = logits[i];
+        let pos = top.partition_point(|&j| logits[j as usize] >= l);
+        top.insert(pos, i as u32);
+        top.truncate(n);
+        logits[*top.last().unwrap() as usize]
+    };
+    let filled = n.min(logits.len());
+    let mut floor = f32::NEG_INFINITY;
+    for i in 0..filled {
+        floor = offer(&mut top, i);
+    }
+    if n == 0 {
+        return top;
+    }
+    const BLOCK: usize = 16;
+    for (b, block) in logits[filled..].chunks(BLOCK).enumerate() {
+        if block.iter().fold(false, |hit, &l| hit | (l > floor)) {
+            for (j, &l) in block.iter().enumerate() {
+                if l > floor {
+                    floor = offer(&mut top, filled + b * BLOCK + j);
+                }
             }
         }
     }
-    (lp(token), top.into_iter().map(|i| (i, lp(i))).collect())
+    top
+}
+
+/// The largest value that is not NaN (-inf when there is none), in lanes that
+/// the compiler vectorises (a fold of `f32::max` runs one compare at a time).
+fn max_ignoring_nan(values: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut m = [f32::NEG_INFINITY; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            m[j] = if c[j] > m[j] { c[j] } else { m[j] };
+        }
+    }
+    tail.iter().chain(&m).fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
 }
 
 #[cfg(test)]
@@ -513,5 +553,48 @@ mod tests {
         let z = (1f64 + 1f64.exp() + 2f64.exp()).ln();
         assert!((lp as f64 - (1.0 - z)).abs() < 1e-6);
         assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![2, 1]);
+    }
+
+    /// Fresh logits with many exact ties (values on a coarse grid) and a few -inf.
+    fn tied_logits(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                if s >> 60 == 0 { f32::NEG_INFINITY } else { ((s >> 33) % 64) as f32 * 0.25 - 9.0 }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn top_n_is_a_stable_sort_by_logit() {
+        for (len, seed) in [(1, 1), (7, 2), (16, 3), (17, 4), (1000, 5), (4099, 6)] {
+            let logits = tied_logits(len, seed);
+            let mut order: Vec<u32> = (0..len as u32).collect();
+            order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize])); // stable: lower id first
+            for n in [0, 1, 2, 5, 20, len, len + 3] {
+                assert_eq!(top_n(&logits, n), order[..n.min(len)], "len {len}, n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn logprobs_match_an_f64_log_softmax() {
+        let logits = tied_logits(151_936, 9);
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(max_ignoring_nan(&logits), max);
+        let z: f64 = logits.iter().map(|&l| (l as f64 - max as f64).exp()).sum();
+        let log_z = max as f64 + z.ln();
+        let (lp, top) = logprobs(&logits, 77, 8);
+        assert!((lp as f64 - (logits[77] as f64 - log_z)).abs() < 1e-6, "{lp}");
+        for (id, l) in top {
+            assert!((l as f64 - (logits[id as usize] as f64 - log_z)).abs() < 1e-6);
+        }
+        // A NaN anywhere makes every logprob NaN; a NaN is never the maximum.
+        let mut with_nan = logits.clone();
+        with_nan[5] = f32::NAN;
+        assert_eq!(max_ignoring_nan(&with_nan), max);
+        assert!(logprobs(&with_nan, 77, 2).0.is_nan());
+        assert_eq!(max_ignoring_nan(&[f32::NAN; 40]), f32::NEG_INFINITY);
     }
 }
