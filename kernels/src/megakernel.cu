@@ -202,10 +202,11 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     load_norm<F::D>(p.final_norm, a);
     load_input<F::D, Input::NORMED_RESIDUAL>(p, s, nullptr, a, warp_segment<F::D>(tid >> 5));
     // Step t's logprob buffers were step t - 2's: thread 0 waits until the host
-    // link has built that record (long done, in the usual case: its round trip
-    // overlaps the first tile). The first tile's barrier (with no tile, the
-    // argmax's or the race's) publishes the verdict; after an abort the step
-    // writes no logprob buffer.
+    // link has built that record (long done, in the usual case: the wait is one
+    // L2 round trip, which delays warp 0's share of the first tile). The first
+    // tile's barrier (with no tile, the argmax's or the race's) publishes the
+    // verdict. A wait that sees an abort keeps the step from writing the buffers;
+    // whatever the step writes after one, the host link forwards no more records.
     const bool logprobs = p.lp_out != nullptr;
     if (logprobs && tid == 0) {
         uint32_t merged;

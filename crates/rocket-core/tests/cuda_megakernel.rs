@@ -326,7 +326,7 @@ fn check_logprobs(got: &TokenLogprob, row: &[f32], token: u32, n: usize, what: &
     (equal, total, worst)
 }
 
-/// Logprobs in the token loop (every SM's part, the last SM's merge) against
+/// Logprobs in the token loop (every SM's part, the host link warp's merge) against
 /// the host's on the kernel's own raw logits, in every sampling mode, with
 /// 0 to 20 alternatives: greedy (with and without masked end ids), the race,
 /// top-p and min-p bins with penalties (the record must come from the raw
