@@ -8,7 +8,7 @@
 // Tiling: a CTA of 8 warps owns TILE_N = 128 weight rows (16 per warp) and
 // 16 MT input rows, over the 64-wide k blocks of its split of K. The blocks
 // stream through a cp.async ring in shared memory (8, 7 or 5 blocks deep for
-// MT 1, 2, 4; a slot holds a block's weights, f32 inputs and norm weights), so each
+// MT 1, 2, 4 and 5; a slot holds a block's weights, f32 inputs and norm weights), so each
 // input block is read once per 128 weight rows instead of once per 8, and every
 // weight byte is read once.
 // One block ahead of the MMAs, all threads split the inputs into bf16 hi/lo
@@ -395,3 +395,4 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
 GEMM_TC(1)
 GEMM_TC(2)
 GEMM_TC(4)
+GEMM_TC(5)

@@ -19,7 +19,7 @@ const GEMV_ROWS_PER_WARP: [u32; 5] = [1, 2, 2, 4, 2];
 
 /// Input rows per CTA (16 MT) of each tensor-core GEMM instantiation
 /// (kernels/src/gemm_tc.cu `GEMM_TC(MT)`), in this order.
-const GEMM_TC_MT: [usize; 3] = [1, 2, 4];
+const GEMM_TC_MT: [usize; 4] = [1, 2, 4, 5];
 /// Weight rows per CTA, k per ring block and block size of gemm_tc.cu.
 const GEMM_TILE_N: usize = 128;
 const GEMM_KB: usize = 64;
@@ -57,7 +57,14 @@ pub(crate) struct GemmPlan {
 
 impl GemmPlan {
     pub(crate) fn new(n: usize, k: usize, rows: usize, sms: usize) -> Self {
-        let mt = if rows <= 16 { 1 } else if rows <= 32 { 2 } else { 4 };
+        // 65-80 rows (a 64-row prompt piece beside up to 16 decoding rows) in one
+        // tile of 5: two tiles of 4 would stream every weight twice.
+        let mt = match rows {
+            0..=16 => 1,
+            17..=32 => 2,
+            65..=80 => 5,
+            _ => 4,
+        };
         let tiles_n = n.div_ceil(GEMM_TILE_N);
         let tiles_m = rows.div_ceil(16 * mt);
         let splits = if rows <= GEMM_SPLIT_MAX_ROWS { Self::splits_for(tiles_n, k / GEMM_KB, sms) } else { 1 };
@@ -102,15 +109,17 @@ impl GemmPlan {
 
 /// The tensor-core GEMM's instantiations, allowed their shared memory, or why this
 /// GPU cannot run them (then every matmul uses the GEMV, with a warning).
-fn load_gemm_tc(module: &Module, ctx: &Context) -> std::result::Result<[Function; 3], String> {
+fn load_gemm_tc(module: &Module, ctx: &Context) -> std::result::Result<[Function; GEMM_TC_MT.len()], String> {
     let load = |mt: usize| -> Result<Function> {
         let func = module.function(&format!("gemm_tc_m{mt}"))?;
         func.set_max_dynamic_smem(gemm_tc_smem_bytes(mt))?;
         Ok(func)
     };
-    let all = || -> Result<[Function; 3]> { Ok([load(GEMM_TC_MT[0])?, load(GEMM_TC_MT[1])?, load(GEMM_TC_MT[2])?]) };
+    let all = || -> Result<[Function; GEMM_TC_MT.len()]> {
+        Ok([load(GEMM_TC_MT[0])?, load(GEMM_TC_MT[1])?, load(GEMM_TC_MT[2])?, load(GEMM_TC_MT[3])?])
+    };
     all().map_err(|e| {
-        let bytes = gemm_tc_smem_bytes(GEMM_TC_MT[2]);
+        let bytes = GEMM_TC_MT.iter().map(|&mt| gemm_tc_smem_bytes(mt)).max().unwrap_or(0);
         let why = format!("the tensor-core GEMM cannot be set up on {} (it needs up to {bytes} bytes of shared memory per block): {e}", ctx.name);
         tracing::warn!("{why}; every matmul uses the GEMV");
         why
@@ -167,7 +176,7 @@ pub(crate) struct Kernels {
     module: Module,
     /// The tensor-core GEMM, or why this GPU cannot run it (its ring needs more
     /// shared memory per block than, e.g., a ~100 KiB consumer part allows).
-    gemm_tc: std::result::Result<[Function; 3], String>,
+    gemm_tc: std::result::Result<[Function; GEMM_TC_MT.len()], String>,
     sms: usize,
     embed: Function,
     rms_norm: Function,
@@ -797,7 +806,7 @@ mod tests {
         assert_eq!(splits, [5, 8, 1, 8, 1]);
         for &(n, k) in &LLAMA {
             let solo = GemmPlan::new(n, k, 1, H200_SMS);
-            for rows in [2, 16, 17, 33, 128, 256] {
+            for rows in [2, 16, 17, 33, 72, 80, 128, 256] {
                 assert_eq!(GemmPlan::new(n, k, rows, H200_SMS).splits, solo.splits, "{n}x{k} at {rows} rows");
             }
             assert_eq!(GemmPlan::new(n, k, 257, H200_SMS).splits, 1, "long prefills do not split");
@@ -809,7 +818,7 @@ mod tests {
 
     #[test]
     fn gemm_tiles_cover_every_row_and_the_scratch_fits_every_pass() {
-        for rows in [1usize, 16, 17, 32, 33, 64, 100, 256, 300, 4096] {
+        for rows in [1usize, 16, 17, 32, 33, 64, 65, 72, 80, 81, 100, 256, 300, 4096] {
             let (ws, counters) = GemmPlan::scratch_needs(&LLAMA, rows.next_power_of_two(), H200_SMS);
             for &(n, k) in &LLAMA {
                 let p = GemmPlan::new(n, k, rows, H200_SMS);
@@ -817,6 +826,16 @@ mod tests {
                 assert!(p.workspace_floats() <= ws && p.counters() <= counters, "{n}x{k} at {rows} rows: {p:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_prompt_piece_beside_decoding_rows_streams_the_weights_once() {
+        // A 64-row piece and up to 16 decoding rows: one row tile (every weight read once).
+        for rows in [40, 64, 65, 72, 80] {
+            assert_eq!(GemmPlan::new(2048, 2048, rows, H200_SMS).tiles_m, 1, "{rows} rows");
+        }
+        assert_eq!(GemmPlan::new(2048, 2048, 72, H200_SMS).mt, 5);
+        assert_eq!(GemmPlan::new(2048, 2048, 81, H200_SMS).tiles_m, 2);
     }
 
     #[test]
