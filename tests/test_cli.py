@@ -55,6 +55,17 @@ def test_generate_into_a_closed_pipe_ends_quietly() -> None:
     assert proc.wait(timeout=300) == 0 and "error" not in err, err
 
 
+@pytest.mark.parametrize("args", [("inspect",), ("generate", "--max-tokens", "24", "--temperature", "0", "--logprobs", "2", "Once upon a time")])
+def test_output_into_a_closed_pipe_ends_quietly(args: tuple[str, ...]) -> None:
+    # `rocket inspect | head -1`, `rocket generate --logprobs 2 ... 2>&1 | head -2`: both
+    # streams on one pipe whose reader goes away after the first line.
+    proc = subprocess.Popen([rocket_exe(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=300) == 0
+
+
 def test_generate_stats_and_max_tokens_bounds() -> None:
     r = run("generate", "--max-tokens", "1", "--temperature", "0", "--stats", "The capital of France is")
     assert r.returncode == 0, r.stderr

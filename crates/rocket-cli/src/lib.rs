@@ -1,6 +1,26 @@
 //! The `rocket` command line. Lives in a library so the Python package's
 //! `rocket` entry point runs exactly the same code as the Rust binary.
 
+/// `eprintln!` that never panics: a closed or broken stderr (`2>&1 | head`, a log
+/// shipper that went away) must not stop a command, and in the server must not kill
+/// the task that marks it ready or stops it.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that never panics (see `note!`).
+macro_rules! note_inline {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut err = std::io::stderr();
+        let _ = write!(err, $($arg)*);
+        let _ = err.flush();
+    }};
+}
+
 mod bench;
 mod chat;
 mod generate;
@@ -216,7 +236,7 @@ where
         // A reader that went away (`| head`) had what it wanted: no error, as for other tools.
         Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            note!("error: {e:#}");
             1
         }
     }
