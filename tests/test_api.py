@@ -77,6 +77,20 @@ def test_chat_template(tiny_llama: rocket.LLM) -> None:
     assert text == "<|im_start|>system\nYou are a tiny test model.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     with pytest.raises(ValueError):
         tiny_llama.apply_chat_template([{"content": "no role"}])
+    # Content as the OpenAI API gives it: text parts joined; an assistant turn may have None.
+    parts = [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]
+    assert tiny_llama.apply_chat_template([{"role": "user", "content": parts}]) == text
+    with_none = tiny_llama.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}],
+                                               add_generation_prompt=False)
+    assert with_none.startswith(text)
+    # Anything else is refused, never rendered as its repr.
+    for content, why in [(None, "got NoneType"), (5, "got int"), ([{"type": "image_url", "image_url": {}}], "not type 'image_url'"),
+                         ([{"type": "text", "text": 3}], "part"), (["hi"], "part")]:
+        with pytest.raises(rocket.InvalidArgumentError, match=why) as info:
+            tiny_llama.apply_chat_template([{"role": "user", "content": content}])
+        assert info.value.parameter == "messages"
+    with pytest.raises(rocket.InvalidArgumentError, match="must be a str"):
+        tiny_llama.chat([{"role": 1, "content": "hi"}])
     # Nothing to answer: refused before any work.
     with pytest.raises(rocket.InvalidArgumentError, match="at least one message"):
         tiny_llama.chat([])
