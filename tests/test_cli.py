@@ -66,6 +66,14 @@ def test_output_into_a_closed_pipe_ends_quietly(args: tuple[str, ...]) -> None:
     assert proc.wait(timeout=300) == 0
 
 
+def test_chat_answer_longer_than_the_context_is_fitted_per_turn() -> None:
+    # -n past --max-seq-len: each answer gets what the conversation leaves, with a note
+    # (it was refused up front as "prompt of 1 tokens + max_tokens 200").
+    r = run("chat", "-n", "200", "--max-seq-len", "100", "--temperature", "0", stdin="Hi\n")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert "limited to" in r.stderr and "(100 tokens)" in r.stderr, r.stderr
+
+
 def test_generate_stats_and_max_tokens_bounds() -> None:
     r = run("generate", "--max-tokens", "1", "--temperature", "0", "--stats", "The capital of France is")
     assert r.returncode == 0, r.stderr

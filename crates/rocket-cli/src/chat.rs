@@ -75,8 +75,9 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         anyhow::bail!("--logprobs is shown by `rocket generate` only");
     }
     let options = SamplingOptions { max_tokens: args.max_tokens, ..args.sampling.options() };
-    // Refuse bad values now, not after the first question.
-    engine.resolve(&options, RequestKind::Chat, 1)?;
+    // Refuse bad values now, not after the first question; the context is each
+    // turn's to fit (an answer gets what the conversation leaves, with a note).
+    engine.resolve(&SamplingOptions { max_tokens: None, ..options.clone() }, RequestKind::Chat, 1)?;
 
     let interactive = std::io::stdin().is_terminal();
     // `answering` is set while an answer streams: Ctrl-C then sets `interrupted`,
