@@ -74,6 +74,11 @@ def test_chat_answer_longer_than_the_context_is_fitted_per_turn() -> None:
     assert "limited to" in r.stderr and "(100 tokens)" in r.stderr, r.stderr
 
 
+def test_serve_refuses_gpus_on_the_cpu_before_it_listens() -> None:
+    r = run("serve", "--devices", "0", "--device", "cpu", "--port", "0")
+    assert r.returncode == 1 and "devices" in r.stderr and "listening" not in r.stderr, r.stderr
+
+
 def test_generate_stats_and_max_tokens_bounds() -> None:
     r = run("generate", "--max-tokens", "1", "--temperature", "0", "--stats", "The capital of France is")
     assert r.returncode == 0, r.stderr

@@ -164,6 +164,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let keys = ApiKeys::load(&args.api_keys, args.api_key_file.as_deref(), crate::environment().api_key.as_deref())?;
     let path = args.model.path()?;
     let options = args.model.engine_options()?;
+    // --devices against --device before the port opens (loading would find it later).
+    if let Some(devices) = &args.devices {
+        rocket_core::engine::check_devices_device(options.device, devices)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("rocket-http")
