@@ -175,7 +175,14 @@ def test_numpy_integers_are_token_ids_and_counts(tiny_qwen3: rocket.LLM) -> None
     params = rocket.SamplingParams(max_tokens=np.int64(3), temperature=0.0)
     assert tiny_qwen3.generate_from_ids(as_array, params).token_ids == tiny_qwen3.generate_from_ids(ids, params).token_ids
     assert tiny_qwen3.tokenizer.decode(as_array) == tiny_qwen3.tokenizer.decode(ids)
-    # Floats and bools stay refused.
+    # Real numbers of any kind are real numbers (numpy's floats, Fraction); bools and strings are not.
+    from fractions import Fraction
+    for t in (np.float32(0.5), np.float64(0.5), Fraction(1, 2), np.int64(0)):
+        assert rocket.SamplingParams(temperature=t).temperature == float(t)
+    for bad_t in (True, "0.5", np.bool_(True), 1j):
+        with pytest.raises(rocket.InvalidArgumentError):
+            rocket.SamplingParams(temperature=bad_t)
+    # Floats and bools stay refused as token ids.
     for bad in ([1.0, 2.0], [True, 2], np.array([1.5])):
         with pytest.raises(rocket.InvalidArgumentError):
             tiny_qwen3.teacher_forced_logits(bad)
