@@ -77,6 +77,20 @@ def test_chat_template(tiny_llama: rocket.LLM) -> None:
     assert text == "<|im_start|>system\nYou are a tiny test model.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     with pytest.raises(ValueError):
         tiny_llama.apply_chat_template([{"content": "no role"}])
+    # Content as the OpenAI API gives it: text parts joined; an assistant turn may have None.
+    parts = [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]
+    assert tiny_llama.apply_chat_template([{"role": "user", "content": parts}]) == text
+    with_none = tiny_llama.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}],
+                                               add_generation_prompt=False)
+    assert with_none.startswith(text)
+    # Anything else is refused, never rendered as its repr.
+    for content, why in [(None, "got NoneType"), (5, "got int"), ([{"type": "image_url", "image_url": {}}], "not type 'image_url'"),
+                         ([{"type": "text", "text": 3}], "part"), (["hi"], "part")]:
+        with pytest.raises(rocket.InvalidArgumentError, match=why) as info:
+            tiny_llama.apply_chat_template([{"role": "user", "content": content}])
+        assert info.value.parameter == "messages"
+    with pytest.raises(rocket.InvalidArgumentError, match="must be a str"):
+        tiny_llama.chat([{"role": 1, "content": "hi"}])
     # Nothing to answer: refused before any work.
     with pytest.raises(rocket.InvalidArgumentError, match="at least one message"):
         tiny_llama.chat([])
@@ -161,7 +175,14 @@ def test_numpy_integers_are_token_ids_and_counts(tiny_qwen3: rocket.LLM) -> None
     params = rocket.SamplingParams(max_tokens=np.int64(3), temperature=0.0)
     assert tiny_qwen3.generate_from_ids(as_array, params).token_ids == tiny_qwen3.generate_from_ids(ids, params).token_ids
     assert tiny_qwen3.tokenizer.decode(as_array) == tiny_qwen3.tokenizer.decode(ids)
-    # Floats and bools stay refused.
+    # Real numbers of any kind are real numbers (numpy's floats, Fraction); bools and strings are not.
+    from fractions import Fraction
+    for t in (np.float32(0.5), np.float64(0.5), Fraction(1, 2), np.int64(0)):
+        assert rocket.SamplingParams(temperature=t).temperature == float(t)
+    for bad_t in (True, "0.5", np.bool_(True), 1j):
+        with pytest.raises(rocket.InvalidArgumentError):
+            rocket.SamplingParams(temperature=bad_t)
+    # Floats and bools stay refused as token ids.
     for bad in ([1.0, 2.0], [True, 2], np.array([1.5])):
         with pytest.raises(rocket.InvalidArgumentError):
             tiny_qwen3.teacher_forced_logits(bad)

@@ -55,6 +55,30 @@ def test_generate_into_a_closed_pipe_ends_quietly() -> None:
     assert proc.wait(timeout=300) == 0 and "error" not in err, err
 
 
+@pytest.mark.parametrize("args", [("inspect",), ("generate", "--max-tokens", "24", "--temperature", "0", "--logprobs", "2", "Once upon a time")])
+def test_output_into_a_closed_pipe_ends_quietly(args: tuple[str, ...]) -> None:
+    # `rocket inspect | head -1`, `rocket generate --logprobs 2 ... 2>&1 | head -2`: both
+    # streams on one pipe whose reader goes away after the first line.
+    proc = subprocess.Popen([rocket_exe(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=300) == 0
+
+
+def test_chat_answer_longer_than_the_context_is_fitted_per_turn() -> None:
+    # -n past --max-seq-len: each answer gets what the conversation leaves, with a note
+    # (it was refused up front as "prompt of 1 tokens + max_tokens 200").
+    r = run("chat", "-n", "200", "--max-seq-len", "100", "--temperature", "0", stdin="Hi\n")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert "limited to" in r.stderr and "(100 tokens)" in r.stderr, r.stderr
+
+
+def test_serve_refuses_gpus_on_the_cpu_before_it_listens() -> None:
+    r = run("serve", "--devices", "0", "--device", "cpu", "--port", "0")
+    assert r.returncode == 1 and "devices" in r.stderr and "listening" not in r.stderr, r.stderr
+
+
 def test_generate_stats_and_max_tokens_bounds() -> None:
     r = run("generate", "--max-tokens", "1", "--temperature", "0", "--stats", "The capital of France is")
     assert r.returncode == 0, r.stderr

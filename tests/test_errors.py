@@ -132,6 +132,11 @@ def test_engine_options_take_the_environment_below_keywords(monkeypatch: pytest.
     assert "decode: Megakernel" in shown and "pdl: false" in shown and "watchdog: 5s" in shown
     shown = repr(rocket._rocket.EngineOptions(decode="graph", pdl=True, env=env))
     assert "decode: Graph" in shown and "pdl: true" in shown and "watchdog: 5s" in shown
+    # A keyword wins even over a bad variable of its option (the variable is not read).
+    shown = repr(rocket._rocket.EngineOptions(decode="graph", env=[("ROCKET_DECODE", "bogus")]))
+    assert "decode: Graph" in shown
+    with pytest.raises(rocket.InvalidArgumentError, match="ROCKET_DECODE"):
+        rocket._rocket.EngineOptions(pdl=True, env=[("ROCKET_DECODE", "bogus")])
 
 
 def test_bad_argument_types(tiny_llama: rocket.LLM) -> None:

@@ -39,6 +39,19 @@ def test_stop_token_ids(smollm2: rocket.LLM, reference: rocket.RequestOutput) ->
     first = reference.token_ids.index(target)
     assert out.token_ids == reference.token_ids[: first + 1]
     assert out.finish_reason == "stop" and out.stop_reason == target
+    # The stop token's own text is not output (as a stop string's is not, and as in vLLM).
+    assert out.text == smollm2.tokenizer.decode(reference.token_ids[:first])
+    stream = smollm2.stream(PROMPT, greedy(max_tokens=24, ignore_eos=True, stop_token_ids=[target]))
+    assert "".join(d.text for d in stream) == out.text
+
+
+def test_min_tokens_holds_back_stop_strings(smollm2: rocket.LLM, reference: rocket.RequestOutput) -> None:
+    # A stop string that the first token completes ends nothing before min_tokens tokens.
+    first = smollm2.tokenizer.decode(reference.token_ids[:1])
+    early = smollm2.generate(PROMPT, greedy(max_tokens=24, ignore_eos=True, stop=[first]))[0]
+    assert early.text == "" and len(early.token_ids) == 1 and early.stop_reason == first
+    held = smollm2.generate(PROMPT, greedy(max_tokens=8, ignore_eos=True, min_tokens=4, stop=[first]))[0]
+    assert held.token_ids == reference.token_ids[:8] and held.finish_reason == "length"
 
 
 def test_stream_concatenates_to_generate(smollm2: rocket.LLM) -> None:

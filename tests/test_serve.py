@@ -524,6 +524,34 @@ def test_signal_drains_in_flight_requests_then_exits(smollm2_path: str, sig: int
         s.kill()
 
 
+def test_a_closed_log_pipe_stops_neither_readiness_nor_shutdown(smollm2_path: str) -> None:
+    # `rocket serve ... 2>&1 | head -1`: the reader of stderr goes away after the first
+    # line; the server must still become ready, serve, and stop on SIGTERM.
+    cmd = [sys.executable, "-m", "rocket", "serve", "--model", smollm2_path, "--device", "cpu",
+           "--host", "127.0.0.1", "--port", "0"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", proc.stderr.readline())
+        assert m, "no address line"
+        proc.stderr.close()
+        deadline = time.monotonic() + START_TIMEOUT
+        status = None
+        while time.monotonic() < deadline and status != "ok":
+            try:
+                with _HTTP.open(m.group(1) + "/health", timeout=5) as r:
+                    status = json.loads(r.read())["status"]
+            except urllib.error.HTTPError:
+                time.sleep(0.2)
+        assert status == "ok"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_drain_timeout_cancels_what_is_left(smollm2_path: str) -> None:
     s = Server(smollm2_path, "--shutdown-timeout", "0.5")
     try:

@@ -66,6 +66,28 @@ def _settings_env() -> list[tuple[str, str]]:
     return [(k, v) for k, v in os.environ.items() if k.startswith("ROCKET_")]
 
 
+def _content_text(i: int, role: str, content: object) -> str:
+    """A message's content as the template's text (the server's rule: a str, text parts
+    joined, None only for an assistant turn); anything else is refused, not rendered as
+    its repr."""
+    if isinstance(content, str):
+        return content
+    if content is None and role == "assistant":
+        return ""
+    if isinstance(content, (list, tuple)):
+        texts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                raise _bad_arg("messages", part, f"messages[{i}]['content'][{j}] must be a {{'type': 'text', 'text': str}} part"
+                               + (f", not type {kind!r}" if isinstance(kind, str) and kind != "text" else ""))
+        return "".join(texts)
+    raise _bad_arg("messages", content, f"messages[{i}]['content'] must be a str or a list of text parts, "
+                   f"got {type(content).__name__}")
+
+
 class LLM:
     """A loaded model. Thread-safe; the GIL is released while it works.
 
@@ -215,13 +237,18 @@ class LLM:
         messages: Sequence[Mapping[str, str]],
         add_generation_prompt: bool = True,
     ) -> str:
-        """Render ``[{"role": ..., "content": ...}, ...]`` with the model's chat template."""
+        """Render ``[{"role": ..., "content": ...}, ...]`` with the model's chat template.
+        A content is a str, or (as in OpenAI's API) a list of ``{"type": "text", "text": ...}``
+        parts, joined; an assistant turn's may be None."""
         pairs = []
         for i, m in enumerate(messages):
             try:
-                pairs.append((str(m["role"]), str(m["content"])))
+                role, content = m["role"], m["content"]
             except (KeyError, TypeError):
                 raise _bad_arg("messages", m, f"messages[{i}] must be a mapping with 'role' and 'content'") from None
+            if not isinstance(role, str):
+                raise _bad_arg("messages", m, f"messages[{i}]['role'] must be a str, got {type(role).__name__}")
+            pairs.append((role, _content_text(i, role, content)))
         return self._engine.apply_chat_template(pairs, add_generation_prompt)
 
     def teacher_forced_logits(self, token_ids: Sequence[int]):  # -> numpy.ndarray

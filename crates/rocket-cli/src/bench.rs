@@ -173,14 +173,14 @@ fn prefix_case(engine: &Engine, shared: usize, new: usize, vocab: usize, samplin
         if rep == 0 {
             continue; // warm-up
         }
-        eprintln!("bench: prefix reuse rep {rep}/{reps}: ttft {:.2} ms with {r} tokens reused, {:.2} ms without", t * 1e3, t0 * 1e3);
+        note!("bench: prefix reuse rep {rep}/{reps}: ttft {:.2} ms with {r} tokens reused, {:.2} ms without", t * 1e3, t0 * 1e3);
         with.push(t);
         without.push(t0);
         reused = r;
     }
     engine.clear_prefix_cache();
     if reused == 0 {
-        eprintln!("bench: nothing was reused: --prefix-reuse {shared} is less than one prefix block ({} tokens)", engine.prefix_cache_limits().1);
+        note!("bench: nothing was reused: --prefix-reuse {shared} is less than one prefix block ({} tokens)", engine.prefix_cache_limits().1);
     }
     let ms = |(m, s): (f64, f64)| (m * 1e3, s * 1e3);
     Ok(PrefixRow { shared, new, reused, ttft: ms(stats(&with)), ttft_no_reuse: ms(stats(&without)) })
@@ -222,7 +222,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let info = engine.info().clone();
     let copy_gbs = engine.copy_bandwidth_gbs()?;
     let device = engine.device_description();
-    eprintln!("bench: {} on {device}, load {load_s:.3} s", info.path.display());
+    note!("bench: {} on {device}, load {load_s:.3} s", info.path.display());
     let vocab = info.spec.vocab_size.min(info.tokenizer_size.max(1));
     // Benchmarks compare runs and models: unset flags are off (greedy, no filters,
     // a fixed seed), not the model's generation_config.
@@ -248,7 +248,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         for rep in 0..args.reps {
             let r = run_batch(&engine, &prompts, args.gen_len, &sampling)?;
             let host_cpu = if info.backend == "cpu" { String::new() } else { format!(", host CPU {:.1} µs/token", r.host_cpu_per_token * 1e6) };
-            eprintln!("bench: prompt {prompt_len} batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step{host_cpu}", rep + 1, args.reps, r.ttft * 1e3, r.step * 1e3);
+            note!("bench: prompt {prompt_len} batch {b} rep {}/{}: ttft {:.2} ms, {:.3} ms/step{host_cpu}", rep + 1, args.reps, r.ttft * 1e3, r.step * 1e3);
             ttfts.push(r.ttft);
             steps.push(r.step);
             host.push(r.host_cpu_per_token);
@@ -313,23 +313,24 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         file.write_all(serde_json::to_string_pretty(&report)?.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
     }
 
-    println!("model: {}  device: {device}  commit: {}", info.path.display(), env!("ROCKET_GIT_COMMIT"));
-    println!(
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "model: {}  device: {device}  commit: {}", info.path.display(), env!("ROCKET_GIT_COMMIT"))?;
+    writeln!(out, 
         "load {load_s:.3} s  weights/step {:.3} GB  copy bandwidth {}",
         info.bytes_per_decode_step as f64 / 1e9,
         copy_gbs.map_or("n/a".into(), |c| format!("{c:.0} GB/s"))
-    );
+    )?;
     // One table per prompt length, each headed by its length.
     for (i, &prompt_len) in args.prompt_len.iter().enumerate() {
         if i > 0 {
-            println!();
+            writeln!(out)?;
         }
-        println!(
+        writeln!(out, 
             "| batch | decode path | TTFT ms (p={prompt_len}) | prefill tok/s | decode ms/step | tok/s | GB/s | % copy BW | decode host CPU µs/tok |"
-        );
-        println!("|------:|:------------|---------------:|--------------:|---------------:|------:|-----:|----------:|----------------:|");
+        )?;
+        writeln!(out, "|------:|:------------|---------------:|--------------:|---------------:|------:|-----:|----------:|----------------:|")?;
         for r in rows.iter().filter(|r| r.prompt_len == prompt_len) {
-            println!(
+            writeln!(out, 
                 "| {} | {} | {:.2} ± {:.2} | {:.0} | {:.3} ± {:.3} | {:.1} | {:.0} | {} | {} |",
                 r.batch,
                 r.path,
@@ -342,14 +343,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 r.gbs,
                 r.pct_copy.map_or("n/a".into(), |p| format!("{p:.1}%")),
                 r.host_us_per_token.map_or("-".into(), |h| format!("{h:.1}"))
-            );
+            )?;
         }
     }
     if let Some(p) = &prefix {
-        println!();
-        println!("| prefix reuse | prompt tokens | reused | TTFT ms | TTFT ms without reuse |");
-        println!("|:-------------|--------------:|-------:|--------:|----------------------:|");
-        println!(
+        writeln!(out)?;
+        writeln!(out, "| prefix reuse | prompt tokens | reused | TTFT ms | TTFT ms without reuse |")?;
+        writeln!(out, "|:-------------|--------------:|-------:|--------:|----------------------:|")?;
+        writeln!(out, 
             "| {} shared + {} new | {} | {} | {:.2} ± {:.2} | {:.2} ± {:.2} |",
             p.shared,
             p.new,
@@ -359,7 +360,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             p.ttft.1,
             p.ttft_no_reuse.0,
             p.ttft_no_reuse.1
-        );
+        )?;
     }
     Ok(())
 }

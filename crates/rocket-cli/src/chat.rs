@@ -75,8 +75,9 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         anyhow::bail!("--logprobs is shown by `rocket generate` only");
     }
     let options = SamplingOptions { max_tokens: args.max_tokens, ..args.sampling.options() };
-    // Refuse bad values now, not after the first question.
-    engine.resolve(&options, RequestKind::Chat, 1)?;
+    // Refuse bad values now, not after the first question; the context is each
+    // turn's to fit (an answer gets what the conversation leaves, with a note).
+    engine.resolve(&SamplingOptions { max_tokens: None, ..options.clone() }, RequestKind::Chat, 1)?;
 
     let interactive = std::io::stdin().is_terminal();
     // `answering` is set while an answer streams: Ctrl-C then sets `interrupted`,
@@ -91,12 +92,12 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         if busy.load(Ordering::SeqCst) {
             flag.store(true, Ordering::SeqCst);
         } else if interactive {
-            eprint!("\n> ");
+            note_inline!("\n> ");
         }
     });
 
     if interactive {
-        eprintln!("rocket chat — {} (Ctrl-D to quit, Ctrl-C stops an answer)", engine.info().path.display());
+        note!("rocket chat — {} (Ctrl-D to quit, Ctrl-C stops an answer)", engine.info().path.display());
     }
     let mut messages: Vec<ChatMessage> = Vec::new();
     if let Some(system) = &args.system {
@@ -107,12 +108,12 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     let mut line = String::new();
     loop {
         if interactive {
-            eprint!("> ");
+            note_inline!("> ");
         }
         line.clear();
         if stdin.lock().read_line(&mut line)? == 0 {
             if interactive {
-                eprintln!();
+                note!();
             }
             return Ok(());
         }
@@ -130,10 +131,10 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
             if fit.drop > 0 {
                 let first = usize::from(args.system.is_some());
                 messages.drain(first..first + fit.drop);
-                eprintln!("chat: the conversation outgrew the context ({limit} tokens); dropped its {} oldest messages", fit.drop);
+                note!("chat: the conversation outgrew the context ({limit} tokens); dropped its {} oldest messages", fit.drop);
             }
             if fit.max_tokens < wanted {
-                eprintln!("chat: this answer is limited to {} tokens by the context ({limit} tokens)", fit.max_tokens);
+                note!("chat: this answer is limited to {} tokens by the context ({limit} tokens)", fit.max_tokens);
             }
             let turn = SamplingOptions { max_tokens: options.max_tokens.map(|_| fit.max_tokens), ..options.clone() };
             let prompt = engine.apply_chat_template(&messages, true)?;
@@ -162,7 +163,7 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
             Err(e) => {
                 // Keep the conversation usable: drop the turn that failed (e.g. context full).
                 messages.pop();
-                eprintln!("error: {e}");
+                note!("error: {e}");
             }
         }
     }

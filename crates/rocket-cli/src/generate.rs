@@ -71,7 +71,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         for lp in items {
             let text = tokenizer.decode(&[lp.token_id], false).unwrap_or_default();
             let top: Vec<String> = lp.top.iter().map(|(id, l)| format!("{id}:{l:.4}")).collect();
-            eprintln!("{:>8} {:>10.4} {text:?} [{}]", lp.token_id, lp.logprob, top.join(" "));
+            note!("{:>8} {:>10.4} {text:?} [{}]", lp.token_id, lp.logprob, top.join(" "));
         }
     }
     if args.stats {
@@ -79,7 +79,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         let tokens = |n: usize| if n == 1 { "1 token".to_string() } else { format!("{n} tokens") };
         // The decode rate counts the tokens after the first: none with one token.
         let decode = if m.output_tokens > 1 { format!("{:.1} tokens/s", m.decode_tokens_per_second) } else { "n/a".to_string() };
-        eprintln!(
+        note!(
             "prompt {}, output {} ({}), ttft {:.1} ms, decode {decode}, total {:.2} s, backend {}",
             tokens(m.prompt_tokens),
             tokens(m.output_tokens),

@@ -1,6 +1,7 @@
 //! `rocket inspect`: what a model is, as rocket sees it.
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -38,7 +39,7 @@ fn export_tokenizer(model: &Path, dir: &Path) -> anyhow::Result<()> {
         config["chat_template"] = json!(t);
     }
     write("tokenizer_config.json", serde_json::to_string_pretty(&config)? + "\n")?;
-    eprintln!("tokenizer of {} written to {}", model.display(), dir.display());
+    note!("tokenizer of {} written to {}", model.display(), dir.display());
     Ok(())
 }
 
@@ -108,15 +109,16 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     rows.push(("eos token ids".into(), format!("{:?}", info.eos_token_ids)));
     rows.push(("chat template".into(), if info.has_chat_template { "present" } else { "absent" }.into()));
     rows.push(("load time".into(), format!("{:.2} s", info.load_seconds)));
+    let mut out = std::io::stdout().lock();
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, v) in rows {
-        println!("{k:<width$}  {v}");
+        writeln!(out, "{k:<width$}  {v}")?;
     }
     if let Some(file) = &gguf {
-        println!("tensors (stored type, ggml dims):");
+        writeln!(out, "tensors (stored type, ggml dims):")?;
         let width = file.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0);
         for t in &file.tensors {
-            println!("  {:<width$}  {:<7}  {:?}", t.name, stored_type(t.type_id), t.dims);
+            writeln!(out, "  {:<width$}  {:<7}  {:?}", t.name, stored_type(t.type_id), t.dims)?;
         }
     }
     Ok(())

@@ -1,6 +1,26 @@
 //! The `rocket` command line. Lives in a library so the Python package's
 //! `rocket` entry point runs exactly the same code as the Rust binary.
 
+/// `eprintln!` that never panics: a closed or broken stderr (`2>&1 | head`, a log
+/// shipper that went away) must not stop a command, and in the server must not kill
+/// the task that marks it ready or stops it.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that never panics (see `note!`).
+macro_rules! note_inline {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut err = std::io::stderr();
+        let _ = write!(err, $($arg)*);
+        let _ = err.flush();
+    }};
+}
+
 mod bench;
 mod chat;
 mod generate;
@@ -121,9 +141,29 @@ impl ModelArgs {
     /// These flags over the setting variables `env` over the defaults.
     fn engine_options_over(&self, env: Vec<(String, String)>) -> rocket_core::Result<EngineOptions> {
         let mut o = EngineOptions::default();
-        o.apply_env(env)?;
+        o.apply_env_except(env, &self.explicit_options())?;
         self.apply_flags(&mut o)?;
         Ok(o)
+    }
+
+    /// The options these flags set (`ENV_SETTINGS`' names): their variables are not read.
+    fn explicit_options(&self) -> Vec<&'static str> {
+        let given = [
+            ("decode", self.decode.is_some()),
+            ("matmul", self.matmul.is_some()),
+            ("sampler", self.sampler.is_some()),
+            ("cuda_graphs", self.cuda_graphs.is_some()),
+            ("loop_sampling", self.loop_sampling.is_some()),
+            ("pdl", self.pdl.is_some()),
+            ("fuse", self.fuse.is_some()),
+            ("tc_attention", self.tc_attention.is_some()),
+            ("watchdog_ms", self.watchdog_ms.is_some()),
+            ("trace_step", self.trace_step.is_some()),
+            ("progress", self.progress.is_some()),
+            ("prefix_cache_bytes", self.prefix_cache_bytes.is_some()),
+            ("prefix_block", self.prefix_block.is_some()),
+        ];
+        given.into_iter().filter_map(|(name, set)| set.then_some(name)).collect()
     }
 
     fn apply_flags(&self, o: &mut EngineOptions) -> rocket_core::Result<()> {
@@ -216,7 +256,7 @@ where
         // A reader that went away (`| head`) had what it wanted: no error, as for other tools.
         Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            note!("error: {e:#}");
             1
         }
     }
@@ -273,9 +313,18 @@ mod tests {
         let o = options(&["--prefix-cache-bytes", "0"], &[("ROCKET_PREFIX_CACHE_BYTES", "2G")]).unwrap();
         assert_eq!((o.prefix_cache_bytes, o.prefix_block), (0, rocket_core::batch::PREFILL_CHUNK));
         assert_eq!(options(&[], &[]).unwrap().prefix_cache_bytes, rocket_core::DEFAULT_PREFIX_CACHE_BYTES);
-        // A bad variable is an error naming it, flag or not.
-        let e = options(&["--decode", "graph"], &[("ROCKET_DECODE", "bogus")]).unwrap_err().to_string();
+        // A bad variable is an error naming it, unless the flag of its option is given
+        // (the variable is then not read): every variable, its own flag.
+        let e = options(&["--matmul", "tensor"], &[("ROCKET_DECODE", "bogus")]).unwrap_err().to_string();
         assert!(e.contains("ROCKET_DECODE") && e.contains("bogus"), "{e}");
+        for (var, _) in rocket_core::options::ENV_SETTINGS {
+            let bad = [(*var, "?bad?")];
+            assert!(options(&[], &bad).is_err(), "{var}");
+            let at = flags.iter().position(|f| f.trim_start_matches("--").replace('-', "_") == var["ROCKET_".len()..].to_lowercase()
+                || (*var == "ROCKET_MK_TRACE_STEP" && *f == "--trace-step"));
+            let at = at.unwrap_or_else(|| panic!("no flag for {var}"));
+            assert!(options(&flags[at..at + 2], &bad).is_ok(), "{var} under {}", flags[at]);
+        }
     }
 
     #[test]

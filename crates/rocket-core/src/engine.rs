@@ -137,7 +137,7 @@ pub(crate) fn cuda_device_count() -> Result<usize> {
 }
 
 /// A list of GPUs with `device` "cpu" is a contradiction, refused before anything loads.
-pub(crate) fn check_devices_device(device: Device, devices: &Devices) -> Result<()> {
+pub fn check_devices_device(device: Device, devices: &Devices) -> Result<()> {
     if device == Device::Cpu {
         let shown = match devices {
             Devices::All => "all".to_string(),

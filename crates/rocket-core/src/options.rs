@@ -324,6 +324,14 @@ impl crate::EngineOptions {
     /// is an error naming its variable. Front ends pass their environment's
     /// (name, value) pairs here, then apply their explicit flags or keywords,
     /// which so win over the variables.
+    /// `apply_env` without the variables of the options in `explicit` (their
+    /// `ENV_SETTINGS` names, e.g. "decode"): a front end sets those from its flags
+    /// or keywords, which win even over a variable whose value is bad.
+    pub fn apply_env_except<K: AsRef<str>, V: AsRef<str>>(&mut self, vars: impl IntoIterator<Item = (K, V)>, explicit: &[&str]) -> Result<()> {
+        let overridden = |name: &str| ENV_SETTINGS.iter().any(|(n, option)| *n == name && explicit.contains(option));
+        self.apply_env(vars.into_iter().filter(|(name, _)| !overridden(name.as_ref())))
+    }
+
     pub fn apply_env<K: AsRef<str>, V: AsRef<str>>(&mut self, vars: impl IntoIterator<Item = (K, V)>) -> Result<()> {
         for (name, value) in vars {
             let (name, v) = (name.as_ref(), value.as_ref());
@@ -433,6 +441,15 @@ mod tests {
             assert!(message(parse_prefix_block("prefix_block", bad).unwrap_err()).contains("at least 1"), "{bad}");
         }
         assert!(parse_trace_step("trace_step", "-1").is_err());
+    }
+
+    #[test]
+    fn an_explicit_option_wins_over_a_bad_variable() {
+        let mut o = EngineOptions::default();
+        o.apply_env_except([("ROCKET_DECODE", "fast"), ("ROCKET_PDL", "off")], &["decode"]).unwrap();
+        assert!(!o.gpu.pdl, "the other variables still apply");
+        let e = EngineOptions::default().apply_env_except([("ROCKET_DECODE", "fast")], &["matmul"]).unwrap_err().to_string();
+        assert!(e.contains("ROCKET_DECODE"), "{e}");
     }
 
     #[test]

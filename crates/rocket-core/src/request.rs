@@ -203,19 +203,27 @@ impl RequestState {
         self.first_token_at.get_or_insert_with(|| self.started.elapsed().as_secs_f64());
 
         let last_step = step + 1 == self.params.max_tokens;
-        let searched_upto = self.text.len();
         let skip = self.params.skip_special_tokens;
-        let new_text = self.detok.push(tokenizer, &self.token_ids, skip, &self.text, last_step)?;
-        self.text.push_str(&new_text);
-        let stops = &self.params.stop;
-        if let Some((at, stop)) = find_stop(&self.text, searched_upto.saturating_sub(self.max_stop_len), stops) {
-            self.text.truncate(at);
-            self.finish = (FinishReason::Stop, Some(StopReason::String(stop)));
-        } else if self.end_ids.contains(&token) {
+        if self.end_ids.contains(&token) {
+            // An end id's own text is not output (as a stop string's is not, and as
+            // in vLLM); bytes the earlier tokens left pending are the final text.
             self.finish = (FinishReason::Stop, Some(StopReason::Token(token)));
-            // Bytes still pending in the detokenizer belong to the final text.
-            let rest = self.detok.push(tokenizer, &self.token_ids, skip, &self.text, true)?;
+            let rest = self.detok.push(tokenizer, &self.token_ids[..step], skip, &self.text, true)?;
             self.text.push_str(&rest);
+        } else {
+            let searched_upto = self.text.len();
+            let new_text = self.detok.push(tokenizer, &self.token_ids, skip, &self.text, last_step)?;
+            self.text.push_str(&new_text);
+            // No stop string ends the text before min_tokens tokens (as end ids cannot).
+            let stop = if step + 1 >= self.params.min_tokens {
+                find_stop(&self.text, searched_upto.saturating_sub(self.max_stop_len), &self.params.stop)
+            } else {
+                None
+            };
+            if let Some((at, stop)) = stop {
+                self.text.truncate(at);
+                self.finish = (FinishReason::Stop, Some(StopReason::String(stop)));
+            }
         }
         let done = self.finish.1.is_some() || last_step;
         let settled = if done { self.text.len() } else { settled_len(&self.text, &self.params.stop) };

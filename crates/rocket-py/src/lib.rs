@@ -108,13 +108,16 @@ fn count_arg(py: Python<'_>, name: &str, v: Option<&Bound<'_, PyAny>>, min: usiz
         .transpose()
 }
 
-/// A real number (int or float, not a bool).
+/// A real number: an int or float, or what registers as `numbers.Real` (numpy's
+/// floats and ints, Fraction); not a bool.
 fn float_arg(py: Python<'_>, name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<f32>> {
     let Some(v) = v.filter(|v| !v.is_none()) else { return Ok(None) };
-    if v.is_instance_of::<PyBool>() || !(v.is_instance_of::<PyFloat>() || v.is_instance_of::<PyInt>()) {
+    let plain = v.is_instance_of::<PyFloat>() || v.is_instance_of::<PyInt>();
+    let real = || -> PyResult<bool> { v.is_instance(&py.import("numbers")?.getattr("Real")?) };
+    if v.is_instance_of::<PyBool>() || !(plain || real()?) {
         return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be a number, got {}", type_name(v))));
     }
-    Ok(Some(v.extract::<f64>()? as f32))
+    Ok(Some(v.call_method0("__float__")?.extract::<f64>()? as f32))
 }
 
 fn bool_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>) -> PyResult<bool> {

@@ -69,7 +69,24 @@ impl EngineOptions_ {
     ) -> PyResult<Self> {
         let build = || -> Result<EngineOptions, RocketError> {
             let mut o = EngineOptions::default();
-            o.apply_env(env)?;
+            // A keyword given wins even over a bad variable of the same option.
+            let given = [
+                ("decode", decode.is_some()),
+                ("matmul", matmul.is_some()),
+                ("sampler", sampler.is_some()),
+                ("cuda_graphs", cuda_graphs.is_some()),
+                ("loop_sampling", loop_sampling.is_some()),
+                ("pdl", pdl.is_some()),
+                ("fuse", fuse.is_some()),
+                ("tc_attention", tc_attention.is_some()),
+                ("watchdog_ms", watchdog_ms.is_some()),
+                ("trace_step", trace_step.is_some()),
+                ("progress", progress.is_some()),
+                ("prefix_cache_bytes", prefix_cache_bytes.is_some()),
+                ("prefix_block", prefix_block.is_some()),
+            ];
+            let explicit: Vec<&str> = given.into_iter().filter_map(|(name, set)| set.then_some(name)).collect();
+            o.apply_env_except(env, &explicit)?;
             if let Some(v) = &device {
                 o.device = choice("device", v)?;
             }

@@ -153,7 +153,12 @@ impl std::fmt::Display for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        // A full queue or a model still loading: clients (the openai one included) may retry.
+        if matches!(self.status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 
@@ -170,6 +175,10 @@ mod tests {
                              "param": "temperature", "code": "invalid_value"}})
         );
         assert_eq!(ApiError::overloaded(4).status, StatusCode::TOO_MANY_REQUESTS);
+        for busy in [ApiError::overloaded(4), ApiError::loading()] {
+            assert_eq!(busy.into_response().headers()["retry-after"], "1");
+        }
+        assert!(ApiError::invalid_value("x", "y").into_response().headers().get("retry-after").is_none());
         assert_eq!(ApiError::overloaded(4).body()["error"]["param"], serde_json::Value::Null);
     }
 

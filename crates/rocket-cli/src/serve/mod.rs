@@ -164,6 +164,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let keys = ApiKeys::load(&args.api_keys, args.api_key_file.as_deref(), crate::environment().api_key.as_deref())?;
     let path = args.model.path()?;
     let options = args.model.engine_options()?;
+    // --devices against --device before the port opens (loading would find it later).
+    if let Some(devices) = &args.devices {
+        rocket_core::engine::check_devices_device(options.device, devices)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("rocket-http")
@@ -210,11 +214,11 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
     let addr: SocketAddr = listener.local_addr()?;
     let name = args.served_model_name.clone().unwrap_or_else(|| default_name(&path));
     if let Some(warning) = auth::exposure_warning(addr, &keys) {
-        eprintln!("{warning}");
+        note!("{warning}");
     }
     let key_note = if keys.is_empty() { String::new() } else { format!("; {} API key(s) required on /v1", keys.len()) };
     let app = Arc::new(AppState::new(name, args.default_max_tokens, keys, args.log_prompts));
-    eprintln!("rocket serve: listening on http://{addr} (loading {}{key_note})", path.display());
+    note!("rocket serve: listening on http://{addr} (loading {}{key_note})", path.display());
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stop_tx = Arc::new(stop_tx);
@@ -235,7 +239,7 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
                     let engine = router.engine().clone();
                     let names = (0..router.len()).map(|i| router.name(i)).collect::<Vec<_>>().join(", ");
                     let info = engine.info();
-                    eprintln!(
+                    note!(
                         "rocket serve: ready — {} ({} backend on {names}, context {} tokens, max batch {max_batch}, max queue {max_queue} per device) loaded in {:.1} s",
                         app.model_name,
                         info.backend,
@@ -268,7 +272,7 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
             }
             app.shutting_down.store(true, Ordering::SeqCst);
             let in_flight = app.ready().map_or(0, |r| r.router.in_flight());
-            eprintln!(
+            note!(
                 "rocket serve: shutting down; letting {in_flight} in-flight request(s) finish (up to {:.0} s; signal again to cancel them)",
                 drain.as_secs_f64()
             );
@@ -279,7 +283,7 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
             }
             if let Some(r) = app.ready() {
                 if r.router.in_flight() > 0 {
-                    eprintln!("rocket serve: cancelling {} request(s)", r.router.in_flight());
+                    note!("rocket serve: cancelling {} request(s)", r.router.in_flight());
                 }
                 r.router.cancel_all();
             }
@@ -294,7 +298,7 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
     };
     tokio::select! {
         r = server => r.context("the HTTP server failed")?,
-        _ = deadline => eprintln!("rocket serve: connections still open after the drain; closing them"),
+        _ = deadline => note!("rocket serve: connections still open after the drain; closing them"),
     }
     if let Some(r) = app.ready() {
         r.router.cancel_all();
@@ -303,6 +307,6 @@ async fn serve(args: &ServeArgs, path: PathBuf, options: rocket_core::EngineOpti
     if let Some(e) = load_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);
     }
-    eprintln!("rocket serve: stopped");
+    note!("rocket serve: stopped");
     Ok(())
 }

@@ -214,6 +214,9 @@ struct ChatBody {
     messages: Option<Value>,
     tools: Option<Value>,
     tool_choice: Option<Value>,
+    /// The deprecated form of tools (and its `function_call`).
+    functions: Option<Value>,
+    function_call: Option<Value>,
     response_format: Option<Value>,
     logprobs: Option<bool>,
     top_logprobs: Option<Int>,
@@ -459,6 +462,14 @@ impl ChatRequest {
         if b.tools.as_ref().is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()) || t.is_object()) {
             return Err(ApiError::unsupported("tools", "tool calling is not supported"));
         }
+        if b.functions.as_ref().is_some_and(|f| f.as_array().is_some_and(|a| !a.is_empty()) || f.is_object()) {
+            return Err(ApiError::unsupported("functions", "function calling is not supported"));
+        }
+        match &b.function_call {
+            None => {}
+            Some(Value::String(s)) if s == "none" || s == "auto" => {}
+            Some(_) => return Err(ApiError::unsupported("function_call", "function calling is not supported")),
+        }
         match &b.tool_choice {
             None => {}
             Some(Value::String(s)) if s == "none" || s == "auto" => {}
@@ -673,6 +684,8 @@ mod tests {
             (json!({"messages": user, "n": 3}), "n", "unsupported_value"),
             (json!({"messages": user, "stream": true, "logprobs": true, "top_logprobs": 1}), "top_logprobs", "unsupported_value"),
             (json!({"messages": user, "tools": [{"type": "function"}]}), "tools", "unsupported_value"),
+            (json!({"messages": user, "functions": [{"name": "f"}]}), "functions", "unsupported_value"),
+            (json!({"messages": user, "function_call": {"name": "f"}}), "function_call", "unsupported_value"),
             (json!({"messages": user, "response_format": {"type": "json_object"}}), "response_format", "unsupported_value"),
         ];
         for (body, field, code) in cases {
