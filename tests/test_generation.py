@@ -43,6 +43,9 @@ def test_stop_token_ids(smollm2: rocket.LLM, reference: rocket.RequestOutput) ->
     assert out.text == smollm2.tokenizer.decode(reference.token_ids[:first])
     stream = smollm2.stream(PROMPT, greedy(max_tokens=24, ignore_eos=True, stop_token_ids=[target]))
     assert "".join(d.text for d in stream) == out.text
+    # Asking for special tokens shows every token's text, the end one's too.
+    shown = smollm2.generate(PROMPT, greedy(max_tokens=24, ignore_eos=True, stop_token_ids=[target], skip_special_tokens=False))[0]
+    assert shown.text == smollm2.tokenizer.decode(reference.token_ids[: first + 1])
 
 
 def test_min_tokens_holds_back_stop_strings(smollm2: rocket.LLM, reference: rocket.RequestOutput) -> None:

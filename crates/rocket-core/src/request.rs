@@ -206,9 +206,11 @@ impl RequestState {
         let skip = self.params.skip_special_tokens;
         if self.end_ids.contains(&token) {
             // An end id's own text is not output (as a stop string's is not, and as
-            // in vLLM); bytes the earlier tokens left pending are the final text.
+            // in vLLM), unless special tokens are asked for: then the text shows every
+            // token, the end one too. Bytes still pending are the final text.
             self.finish = (FinishReason::Stop, Some(StopReason::Token(token)));
-            let rest = self.detok.push(tokenizer, &self.token_ids[..step], skip, &self.text, true)?;
+            let upto = if skip { step } else { step + 1 };
+            let rest = self.detok.push(tokenizer, &self.token_ids[..upto], skip, &self.text, true)?;
             self.text.push_str(&rest);
         } else {
             let searched_upto = self.text.len();
