@@ -51,6 +51,11 @@ def test_eos_stops_with_finish_reason_stop(smollm2: rocket.LLM) -> None:
     assert out.finish_reason == "stop"
     assert out.token_ids[-1] in smollm2.info["eos_token_ids"]
     assert "<|im_end|>" not in out.text
+    # As in vLLM: the model's own end of sequence names no stop reason; a stop
+    # token the request asked for is named, even when it is the end id.
+    assert out.stop_reason is None
+    asked = smollm2.generate(prompt, rocket.SamplingParams(max_tokens=200, temperature=0.0, stop_token_ids=[out.token_ids[-1]]))[0]
+    assert asked.token_ids == out.token_ids and asked.stop_reason == out.token_ids[-1]
 
 
 def test_smollm2_continuation_is_sensible(smollm2: rocket.LLM) -> None:
