@@ -732,9 +732,13 @@ impl Stream {
         false
     }
 
-    /// Stop generating now (the request is cancelled before its next pass).
+    /// Stop generating now (the request is cancelled before its next pass);
+    /// a stream not yet read to its end then reports "cancelled".
     fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        if let Ok(mut f) = self.finish_reason.lock() {
+            f.get_or_insert("cancelled");
+        }
         if let Ok(mut g) = self.handle.lock() {
             g.take();
         }
