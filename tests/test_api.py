@@ -51,6 +51,11 @@ def test_eos_stops_with_finish_reason_stop(smollm2: rocket.LLM) -> None:
     assert out.finish_reason == "stop"
     assert out.token_ids[-1] in smollm2.info["eos_token_ids"]
     assert "<|im_end|>" not in out.text
+    # As in vLLM: the model's own end of sequence names no stop reason; a stop
+    # token the request asked for is named, even when it is the end id.
+    assert out.stop_reason is None
+    asked = smollm2.generate(prompt, rocket.SamplingParams(max_tokens=200, temperature=0.0, stop_token_ids=[out.token_ids[-1]]))[0]
+    assert asked.token_ids == out.token_ids and asked.stop_reason == out.token_ids[-1]
 
 
 def test_smollm2_continuation_is_sensible(smollm2: rocket.LLM) -> None:
@@ -156,6 +161,32 @@ def test_sampling_params_repr_is_python() -> None:
     assert eval(repr(q), {"SamplingParams": rocket.SamplingParams}) == q
     assert "top_p=1.0" in repr(q) and "skip_special_tokens=False" in repr(q)
     assert rocket.SamplingParams().max_tokens is None and rocket.SamplingParams().temperature is None
+
+
+def test_sampling_params_pickle_and_copy_keep_every_field() -> None:
+    import copy
+    import pickle
+    import random
+
+    rng = random.Random()
+    # Every field set away from its default, floats that f32 cannot hold exactly.
+    p = rocket.SamplingParams(
+        max_tokens=rng.randint(1, 500), min_tokens=rng.randint(0, 5), temperature=rng.uniform(0.1, 2.0),
+        top_k=rng.randint(1, 100), top_p=rng.uniform(0.1, 1.0), min_p=rng.uniform(0.0, 0.5),
+        repetition_penalty=rng.uniform(1.0, 1.5), presence_penalty=rng.uniform(-1, 1), frequency_penalty=rng.uniform(-1, 1),
+        seed=rng.randrange(2**64), stop=["a", "\n\n"], stop_token_ids=[rng.randrange(1000)], ignore_eos=True,
+        logprobs=rng.randint(0, 20), skip_special_tokens=False,
+    )
+    for q in (pickle.loads(pickle.dumps(p)), copy.copy(p), copy.deepcopy(p)):
+        assert type(q) is rocket.SamplingParams and q == p and repr(q) == repr(p)
+    assert pickle.loads(pickle.dumps(rocket.SamplingParams())) == rocket.SamplingParams()
+    assert pickle.loads(pickle.dumps(p)) != rocket.SamplingParams(**{**_fields(p), "ignore_eos": False})
+
+
+def _fields(p: "rocket.SamplingParams") -> dict:
+    names = ("max_tokens min_tokens temperature top_k top_p min_p repetition_penalty presence_penalty "
+             "frequency_penalty seed stop stop_token_ids ignore_eos logprobs skip_special_tokens").split()
+    return {n: getattr(p, n) for n in names}
 
 
 def test_max_tokens_default_depends_on_the_request(smollm2_path: str) -> None:

@@ -86,8 +86,14 @@ def test_closing_a_stream_cancels(smollm2: rocket.LLM) -> None:
     stream = smollm2.stream(PROMPT, greedy(max_tokens=500, ignore_eos=True))
     first = next(stream)
     assert isinstance(first.token_id, int)
+    assert stream.finish_reason is None
     stream.close()
-    assert list(stream) == []
+    assert list(stream) == [] and stream.finish_reason == "cancelled"
+    # A stream read to its end keeps its reason when closed after.
+    done = smollm2.stream(PROMPT, greedy(max_tokens=3, ignore_eos=True))
+    assert len(list(done)) == 3 and done.finish_reason == "length"
+    done.close()
+    assert done.finish_reason == "length"
     # A with block closes it too, on leaving by break or by an exception.
     with smollm2.stream(PROMPT, greedy(max_tokens=500, ignore_eos=True)) as s:
         for _ in s:
@@ -97,7 +103,7 @@ def test_closing_a_stream_cancels(smollm2: rocket.LLM) -> None:
         with smollm2.stream(PROMPT, greedy(max_tokens=500, ignore_eos=True)) as s:
             next(s)
             raise RuntimeError("leave")
-    assert list(s) == []
+    assert list(s) == [] and s.finish_reason == "cancelled"
 
 
 def test_logprobs(smollm2: rocket.LLM) -> None:

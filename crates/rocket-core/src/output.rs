@@ -25,7 +25,8 @@ impl FinishReason {
 /// Why generation stopped early.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopReason {
-    /// An end-of-sequence or stop_token_ids token (kept in token_ids).
+    /// A `stop_token_ids` token (kept in token_ids). The model's own end of
+    /// sequence stops with no reason, as in vLLM.
     Token(u32),
     /// A stop string (cut from the text).
     String(String),

@@ -208,7 +208,10 @@ impl RequestState {
             // An end id's own text is not output (as a stop string's is not, and as
             // in vLLM), unless special tokens are asked for: then the text shows every
             // token, the end one too. Bytes still pending are the final text.
-            self.finish = (FinishReason::Stop, Some(StopReason::Token(token)));
+            // As in vLLM, stop_reason names a token the request asked to stop at;
+            // the model's own end of sequence leaves it None.
+            let asked = self.params.stop_token_ids.contains(&token);
+            self.finish = (FinishReason::Stop, asked.then_some(StopReason::Token(token)));
             let upto = if skip { step } else { step + 1 };
             let rest = self.detok.push(tokenizer, &self.token_ids[..upto], skip, &self.text, true)?;
             self.text.push_str(&rest);
@@ -227,7 +230,7 @@ impl RequestState {
                 self.finish = (FinishReason::Stop, Some(StopReason::String(stop)));
             }
         }
-        let done = self.finish.1.is_some() || last_step;
+        let done = self.finish.0 == FinishReason::Stop || last_step;
         let settled = if done { self.text.len() } else { settled_len(&self.text, &self.params.stop) };
         let delta_text = if settled > self.emitted { self.text[self.emitted..settled].to_string() } else { String::new() };
         self.emitted = self.emitted.max(settled);

@@ -675,7 +675,9 @@ fn cublas_matmul_matches_the_host_and_the_reference() {
     let mut seed = 0xc0b1a5;
     for (fuel, d, qd, kvd, ff) in fuels {
         for (name, n, k, accumulate) in [("qkv", qd + 2 * kvd, d, false), ("o", d, qd, true), ("gate_up", 2 * ff, d, false), ("down", d, ff, true)] {
-            for rows in [2usize, 17, 128, 512, 4096] {
+            // 32-96 rows: where cuBLASLt starts to pay (a chat turn's or an interleaved
+            // prompt piece's pass sits there; CUBLAS_MIN_ROWS).
+            for rows in [2usize, 17, 32, 48, 64, 72, 96, 128, 512, 4096] {
                 seed += 1;
                 let check = |kernel| gpu.matmul_check(kernel, MatmulFusion::default(), n, k, rows, accumulate, 10, seed).unwrap();
                 let (c, b, t) = (check(MatmulKernel::Cublas), check(MatmulKernel::CublasBf16), check(MatmulKernel::Tensor));

@@ -264,6 +264,33 @@ impl SamplingParams {
     #[getter]
     fn skip_special_tokens(&self) -> Option<bool> { self.inner.skip_special_tokens }
 
+    /// Pickling, `copy.copy` and `copy.deepcopy` rebuild from the constructor's
+    /// arguments, so a copy passes the same checks (multiprocessing workers
+    /// receive their params this way).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, pyo3::types::PyType>, Bound<'py, pyo3::types::PyTuple>)> {
+        let py = slf.py();
+        let o = &slf.get().inner;
+        use pyo3::IntoPyObjectExt;
+        let args = [
+            o.max_tokens.into_bound_py_any(py)?,
+            o.min_tokens.into_bound_py_any(py)?,
+            o.temperature.into_bound_py_any(py)?,
+            o.top_k.into_bound_py_any(py)?,
+            o.top_p.into_bound_py_any(py)?,
+            o.min_p.into_bound_py_any(py)?,
+            o.repetition_penalty.into_bound_py_any(py)?,
+            o.presence_penalty.into_bound_py_any(py)?,
+            o.frequency_penalty.into_bound_py_any(py)?,
+            o.seed.into_bound_py_any(py)?,
+            o.stop.clone().into_bound_py_any(py)?,
+            o.stop_token_ids.clone().into_bound_py_any(py)?,
+            o.ignore_eos.into_bound_py_any(py)?,
+            o.logprobs.into_bound_py_any(py)?,
+            o.skip_special_tokens.into_bound_py_any(py)?,
+        ];
+        Ok((slf.get_type(), pyo3::types::PyTuple::new(py, args)?))
+    }
+
     /// Python-style, every field, unset ones as None.
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let o = &self.inner;
@@ -705,9 +732,13 @@ impl Stream {
         false
     }
 
-    /// Stop generating now (the request is cancelled before its next pass).
+    /// Stop generating now (the request is cancelled before its next pass);
+    /// a stream not yet read to its end then reports "cancelled".
     fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        if let Ok(mut f) = self.finish_reason.lock() {
+            f.get_or_insert("cancelled");
+        }
         if let Ok(mut g) = self.handle.lock() {
             g.take();
         }
