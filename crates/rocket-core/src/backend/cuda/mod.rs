@@ -553,6 +553,7 @@ impl CudaBackend {
             // Work queued behind a launch that never ended would wait forever.
             return Err(crate::megakernel::MegakernelError::GpuHeld.into());
         }
+        let started = std::time::Instant::now();
         let grow = inner.scratch.as_ref().is_none_or(|sc| sc.rows < rows || sc.splits < splits);
         if grow {
             let (r, sp) = inner.scratch.as_ref().map_or((rows, splits), |sc| (sc.rows.max(rows), sc.splits.max(splits)));
@@ -626,6 +627,7 @@ impl CudaBackend {
             // A graph recorded before has the products on the split.
             inner.graphs.clear();
         }
+        let mut issued;
         // At most twice: a pass whose activations left fp16's range runs again on
         // the bf16 hi+lo products, with the fp16 copy gone for good. The rerun
         // rewrites every KV position the first run wrote before anything reads it.
@@ -643,6 +645,7 @@ impl CudaBackend {
             } else {
                 self.record_pass(inner, scratch, &shape)?;
             }
+            issued = started.elapsed();
             let Some(flag) = self.f16_flag(inner, scratch, rows) else { break };
             let mut overflowed = [0u32];
             flag.download(&inner.stream, 0, &mut overflowed)?;
@@ -673,6 +676,15 @@ impl CudaBackend {
                 PassOutput::Logits(l)
             }
         };
+        // Issue time near the total says the host's launches, not the GPU, bound the
+        // pass (what a CUDA graph of the pass would remove).
+        tracing::debug!(
+            rows,
+            decode,
+            issue_us = issued.as_secs_f64() * 1e6,
+            total_us = started.elapsed().as_secs_f64() * 1e6,
+            "pass"
+        );
         for c in chunks.iter_mut() {
             own_session::<CudaSession>(c.session, "cuda")?.len += c.tokens.len();
         }
