@@ -161,6 +161,8 @@ def test_sampling_params_repr_is_python() -> None:
     assert eval(repr(q), {"SamplingParams": rocket.SamplingParams}) == q
     assert "top_p=1.0" in repr(q) and "skip_special_tokens=False" in repr(q)
     assert rocket.SamplingParams().max_tokens is None and rocket.SamplingParams().temperature is None
+    # vLLM's top_k=-1 means off, as 0 does.
+    assert rocket.SamplingParams(top_k=-1) == rocket.SamplingParams(top_k=0) and rocket.SamplingParams(top_k=-1).top_k == 0
 
 
 def test_sampling_params_pickle_and_copy_keep_every_field() -> None:

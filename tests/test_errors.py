@@ -55,7 +55,8 @@ def test_missing_tokenizer_is_named(tiny_llama_copy: Path) -> None:
         ({"temperature": float("nan")}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
-        ({"top_k": -1}, "top_k"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_k": 1.0}, "top_k"),
     ],
 )
 def test_sampling_params_validation(kwargs: dict[str, float], parameter: str) -> None:

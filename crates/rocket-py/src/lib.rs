@@ -205,7 +205,12 @@ impl SamplingParams {
             max_tokens: count_arg(py, "max_tokens", max_tokens.as_ref(), 1)?,
             min_tokens: count_arg(py, "min_tokens", min_tokens.as_ref(), 0)?,
             temperature: float_arg(py, "temperature", temperature.as_ref())?,
-            top_k: count_arg(py, "top_k", top_k.as_ref(), 0)?,
+            // -1 is vLLM's "off" too (as the server takes it): 0 here.
+            top_k: top_k
+                .as_ref()
+                .filter(|v| !v.is_none())
+                .map(|v| int_arg(py, "top_k", v, -1, usize::MAX as i128, "must be an int >= -1 (0 or -1: off)").map(|k| k.max(0) as usize))
+                .transpose()?,
             top_p: float_arg(py, "top_p", top_p.as_ref())?,
             min_p: float_arg(py, "min_p", min_p.as_ref())?,
             repetition_penalty: float_arg(py, "repetition_penalty", repetition_penalty.as_ref())?,
