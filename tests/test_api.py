@@ -231,6 +231,10 @@ def test_bad_arguments_name_their_parameter(tiny_llama: rocket.LLM) -> None:
         (lambda: tiny_llama.stream(5), "prompt"),  # type: ignore[arg-type]
         (lambda: tiny_llama.chat([]), "messages"),
         (lambda: tiny_llama.chat([{"role": "user"}]), "messages"),
+        # A str or one message where the list goes (a str was read character by character).
+        (lambda: tiny_llama.chat("hi"), "messages"),  # type: ignore[arg-type]
+        (lambda: tiny_llama.chat({"role": "user", "content": "hi"}), "messages"),  # type: ignore[arg-type]
+        (lambda: tiny_llama.apply_chat_template("hi"), "messages"),  # type: ignore[arg-type]
         (lambda: tiny_llama.generate_from_ids([]), "prompt_token_ids"),
         (lambda: tiny_llama.teacher_forced_logits([]), "token_ids"),
     ]

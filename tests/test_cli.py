@@ -36,6 +36,14 @@ def test_generate_with_default_model() -> None:
     assert echoed.stdout == "The capital of France is" + r.stdout
 
 
+def test_an_empty_default_model_variable_is_unset() -> None:
+    # As in Python's default_model_path: an empty ROCKET_DEFAULT_MODEL means the embedded model.
+    env = {**os.environ, "ROCKET_DEFAULT_MODEL": ""}
+    r = subprocess.run([rocket_exe(), "generate", "--max-tokens", "8", "--temperature", "0", "The capital of France is"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and "Paris" in r.stdout, r.stderr
+
+
 def test_generate_reads_the_prompt_from_stdin_without_its_line_break() -> None:
     args = ("generate", "--max-tokens", "8", "--temperature", "0", "--stats")
     direct = run(*args, "The capital of France is")

@@ -95,8 +95,11 @@ def test_bad_devices_are_named() -> None:
             rocket.LLM(FIXTURES / "tiny-llama", devices=bad)
     with pytest.raises(rocket.InvalidArgumentError, match='devices.*not "cpu"'):
         rocket.LLM(FIXTURES / "tiny-llama", device="cpu", devices=[0, 1])
-    with pytest.raises(TypeError):
-        rocket.LLM(FIXTURES / "tiny-llama", devices=["0"])  # type: ignore[list-item]
+    # Not ordinals, or none: named as the keyword's error, before anything loads.
+    for bad_list in (["0"], -1, [], [-1], [0.0]):
+        with pytest.raises(rocket.InvalidArgumentError, match="devices") as info:
+            rocket.LLM(FIXTURES / "tiny-llama", devices=bad_list)  # type: ignore[arg-type]
+        assert info.value.parameter == "devices"
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import math
 import pytest
 
 import rocket
+from conftest import FIXTURES
 
 PROMPT = "The capital of France is"
 
@@ -46,6 +47,21 @@ def test_stop_token_ids(smollm2: rocket.LLM, reference: rocket.RequestOutput) ->
     # Asking for special tokens shows every token's text, the end one's too.
     shown = smollm2.generate(PROMPT, greedy(max_tokens=24, ignore_eos=True, stop_token_ids=[target], skip_special_tokens=False))[0]
     assert shown.text == smollm2.tokenizer.decode(reference.token_ids[: first + 1])
+
+
+def test_a_stream_keeps_its_engine_loaded() -> None:
+    import gc
+
+    params = greedy(max_tokens=12, ignore_eos=True)
+
+    def open_stream() -> tuple[rocket.RequestOutput, rocket.Stream]:
+        llm = rocket.LLM(FIXTURES / "tiny-llama", device="cpu")
+        return llm.generate(PROMPT, params)[0], llm.stream(PROMPT, params)
+
+    # The LLM is gone once open_stream returns; the stream must still run to its end.
+    want, stream = open_stream()
+    gc.collect()
+    assert "".join(d.text for d in stream) == want.text and stream.finish_reason == "length"
 
 
 def test_min_tokens_holds_back_stop_strings(smollm2: rocket.LLM, reference: rocket.RequestOutput) -> None:

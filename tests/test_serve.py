@@ -472,10 +472,19 @@ def test_closed_stream_cancels_and_frees_its_slot(small: Server) -> None:
 
 
 def test_disconnect_of_a_plain_request_cancels_it(small: Server) -> None:
+    def closed() -> float:
+        with _HTTP.open(small.base + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        line = 'rocket_requests_total{endpoint="/v1/completions",status="499"} '
+        return sum(float(m[len(line):]) for m in metrics.splitlines() if m.startswith(line))
+
+    before = closed()
     impatient = small.client(timeout=1.0)
     with pytest.raises(openai.APITimeoutError):
         impatient.completions.create(model=MODEL, **LONG)
     small.wait_idle(timeout=10)
+    # Counted (and logged) as the client closing it, not left out.
+    assert closed() == before + 1
 
 
 def test_over_the_queue_limit_is_429(small: Server) -> None:

@@ -88,6 +88,26 @@ def _content_text(i: int, role: str, content: object) -> str:
                    f"got {type(content).__name__}")
 
 
+def _check_message_list(messages: object) -> None:
+    """A str or one mapping where the list of messages goes is refused (a str would
+    be read character by character)."""
+    if isinstance(messages, (str, bytes, Mapping)):
+        raise _bad_arg("messages", messages, "messages must be a list of {'role': ..., 'content': ...} mappings, "
+                       f"got a {type(messages).__name__}")
+
+
+def _device_list(devices: object) -> str:
+    """GPU ordinals (ints, numpy's too) as the "0,1" form the engine takes."""
+    try:
+        ordinals = [operator.index(d) for d in devices]  # type: ignore[attr-defined]
+    except TypeError:
+        raise _bad_arg("devices", devices, "devices must be \"all\", a str like \"0,1\" or a list of GPU ordinals (ints), "
+                       f"got {type(devices).__name__}") from None
+    if not ordinals or any(o < 0 for o in ordinals):
+        raise _bad_arg("devices", devices, "devices must name at least one GPU ordinal, each >= 0")
+    return ",".join(map(str, ordinals))
+
+
 class LLM:
     """A loaded model. Thread-safe; the GIL is released while it works.
 
@@ -162,7 +182,7 @@ class LLM:
             env=_settings_env(),
         )
         if devices is not None and not isinstance(devices, str):
-            devices = ",".join(str(operator.index(d)) for d in devices)
+            devices = _device_list(devices)
         path = os.fspath(model) if model is not None else default_model_path()
         self._engine = _rocket.Engine(path, options, devices)
 
@@ -223,6 +243,7 @@ class LLM:
         an unset ``max_tokens`` means until the context is full (as OpenAI's chat API).
         Roles go to the template as given (``apply_chat_template`` is HF's); an empty
         conversation has nothing to answer and is refused."""
+        _check_message_list(messages)
         if len(messages) == 0:
             raise _bad_arg("messages", messages, "messages must hold at least one message")
         prompt = self.apply_chat_template(messages, add_generation_prompt=True)
@@ -240,6 +261,7 @@ class LLM:
         """Render ``[{"role": ..., "content": ...}, ...]`` with the model's chat template.
         A content is a str, or (as in OpenAI's API) a list of ``{"type": "text", "text": ...}``
         parts, joined; an assistant turn's may be None."""
+        _check_message_list(messages)
         pairs = []
         for i, m in enumerate(messages):
             try:

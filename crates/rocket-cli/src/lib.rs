@@ -213,7 +213,8 @@ pub(crate) fn environment() -> Environment {
     let var = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
     Environment {
         log: var("ROCKET_LOG").unwrap_or_else(|| "warn".into()),
-        default_model: std::env::var_os("ROCKET_DEFAULT_MODEL").map(PathBuf::from),
+        // Empty is unset, as in Python's `default_model_path`.
+        default_model: std::env::var_os("ROCKET_DEFAULT_MODEL").filter(|v| !v.is_empty()).map(PathBuf::from),
         settings: rocket_core::options::ENV_SETTINGS.iter().filter_map(|(name, _)| Some((name.to_string(), var(name)?))).collect(),
         api_key: var("ROCKET_API_KEY"),
     }

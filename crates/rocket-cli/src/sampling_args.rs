@@ -58,7 +58,8 @@ pub(crate) struct SamplingArgs {
     /// Suppress end tokens until this many tokens exist [default: 0]
     #[arg(long, allow_negative_numbers = true, value_parser = count)]
     pub min_tokens: Option<usize>,
-    /// Divide (or multiply, if negative) logits of seen tokens, > 0, 1 = off [default: generation_config, else 1]
+    /// Penalise tokens already seen: a positive logit is divided by it, a negative one
+    /// multiplied (HF's rule); > 0, 1 = off [default: generation_config, else 1]
     #[arg(long, allow_negative_numbers = true)]
     pub repetition_penalty: Option<f32>,
     /// Subtract from logits of generated tokens, in [-2, 2] [default: 0]
@@ -79,7 +80,7 @@ pub(crate) struct SamplingArgs {
     /// Keep generating past end-of-sequence tokens
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Print each token's log-probability and this many alternatives, 0..=20, to stderr (generate only)
+    /// Print each token's log-probability and this many alternatives, 0..=20, to stderr
     #[arg(long, allow_negative_numbers = true, value_parser = count)]
     pub logprobs: Option<usize>,
     /// Keep special tokens in the output text (they are skipped by default)

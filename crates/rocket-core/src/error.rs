@@ -10,6 +10,9 @@ pub enum RocketError {
     #[error("model path not found: {path}")]
     ModelNotFound { path: PathBuf },
 
+    #[error("{} is not a model folder: it has no {missing} (an HF model folder holds config.json, tokenizer.json and model.safetensors or its index; a GGUF model is one .gguf file)", dir.display())]
+    NotAModelFolder { dir: PathBuf, missing: &'static str },
+
     #[error("cannot read {path}: {source}")]
     Io {
         path: PathBuf,
@@ -35,7 +38,7 @@ pub enum RocketError {
     #[error("corrupt or truncated file {path}: {message}")]
     CorruptFile { path: PathBuf, message: String },
 
-    #[error("tensor {tensor:?} uses GGUF quantization {kind}, which rocket does not support (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)")]
+    #[error("tensor {tensor:?} uses GGUF quantization {kind}, which rocket does not support (supported: {})", crate::weights::dequant::readable_names())]
     UnsupportedQuant { tensor: String, kind: String },
 
     #[error("tokenizer error: {0}")]
@@ -50,7 +53,7 @@ pub enum RocketError {
     #[error("prompt is empty")]
     EmptyPrompt,
 
-    #[error("prompt of {prompt_tokens} tokens + max_tokens {max_tokens} exceeds the context limit of {limit} tokens")]
+    #[error("{}", context_overflow_text(*.prompt_tokens, *.max_tokens, *.limit))]
     ContextOverflow { prompt_tokens: usize, max_tokens: usize, limit: usize },
 
     #[error("device error: {0}")]
@@ -116,7 +119,7 @@ impl RocketError {
     pub fn kind(&self) -> ErrorKind {
         use RocketError::*;
         match self {
-            ModelNotFound { .. } | Io { .. } | InvalidConfig { .. } | UnsupportedModelType { .. }
+            ModelNotFound { .. } | NotAModelFolder { .. } | Io { .. } | InvalidConfig { .. } | UnsupportedModelType { .. }
             | MissingTensor { .. } | TensorShape { .. } | TensorDtype { .. } | CorruptFile { .. }
             | UnsupportedQuant { .. } | NoDefaultModel(_) => ErrorKind::ModelLoad,
             Tokenizer(_) | ChatTemplate(_) => ErrorKind::Tokenizer,
@@ -129,6 +132,14 @@ impl RocketError {
     }
 }
 
+/// "prompt of 1 token exceeds ...", "prompt of 60 tokens + max_tokens 5 exceeds ...":
+/// no max_tokens where none was asked for (logits of a prompt).
+fn context_overflow_text(prompt_tokens: usize, max_tokens: usize, limit: usize) -> String {
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    let asked = if max_tokens > 0 { format!(" + max_tokens {max_tokens}") } else { String::new() };
+    format!("prompt of {prompt_tokens} token{}{asked} exceeds the context limit of {limit} tokens", plural(prompt_tokens))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
     ModelLoad,
@@ -139,4 +150,17 @@ pub enum ErrorKind {
     /// The request was fine but cannot be taken now (queue full, shutting down).
     Unavailable,
     Internal,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_overflow_reads_as_english() {
+        let text = |p, m, l| RocketError::ContextOverflow { prompt_tokens: p, max_tokens: m, limit: l }.to_string();
+        assert_eq!(text(60, 5, 64), "prompt of 60 tokens + max_tokens 5 exceeds the context limit of 64 tokens");
+        assert_eq!(text(1, 200, 100), "prompt of 1 token + max_tokens 200 exceeds the context limit of 100 tokens");
+        assert_eq!(text(65, 0, 64), "prompt of 65 tokens exceeds the context limit of 64 tokens");
+    }
 }

@@ -55,6 +55,17 @@ fn missing_path_is_named() {
 }
 
 #[test]
+fn a_folder_missing_a_model_file_names_it() {
+    for (file, named) in [("config.json", "no config.json"), ("tokenizer.json", "no tokenizer.json"), ("model.safetensors", "no model.safetensors")] {
+        let dir = copy_fixture("tiny-llama");
+        std::fs::remove_file(dir.path().join(file)).unwrap();
+        let e = load(dir.path()).err().unwrap();
+        let msg = e.to_string();
+        assert!(matches!(e, RocketError::NotAModelFolder { .. }) && msg.contains(named) && msg.contains("is not a model folder"), "{file}: {msg}");
+    }
+}
+
+#[test]
 fn unknown_model_type_lists_supported() {
     let dir = copy_fixture("tiny-llama");
     edit_json(&dir.path().join("config.json"), |c| c["model_type"] = "mamba".into());
@@ -433,6 +444,8 @@ fn gguf_unsupported_quant_is_named() {
     let e = load(&path).err().unwrap();
     let msg = e.to_string();
     assert!(matches!(e, RocketError::UnsupportedQuant { .. }) && msg.contains("IQ2_XXS") && msg.contains("blk.0.attn_v.weight"), "{msg}");
+    // The list of what is supported is the readable types', K-quants included.
+    assert!(msg.contains("Q4_K") && msg.contains("Q6_K") && msg.contains("IQ4_XS"), "{msg}");
 }
 
 #[test]

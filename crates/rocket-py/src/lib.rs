@@ -546,9 +546,11 @@ impl Engine_ {
     }
 
     /// Submit to the scheduler; iterate the result for deltas.
-    fn stream(&self, py: Python<'_>, prompt: String, params: &SamplingParams) -> PyResult<Stream> {
-        let prompt_ids = self.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
-        let params = self.engine.resolve(&params.inner, RequestKind::Completion, prompt_ids.len()).map_err(|e| to_py_err(py, e))?;
+    fn stream(slf: &Bound<'_, Self>, prompt: String, params: &SamplingParams) -> PyResult<Stream> {
+        let py = slf.py();
+        let this = slf.get();
+        let prompt_ids = this.engine.encode_prompt(&prompt).map_err(|e| to_py_err(py, e))?;
+        let params = this.engine.resolve(&params.inner, RequestKind::Completion, prompt_ids.len()).map_err(|e| to_py_err(py, e))?;
         // Unbounded: the sink runs on the scheduler thread and must never wait
         // for a slow reader (the whole batch would wait with it).
         let (tx, rx) = mpsc::channel::<StreamItem>();
@@ -560,12 +562,13 @@ impl Engine_ {
             })
             .is_ok()
         });
-        let handle = self.router.submit(EngineRequest { prompt, prompt_ids, params }, sink).map_err(|e| to_py_err(py, e))?.handle;
+        let handle = this.router.submit(EngineRequest { prompt, prompt_ids, params }, sink).map_err(|e| to_py_err(py, e))?.handle;
         Ok(Stream {
             rx: Mutex::new(Some(rx)),
             handle: Mutex::new(Some(handle)),
             finish_reason: Mutex::new(None),
             closed: AtomicBool::new(false),
+            _engine: slf.clone().unbind(),
         })
     }
 
@@ -656,6 +659,9 @@ pub struct Stream {
     handle: Mutex<Option<RequestHandle>>,
     finish_reason: Mutex<Option<&'static str>>,
     closed: AtomicBool,
+    /// The engine stays loaded while a stream of it is open: dropping the `LLM`
+    /// would otherwise stop its scheduler and cut the stream short.
+    _engine: Py<Engine_>,
 }
 
 #[pyclass(module = "rocket._rocket", frozen, get_all)]

@@ -1,6 +1,7 @@
 //! What every request goes through before and after its handler: its id
 //! (`x-request-id`), the API key check, the request counter, and one log line
-//! when it has finished (for a stream: when the stream ends or is dropped).
+//! when it has finished (for a stream: when the stream ends or is dropped; for a
+//! request whose client left before its response: status 499).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -107,6 +108,27 @@ impl Drop for RequestLog {
     }
 }
 
+/// The status counted and logged for a request whose client went away before
+/// its response was made (nginx's "client closed request").
+pub const CLIENT_CLOSED: u16 = 499;
+
+/// Counts and logs a request as `CLIENT_CLOSED` if it is dropped armed: the
+/// connection closed while the handler worked, and its future was dropped.
+struct Abandoned {
+    app: Arc<AppState>,
+    log: Arc<RequestLog>,
+    armed: bool,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if self.armed {
+            self.log.set_status(CLIENT_CLOSED);
+            self.app.metrics.count_request(&self.log.endpoint, CLIENT_CLOSED);
+        }
+    }
+}
+
 /// Around every route (and the fallback): id, key check, counting, log line.
 pub async fn middleware(State(app): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let arrived = Instant::now();
@@ -114,6 +136,7 @@ pub async fn middleware(State(app): State<Arc<AppState>>, mut request: Request, 
     // The route pattern, not the path: label values stay few whatever clients send.
     let endpoint = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_string();
     let log = Arc::new(RequestLog { id, endpoint, arrived, log_prompts: app.log_prompts, fields: Mutex::default() });
+    let mut abandoned = Abandoned { app: app.clone(), log: log.clone(), armed: true };
     let denied = if auth::protects(request.uri().path()) { app.api_keys.allows(request.headers()).err() } else { None };
     let mut response = match denied {
         // Refused before the body is read: no work is done for it.
@@ -127,6 +150,8 @@ pub async fn middleware(State(app): State<Arc<AppState>>, mut request: Request, 
             next.run(request).await
         }
     };
+    abandoned.armed = false;
+    drop(abandoned);
     let status = response.status().as_u16();
     log.set_status(status);
     app.metrics.count_request(&log.endpoint, status);

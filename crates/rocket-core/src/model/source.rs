@@ -100,8 +100,10 @@ fn template_from_config(v: Option<&Value>) -> Option<String> {
 
 fn open_hf_dir(dir: &Path) -> Result<ModelSource> {
     let config_path = dir.join("config.json");
-    if !config_path.is_file() {
-        return Err(RocketError::ModelNotFound { path: config_path });
+    for (file, missing) in [(&config_path, "config.json"), (&dir.join("tokenizer.json"), "tokenizer.json")] {
+        if !file.is_file() {
+            return Err(RocketError::NotAModelFolder { dir: dir.to_path_buf(), missing });
+        }
     }
     let config = read_json(&config_path)?;
     let spec = ModelSpec::from_hf_config(&config, &config_path)?;

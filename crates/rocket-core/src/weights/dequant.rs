@@ -48,6 +48,11 @@ pub const READABLE: [GgmlType; 14] = [
     GgmlType::IQ4_XS,
 ];
 
+/// The readable types' names, for the error that refuses another.
+pub fn readable_names() -> String {
+    READABLE.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+}
+
 impl GgmlType {
     /// Map a ggml type id; unsupported ids give their ggml name for the error.
     pub fn from_id(id: u32) -> Result<Self, String> {

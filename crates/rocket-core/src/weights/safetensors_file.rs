@@ -36,7 +36,7 @@ pub fn load_dir(dir: &Path) -> Result<Weights> {
         load_file_into(&single, &mut weights)?;
         Ok(weights)
     } else {
-        Err(RocketError::ModelNotFound { path: single })
+        Err(RocketError::NotAModelFolder { dir: dir.to_path_buf(), missing: "model.safetensors (or model.safetensors.index.json)" })
     }
 }
 
