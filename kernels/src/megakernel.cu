@@ -19,6 +19,7 @@
 #include "mk_matvec.cuh"
 #include "mk_params.cuh"
 #include "mk_sync.cuh"
+#include "mk_logprobs.cuh"
 #include "mk_race.cuh"
 #include "sampler.cuh"
 
@@ -31,6 +32,39 @@ struct Fuel {
     static_assert(HQ % HKV == 0 && G <= MAX_GROUP && (HD == 64 || HD == 128) && D <= VEC_CAP, "fuel shapes");
 };
 
+constexpr int POLLS_PER_CHECK = 16;
+
+// Thread 0's poll of a word until it reaches `target`: false when the run
+// aborted meanwhile or this wait outlived watchdog_ns (it then aborts the run,
+// the details in `state`, `instr` naming the site); `v` is the last value read.
+__device__ __forceinline__ bool poll_until(const Params& p, const uint32_t* c, uint32_t target, uint32_t instr, int t, uint32_t& v) {
+    v = ld_acquire(c);
+    if (v >= target) return true;
+    const uint64_t start = globaltimer_ns();
+    const uint64_t limit = p.watchdog_ns;
+    const bool spin = p.poll_spin != 0;
+    for (uint32_t polls = 1;; polls++) {
+        if (polls % POLLS_PER_CHECK == 0) {
+            if (ld_volatile(p.state + ST_ABORT)) return false;
+            if (globaltimer_ns() - start > limit) {
+                if (atomicCAS(p.state + ST_ERROR, 0u, 1u) == 0u) {
+                    p.state[ST_ERR_SM] = blockIdx.x;
+                    p.state[ST_ERR_INSTR] = instr;
+                    p.state[ST_ERR_STEP] = t;
+                    p.state[ST_ERR_VALUE] = v;
+                    p.state[ST_ERR_TARGET] = target;
+                }
+                __threadfence();
+                st_volatile(p.state + ST_ABORT, 1);
+                return false;
+            }
+        }
+        if (!spin) __nanosleep(32);
+        v = ld_acquire(c);
+        if (v >= target) return true;
+    }
+}
+
 // Thread 0 waits until counters[ctr] >= target (or the run stops or aborts),
 // then the consumers learn the verdict together. `instr` names the instruction
 // for the watchdog's report (0xffffffff: the step start); `slot` is 0 for the
@@ -39,42 +73,11 @@ struct Fuel {
 // go through L2), so success needs no fence; the barrier after it orders every
 // consumer's reads. The abort flag and the clock are read every POLLS_PER_CHECK
 // polls only: each is another L2 round trip on the hand-off's critical path.
-constexpr int POLLS_PER_CHECK = 16;
 __device__ __forceinline__ bool wait_counter(const Params& p, const Smem& s, uint32_t ctr, uint32_t target, uint32_t instr,
                                              int t, int slot) {
     if (threadIdx.x == 0) {
-        const uint32_t* c = counter(p, ctr);
-        uint32_t v = ld_acquire(c);
-        uint32_t ok = 1;
-        if (v < target) {
-            const uint64_t start = globaltimer_ns();
-            const uint64_t limit = p.watchdog_ns;
-            const bool spin = p.poll_spin != 0;
-            for (uint32_t polls = 1;; polls++) {
-                if (polls % POLLS_PER_CHECK == 0) {
-                    if (ld_volatile(p.state + ST_ABORT)) {
-                        ok = 0;
-                        break;
-                    }
-                    if (globaltimer_ns() - start > limit) {
-                        if (atomicCAS(p.state + ST_ERROR, 0u, 1u) == 0u) {
-                            p.state[ST_ERR_SM] = blockIdx.x;
-                            p.state[ST_ERR_INSTR] = instr;
-                            p.state[ST_ERR_STEP] = t;
-                            p.state[ST_ERR_VALUE] = v;
-                            p.state[ST_ERR_TARGET] = target;
-                        }
-                        __threadfence();
-                        st_volatile(p.state + ST_ABORT, 1);
-                        ok = 0;
-                        break;
-                    }
-                }
-                if (!spin) __nanosleep(32);
-                v = ld_acquire(c);
-                if (v >= target) break;
-            }
-        }
+        uint32_t v;
+        uint32_t ok = poll_until(p, counter(p, ctr), target, instr, t, v);
         if (v & STOP_BIT) ok = 0;
         s.sc()->ok[slot] = ok;
     }
@@ -198,6 +201,18 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     float a[M::PER_LANE][8];
     load_norm<F::D>(p.final_norm, a);
     load_input<F::D, Input::NORMED_RESIDUAL>(p, s, nullptr, a, warp_segment<F::D>(tid >> 5));
+    // Step t's logprob buffers were step t - 2's: thread 0 waits until the host
+    // link has built that record (long done, in the usual case: the wait is one
+    // L2 round trip, which delays warp 0's share of the first tile). The first
+    // tile's barrier (with no tile, the argmax's or the race's) publishes the
+    // verdict. A wait that sees an abort keeps the step from writing the buffers;
+    // whatever the step writes after one, the host link forwards no more records.
+    const bool logprobs = p.lp_out != nullptr;
+    if (logprobs && tid == 0) {
+        uint32_t merged;
+        s.sc()->lp_free = t < 2 || poll_until(p, p.state + ST_LP_MERGED, (uint32_t)(t - 1), ERR_AT_LOGPROB_MERGE, t, merged);
+    }
+    float* lp = nullptr;  // step t's raw logits, once the verdict is known
     const int tile_rows = in.a;
     // The sampler reads p.logits (and changes it: penalties); tests keep a copy per step.
     float* kept = p.logits_out ? p.logits_out + (size_t)t * F::V : nullptr;
@@ -219,11 +234,13 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
         const int first = (n & 1) * tile_rows;
         consume_rows<F::D>(p, s, a, rows, first, chunk, 0xffffffffu);
         consumer_sync();
+        if (n == 0 && logprobs && s.sc()->lp_free) lp = lp_raw<F>(p, t);
         race.record_tile(s, tile);
         for (int i = tid; i < rows; i += CONSUMERS) {
             const float v = part_sum<F::D>(s, first + i);
             const uint32_t row = (uint32_t)(begin + i);
             __stcg(p.logits + row, v);
+            if (lp != nullptr) __stcg(lp + row, v);  // raw, for the logprobs (the sampler may penalise p.logits)
             if (kept) __stcg(kept + row, v);
             if (race.mode == RACE_NONE && v > -INFINITY && !(masked && is_end(p, row))) {
                 // As the host's argmax: -inf and NaN never win (a row of them gives index 0).
@@ -233,6 +250,7 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     }
     if (race.mode != RACE_NONE) race.finish<F>(p, s, t, tile_rows);
     else consumer_argmax(best, idx, s.sc());
+    if (logprobs && s.sc()->lp_free) logprob_part<F>(p, s, t, race.tile_list(s), race.tokens(tile_rows), race.listed(), tile_rows);
     if (tid == 0) {
         if (race.mode == RACE_NONE) {
             __stcg(p.lm_max + blockIdx.x, best);
@@ -528,19 +546,43 @@ __device__ __forceinline__ void producer(const Params& p, const Smem& s, uint32_
         }
 }
 
-// Warp 9 of CTA 0, one lane: the only thread that touches the host's mapped
-// memory while the loop runs. It forwards each published step's token to the
-// host ring and copies the host's stop flag into device state (seen by the LM
-// head of a later step), until the loop has ended and every token is forwarded.
+// Warp 9 of CTA 0: the only warp that touches the host's mapped memory while
+// the loop runs. It forwards each published step's token to the host ring
+// (with logprobs, the step's record first: the warp merges the SMs' parts off
+// the token's critical path, mk_logprobs.cuh) and copies the host's stop flag
+// into device state (seen by the LM head of a later step), until the loop has
+// ended and every token is forwarded.
+template <class F>
 __device__ __noinline__ void host_link(const Params& p) {
+    const int lane = threadIdx.x & 31;
+    const bool logprobs = p.lp_out != nullptr;
     uint32_t sent = 0, stop_copied = 0;
     while (true) {
         // The step word first: once it carries STOP_BIT, ST_STEPS (released before it) is final.
-        const bool over = (ld_acquire(counter(p, STEP_COUNTER)) & STOP_BIT) != 0 || ld_volatile(p.state + ST_ABORT) != 0;
-        const uint32_t steps = ld_acquire(p.state + ST_STEPS);
-        for (; sent < steps; sent++) st_volatile(p.ring + RING_TOKENS + sent, __ldcg(p.tokens + sent));
+        uint32_t over = 0, steps = 0;
+        if (lane == 0) {
+            over = (ld_acquire(counter(p, STEP_COUNTER)) & STOP_BIT) != 0 || ld_volatile(p.state + ST_ABORT) != 0;
+            steps = ld_acquire(p.state + ST_STEPS);
+        }
+        over = __shfl_sync(0xffffffffu, over, 0);
+        steps = __shfl_sync(0xffffffffu, steps, 0);
+        __syncwarp();  // lane 0's acquires order the other lanes' reads of the steps' parts
+        for (; sent < steps; sent++) {
+            if (logprobs) {
+                // After an abort an LM head may have skipped its buffers (the host
+                // falls back on an error): no more records, nor tokens without them.
+                const uint32_t aborted = __shfl_sync(0xffffffffu, lane == 0 ? ld_volatile(p.state + ST_ABORT) : 0u, 0);
+                if (aborted) break;
+                // The step's record first, fenced to the host before the token.
+                logprob_record<F>(p, (int)sent, p.ring + RING_TOKENS + p.max_steps + (size_t)sent * LP_WORDS);
+            }
+            if (lane == 0) {
+                st_volatile(p.ring + RING_TOKENS + sent, __ldcg(p.tokens + sent));
+                if (logprobs) st_release(p.state + ST_LP_MERGED, sent + 1);  // the step's buffers are free again
+            }
+        }
         if (over || steps >= (uint32_t)p.max_steps) break;
-        if (!stop_copied && ld_volatile(p.ring + RING_STOP) != 0) {
+        if (lane == 0 && !stop_copied && ld_volatile(p.ring + RING_STOP) != 0) {
             stop_copied = 1;
             st_volatile(p.state + ST_HOST_STOP, 1);
         }
@@ -565,7 +607,7 @@ __device__ __forceinline__ void megakernel_body(const Params& p) {
     const uint32_t first = __ldg(p.sm_start + blockIdx.x), last = __ldg(p.sm_start + blockIdx.x + 1);
     if (threadIdx.x >= CONSUMERS) {
         if (threadIdx.x == CONSUMERS) producer<F>(p, s, first, last);
-        if (threadIdx.x == CONSUMERS + 32 && blockIdx.x == 0) host_link(p);
+        if (threadIdx.x >= CONSUMERS + 32 && blockIdx.x == 0) host_link<F>(p);
         return;
     }
     consumers<F>(p, s, first, last);

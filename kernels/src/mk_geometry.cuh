@@ -23,6 +23,9 @@ constexpr int RACE_MASS_BINS = 512;                   // weights per bin at one 
 constexpr int RACE_LEVELS = 64;                       // anchors (multiples of 16 nats) the weight table rings over
 constexpr int RACE_TOPK_MAX = 64;                     // the largest top-k the SMs sample together
 constexpr int RACE_LIST = RACE_TOPK_MAX;              // a top-k list per SM: its k best tokens
+constexpr int LP_MAX = 20;                            // logprobs in the loop: alternatives per step at most
+constexpr int LP_PART = 3 + LP_MAX;                   // an SM's logprob part (u64 words): length, max, sum, list
+constexpr int LP_WORDS = 1 + 2 * LP_MAX;              // a step's logprob record (u32 words): the token's, then (id, logprob)s
 
 // Opcodes (schedule.rs `Op`; 5 is unused).
 constexpr uint32_t OP_QKV = 1, OP_ATTN = 2, OP_OPROJ = 3, OP_MLP = 4, OP_LMHEAD = 6;
@@ -37,16 +40,20 @@ constexpr uint32_t TAG_END = 0xffffffffu;
 constexpr int ST_ABORT = 0;     // set by an SM whose watchdog fired: every SM leaves
 constexpr int ST_ERROR = 1;     // 1 once a watchdog fired (first SM wins the details)
 constexpr int ST_ERR_SM = 2;
-constexpr int ST_ERR_INSTR = 3; // index into the SM's instruction list, or 0xffffffff: the step start
+constexpr int ST_ERR_INSTR = 3; // index into the SM's instruction list, or 0xffffffff: the step start, 0xfffffffe: the LM head's wait for the logprob merge
 constexpr int ST_ERR_STEP = 4;
 constexpr int ST_ERR_VALUE = 5; // the counter's value when it gave up
 constexpr int ST_ERR_TARGET = 6;
 constexpr int ST_STEPS = 7;     // steps run (their tokens are in Params::tokens)
 constexpr int ST_HOST_STOP = 8; // the host's stop flag, copied from the ring by the host link
 constexpr int ST_ONE_CTA = 9;   // sampled steps whose token sample_token picked (one CTA over the row)
+constexpr int ST_LP_MERGED = 10; // steps whose logprob record the host link has built (their parts and raw logits are free)
 constexpr int STATE_WORDS = 16;
+// ST_ERR_INSTR when the watchdog fired on the LM head's wait for the logprob record of two steps before.
+constexpr uint32_t ERR_AT_LOGPROB_MERGE = 0xfffffffeu;
 
-// Host ring (mapped pinned memory): [0, stop, fault, 0, tokens[max_steps]]; the host
+// Host ring (mapped pinned memory): [0, stop, fault, 0, tokens[max_steps],
+// logprobs[max_steps][LP_WORDS]] (the records only when the launch asks for logprobs); the host
 // fills the tokens with RING_EMPTY before a launch and polls them. Only the host
 // link (warp 9 of CTA 0) touches it during the loop, so no read or write across
 // PCIe sits on a token's critical path. `fault` is

@@ -44,7 +44,7 @@ struct Params {
     uint16_t* kv;              // [capacity][layers][k | v][kv_dim] bf16
     const uint32_t* forced;    // step t < n_forced feeds forced[t] next (teacher forcing)
     float* logits_out;         // null, or [max_steps][vocab]: every step's logits
-    uint32_t* ring;            // mapped host memory: [0, stop, 0, 0, tokens[max_steps]]
+    uint32_t* ring;            // mapped host memory: [0, stop, 0, 0, tokens[max_steps], logprob records[max_steps]]
     const uint32_t* end_ids;   // [n_end]
     unsigned long long* trace; // null, or timestamps of step trace_step (megakernel/profile.rs)
     const SampleRow* sample;   // null: greedy argmax; else the request's sampler (step t: sample->step + t)
@@ -55,6 +55,9 @@ struct Params {
     unsigned long long* race_mass; // [RACE_LEVELS][RACE_MASS_BINS] the sampler's weights per anchor and bin, zero between steps
     unsigned long long* race_keys; // [max(RACE_KEY_BINS, grid * RACE_LIST)] the sampler's best race key per bin (zero
                                    // between steps), or for a top-k each SM's list
+    unsigned long long* lp_parts;  // [2][grid][LP_PART] each SM's logprob part, by step parity (mk_logprobs.cuh)
+    uint32_t* lp_out;          // null: no logprobs; else [max_steps][LP_WORDS] each step's record (the host link builds and forwards them)
+    float* lp_logits;          // [2][vocab] the step's raw logits, by step parity, when lp_out is set
     unsigned long long watchdog_ns;
     int pos0;                  // position of first_token
     uint32_t first_token;
@@ -72,9 +75,10 @@ struct Params {
     int hold_oproj;
     int hold_mlp;
     int counter_stride;        // u32 words from one dependency counter to the next (ROCKET_MK_COUNTER_STRIDE)
+    int logprobs;              // alternatives per step in the logprob records (<= LP_MAX; with lp_out)
 };
 
-static_assert(sizeof(Params) == 312, "Params is shared with megakernel/abi.rs");
+static_assert(sizeof(Params) == 344, "Params is shared with megakernel/abi.rs");
 
 struct Instr {
     uint32_t op, layer, signal, wait, per_step, a, b, c, d;
@@ -110,6 +114,7 @@ struct Scalars {
                          // start, [1] for instructions (the two calls follow each other
                          // with no barrier between, so they must not share a slot)
     uint32_t flag;       // "this CTA arrived last", broadcast by thread 0
+    uint32_t lp_free;    // the LM head's logprob buffers may be written (thread 0's wait for the host link)
     uint32_t next;       // the sampler's next token
     uint32_t consumed;   // chunks the consumers took, published when they leave
     uint32_t done;       // consumers have left: the producer stops issuing and drains

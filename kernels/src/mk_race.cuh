@@ -64,12 +64,18 @@ __device__ __forceinline__ int race_level(double a) {
     return (int)((long long)__dmul_rn(a, 1.0 / RACE_ANCHOR_STEP) & (RACE_LEVELS - 1));
 }
 
+// A maximum over a warp's lanes; every lane gets it.
+__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, (uint64_t)__shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 // A maximum over the consumers through the scalars' double slots (the vector
 // space holds the SM's tile list meanwhile); every consumer gets it.
 __device__ __forceinline__ uint64_t consumer_max_u64(uint64_t v, const Smem& s) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max(v, (uint64_t)__shfl_xor_sync(0xffffffffu, v, o));
+    v = warp_max_u64(v);
     uint64_t* red = s.sc()->red64;
     if (lane == 0) red[warp] = v;
     consumer_sync();
@@ -198,12 +204,14 @@ struct RacePart {
     uint64_t hash;
     bool penalties, masked;
     uint32_t tiles;  // tiles recorded in s.vec() (their indices)
+    bool listing;    // whether thread 0 records them (a sampled request, or logprobs)
 
     // Only the mode and the tile count live through the LM-head loop.
     template <class F>
     __device__ __forceinline__ void begin(const Params& p, const Smem& s) {
         mode = race_mode<F>(p);
         tiles = 0;
+        listing = mode != RACE_NONE || p.lp_out != nullptr;
         if (mode == RACE_BINS) {
             // Zeroed before the LM head's input load, whose barriers publish it.
             uint4* z = reinterpret_cast<uint4*>(s.race_keys());
@@ -224,9 +232,14 @@ struct RacePart {
     // Tile `tile` is this SM's (thread 0, after a consumer barrier that follows
     // the input load: s.vec() is free from then on).
     __device__ __forceinline__ void record_tile(const Smem& s, uint32_t tile) {
-        if (mode != RACE_NONE && threadIdx.x == 0 && tiles < (uint32_t)VEC_CAP) reinterpret_cast<uint32_t*>(s.vec())[tiles] = tile;
+        if (listing && threadIdx.x == 0 && tiles < (uint32_t)VEC_CAP) reinterpret_cast<uint32_t*>(s.vec())[tiles] = tile;
         tiles++;
     }
+
+    // The recorded tiles (once the loop is done), and their tokens when they all fit the list.
+    __device__ __forceinline__ const uint32_t* tile_list(const Smem& s) const { return reinterpret_cast<const uint32_t*>(s.vec()); }
+    __device__ __forceinline__ bool listed() const { return tiles <= (uint32_t)VEC_CAP; }
+    __device__ __forceinline__ uint32_t tokens(int tile_rows) const { return listed() ? tiles * (uint32_t)tile_rows : 0u; }
 
     // TOPK: this SM's min(k, candidates) best tokens by item_key (logit, then
     // the lower id: unique), found by select_threshold over keys it keeps in

@@ -442,7 +442,7 @@ impl<'a> Batcher<'a> {
                 continue;
             }
             let accepted = match &picked {
-                Picked::Tokens(t) => a.state.accept_picked(tokenizer, t[i]),
+                Picked::Tokens(t) => a.state.accept_picked(tokenizer, t[i], None),
                 Picked::Logits(_) => a.state.accept_with(tokenizer, host_picks[i].take().expect("picked above")),
             };
             match after_token(&mut a.sink, accepted) {
@@ -454,7 +454,7 @@ impl<'a> Batcher<'a> {
         Ok(self.pending())
     }
 
-    /// A lone greedy request past its prefill runs up to LOOP_STEPS steps in one
+    /// A lone request past its prefill runs up to LOOP_STEPS steps in one
     /// device token loop (the megakernel), the host only turning tokens into
     /// text. None: not applicable here, or the backend has no loop.
     fn device_loop(&mut self) -> Option<Result<usize>> {
@@ -463,7 +463,7 @@ impl<'a> Batcher<'a> {
         }
         let Active { state, sink, session, .. } = &mut self.running[0];
         let first = state.last_token()?;
-        if !state.wants_device_loop() || state.remaining() < 2 {
+        if state.remaining() < 2 {
             return None;
         }
         let end_ids = state.end_ids().to_vec();
@@ -480,8 +480,8 @@ impl<'a> Batcher<'a> {
         let session = session.as_deref_mut().expect("running requests hold a session");
         let tokenizer = self.model.tokenizer;
         let mut after = After::Running;
-        let ran = self.model.backend.decode_loop(session, first, &req, &mut |token| {
-            after = after_token(sink, state.accept_picked(tokenizer, token));
+        let ran = self.model.backend.decode_loop(session, first, &req, &mut |token, logprob| {
+            after = after_token(sink, state.accept_picked(tokenizer, token, logprob));
             matches!(after, After::Running)
         });
         match ran {

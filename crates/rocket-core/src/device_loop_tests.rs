@@ -13,7 +13,8 @@ use crate::error::Result;
 use crate::megakernel::{MegakernelError, StallSite};
 use crate::output::FinishReason;
 use crate::request::EngineRequest;
-use crate::sampling::{argmax, SamplingParams};
+use crate::output::TokenLogprob;
+use crate::sampling::{argmax, logprobs, SamplingParams};
 use crate::Device;
 
 struct SteppingLoop {
@@ -45,7 +46,7 @@ impl Backend for SteppingLoop {
         session: &mut dyn Session,
         first: u32,
         req: &LoopRequest<'_>,
-        on_token: &mut dyn FnMut(u32) -> bool,
+        on_token: &mut dyn FnMut(u32, Option<TokenLogprob>) -> bool,
     ) -> Result<Option<LoopOutcome>> {
         let launch = self.launches.fetch_add(1, Ordering::Relaxed);
         if self.fail_after.is_some() && launch > 0 {
@@ -59,6 +60,9 @@ impl Backend for SteppingLoop {
                 return Err(stall.into());
             }
             let mut logits = self.inner.forward(&mut [Chunk { session: &mut *session, tokens: &[token] }], Logits::Last)?;
+            // The logprobs are of the raw logits, before any mask.
+            let wants_logprobs = req.sampling.and_then(|s| s.params.logprobs);
+            let raw = wants_logprobs.map(|_| logits.clone());
             token = match (&req.sampling, history.as_mut()) {
                 (Some(s), Some(h)) => {
                     // The request's sampler with its step and history advanced (the trait's contract).
@@ -76,7 +80,11 @@ impl Backend for SteppingLoop {
                 }
             };
             accepted += 1;
-            if !on_token(token) || req.end_ids.contains(&token) {
+            let lp = wants_logprobs.zip(raw.as_deref()).map(|(n, raw)| {
+                let (logprob, top) = logprobs(raw, token, n);
+                TokenLogprob { token_id: token, logprob, top }
+            });
+            if !on_token(token, lp) || req.end_ids.contains(&token) {
                 break;
             }
         }
@@ -173,10 +181,29 @@ fn sampled_requests_loop_with_the_same_tokens_as_steps() {
 }
 
 #[test]
-fn logprobs_and_batched_requests_do_not_loop_and_a_closed_stream_stops_one() {
+fn requests_with_logprobs_loop_with_the_same_tokens_and_logprobs_as_steps() {
+    let (plain, looping, launches) = engines();
+    let cases = [
+        SamplingParams { logprobs: Some(5), ignore_eos: true, ..SamplingParams::greedy(40) },
+        SamplingParams { logprobs: Some(0), min_tokens: 10, ..SamplingParams::greedy(30) },
+        SamplingParams { temperature: 0.8, seed: Some(3), logprobs: Some(2), repetition_penalty: 1.2, ..SamplingParams::greedy(30) },
+        SamplingParams { temperature: 0.6, top_k: 20, top_p: 0.95, seed: Some(7), logprobs: Some(20), ..SamplingParams::greedy(30) },
+    ];
+    for params in cases {
+        let want = plain.generate("the quick brown fox", &params).unwrap();
+        let got = looping.generate("the quick brown fox", &params).unwrap();
+        assert_eq!(got.token_ids, want.token_ids, "{params:?}");
+        let (got_lp, want_lp) = (got.logprobs.expect("logprobs"), want.logprobs.expect("logprobs"));
+        assert_eq!(got_lp.len(), got.token_ids.len());
+        assert_eq!(got_lp, want_lp, "{params:?}");
+        assert!(got_lp.iter().all(|l| l.top.len() == params.logprobs.unwrap()));
+    }
+    assert!(launches.load(Ordering::Relaxed) >= 4, "requests with logprobs ran as device loops");
+}
+
+#[test]
+fn batched_requests_do_not_loop_and_a_closed_stream_stops_one() {
     let (_, looping, launches) = engines();
-    let with_logprobs = SamplingParams { temperature: 0.8, seed: Some(3), logprobs: Some(2), ..SamplingParams::greedy(20) };
-    looping.generate("hello", &with_logprobs).unwrap();
     let two = ["a", "b"].map(|p| EngineRequest { prompt: p.into(), prompt_ids: looping.encode_prompt(p).unwrap(), params: SamplingParams::greedy(20) });
     looping.generate_many(two.to_vec()).unwrap();
     assert_eq!(launches.load(Ordering::Relaxed), 0);

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use crate::backend::SampleRequest;
-use crate::error::Result;
+use crate::error::{Result, RocketError};
 use crate::output::{FinishReason, Metrics, RequestOutput, StopReason, StreamDelta, TokenLogprob};
 use crate::sampling::{fresh_seed, logprobs, SamplingParams, TokenHistory};
 use crate::text::Tokenizer;
@@ -159,13 +159,6 @@ impl RequestState {
         self.plain_greedy() && self.token_ids.len() >= self.params.min_tokens
     }
 
-    /// Whether the rest of the request can run as a device token loop: all but
-    /// logprobs (the loop masks end ids itself while min_tokens is not reached,
-    /// and samples on the device unless the request is plain greedy).
-    pub(crate) fn wants_device_loop(&self) -> bool {
-        self.params.logprobs.is_none()
-    }
-
     /// The sampler's inputs for a device token loop, owned (the loop's token
     /// callback borrows the request meanwhile); None when plain greedy, whose
     /// loop takes the argmax.
@@ -196,8 +189,11 @@ impl RequestState {
 
     /// Takes a token already chosen on the backend, by its argmax (see
     /// `wants_plain_argmax`) or its sampler (see `sample_request`).
-    pub(crate) fn accept_picked(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<(StreamDelta, bool)> {
-        self.push_token(tokenizer, token, None)
+    pub(crate) fn accept_picked(&mut self, tokenizer: &Tokenizer, token: u32, logprob: Option<TokenLogprob>) -> Result<(StreamDelta, bool)> {
+        if self.params.logprobs.is_some() && logprob.is_none() {
+            return Err(RocketError::Internal("a device picked a token without the logprobs the request asked for".into()));
+        }
+        self.push_token(tokenizer, token, logprob)
     }
 
     fn push_token(&mut self, tokenizer: &Tokenizer, token: u32, logprob: Option<TokenLogprob>) -> Result<(StreamDelta, bool)> {

@@ -11,15 +11,15 @@ mod common;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, SampledLoop};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
 use rocket_core::backend::SampleRequest;
 use rocket_core::megakernel::{MegakernelError, Op, Profile, StallSite};
 use rocket_core::sampling::TokenHistory;
-use rocket_core::sampling::argmax;
+use rocket_core::sampling::{argmax, logprobs};
 use rocket_core::options::parse_watchdog_ms;
-use rocket_core::{DecodePath, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, SamplingParams};
+use rocket_core::{DecodePath, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, SamplingParams, TokenLogprob};
 
 use common::{open_weights, random_ids, rel_l2};
 
@@ -264,11 +264,11 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
                 earlier.iter().for_each(|&t| start.push(t));
                 step = earlier.len() as u64;
                 let probe = SampleRequest { params, seed, step, history: &start, end_ids: &[] };
-                let (free, _, _) = f.gpu.megakernel_sampled(&prompt, &probe, 16).unwrap().unwrap();
+                let free = f.gpu.megakernel_sampled(&prompt, &probe, 16).unwrap().unwrap().tokens;
                 end_ids = vec![free[2], free[9], f.vocab as u32 + 7]; // one id past the vocabulary, ignored
             }
             let req = SampleRequest { params, seed, step, history: &start, end_ids: &end_ids };
-            let (tokens, logits, one_cta) = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
+            let SampledLoop { tokens, logits, one_cta_steps: one_cta, .. } = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
             // Which path decided: the SMs together for all but a top-k above 64, whose every
             // step (the prompt's forced ones too) the one-CTA sampler picks.
             let launch_steps = prompt.len() - 1 + tokens.len();
@@ -296,6 +296,80 @@ fn sampled_loops_pick_the_host_samplers_tokens() {
     }
 }
 
+/// The kernel's logprob record for a step against `sampling::logprobs` of the
+/// step's raw logits: the same ids in the same order, each value within one
+/// f32 ulp or what the f64 sums' roundings can move log Z (the kernel sums exp
+/// per SM share, the host in vocabulary order, dropping up to half an ulp of
+/// its running total at each of V terms: near 0 that is many f32 ulps of the
+/// logprob; megakernel/logprob_model.rs). Returns how many values were bitwise
+/// equal, how many were compared and the largest difference.
+fn check_logprobs(got: &TokenLogprob, row: &[f32], token: u32, n: usize, what: &str) -> (usize, usize, f32) {
+    let (want_lp, want_top) = logprobs(row, token, n);
+    assert_eq!(got.token_id, token, "{what}: the record's token");
+    let got_ids: Vec<u32> = got.top.iter().map(|&(id, _)| id).collect();
+    let want_ids: Vec<u32> = want_top.iter().map(|&(id, _)| id).collect();
+    assert_eq!(got_ids, want_ids, "{what}: the {n} most likely tokens");
+    let pairs = std::iter::once((got.logprob, want_lp)).chain(got.top.iter().zip(&want_top).map(|(g, w)| (g.1, w.1)));
+    let (mut equal, mut total, mut worst) = (0, 0, 0.0f32);
+    // log Z from the host's side: the token's logit minus its logprob.
+    let log_z = (row[token as usize] as f64 - want_lp as f64).abs();
+    let sums = ((8.0 * log_z + row.len() as f64) * f64::EPSILON) as f32;
+    for (g, w) in pairs {
+        let ulp = (f32::from_bits(w.abs().to_bits() + 1) - w.abs()).max(sums);
+        assert!(g == w || (g - w).abs() <= ulp, "{what}: logprob {g} against the host's {w} (more than {ulp:e} apart)");
+        equal += (g.to_bits() == w.to_bits()) as usize;
+        total += 1;
+        if g != w {
+            worst = worst.max((g - w).abs());
+        }
+    }
+    (equal, total, worst)
+}
+
+/// Logprobs in the token loop (every SM's part, the host link warp's merge) against
+/// the host's on the kernel's own raw logits, in every sampling mode, with
+/// 0 to 20 alternatives: greedy (with and without masked end ids), the race,
+/// top-p and min-p bins with penalties (the record must come from the raw
+/// logits, not the penalised ones), the all-SM top-k and the one-CTA sampler.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn logprobs_in_the_loop_are_the_hosts() {
+    require_gpu();
+    let settings = [
+        SamplingParams { temperature: 0.0, logprobs: Some(5), ..SamplingParams::default() },
+        SamplingParams { temperature: 0.0, logprobs: Some(0), ..SamplingParams::default() },
+        SamplingParams { temperature: 0.0, logprobs: Some(20), min_tokens: 12, ..SamplingParams::default() },
+        SamplingParams { temperature: 0.0, logprobs: Some(1), repetition_penalty: 1.5, ..SamplingParams::default() },
+        SamplingParams { temperature: 1.0, logprobs: Some(3), ..SamplingParams::default() },
+        SamplingParams { temperature: 0.7, top_p: 0.9, logprobs: Some(8), ..SamplingParams::default() },
+        SamplingParams { temperature: 0.8, min_p: 0.05, repetition_penalty: 1.1, logprobs: Some(5), ..SamplingParams::default() },
+        SamplingParams { temperature: 0.6, top_k: 20, top_p: 0.95, logprobs: Some(20), ..SamplingParams::default() },
+        SamplingParams { temperature: 1.0, top_k: 1000, frequency_penalty: 0.5, logprobs: Some(4), ..SamplingParams::default() },
+    ];
+    for f in fuels() {
+        let (mut equal, mut total, mut worst, mut steps_checked) = (0, 0, 0.0f32, 0);
+        for (n, params) in settings.iter().enumerate() {
+            let prompt = random_ids(1300 + n as u64, 24, f.vocab);
+            let start = TokenHistory::new(&prompt);
+            let end_ids = if params.min_tokens > 0 { vec![0, 1, 2] } else { Vec::new() };
+            let req = SampleRequest { params, seed: 41 + n as u64, step: 0, history: &start, end_ids: &end_ids };
+            let run = f.gpu.megakernel_sampled(&prompt, &req, 40).unwrap().unwrap();
+            assert_eq!(run.logprobs.len(), run.tokens.len(), "{} setting {n}: a record per token", f.name);
+            let mut history = start.clone();
+            for (j, ((&token, lp), row)) in run.tokens.iter().zip(&run.logprobs).zip(run.logits.chunks(f.vocab)).enumerate() {
+                let want = SampleRequest { params, seed: 41 + n as u64, step: j as u64, history: &history, end_ids: &end_ids }.sample_on_host(row);
+                assert_eq!(token, want, "{} setting {n} step {j}: the token", f.name);
+                let lp = lp.as_ref().unwrap_or_else(|| panic!("{} setting {n} step {j}: no logprobs", f.name));
+                let (e, t, w) = check_logprobs(lp, row, token, params.logprobs.unwrap(), &format!("{} setting {n} ({params:?}) step {j}", f.name));
+                (equal, total, worst) = (equal + e, total + t, worst.max(w));
+                history.push(token);
+                steps_checked += 1;
+            }
+        }
+        println!("MK-LOGPROBS {}: {steps_checked} steps in {} settings, ids the host's; {equal}/{total} values bitwise equal, largest difference {worst:.2e}", f.name, settings.len());
+    }
+}
+
 /// A few steps of each kind of megakernel launch, short enough for
 /// compute-sanitizer (gpu_run.sh's `sanitize` step runs it under memcheck on
 /// every fuel's instantiation, and under racecheck): teacher-forced positions,
@@ -316,6 +390,7 @@ fn short_launches_of_every_mode_for_the_sanitizers() {
         ("bins min-p", SamplingParams { temperature: 0.8, min_p: 0.05, frequency_penalty: 0.3, ..SamplingParams::default() }),
         ("top-k", SamplingParams { temperature: 0.6, top_k: 20, top_p: 0.95, ..SamplingParams::default() }),
         ("one-CTA top-k", SamplingParams { temperature: 0.6, top_k: 100, top_p: 0.95, ..SamplingParams::default() }),
+        ("logprobs", SamplingParams { temperature: 0.0, logprobs: Some(5), ..SamplingParams::default() }),
     ];
     let steps = 3;
     for f in fuels() {
@@ -327,8 +402,13 @@ fn short_launches_of_every_mode_for_the_sanitizers() {
             let prompt = random_ids(40 + n as u64, 5, f.vocab);
             let start = TokenHistory::new(&prompt);
             let req = SampleRequest { params, seed: 5 + n as u64, step: 0, history: &start, end_ids: &[] };
-            let (tokens, logits, one_cta) = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
+            let SampledLoop { tokens, logits, one_cta_steps: one_cta, logprobs } = f.gpu.megakernel_sampled(&prompt, &req, steps).unwrap().unwrap();
             assert_eq!(tokens.len(), steps, "{} {mode}: steps", f.name);
+            if let Some(n) = params.logprobs {
+                for (j, (lp, row)) in logprobs.iter().zip(logits.chunks(f.vocab)).enumerate() {
+                    check_logprobs(lp.as_ref().expect("logprobs asked for"), row, tokens[j], n, &format!("{} {mode} step {j}", f.name));
+                }
+            }
             let want_one_cta = if params.races_on_all_sms(f.vocab) { 0 } else { prompt.len() - 1 + steps };
             assert_eq!(one_cta, want_one_cta, "{} {mode}: steps the one-CTA sampler picked", f.name);
             let mut history = start.clone();

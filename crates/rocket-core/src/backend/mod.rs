@@ -8,6 +8,7 @@ pub mod cuda;
 use std::any::Any;
 
 use crate::error::{Result, RocketError};
+use crate::output::TokenLogprob;
 use crate::sampling::{process_logits, sample, SamplingParams, TokenHistory};
 
 /// Which logits a forward pass returns.
@@ -50,14 +51,16 @@ pub trait Backend: Send + Sync {
     /// `req.sampling`), until `req.max_steps` steps, an end id
     /// (after `req.mask_end_steps` steps, which cannot pick one) or until
     /// `on_token` returns false. `on_token` sees every token as the device
-    /// publishes it, in order; the session keeps exactly the tokens it saw.
+    /// publishes it, in order, with its logprobs (`sampling::logprobs` of the
+    /// step's raw logits) when `req.sampling`'s params ask for them; the
+    /// session keeps exactly the tokens it saw.
     /// `None`: this backend or model has no device loop (nothing was run).
     fn decode_loop(
         &self,
         _session: &mut dyn Session,
         _first: u32,
         _req: &LoopRequest<'_>,
-        _on_token: &mut dyn FnMut(u32) -> bool,
+        _on_token: &mut dyn FnMut(u32, Option<TokenLogprob>) -> bool,
     ) -> Result<Option<LoopOutcome>> {
         Ok(None)
     }

@@ -51,6 +51,12 @@ header_constants! {
     // Top-k: the largest k the SMs sample together, and each SM's list's entries.
     "int" RACE_TOPK_MAX: usize = 64;
     "int" RACE_LIST: usize = RACE_TOPK_MAX;
+    // Logprobs in the loop: alternatives per step at most (sampling.rs `MAX_LOGPROBS`), an SM's
+    // part (u64 words: length, maximum, sum of exp, list) and a step's record in the
+    // host ring (u32 words: the token's logprob, then each alternative's id and logprob).
+    "int" LP_MAX: usize = 20;
+    "int" LP_PART: usize = 3 + LP_MAX;
+    "int" LP_WORDS: usize = 1 + 2 * LP_MAX;
     // Opcodes (`Op`).
     "uint32_t" OP_QKV: u32 = 1;
     "uint32_t" OP_ATTN: u32 = 2;
@@ -66,7 +72,7 @@ header_constants! {
     "int" ST_ABORT: usize = 0;
     "int" ST_ERROR: usize = 1;
     "int" ST_ERR_SM: usize = 2;
-    // Index into the SM's instruction list, or `ERR_AT_STEP_START`.
+    // Index into the SM's instruction list, `ERR_AT_STEP_START` or `ERR_AT_LOGPROB_MERGE`.
     "int" ST_ERR_INSTR: usize = 3;
     "int" ST_ERR_STEP: usize = 4;
     "int" ST_ERR_VALUE: usize = 5;
@@ -75,8 +81,14 @@ header_constants! {
     "int" ST_HOST_STOP: usize = 8;
     // Sampled steps whose token the one-CTA sampler picked (the SMs' merge could not).
     "int" ST_ONE_CTA: usize = 9;
+    // Steps whose logprob record the host link has built (their buffers are free again).
+    "int" ST_LP_MERGED: usize = 10;
     "int" STATE_WORDS: usize = 16;
-    // The host ring (mapped pinned memory): [0, stop, fault, 0, tokens[max_steps]].
+    // `ST_ERR_INSTR` when the watchdog fired on the LM head's wait for the host link's
+    // logprob record of two steps before (whose buffers the step reuses).
+    "uint32_t" ERR_AT_LOGPROB_MERGE: u32 = 0xffff_fffe;
+    // The host ring (mapped pinned memory): [0, stop, fault, 0, tokens[max_steps],
+    // logprobs[max_steps][LP_WORDS]].
     "int" RING_STOP: usize = 1;
     "int" RING_FAULT: usize = 2;
     "int" RING_TOKENS: usize = 4;
@@ -151,6 +163,9 @@ pub struct Params {
     pub tokens: u64,
     pub race_mass: u64,
     pub race_keys: u64,
+    pub lp_parts: u64,
+    pub lp_out: u64,
+    pub lp_logits: u64,
     pub watchdog_ns: u64,
     pub pos0: i32,
     pub first_token: u32,
@@ -168,10 +183,11 @@ pub struct Params {
     pub hold_oproj: i32,
     pub hold_mlp: i32,
     pub counter_stride: i32,
+    pub logprobs: i32,
 }
 
 // mk_params.cuh asserts the same size (a test reads its static_assert).
-const _: () = assert!(std::mem::size_of::<Params>() == 312);
+const _: () = assert!(std::mem::size_of::<Params>() == 344);
 
 impl Op {
     /// The kernel's opcode.
@@ -409,9 +425,9 @@ mod tests {
         let rust = rust_fields![Params:
             instrs, sm_start, counters, state, layers, embed, lm_head, final_norm, inv_freq, x, qkv, mlp_acc, logits,
             part_o, part_ml, lm_max, lm_idx, kv, forced, logits_out, ring, end_ids, trace, sample, seen_bits,
-            gen_counts, sample_items, tokens, race_mass, race_keys, watchdog_ns, pos0, first_token, max_steps, n_forced, n_end,
+            gen_counts, sample_items, tokens, race_mass, race_keys, lp_parts, lp_out, lp_logits, watchdog_ns, pos0, first_token, max_steps, n_forced, n_end,
             mask_end_steps, lm_tiles, splits, eps, trace_step, poll_spin, weights_evict_first, hold_qkv, hold_oproj,
-            hold_mlp, counter_stride,
+            hold_mlp, counter_stride, logprobs,
         ];
         assert_eq!(kernel, rust);
         assert_eq!(size, std::mem::size_of::<Params>());

@@ -3,7 +3,7 @@
 //! words, a weight copy that never landed, a launch the host gave up on, and a
 //! megakernel taken out of service by an earlier failure.
 
-use super::abi::{self, ERR_AT_STEP_START, STATE_WORDS};
+use super::abi::{self, ERR_AT_LOGPROB_MERGE, ERR_AT_STEP_START, STATE_WORDS};
 use super::schedule::{Instr, Schedule, Work};
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -46,6 +46,9 @@ pub enum MegakernelError {
 pub enum StallSite {
     /// The wait for the step's input embedding.
     StepStart,
+    /// The LM head's wait for the host link's logprob record of two steps
+    /// before (whose buffers the step reuses).
+    LogprobMerge,
     /// Instruction `index` of the SM's list.
     Instr { index: u32, instr: Instr },
     /// An index the schedule does not have (a corrupt report).
@@ -56,6 +59,7 @@ impl std::fmt::Display for StallSite {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StallSite::StepStart => write!(f, "the start of the step"),
+            StallSite::LogprobMerge => write!(f, "the LM head, waiting for the logprob record of two steps before"),
             StallSite::Unknown { index } => write!(f, "instruction {index} (not in the schedule)"),
             StallSite::Instr { instr: i, .. } => match i.work {
                 Work::Attn { slot, kv_head, split, .. } => {
@@ -78,6 +82,7 @@ impl MegakernelError {
         let (sm, index) = (state[abi::ST_ERR_SM], state[abi::ST_ERR_INSTR]);
         let site = match schedule.per_sm.get(sm as usize).and_then(|l| l.get(index as usize)) {
             _ if index == ERR_AT_STEP_START => StallSite::StepStart,
+            _ if index == ERR_AT_LOGPROB_MERGE => StallSite::LogprobMerge,
             Some(&instr) => StallSite::Instr { index, instr },
             None => StallSite::Unknown { index },
         };
@@ -120,6 +125,10 @@ mod tests {
         assert!(msg.starts_with("megakernel watchdog: SM 2 waited over 200 ms at Mlp of layer ") && msg.ends_with("of step 1: its counter stayed at 7 < 8"), "{msg}");
         state[abi::ST_ERR_INSTR] = ERR_AT_STEP_START;
         assert!(matches!(MegakernelError::from_state(&state, &s, 200), Some(MegakernelError::Watchdog { site: StallSite::StepStart, .. })));
+        state[abi::ST_ERR_INSTR] = ERR_AT_LOGPROB_MERGE;
+        let e = MegakernelError::from_state(&state, &s, 200).unwrap();
+        assert!(matches!(e, MegakernelError::Watchdog { site: StallSite::LogprobMerge, .. }));
+        assert!(e.to_string().contains("waiting for the logprob record of two steps before"), "{e}");
         state[abi::ST_ERR_INSTR] = 10_000;
         assert!(matches!(MegakernelError::from_state(&state, &s, 200), Some(MegakernelError::Watchdog { site: StallSite::Unknown { index: 10_000 }, .. })));
     }

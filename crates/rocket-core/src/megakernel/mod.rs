@@ -15,6 +15,8 @@
 pub mod abi;
 mod error;
 pub mod geometry;
+#[cfg(test)]
+mod logprob_model;
 pub mod profile;
 pub mod schedule;
 #[cfg(test)]

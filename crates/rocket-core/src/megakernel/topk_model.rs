@@ -16,24 +16,24 @@ use crate::sampling::SamplingParams;
 
 /// The kernel's `item_key`: logit order (Rust's `total_cmp`), then the lower
 /// id; unique, never 0 for a candidate.
-fn item_key(l: f32, id: u32) -> u64 {
+pub(super) fn item_key(l: f32, id: u32) -> u64 {
     let u = l.to_bits();
     let order = if u & 0x8000_0000 != 0 { !u } else { u | 0x8000_0000 };
     ((order as u64) << 32) | (u32::MAX - id) as u64
 }
 
-fn key_logit(key: u64) -> f32 {
+pub(super) fn key_logit(key: u64) -> f32 {
     let b = (key >> 32) as u32;
     f32::from_bits(if b & 0x8000_0000 != 0 { b & 0x7fff_ffff } else { !b })
 }
 
-fn key_id(key: u64) -> u32 {
+pub(super) fn key_id(key: u64) -> u32 {
     u32::MAX - key as u32
 }
 
 /// `select_threshold`: a threshold with exactly min(k, |keys|) of the
 /// (distinct) keys at or above it, 0 when there are k or fewer.
-fn select_threshold(keys: &[u64], k: u32) -> u64 {
+pub(super) fn select_threshold(keys: &[u64], k: u32) -> u64 {
     let (mut prefix, mut above) = (0u64, 0u32);
     for pass in 0..6 {
         let shift = if pass < 5 { 53 - 11 * pass } else { 0 };
@@ -246,21 +246,22 @@ fn pick(logits: &[f32], owner: &[usize], sms: usize, tile_rows: usize, p: &Sampl
     merge(&parts, p, seed, step)
 }
 
+/// The models' tests' random numbers (splitmix64).
+pub(super) struct Rng(pub(super) u64);
+impl Rng {
+    pub(super) fn next(&mut self) -> u64 {
+        self.0 = crate::sampling::splitmix64(self.0);
+        self.0
+    }
+    pub(super) fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampling::{sample, splitmix64};
-
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = splitmix64(self.0);
-            self.0
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
+    use crate::sampling::sample;
 
     #[test]
     fn select_threshold_keeps_exactly_k() {

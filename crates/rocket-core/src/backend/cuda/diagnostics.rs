@@ -11,10 +11,19 @@ use super::{own_session, CudaBackend, CudaSession};
 use crate::backend::{Backend, LoopRequest, SampleRequest, Session};
 use crate::error::{Result, RocketError};
 use crate::megakernel::{MegakernelError, Profile};
+use crate::output::TokenLogprob;
 
-/// `megakernel_sampled`'s result: the sampled tokens, their raw logits ([tokens][vocab])
-/// and the launch's steps the one-CTA sampler picked.
-pub type SampledLoop = (Vec<u32>, Vec<f32>, usize);
+/// `megakernel_sampled`'s result.
+pub struct SampledLoop {
+    /// The sampled tokens.
+    pub tokens: Vec<u32>,
+    /// Their raw logits ([tokens][vocab]).
+    pub logits: Vec<f32>,
+    /// The launch's steps the one-CTA sampler picked.
+    pub one_cta_steps: usize,
+    /// Each sampled token's logprobs from the kernel, when the request asks for them.
+    pub logprobs: Vec<Option<TokenLogprob>>,
+}
 
 /// The kernels with an fp16 output of their own (`fused_f16_on_device`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +52,7 @@ impl CudaBackend {
     /// fresh sequence and returns each step's argmax and logits ([len][vocab]).
     /// None when no megakernel is loaded.
     pub fn megakernel_teacher_forced(&self, ids: &[u32]) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
-        self.megakernel_forced(ids, None, (&[], 0), true, None, |_, tokens, logits| Ok((tokens, logits.expect("asked for logits"))))
+        self.megakernel_forced(ids, None, (&[], 0), true, None, |_, tokens, _, logits| Ok((tokens, logits.expect("asked for logits"))))
     }
 
     /// The product's megakernel decode (`Backend::decode_loop`'s launch, on
@@ -59,7 +68,7 @@ impl CudaBackend {
         }
         let req = LoopRequest { max_steps: steps, end_ids: &[], mask_end_steps: 0, sampling: None };
         let mut tokens = Vec::with_capacity(steps);
-        let ran = self.loop_on_session(session, first, &req, forced, true, &mut |t| {
+        let ran = self.loop_on_session(session, first, &req, forced, true, &mut |t, _| {
             tokens.push(t);
             true
         })?;
@@ -86,9 +95,14 @@ impl CudaBackend {
         let vocab = self.spec.vocab_size;
         // The device counts min_tokens' masked steps from the launch's first (forced) step.
         let masked = forced + sampling.params.min_tokens.saturating_sub(sampling.history.generated_len());
-        self.megakernel_forced(&ids, Some((forced, shifted)), (sampling.end_ids, masked), true, None, |mk, tokens, logits| {
+        self.megakernel_forced(&ids, Some((forced, shifted)), (sampling.end_ids, masked), true, None, |mk, tokens, logprobs, logits| {
             let logits = logits.expect("asked for logits");
-            Ok((tokens[forced..].to_vec(), logits[forced * vocab..].to_vec(), mk.last_one_cta_steps))
+            Ok(SampledLoop {
+                tokens: tokens[forced..].to_vec(),
+                logits: logits[forced * vocab..].to_vec(),
+                one_cta_steps: mk.last_one_cta_steps,
+                logprobs: logprobs[forced..].to_vec(),
+            })
         })
     }
 
@@ -103,7 +117,7 @@ impl CudaBackend {
             return Err(RocketError::invalid_arg("step", step, format!("must be < the {} steps of the run", ids.len())));
         }
         let sampled = sampling.map(|r| (0, SampleRequest { end_ids: &[], ..*r }));
-        self.megakernel_forced(ids, sampled, (&[], 0), false, Some(step), |mk, _, _| {
+        self.megakernel_forced(ids, sampled, (&[], 0), false, Some(step), |mk, _, _, _| {
             let stamps = mk.last_trace.take().ok_or_else(|| RocketError::Internal("the traced launch left no trace".into()))?;
             Profile::from_trace(&mk.schedule, &stamps)
         })
@@ -112,8 +126,9 @@ impl CudaBackend {
     /// One megakernel launch over a fresh sequence fed `ids` one per step (all
     /// of them, or with `sampled = (n, request)` the first n + 1, then the
     /// request's samples), ending at `end.0` ids after the first `end.1` steps;
-    /// `finish` gets the megakernel, each step's token and (with `keep_logits`)
-    /// the logits. None when no megakernel is loaded.
+    /// `finish` gets the megakernel, each step's token and logprobs (when the
+    /// request asks for them) and (with `keep_logits`) the logits. None when no
+    /// megakernel is loaded.
     #[allow(clippy::too_many_arguments)]
     fn megakernel_forced<T>(
         &self,
@@ -122,7 +137,7 @@ impl CudaBackend {
         end: (&[u32], usize),
         keep_logits: bool,
         trace_step: Option<usize>,
-        finish: impl FnOnce(&mut Megakernel, Vec<u32>, Option<Vec<f32>>) -> Result<T>,
+        finish: impl FnOnce(&mut Megakernel, Vec<u32>, Vec<Option<TokenLogprob>>, Option<Vec<f32>>) -> Result<T>,
     ) -> Result<Option<T>> {
         if ids.is_empty() || ids.len() > MAX_LOOP_STEPS {
             return Err(RocketError::invalid_arg("ids", ids.len(), format!("need 1..={MAX_LOOP_STEPS} tokens")));
@@ -135,12 +150,13 @@ impl CudaBackend {
         let forced = sampled.map_or(ids.len() - 1, |(n, _)| n);
         let req = LoopRequest { max_steps: ids.len(), end_ids: end.0, mask_end_steps: end.1, sampling: sampled.map(|(_, s)| s) };
         let launch = Launch { kv, capacity: ids.len(), pos0: 0, first: ids[0], req, forced: &ids[1..=forced], keep_logits, trace_step };
-        let mut tokens = Vec::with_capacity(ids.len());
-        let (_, logits) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
+        let (mut tokens, mut logprobs) = (Vec::with_capacity(ids.len()), Vec::with_capacity(ids.len()));
+        let (_, logits) = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t, lp| {
             tokens.push(t);
+            logprobs.push(lp);
             true
         })?;
-        finish(mk, tokens, logits).map(Some)
+        finish(mk, tokens, logprobs, logits).map(Some)
     }
 
     /// The device sampler on given logits rows (`requests.len()` rows of vocab):

@@ -13,7 +13,9 @@ use super::kernels::{SampleRow, SAMPLE_ITEM_BYTES};
 use super::sampler::sample_row;
 use crate::backend::{LoopOutcome, LoopRequest, SampleRequest};
 use crate::error::{Result, RocketError};
-use crate::megakernel::abi::{LayerPtrs, Params, RACE_KEY_BINS, RACE_LEVELS, RACE_LIST, RACE_MASS_BINS, RING_EMPTY, RING_FAULT, RING_STOP, RING_TOKENS, SMEM_BYTES, STATE_WORDS, ST_ONE_CTA, ST_STEPS, THREADS};
+use crate::output::TokenLogprob;
+use crate::sampling::MAX_LOGPROBS;
+use crate::megakernel::abi::{LayerPtrs, Params, LP_MAX, LP_PART, LP_WORDS, RACE_KEY_BINS, RACE_LEVELS, RACE_LIST, RACE_MASS_BINS, RING_EMPTY, RING_FAULT, RING_STOP, RING_TOKENS, SMEM_BYTES, STATE_WORDS, ST_ONE_CTA, ST_STEPS, THREADS};
 use crate::megakernel::profile::trace_words;
 use crate::megakernel::{verify, MegakernelError, Schedule};
 use crate::model::ModelSpec;
@@ -51,6 +53,8 @@ pub fn fuel_for(spec: &ModelSpec) -> Option<&'static Fuel> {
 pub const MAX_END_IDS: usize = 64;
 /// Steps one launch may run (the ring's size); longer generations relaunch.
 pub const MAX_LOOP_STEPS: usize = 4096;
+// Every request's logprobs fit a step's record in the ring.
+const _: () = assert!(MAX_LOGPROBS <= LP_MAX);
 
 /// One launch's inputs beyond the session.
 pub(crate) struct Launch<'a> {
@@ -80,6 +84,12 @@ struct LoopSampler {
     race_mass: DeviceBuffer,
     race_keys: DeviceBuffer,
     items: DeviceBuffer,
+    /// Logprobs in the loop (kernels/src/mk_logprobs.cuh): each SM's part and
+    /// the step's raw logits (two of each, by step parity), and the device's
+    /// copy of each step's record (the host reads the ring's).
+    lp_parts: DeviceBuffer,
+    lp_out: DeviceBuffer,
+    lp_logits: DeviceBuffer,
     vocab: usize,
 }
 
@@ -94,6 +104,10 @@ impl LoopSampler {
             // The best key per bin, or (top-k) each SM's list.
             race_keys: DeviceBuffer::alloc(ctx, RACE_KEY_BINS.max(sms * RACE_LIST) * 8, "megakernel sampler tables")?,
             items: DeviceBuffer::alloc(ctx, vocab * SAMPLE_ITEM_BYTES, "megakernel sampler candidates")?,
+            // Two of each, by step parity (mk_logprobs.cuh): a step's record is merged while the next runs.
+            lp_parts: DeviceBuffer::alloc(ctx, 2 * sms * LP_PART * 8, "megakernel logprobs")?,
+            lp_out: DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * LP_WORDS * 4, "megakernel logprobs")?,
+            lp_logits: DeviceBuffer::alloc(ctx, 2 * vocab * 4, "megakernel logprobs")?,
             vocab,
         })
     }
@@ -261,7 +275,8 @@ impl Megakernel {
         let forced = DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * 4, "megakernel forced tokens")?;
         let tokens = DeviceBuffer::alloc(ctx, MAX_LOOP_STEPS * 4, "megakernel tokens")?;
         let sampler = LoopSampler::alloc(ctx, spec.vocab_size, sms)?;
-        let ring = MappedBuffer::alloc(RING_TOKENS + MAX_LOOP_STEPS)?;
+        // Tokens, then (for launches with logprobs) each step's record.
+        let ring = MappedBuffer::alloc(RING_TOKENS + MAX_LOOP_STEPS * (1 + LP_WORDS))?;
         let p = |i: usize| activations[i].ptr;
         let base = Params {
             instrs: instrs.ptr,
@@ -289,6 +304,8 @@ impl Megakernel {
             sample_items: sampler.items.ptr,
             race_mass: sampler.race_mass.ptr,
             race_keys: sampler.race_keys.ptr,
+            lp_parts: sampler.lp_parts.ptr,
+            lp_logits: sampler.lp_logits.ptr,
             ring: ring.device_ptr,
             lm_tiles: schedule.lm_tiles as i32,
             splits: schedule.splits as i32,
@@ -349,16 +366,17 @@ impl Megakernel {
         self.hung
     }
 
-    /// Runs one token loop. `on_token(step, token)` gets each step's argmax as it
-    /// is published; returning false raises the stop flag (the device may run a
-    /// step or two more, whose tokens are dropped). With `keep_logits`, returns
-    /// every step's logits too ([steps][vocab]).
+    /// Runs one token loop. `on_token(step, token, logprobs)` gets each step's
+    /// token as it is published (with its logprobs when the request asks for
+    /// them); returning false raises the stop flag (the device may run a step or
+    /// two more, whose tokens are dropped). With `keep_logits`, returns every
+    /// step's logits too ([steps][vocab]).
     pub(crate) fn run(
         &mut self,
         ctx: &Context,
         stream: &Stream,
         launch: &Launch<'_>,
-        on_token: &mut dyn FnMut(usize, u32) -> bool,
+        on_token: &mut dyn FnMut(usize, u32, Option<TokenLogprob>) -> bool,
     ) -> Result<(LoopOutcome, Option<Vec<f32>>)> {
         if let Some(why) = &self.broken {
             return Err(MegakernelError::OutOfService { reason: why.clone() }.into());
@@ -401,6 +419,12 @@ impl Megakernel {
             Some(s) => self.sampler.upload(stream, s)?,
             None => 0,
         };
+        // Alternatives per step when the request asks for logprobs (a sampled request: greedy ones
+        // with logprobs come with a SampleRow too).
+        let logprobs = req.sampling.as_ref().and_then(|s| s.params.logprobs);
+        if let Some(n) = logprobs.filter(|&n| n > LP_MAX) {
+            return Err(RocketError::invalid_arg("logprobs", n, format!("at most {LP_MAX} in the megakernel's loop")));
+        }
         self.counters.fill_u8(stream, 0)?;
         self.state.fill_u8(stream, 0)?;
         // The device writes each token once; the host waits for the sentinel to change.
@@ -420,6 +444,8 @@ impl Megakernel {
             n_end: req.end_ids.len() as i32,
             mask_end_steps: req.mask_end_steps.min(steps) as i32,
             sample,
+            lp_out: if logprobs.is_some() { self.sampler.lp_out.ptr } else { 0 },
+            logprobs: logprobs.unwrap_or(0) as i32,
             eps: self.eps,
             ..self.base
         };
@@ -461,7 +487,8 @@ impl Megakernel {
                 }
                 if !stopped {
                     accepted += 1;
-                    if !on_token(seen, token) {
+                    let lp = logprobs.map(|n| self.logprob_record(steps, seen, token, n));
+                    if !on_token(seen, token, lp) {
                         stopped = true;
                         self.ring.write(RING_STOP, 1);
                     }
@@ -521,6 +548,17 @@ impl Megakernel {
         Ok((LoopOutcome { accepted, device_steps, host_cpu_seconds }, logits))
     }
 
+    /// Step `step`'s logprob record in the ring (a launch of `steps` steps, `n`
+    /// alternatives), read once its token has landed: the host link stores the
+    /// record, then fences, then the token.
+    fn logprob_record(&self, steps: usize, step: usize, token: u32, n: usize) -> TokenLogprob {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        let at = RING_TOKENS + steps + step * LP_WORDS;
+        let word = |i: usize| self.ring.read(at + i);
+        let top = (0..n).map(|i| (word(1 + 2 * i), f32::from_bits(word(2 + 2 * i)))).take_while(|&(id, _)| id != RING_EMPTY).collect();
+        TokenLogprob { token_id: token, logprob: f32::from_bits(word(0)), top }
+    }
+
     /// A failed launch, with the device's note when it trapped on a weight copy
     /// that never landed (the CUDA context is lost then).
     fn fault_error(&mut self, e: RocketError) -> RocketError {
@@ -561,7 +599,7 @@ impl Megakernel {
             keep_logits: false,
             trace_step: None,
         };
-        let outcome = self.run(ctx, stream, &launch, &mut |_, _| true);
+        let outcome = self.run(ctx, stream, &launch, &mut |_, _, _| true);
         self.base.instrs = real;
         self.schedule = real_schedule;
         self.watchdog = real_watchdog;

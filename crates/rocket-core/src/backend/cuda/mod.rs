@@ -10,7 +10,7 @@ mod cublas;
 #[cfg(feature = "diagnostics")]
 mod diagnostics;
 #[cfg(feature = "diagnostics")]
-pub use diagnostics::{FusedF16, FusedF16Check};
+pub use diagnostics::{FusedF16, FusedF16Check, SampledLoop};
 mod driver;
 mod f16_weights;
 #[cfg(feature = "diagnostics")]
@@ -40,6 +40,7 @@ use super::{check_chunks, check_copy, own_session, Backend, BackendCounters, Chu
 use crate::error::{Result, RocketError};
 use crate::megakernel::{MegakernelError, Profile};
 use crate::model::{ModelSpec, ModelWeights};
+use crate::output::TokenLogprob;
 use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
 use crate::progress::LoadProgress;
 use crate::sampling::SamplingParams;
@@ -961,7 +962,7 @@ impl Backend for CudaBackend {
         session: &mut dyn Session,
         first: u32,
         req: &LoopRequest<'_>,
-        on_token: &mut dyn FnMut(u32) -> bool,
+        on_token: &mut dyn FnMut(u32, Option<TokenLogprob>) -> bool,
     ) -> Result<Option<LoopOutcome>> {
         Ok(self.loop_on_session(session, first, req, &[], false, on_token)?.map(|(outcome, _)| outcome))
     }
@@ -980,7 +981,7 @@ impl Backend for CudaBackend {
     fn decode_path(&self, batch: usize, params: &SamplingParams) -> &'static str {
         let greedy = params.temperature == 0.0;
         match self.lock().map(|i| i.megakernel.as_ref().is_some_and(|mk| mk.in_service() && self.loops(mk, params))) {
-            Ok(true) if batch == 1 && params.logprobs.is_none() => "megakernel",
+            Ok(true) if batch == 1 => "megakernel",
             _ if greedy => "cuda-graph",
             _ if self.options.sampler == SamplerPlacement::Device => "cuda-graph + device sampler",
             _ => "cuda-graph + host sampler",
@@ -1017,7 +1018,7 @@ impl CudaBackend {
         req: &LoopRequest<'_>,
         forced: &[u32],
         keep_logits: bool,
-        on_token: &mut dyn FnMut(u32) -> bool,
+        on_token: &mut dyn FnMut(u32, Option<TokenLogprob>) -> bool,
     ) -> Result<Option<(LoopOutcome, Option<Vec<f32>>)>> {
         let mut guard = self.lock()?;
         let inner = &mut *guard;
@@ -1052,9 +1053,9 @@ impl CudaBackend {
         // Counted here so the session keeps the tokens handed on even if the launch fails later.
         let mut handed = 0;
         self.megakernel_launches.fetch_add(1, Ordering::Relaxed);
-        let ran = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t| {
+        let ran = mk.run(&inner.ctx, &inner.stream, &launch, &mut |_, t, lp| {
             handed += 1;
-            on_token(t)
+            on_token(t, lp)
         });
         sess.len += handed;
         if let Err(RocketError::Megakernel(MegakernelError::Watchdog { .. } | MegakernelError::CopyFault { .. } | MegakernelError::Hung { .. })) = &ran {
