@@ -243,7 +243,6 @@ class LLM:
         an unset ``max_tokens`` means until the context is full (as OpenAI's chat API).
         Roles go to the template as given (``apply_chat_template`` is HF's); an empty
         conversation has nothing to answer and is refused."""
-        _check_message_list(messages)
         if len(messages) == 0:
             raise _bad_arg("messages", messages, "messages must hold at least one message")
         prompt = self.apply_chat_template(messages, add_generation_prompt=True)
