@@ -189,6 +189,14 @@ template <class F>
 __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr& in, int t, uint32_t& chunk) {
     using M = Matvec<F::D>;
     const int tid = threadIdx.x, lane = tid & 31;
+    // Traced (megakernel/profile.rs): thread 0 stamps when the SM's tiles are
+    // done, when its sampler and logprob parts are, and (the last SM alone) when
+    // the token is picked, in the inside words of its LM-head instruction: the
+    // last of its list (schedule.rs), found here so the caller's loop keeps no
+    // pointer live for it.
+    unsigned long long* stamps = p.trace != nullptr && t == p.trace_step && tid == 0
+                                     ? p.trace + 3 * __ldg(p.sm_start + gridDim.x) + 2 * gridDim.x + 3 * (__ldg(p.sm_start + blockIdx.x + 1) - 1)
+                                     : nullptr;
     // The host link's copy of the stop flag (device memory: a read of the mapped
     // ring itself measured ~130 µs on the H200 machine, and the arrival's fence
     // below waited for it).
@@ -248,6 +256,7 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
             }
         }
     }
+    if (stamps) stamps[0] = globaltimer_ns();
     if (race.mode != RACE_NONE) race.finish<F>(p, s, t, tile_rows);
     else consumer_argmax(best, idx, s.sc());
     if (logprobs && s.sc()->lp_free) logprob_part<F>(p, s, t, race.tile_list(s), race.tokens(tile_rows), race.listed(), tile_rows);
@@ -256,11 +265,15 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
             __stcg(p.lm_max + blockIdx.x, best);
             __stcg(p.lm_idx + blockIdx.x, idx);
         }
+        if (stamps) stamps[1] = globaltimer_ns();
         const uint32_t arrived = atom_add_acq_rel(counter(p, in.signal), 1) + 1;
         s.sc()->flag = arrived == (uint32_t)(t + 1) * p.lm_tiles;
     }
     consumer_sync();
-    if (s.sc()->flag) pick_token<F>(p, s, t, host_stop);
+    if (s.sc()->flag) {
+        pick_token<F>(p, s, t, host_stop);
+        if (stamps) stamps[2] = globaltimer_ns();
+    }
 }
 
 // The residual at row in.a + threadIdx.x, loaded before an O-proj instruction's

@@ -213,22 +213,23 @@ fn a_traced_step_shows_where_the_time_goes() {
             let sampled = f.gpu.megakernel_profile(&ids, 100, Some(&request)).unwrap().unwrap();
             // From the last layer's end to the last LM-head instruction done (the token picked).
             let lm = |p: &Profile| p.lm_head.as_ref().map_or(f64::NAN, |ph| ph.done_us.2 - ph.ready_us);
-            // The SMs' own parts end by the mean done time; the last SM's merge ends at the last.
-            let parts = |p: &Profile| p.lm_head.as_ref().map_or((f64::NAN, f64::NAN), |ph| (ph.done_us.0 - ph.ready_us, ph.done_us.1 - ph.ready_us));
-            let (sp, gp) = (parts(&sampled), parts(&profile));
+            let inside = sampled.lm_head_inside.as_ref().expect("a traced LM head stamps its inside");
+            let (tiles, parts) = (inside.tiles_done_us, inside.parts_done_us);
             println!(
                 "MK-PROFILE-SAMPLED {} {label}: step {:.1} µs (greedy {:.1}), LM head phase {:.1} µs (greedy {:.1}); \
-                 SMs done first {:.1} / mean {:.1} µs (greedy {:.1} / {:.1})",
+                 tiles done (mean / last) {:.1} / {:.1}, parts done {:.1} / {:.1}, token picked {:.1}",
                 f.name,
                 sampled.step_us,
                 profile.step_us,
                 lm(&sampled),
                 lm(&profile),
-                sp.0,
-                sp.1,
-                gp.0,
-                gp.1
+                tiles.1,
+                tiles.2,
+                parts.1,
+                parts.2,
+                inside.picked_us
             );
+            assert!(tiles.2 <= parts.2 + 1e-3 && parts.2 <= inside.picked_us + 1e-3, "{} {label}: {inside:?}", f.name);
             assert!(sampled.step_us > 0.0 && sampled.step_us < 20.0 * wall_us, "{} {label}: traced step {} µs", f.name, sampled.step_us);
         }
     }

@@ -8,7 +8,9 @@
 //! to back), then `[3 n + 2 sm + 0, 1]` for the step wait of each SM, then
 //! `[3 n + 2 sms + 3 i + 0, 1, 2]` inside attention instruction `i` when its split
 //! was used (else 0): q in shared memory, the loop over positions done, the
-//! split's partial stored.
+//! split's partial stored; inside LM-head instruction `i`: the SM's tiles done,
+//! its sampler and logprob parts done, and on the last SM to arrive alone, the
+//! token picked (the merge; else 0).
 
 use std::fmt;
 
@@ -30,6 +32,18 @@ pub struct AttentionInside {
     pub loop_done_us: f64,
     pub stored_us: f64,
     pub done_us: f64,
+}
+
+/// Inside the LM head, in µs from the last layer's end: where a sampled step's
+/// extra time goes (the SMs' parts after their tiles, or the last SM's merge).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LmHeadInside {
+    /// The SMs' tiles done (first, mean, last).
+    pub tiles_done_us: (f64, f64, f64),
+    /// Their sampler and logprob parts done, before each SM's arrival (first, mean, last).
+    pub parts_done_us: (f64, f64, f64),
+    /// The last SM to arrive has picked the token.
+    pub picked_us: f64,
 }
 
 /// Time per kind of instruction over one step.
@@ -59,6 +73,7 @@ pub struct Profile {
     /// The LM head, in µs from the last layer's end.
     pub lm_head: Option<Phase>,
     pub attention: Option<AttentionInside>,
+    pub lm_head_inside: Option<LmHeadInside>,
 }
 
 /// One op of one layer on the step's timeline, in µs from the moment the
@@ -168,7 +183,23 @@ impl Profile {
             stored_us: latest(&|i| inside[3 * i + 2]),
             done_us: latest(&|i| stamps[3 * i + 2]),
         });
-        Ok(Profile { step_us: us(end.saturating_sub(start)), layer_us, ops, timeline, lm_head, attention })
+        let lm_origin = layer_end.last().copied().unwrap_or(start);
+        let lm_rel = |ns: u64| (ns as f64 - lm_origin as f64) / 1e3;
+        let lm: Vec<usize> = (0..n).filter(|&i| instrs[i].op == Op::LmHead).collect();
+        let spread = |word: usize| -> Option<(f64, f64, f64)> {
+            let v: Vec<f64> = lm.iter().map(|&i| inside[3 * i + word]).filter(|&w| w != 0).map(lm_rel).collect();
+            (!v.is_empty()).then(|| {
+                let mean = v.iter().sum::<f64>() / v.len() as f64;
+                (v.iter().copied().fold(f64::MAX, f64::min), mean, v.iter().copied().fold(f64::MIN, f64::max))
+            })
+        };
+        let picked: Vec<u64> = lm.iter().map(|&i| inside[3 * i + 2]).filter(|&w| w != 0).collect();
+        let lm_head_inside = match (spread(0), spread(1), picked.as_slice()) {
+            (Some(tiles_done_us), Some(parts_done_us), &[picked]) => Some(LmHeadInside { tiles_done_us, parts_done_us, picked_us: lm_rel(picked) }),
+            (None, None, []) => None,
+            _ => return Err(RocketError::Internal(format!("the LM head's inside stamps are incomplete ({} picks)", picked.len()))),
+        };
+        Ok(Profile { step_us: us(end.saturating_sub(start)), layer_us, ops, timeline, lm_head, attention, lm_head_inside })
     }
 }
 
@@ -194,6 +225,14 @@ impl fmt::Display for Profile {
                 f,
                 "inside its {} used attention splits (latest, same clock): wait ends {:.2}, q ready {:.2}, positions done {:.2}, partial stored {:.2}, done (released) {:.2}",
                 a.used, a.wait_end_us, a.q_ready_us, a.loop_done_us, a.stored_us, a.done_us
+            )?;
+        }
+        if let Some(l) = &self.lm_head_inside {
+            let (t, p) = (l.tiles_done_us, l.parts_done_us);
+            writeln!(
+                f,
+                "inside the LM head (from the last layer's end; first / mean / last SM): tiles done {:.2} / {:.2} / {:.2}, parts done {:.2} / {:.2} / {:.2}, token picked {:.2}",
+                t.0, t.1, t.2, p.0, p.1, p.2, l.picked_us
             )?;
         }
         Ok(())
@@ -253,6 +292,39 @@ mod tests {
         let a = Profile::from_trace(&s, &t).unwrap().attention.expect("a used split");
         assert_eq!(a.used, 1);
         assert!(a.wait_end_us < a.q_ready_us && a.q_ready_us < a.loop_done_us && a.loop_done_us < a.stored_us && a.stored_us < a.done_us, "{a:?}");
+    }
+
+    #[test]
+    fn the_lm_heads_inside_stamps_show_parts_and_merge() {
+        let s = small_schedule();
+        let (n, sms) = (s.len(), s.sm_count);
+        let lm: Vec<usize> = s.per_sm.iter().flatten().enumerate().filter(|(_, i)| i.op == Op::LmHead).map(|(i, _)| i).collect();
+        assert!(lm.len() >= 2, "one LM-head instruction per SM");
+        let mut t = serial_trace(&s);
+        assert!(Profile::from_trace(&s, &t).unwrap().lm_head_inside.is_none(), "no stamps, nothing inside");
+        // The last layer ends at the latest Mlp's done.
+        let mlp_end = (0..n).filter(|&i| s.per_sm.iter().flatten().nth(i).unwrap().op == Op::Mlp).map(|i| t[3 * i + 2]).max().unwrap();
+        for (k, &i) in lm.iter().enumerate() {
+            let base = 3 * n + 2 * sms + 3 * i;
+            t[base] = mlp_end + 1_000 + 1_000 * k as u64; // tiles done 1, 2, ... µs after
+            t[base + 1] = t[base] + 500;
+        }
+        // The last instruction's SM picks.
+        let last = *lm.last().unwrap();
+        t[3 * n + 2 * sms + 3 * last + 2] = t[3 * n + 2 * sms + 3 * last + 1] + 2_000;
+        let inside = Profile::from_trace(&s, &t).unwrap().lm_head_inside.expect("stamped");
+        let m = lm.len() as f64;
+        assert!((inside.tiles_done_us.0 - 1.0).abs() < 1e-9 && (inside.tiles_done_us.2 - m).abs() < 1e-9, "{inside:?}");
+        assert!((inside.tiles_done_us.1 - (m + 1.0) / 2.0).abs() < 1e-9, "{inside:?}");
+        assert!((inside.parts_done_us.2 - (m + 0.5)).abs() < 1e-9 && (inside.picked_us - (m + 2.5)).abs() < 1e-9, "{inside:?}");
+        assert!(Profile::from_trace(&s, &t).unwrap().to_string().contains("token picked"));
+        // Two SMs claiming the pick, or none, is not a whole step.
+        let mut two = t.clone();
+        two[3 * n + 2 * sms + 3 * lm[0] + 2] = two[3 * n + 2 * sms + 3 * lm[0] + 1] + 1;
+        assert!(Profile::from_trace(&s, &two).is_err());
+        let mut none = t.clone();
+        none[3 * n + 2 * sms + 3 * last + 2] = 0;
+        assert!(Profile::from_trace(&s, &none).is_err());
     }
 
     #[test]
