@@ -415,6 +415,13 @@ struct RacePart {
     }
 };
 
+// Entries of the SMs' lists each merge thread keeps in registers (entries
+// tid + CONSUMERS q of the lists' dense enumeration, SM by SM, slots below k):
+// 3,072, over the 132 x 20 = 2,640 of Qwen3's top-k 20 on 132 SMs. Their loads
+// are in flight together: one L2 round trip, where a thread per list (or a
+// thread per slot of every list) reading its entries one by one took ~20.
+constexpr int MERGE_CACHED = 12;
+
 // TOPK's merge (see race_merge). Every SM's list holds its tokens at or above
 // its threshold, so it holds each of the global k best that lies on it. Two
 // lower bounds of the global k-th key: the highest of the SMs' thresholds (that
@@ -429,27 +436,55 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
     TopkShared& ts = *reinterpret_cast<TopkShared*>(s.race_keys());
     const SampleRow& r = *p.sample;
     if (p.lm_tiles > TOPK_MAX_SMS) return 0xffffffffu;
+    // Every list holds at most k entries (topk_list): the dense enumeration's width.
+    const uint32_t width = r.top_k;
     uint64_t bound = 0, bad = 0;
     for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
         bound = max(bound, (uint64_t)__ldcg(reinterpret_cast<const uint64_t*>(p.lm_max) + i));
         const uint32_t len = __ldcg(p.lm_idx + i);
-        if (len > (uint32_t)RACE_LIST) bad = 1;
+        if (len > width) bad = 1;  // (0xffffffff too: an SM whose list overflowed)
         ts.lens[i] = len;
-        uint64_t top = 0;
-        const unsigned long long* list = p.race_keys + (size_t)i * RACE_LIST;
-#pragma unroll 8
-        for (uint32_t j = 0; j < min(len, (uint32_t)RACE_LIST); j++) top = max(top, (uint64_t)__ldcg(list + j));
-        ts.tops[i] = top;
+        ts.tops[i] = 0;
     }
     if (tid == 0) {
         ts.sel.len = 0;
         ts.n_cand = 0;
         ts.top_bound = 0;
     }
-    bound = ConsumerSampler::block_key_reduce<true>(bound, sh);  // (its barriers publish lens, tops and the zeros)
+    bound = ConsumerSampler::block_key_reduce<true>(bound, sh);  // (its barriers publish lens and the zeros)
     if (ConsumerSampler::block_key_reduce<true>(bad, sh) != 0) return 0xffffffffu;
+    // The lists' entries, each by one thread: the first MERGE_CACHED per thread
+    // in registers (0: a slot past its list's length), the rest loaded per use.
+    const uint32_t total = (uint32_t)p.lm_tiles * width;
+    auto entry = [&](uint32_t e, uint32_t& list) -> uint64_t {
+        list = e / width;
+        const uint32_t slot = e - list * width;
+        return slot < ts.lens[list] ? (uint64_t)__ldcg(p.race_keys + (size_t)list * RACE_LIST + slot) : 0ull;
+    };
+    uint64_t cached[MERGE_CACHED];
+    uint32_t cached_list[MERGE_CACHED];
+#pragma unroll
+    for (int q = 0; q < MERGE_CACHED; q++) {
+        const uint32_t e = tid + q * CONSUMERS;
+        cached_list[q] = 0;
+        cached[q] = e < total ? entry(e, cached_list[q]) : 0ull;
+    }
+    auto uncached = [&](auto&& f) {
+        for (uint32_t e = tid + MERGE_CACHED * CONSUMERS; e < total; e += CONSUMERS) {
+            uint32_t list;
+            const uint64_t key = entry(e, list);
+            if (key) f(key, list);  // a listed key is never 0
+        }
+    };
+    // Each SM's best key.
+    unsigned long long* tops = reinterpret_cast<unsigned long long*>(ts.tops);
+#pragma unroll
+    for (int q = 0; q < MERGE_CACHED; q++)
+        if (cached[q]) atomicMax(tops + cached_list[q], (unsigned long long)cached[q]);
+    uncached([&](uint64_t key, uint32_t list) { atomicMax(tops + list, (unsigned long long)key); });
+    consumer_sync();
     // The k-th largest best key: its rank (the larger ones) is k - 1. Equal
-    // ranks only come from SMs without a candidate (0), which write 0.
+    // ranks only come from SMs without a candidate (0).
     for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
         const uint64_t mine = ts.tops[i];
         uint32_t rank = 0;
@@ -459,11 +494,12 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
     consumer_sync();
     bound = max(bound, ts.top_bound);
     auto each = [&](auto&& f) {
-        for (int idx = tid; idx < p.lm_tiles * RACE_LIST; idx += CONSUMERS) {
-            if ((uint32_t)(idx % RACE_LIST) >= ts.lens[idx / RACE_LIST]) continue;
-            const uint64_t key = __ldcg(p.race_keys + idx);
+#pragma unroll
+        for (int q = 0; q < MERGE_CACHED; q++)
+            if (cached[q] && cached[q] >= bound) f(cached[q]);
+        uncached([&](uint64_t key, uint32_t) {
             if (key >= bound) f(key);
-        }
+        });
     };
     uint64_t* cand = reinterpret_cast<uint64_t*>(ts.sel.counts);
     each([&](uint64_t key) {
@@ -568,8 +604,10 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
     // The maximum, and whether every SM could weigh at the anchor it gives.
     const double* maxima = reinterpret_cast<const double*>(p.lm_max);
     uint64_t m_bits = 0, bad = 0;  // order of doubles as u64 (0: nothing), any NaN
+    double own = 0.0;  // maxima[tid], kept for the levels' loop below (one L2 round trip less)
     for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
         const double m = __ldcg(maxima + i);
+        if (i == tid) own = m;
         if (isnan(m)) bad = 1;
         else if (m > -INFINITY) m_bits = max(m_bits, double_order(m));
     }
@@ -582,7 +620,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
     // Levels written (to zero them), and whether another anchor's weights share ours.
     uint64_t written = 0, aliased = 0;
     for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
-        const double mi = __ldcg(maxima + i);
+        const double mi = i == tid ? own : __ldcg(maxima + i);
         if (!isfinite(mi) || fabs(mi) > RACE_M_LIMIT) continue;
         const double a0 = race_anchor(mi), a1 = __dadd_rn(a0, RACE_ANCHOR_STEP);
         written |= (1ull << race_level(a0)) | (1ull << race_level(a1));

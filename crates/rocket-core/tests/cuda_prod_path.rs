@@ -14,9 +14,10 @@
 //! second reference: the megakernel must agree with it more tightly than with
 //! the CPU, since both round the KV cache to bf16 alike.
 //!
-//! Prompt lengths 1, 17, 128 and 1000: the last decodes positions 1000..1047,
-//! past 1024, where the megakernel's attention splits cover more than 64
-//! positions each. Needs a GPU: ignored unless run with `--include-ignored`.
+//! Prompt lengths 1, 17, 72, 128 and 1000: 72 and up prefill on cuBLASLt's fp16
+//! products where it loads (`auto`: prompt passes of 33 rows or more); the last
+//! decodes positions 1000..1047, past 1024, where the megakernel's attention
+//! splits cover more than 64 positions each. Needs a GPU: ignored unless run with `--include-ignored`.
 //! Checkpoints: every folder in ROCKET_GPU_CHECKPOINTS (exact-shape random
 //! checkpoints from benches/make_checkpoint.py). Prints PROD-... lines.
 #![cfg(feature = "diagnostics")]
@@ -37,7 +38,7 @@ use rocket_core::{Engine, EngineOptions, GpuOptions, Progress, SamplingParams};
 
 use common::{open_weights, random_ids, rel_l2};
 
-const PROMPT_LENS: [usize; 4] = [1, 17, 128, 1000];
+const PROMPT_LENS: [usize; 5] = [1, 17, 72, 128, 1000];
 /// Steps per megakernel launch here, and launches per prompt.
 const LAUNCH_STEPS: usize = 16;
 const LAUNCHES: usize = 3;

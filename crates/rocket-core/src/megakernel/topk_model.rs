@@ -158,7 +158,9 @@ enum MergePath {
 /// found the k best.
 fn merge_path(parts: &[(Vec<u64>, u64)], p: &SamplingParams, seed: u64, step: u64) -> (Option<u32>, MergePath) {
     let k = p.top_k as u32;
-    if parts.iter().any(|(list, _)| list.len() > RACE_LIST) {
+    // A list never holds more than k entries (topk_list); the merge enumerates
+    // k slots per list and gives up on a longer one (an overflowed list included).
+    if parts.iter().any(|(list, _)| list.len() > (k as usize).min(RACE_LIST)) {
         return (None, MergePath::Ranked);
     }
     // Lower bounds of the global k-th key: the highest SM threshold, and the

@@ -109,6 +109,16 @@ pub const TENSOR_CORE_MIN_ROWS: usize = 2;
 /// rows: 115 µs against 318), and prefill passes are that long.
 pub const CUBLAS_MIN_ROWS: usize = 128;
 
+/// Prompt passes (any row of a prompt) of at least this many rows take
+/// cuBLASLt's fp16 products under `MatmulPath::Auto`. Measured on the H100
+/// (matmul check, every fuel's four layer products summed): at 48 rows and up
+/// cuBLASLt takes 0.45-0.67x the tensor-core GEMM's time (Llama-3.2-1B 79 µs a
+/// layer against 137 at 48 rows, 85 against 235 at 96), at 32 it is even (76
+/// against 85, SmolLM2 50 against 40), at 17 and below the GEMM is faster.
+/// Decode passes keep `CUBLAS_MIN_ROWS` (their graphs stay on the tensor cores'
+/// products, whatever the batch).
+pub const CUBLAS_F16_PROMPT_MIN_ROWS: usize = 33;
+
 /// Under `MatmulPath::Auto` with cuBLASLt loaded, a product on the bf16 hi+lo
 /// split (`CublasOffer::Split`) of `rows` rows by an n x k weight takes it from
 /// this many multiply-adds (rows * n * k) and `CUBLAS_MIN_ROWS` rows. Measured on
@@ -129,7 +139,8 @@ enum CublasOffer {
     /// Products on the bf16 hi+lo split (two each): from `CUBLAS_AUTO_MIN_MACS`.
     Split,
     /// Products on fp16 operands (the matrix has an fp16 copy, or gets one at
-    /// this pass): every pass of `CUBLAS_MIN_ROWS` rows or more.
+    /// this pass): every pass of `CUBLAS_F16_PROMPT_MIN_ROWS` rows or more (a
+    /// decode pass is offered none below `CUBLAS_MIN_ROWS`: `PassShape::fp16`).
     F16,
 }
 
@@ -147,16 +158,24 @@ fn matmul_kernel(matmul: MatmulPath, offer: CublasOffer, rows: usize, n: usize, 
     let below_cublas = if rows >= TENSOR_CORE_MIN_ROWS { ProductKernel::Tensor } else { ProductKernel::Gemv };
     let auto_takes = match offer {
         CublasOffer::None => false,
-        CublasOffer::Split => rows * n * k >= CUBLAS_AUTO_MIN_MACS,
-        CublasOffer::F16 => true,
+        CublasOffer::Split => rows * n * k >= CUBLAS_AUTO_MIN_MACS && rows >= CUBLAS_MIN_ROWS,
+        CublasOffer::F16 => rows >= CUBLAS_F16_PROMPT_MIN_ROWS,
     };
     match matmul {
         MatmulPath::Gemv => ProductKernel::Gemv,
         MatmulPath::Tensor => ProductKernel::Tensor,
         MatmulPath::Cublas if rows >= CUBLAS_MIN_ROWS => ProductKernel::Cublas,
-        MatmulPath::Auto if auto_takes && rows >= CUBLAS_MIN_ROWS => ProductKernel::Cublas,
+        MatmulPath::Auto if auto_takes => ProductKernel::Cublas,
         MatmulPath::Cublas | MatmulPath::Auto => below_cublas,
     }
+}
+
+/// Whether a pass's layer products may take their matrices' fp16 copies: a
+/// prompt pass (of any rows; `matmul_kernel` takes it from 33), or a decode
+/// pass of `CUBLAS_MIN_ROWS` rows or more. Decode batches stay on the tensor
+/// cores: their graphs, and a decode row's bits, as every batch size had them.
+fn fp16_offered(decode: bool, rows: usize) -> bool {
+    !decode || rows >= CUBLAS_MIN_ROWS
 }
 
 /// What cuBLASLt offers a product by a matrix with or without an fp16 copy.
@@ -413,6 +432,9 @@ struct PassShape {
     prefill_splits: usize,
     gather_last: bool,
     argmax: bool,
+    /// Whether the layer products may take their matrices' fp16 copies: a prompt
+    /// pass, or a decode pass of `CUBLAS_MIN_ROWS` rows or more.
+    fp16: bool,
 }
 
 impl CudaBackend {
@@ -545,6 +567,7 @@ impl CudaBackend {
             prefill_splits: 0,
             gather_last: !decode && logits == Logits::Last,
             argmax,
+            fp16: fp16_offered(decode, rows),
         };
 
         let mut guard = self.lock()?;
@@ -561,7 +584,7 @@ impl CudaBackend {
             inner.graphs.clear();
             inner.scratch = None;
             // The bf16 inputs only where a pass this long can take cuBLASLt.
-            let bf16 = inner.kernels.cublas.is_some() && r.next_power_of_two() >= CUBLAS_MIN_ROWS;
+            let bf16 = inner.kernels.cublas.is_some() && r.next_power_of_two() >= CUBLAS_F16_PROMPT_MIN_ROWS;
             let fresh = Scratch::new(&inner.ctx, &inner.stream, s, r.next_power_of_two(), sp, bf16)?;
             fresh.poison(&inner.stream)?;
             inner.scratch = Some(fresh);
@@ -619,7 +642,7 @@ impl CudaBackend {
         }
         scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
-        if matches!(inner.f16, F16Copy::NotYet) && self.layer_product_on_cublas(inner, rows) {
+        if matches!(inner.f16, F16Copy::NotYet) && shape.fp16 && self.layer_product_on_cublas(inner, rows) {
             inner.f16 = match fp16_copy(&inner.ctx, &inner.stream, &inner.kernels, s, &inner.weights)? {
                 Some(copy) => F16Copy::Ready(copy),
                 None => F16Copy::Off,
@@ -646,7 +669,7 @@ impl CudaBackend {
                 self.record_pass(inner, scratch, &shape)?;
             }
             issued = started.elapsed();
-            let Some(flag) = self.f16_flag(inner, scratch, rows) else { break };
+            let Some(flag) = self.f16_flag(inner, scratch, &shape) else { break };
             let mut overflowed = [0u32];
             flag.download(&inner.stream, 0, &mut overflowed)?;
             if overflowed[0] == 0 {
@@ -703,9 +726,9 @@ impl CudaBackend {
     /// The range flag of a pass of `rows` rows whose cuBLASLt products take fp16
     /// operands, else None. Zeroed where the scratch is made: once set, the fp16
     /// copy is gone for good and the flag is never read again.
-    fn f16_flag<'s>(&self, inner: &Inner, scratch: &'s Scratch, rows: usize) -> Option<&'s DeviceBuffer> {
+    fn f16_flag<'s>(&self, inner: &Inner, scratch: &'s Scratch, p: &PassShape) -> Option<&'s DeviceBuffer> {
         let flag = scratch.f16_overflow.as_ref()?;
-        (inner.f16.ready().is_some() && self.layer_product_on_cublas(inner, rows)).then_some(flag)
+        (p.fp16 && inner.f16.ready().is_some() && self.layer_product_on_cublas(inner, p.rows)).then_some(flag)
     }
 
     /// Launches one whole forward pass on the stream (also what a graph records).
@@ -723,7 +746,7 @@ impl CudaBackend {
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
         for (li, l) in w.layers.iter().enumerate() {
             // The fp16 copies of this layer's matrices (0: none).
-            let (qkv16, o16, gate_up16, down16) = inner.f16.ready().map_or((0, 0, 0, 0), |f| {
+            let (qkv16, o16, gate_up16, down16) = inner.f16.ready().filter(|_| p.fp16).map_or((0, 0, 0, 0), |f| {
                 let l = f.layers[li];
                 (l.qkv, l.o, l.gate_up, l.down)
             });
@@ -1132,9 +1155,13 @@ mod tests {
                 assert_eq!(pick(MatmulPath::Tensor, offer, rows, llama_gate_up), Tensor);
                 assert_eq!(pick(MatmulPath::Auto, offer, 1, llama_gate_up), Gemv);
             }
-            // Decode batches stay on the tensor cores.
+            // Passes of up to 32 rows stay on the tensor cores (decode batches, whatever
+            // their rows, are offered no fp16 products: `fp16_offered`).
             assert_eq!(pick(MatmulPath::Auto, offer, 16, llama_gate_up), Tensor);
-            assert_eq!(pick(MatmulPath::Auto, offer, 127, llama_gate_up), Tensor);
+            assert_eq!(pick(MatmulPath::Auto, offer, 32, llama_gate_up), Tensor);
+            if offer != CublasOffer::F16 {
+                assert_eq!(pick(MatmulPath::Auto, offer, 127, llama_gate_up), Tensor);
+            }
             assert_eq!(pick(MatmulPath::Cublas, offer, 127, llama_gate_up), Tensor);
             // `cublas`: every pass of 128 rows or more.
             assert_eq!(pick(MatmulPath::Cublas, offer, 128, smollm2_o), Cublas);
@@ -1149,11 +1176,28 @@ mod tests {
         assert_eq!(pick(MatmulPath::Auto, split, 64, (1 << 20, 1 << 20)), Tensor); // big, but a decode-sized pass
         assert_eq!(pick(MatmulPath::Auto, split, 128, (8192, 1024)), Cublas); // 128 x 8192 x 1024 = 2^30
         assert_eq!(pick(MatmulPath::Auto, split, 128, (8191, 1024)), Tensor);
-        // `auto` on fp16 operands: every product of a pass of 128 rows or more.
+        // `auto` on fp16 operands (offered to prompt passes, and decode passes of 128
+        // rows or more): every product of a pass of 33 rows or more.
         let f16 = CublasOffer::F16;
         assert_eq!(pick(MatmulPath::Auto, f16, 128, smollm2_o), Cublas); // 4.2e7
         assert_eq!(pick(MatmulPath::Auto, f16, 512, smollm2_qkv), Cublas);
-        assert_eq!(pick(MatmulPath::Auto, f16, 127, (1 << 20, 1024)), Tensor);
+        assert_eq!(pick(MatmulPath::Auto, f16, 127, (1 << 20, 1024)), Cublas);
+        assert_eq!(pick(MatmulPath::Auto, f16, 33, smollm2_o), Cublas);
+        assert_eq!(pick(MatmulPath::Auto, f16, 32, llama_gate_up), Tensor);
+        // The split keeps 128 rows, whatever the size; `cublas` keeps 128 rows on either.
+        assert_eq!(pick(MatmulPath::Auto, split, 100, (1 << 20, 1 << 20)), Tensor);
+        assert_eq!(pick(MatmulPath::Cublas, f16, 100, llama_gate_up), Tensor);
+    }
+
+    #[test]
+    fn decode_batches_are_offered_no_fp16_products() {
+        for rows in [1, 16, 33, 64, 127] {
+            assert!(!fp16_offered(true, rows), "a decode pass of {rows} rows");
+        }
+        assert!(fp16_offered(true, CUBLAS_MIN_ROWS));
+        for rows in [2, 33, 100, 4096] {
+            assert!(fp16_offered(false, rows), "a prompt pass of {rows} rows");
+        }
     }
 
     #[test]
