@@ -42,6 +42,7 @@
 #             + min-p, T 0.7 + top-p 0.9, T 0.6 + top-k 20 + top-p 0.95, greedy with logprobs 5),
 #             each on its default path,
 #             and batch 16 greedy and T 0.6 + top-k 20 + top-p 0.95 on Qwen3-0.6B and Llama-3.2-1B
+#             (RACE_MODES: a subset of greedy t1 t08rp minp topp topk lp5; RACE16=0 skips batch 16)
 #   attnprof  Nsight Compute sections (throughput, stalls, occupancy) of the prompt attention's
 #             launches in a 4,096-token Llama-3.2-1B prefill (PROFILE_FUEL picks another)
 #   ttft      TTFT per fuel at prompts of 128, 1K, 4K (and 16K for Llama-3.2-1B), prompt attention on
@@ -249,17 +250,25 @@ if has sampled; then  # top-k 20 / top-p 0.95 / temperature 0.7 on the device sa
     done
 fi
 if has race; then  # batch-1 sampled decode per fuel: the issue's settings, against the same build's greedy
+    RACE_MODES=${RACE_MODES:-"greedy t1 t08rp minp topp topk lp5"}  # a subset saves device time
+    race_args() {
+        case $1 in
+            greedy) echo "";;
+            t1) echo "--temperature 1.0";;
+            t08rp) echo "--temperature 0.8 --repetition-penalty 1.1";;
+            minp) echo "--temperature 0.8 --min-p 0.05 --repetition-penalty 1.1";;
+            topp) echo "--temperature 0.7 --top-p 0.9";;
+            topk) echo "--temperature 0.6 --top-k 20 --top-p 0.95";;
+            lp5) echo "--logprobs 5";;
+        esac
+    }
     for f in $FUELS; do
-        bench "race-greedy-$f" auto 1 128 256 3 "$f"
-        BENCH_EXTRA="--temperature 1.0" bench "race-t1-$f" auto 1 128 256 3 "$f"
-        BENCH_EXTRA="--temperature 0.8 --repetition-penalty 1.1" bench "race-t08rp-$f" auto 1 128 256 3 "$f"
-        BENCH_EXTRA="--temperature 0.8 --min-p 0.05 --repetition-penalty 1.1" bench "race-minp-$f" auto 1 128 256 3 "$f"
-        BENCH_EXTRA="--temperature 0.7 --top-p 0.9" bench "race-topp-$f" auto 1 128 256 3 "$f"
-        BENCH_EXTRA="--temperature 0.6 --top-k 20 --top-p 0.95" bench "race-topk-$f" auto 1 128 256 3 "$f"
-        BENCH_EXTRA="--logprobs 5" bench "race-lp5-$f" auto 1 128 256 3 "$f"
+        for n in $RACE_MODES; do
+            BENCH_EXTRA=$(race_args "$n") bench "race-$n-$f" auto 1 128 256 3 "$f"
+        done
     done
     for f in $FUELS; do
-        for n in greedy t1 t08rp minp topp topk lp5; do
+        for n in $RACE_MODES; do
             printf 'RACE %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^\| 1 \|' "$LOGS/race-$n-$f.txt" | head -1)"
         done
     done
@@ -267,7 +276,7 @@ if has race; then  # batch-1 sampled decode per fuel: the issue's settings, agai
     # batch target, T 0.6 + top-k 20 + top-p 0.95 (the top-k lists) and T 0.6 + top-p 0.9
     # (the bins) against greedy.
     for f in qwen3-0.6b llama-3.2-1b; do
-        [[ " $FUELS " == *" $f "* ]] || continue
+        [[ " $FUELS " == *" $f "* && ${RACE16:-1} == 1 ]] || continue
         bench "race16-greedy-$f" auto 16 128 256 3 "$f"
         BENCH_EXTRA="--temperature 0.6 --top-k 20 --top-p 0.95" bench "race16-topk-$f" auto 16 128 256 3 "$f"
         BENCH_EXTRA="--temperature 0.6 --top-p 0.9" bench "race16-topp-$f" auto 16 128 256 3 "$f"
