@@ -278,7 +278,7 @@ if has race; then  # batch-1 sampled decode per fuel: the issue's settings, agai
     for f in qwen3-0.6b llama-3.2-1b; do
         [[ " $FUELS " == *" $f "* && ${RACE16:-1} == 1 ]] || continue
         bench "race16-greedy-$f" auto 16 128 256 3 "$f"
-        BENCH_EXTRA="--temperature 0.6 --top-k 20 --top-p 0.95" bench "race16-topk-$f" auto 16 128 256 3 "$f"
+        BENCH_EXTRA=$(race_args topk) bench "race16-topk-$f" auto 16 128 256 3 "$f"
         BENCH_EXTRA="--temperature 0.6 --top-p 0.9" bench "race16-topp-$f" auto 16 128 256 3 "$f"
         for n in greedy topk topp; do
             printf 'RACE16 %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^\| 16 \|' "$LOGS/race16-$n-$f.txt" | head -1)"

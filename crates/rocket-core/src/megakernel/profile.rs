@@ -160,16 +160,15 @@ impl Profile {
             let these: Vec<_> = instrs.iter().enumerate().filter(|(_, ins)| ins.op == op && ins.layer as usize == layer).collect();
             let (_, first) = these.first()?;
             let ready = ready.get(&first.wait.counter).copied().unwrap_or(origin);
-            let ends: Vec<u64> = these.iter().map(|(i, _)| stamps[3 * i + 1]).collect();
-            let dones: Vec<u64> = these.iter().map(|(i, _)| stamps[3 * i + 2]).collect();
-            let mean = dones.iter().map(|&d| rel(d)).sum::<f64>() / dones.len() as f64;
-            let span = |v: &[u64]| (rel(*v.iter().min().unwrap()), rel(*v.iter().max().unwrap()));
-            Some(Phase { op, layer, ready_us: rel(ready), start_us: span(&ends), done_us: (span(&dones).0, mean, span(&dones).1) })
+            let (first_end, _, last_end) = first_mean_last(these.iter().map(|(i, _)| rel(stamps[3 * i + 1])))?;
+            let done_us = first_mean_last(these.iter().map(|(i, _)| rel(stamps[3 * i + 2])))?;
+            Some(Phase { op, layer, ready_us: rel(ready), start_us: (first_end, last_end), done_us })
         };
         let mid = layers / 2;
         let origin = if mid == 0 { start } else { layer_end[mid - 1] };
         let timeline = Op::LAYER_OPS.iter().filter_map(|&op| phase(op, mid, origin)).collect();
-        let lm_head = phase(Op::LmHead, layers, layer_end.last().copied().unwrap_or(start));
+        let lm_origin = layer_end.last().copied().unwrap_or(start);
+        let lm_head = phase(Op::LmHead, layers, lm_origin);
         let rel = |ns: u64| (ns as f64 - origin as f64) / 1e3;
         let used: Vec<usize> = (0..n)
             .filter(|&i| instrs[i].op == Op::Attn && instrs[i].layer as usize == mid && inside[3 * i] != 0)
@@ -183,16 +182,9 @@ impl Profile {
             stored_us: latest(&|i| inside[3 * i + 2]),
             done_us: latest(&|i| stamps[3 * i + 2]),
         });
-        let lm_origin = layer_end.last().copied().unwrap_or(start);
         let lm_rel = |ns: u64| (ns as f64 - lm_origin as f64) / 1e3;
         let lm: Vec<usize> = (0..n).filter(|&i| instrs[i].op == Op::LmHead).collect();
-        let spread = |word: usize| -> Option<(f64, f64, f64)> {
-            let v: Vec<f64> = lm.iter().map(|&i| inside[3 * i + word]).filter(|&w| w != 0).map(lm_rel).collect();
-            (!v.is_empty()).then(|| {
-                let mean = v.iter().sum::<f64>() / v.len() as f64;
-                (v.iter().copied().fold(f64::MAX, f64::min), mean, v.iter().copied().fold(f64::MIN, f64::max))
-            })
-        };
+        let spread = |word: usize| first_mean_last(lm.iter().map(|&i| inside[3 * i + word]).filter(|&w| w != 0).map(lm_rel));
         let picked: Vec<u64> = lm.iter().map(|&i| inside[3 * i + 2]).filter(|&w| w != 0).collect();
         let lm_head_inside = match (spread(0), spread(1), picked.as_slice()) {
             (Some(tiles_done_us), Some(parts_done_us), &[picked]) => Some(LmHeadInside { tiles_done_us, parts_done_us, picked_us: lm_rel(picked) }),
@@ -201,6 +193,15 @@ impl Profile {
         };
         Ok(Profile { step_us: us(end.saturating_sub(start)), layer_us, ops, timeline, lm_head, attention, lm_head_inside })
     }
+}
+
+/// The smallest, mean and largest of `values`; None when there are none.
+fn first_mean_last(values: impl Iterator<Item = f64>) -> Option<(f64, f64, f64)> {
+    let (mut lo, mut sum, mut hi, mut count) = (f64::INFINITY, 0.0, f64::NEG_INFINITY, 0usize);
+    for v in values {
+        (lo, hi, sum, count) = (lo.min(v), hi.max(v), sum + v, count + 1);
+    }
+    (count > 0).then(|| (lo, sum / count as f64, hi))
 }
 
 impl fmt::Display for Profile {
@@ -298,12 +299,13 @@ mod tests {
     fn the_lm_heads_inside_stamps_show_parts_and_merge() {
         let s = small_schedule();
         let (n, sms) = (s.len(), s.sm_count);
-        let lm: Vec<usize> = s.per_sm.iter().flatten().enumerate().filter(|(_, i)| i.op == Op::LmHead).map(|(i, _)| i).collect();
+        let instrs: Vec<_> = s.per_sm.iter().flatten().collect();
+        let lm: Vec<usize> = (0..n).filter(|&i| instrs[i].op == Op::LmHead).collect();
         assert!(lm.len() >= 2, "one LM-head instruction per SM");
         let mut t = serial_trace(&s);
         assert!(Profile::from_trace(&s, &t).unwrap().lm_head_inside.is_none(), "no stamps, nothing inside");
         // The last layer ends at the latest Mlp's done.
-        let mlp_end = (0..n).filter(|&i| s.per_sm.iter().flatten().nth(i).unwrap().op == Op::Mlp).map(|i| t[3 * i + 2]).max().unwrap();
+        let mlp_end = (0..n).filter(|&i| instrs[i].op == Op::Mlp).map(|i| t[3 * i + 2]).max().unwrap();
         for (k, &i) in lm.iter().enumerate() {
             let base = 3 * n + 2 * sms + 3 * i;
             t[base] = mlp_end + 1_000 + 1_000 * k as u64; // tiles done 1, 2, ... µs after
