@@ -642,7 +642,7 @@ impl CudaBackend {
         }
         scratch.inputs.upload(&inner.stream, 0, &bytes[..Scratch::inputs_bytes(cap)])?;
 
-        if matches!(inner.f16, F16Copy::NotYet) && shape.fp16 && self.layer_product_on_cublas(inner, rows) {
+        if matches!(inner.f16, F16Copy::NotYet) && self.layer_product_on_cublas(inner, &shape) {
             inner.f16 = match fp16_copy(&inner.ctx, &inner.stream, &inner.kernels, s, &inner.weights)? {
                 Some(copy) => F16Copy::Ready(copy),
                 None => F16Copy::Off,
@@ -715,20 +715,21 @@ impl CudaBackend {
     }
 
     /// Whether one of a pass's layer products (not the LM head, which has no fp16
-    /// copy) takes cuBLASLt at `rows` rows.
-    fn layer_product_on_cublas(&self, inner: &Inner, rows: usize) -> bool {
-        // The layers' matrices get an fp16 copy at such a pass unless it is off for good.
-        let offer = cublas_offer(&inner.kernels, !matches!(inner.f16, F16Copy::Off));
-        let on_cublas = |&(n, k): &(usize, usize)| matmul_kernel(self.options.matmul, offer, rows, n, k) == ProductKernel::Cublas;
+    /// copy) takes cuBLASLt.
+    fn layer_product_on_cublas(&self, inner: &Inner, p: &PassShape) -> bool {
+        // The layers' matrices get an fp16 copy at such a pass unless it is off for good
+        // or the pass is offered none (record_pass gives it the copies alike).
+        let offer = cublas_offer(&inner.kernels, p.fp16 && !matches!(inner.f16, F16Copy::Off));
+        let on_cublas = |&(n, k): &(usize, usize)| matmul_kernel(self.options.matmul, offer, p.rows, n, k) == ProductKernel::Cublas;
         Scratch::matmul_shapes(&self.spec)[..4].iter().any(on_cublas)
     }
 
-    /// The range flag of a pass of `rows` rows whose cuBLASLt products take fp16
+    /// The range flag of a pass whose cuBLASLt products take fp16
     /// operands, else None. Zeroed where the scratch is made: once set, the fp16
     /// copy is gone for good and the flag is never read again.
     fn f16_flag<'s>(&self, inner: &Inner, scratch: &'s Scratch, p: &PassShape) -> Option<&'s DeviceBuffer> {
         let flag = scratch.f16_overflow.as_ref()?;
-        (p.fp16 && inner.f16.ready().is_some() && self.layer_product_on_cublas(inner, p.rows)).then_some(flag)
+        (inner.f16.ready().is_some() && self.layer_product_on_cublas(inner, p)).then_some(flag)
     }
 
     /// Launches one whole forward pass on the stream (also what a graph records).
