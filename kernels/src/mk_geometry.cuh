@@ -26,6 +26,7 @@ constexpr int RACE_LIST = RACE_TOPK_MAX;              // a top-k list per SM: it
 constexpr int LP_MAX = 20;                            // logprobs in the loop: alternatives per step at most
 constexpr int LP_PART = 3 + LP_MAX;                   // an SM's logprob part (u64 words): length, max, sum, list
 constexpr int LP_WORDS = 1 + 2 * LP_MAX;              // a step's logprob record (u32 words): the token's, then (id, logprob)s
+constexpr int MERGE_STAMPS = 8;                      // traced: the sampler merge's phase stamps at the trace's end
 
 // Opcodes (schedule.rs `Op`; 5 is unused).
 constexpr uint32_t OP_QKV = 1, OP_ATTN = 2, OP_OPROJ = 3, OP_MLP = 4, OP_LMHEAD = 6;

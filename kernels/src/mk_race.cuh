@@ -422,6 +422,14 @@ struct RacePart {
 // thread per slot of every list) reading its entries one by one took ~20.
 constexpr int MERGE_CACHED = 12;
 
+// Traced (megakernel/profile.rs): the MERGE_STAMPS words after the trace's
+// inside words, where thread 0 of the merging SM stamps the end of each of the
+// merge's phases (at most MERGE_STAMPS); null when this step is not traced, or
+// for the other threads.
+__device__ __forceinline__ unsigned long long* merge_stamps(const Params& p, int t) {
+    return p.trace != nullptr && t == p.trace_step && threadIdx.x == 0 ? p.trace + 6 * __ldg(p.sm_start + gridDim.x) + 2 * gridDim.x : nullptr;
+}
+
 // TOPK's merge (see race_merge). Every SM's list holds its tokens at or above
 // its threshold, so it holds each of the global k best that lies on it. Two
 // lower bounds of the global k-th key: the highest of the SMs' thresholds (that
@@ -435,6 +443,10 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
     SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec());
     TopkShared& ts = *reinterpret_cast<TopkShared*>(s.race_keys());
     const SampleRow& r = *p.sample;
+    unsigned long long* const ms = merge_stamps(p, t);
+    auto stamp = [&](int phase) {
+        if (ms) ms[phase] = globaltimer_ns();
+    };
     if (p.lm_tiles > TOPK_MAX_SMS) return 0xffffffffu;
     // Every list holds at most k entries (topk_list): the dense enumeration's width.
     const uint32_t width = r.top_k;
@@ -453,6 +465,7 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
     }
     bound = ConsumerSampler::block_key_reduce<true>(bound, sh);  // (its barriers publish lens and the zeros)
     if (ConsumerSampler::block_key_reduce<true>(bad, sh) != 0) return 0xffffffffu;
+    stamp(0);  // the lists' lengths and thresholds read
     // The lists' entries, each by one thread: the first MERGE_CACHED per thread
     // in registers (0: a slot past its list's length), the rest loaded per use.
     const uint32_t total = (uint32_t)p.lm_tiles * width;
@@ -483,6 +496,7 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
         if (cached[q]) atomicMax(tops + cached_list[q], (unsigned long long)cached[q]);
     uncached([&](uint64_t key, uint32_t list) { atomicMax(tops + list, (unsigned long long)key); });
     consumer_sync();
+    stamp(1);  // the entries loaded, each SM's best key
     // The k-th largest best key: its rank (the larger ones) is k - 1. Equal
     // ranks only come from SMs without a candidate (0).
     for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
@@ -492,6 +506,7 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
         if (rank + 1 == r.top_k) ts.top_bound = mine;
     }
     consumer_sync();
+    stamp(2);  // the k-th best of the SMs' best keys
     bound = max(bound, ts.top_bound);
     auto each = [&](auto&& f) {
 #pragma unroll
@@ -507,6 +522,7 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
         if (slot < (uint32_t)TOPK_RANKED) cand[slot] = key;
     });
     consumer_sync();
+    stamp(3);  // the candidates at or above the bound
     const uint32_t n = ts.n_cand;
     uint32_t kk;
     if (n <= (uint32_t)TOPK_RANKED) {
@@ -540,6 +556,7 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
         }
         consumer_sync();
     }
+    stamp(4);  // the k best in order
     if (kk == 0) return 0xffffffffu;  // no candidate: the host's argmax
     const uint64_t* sorted = ts.sorted;
     // The host takes the first +inf logit (sampling.rs `sample`); it is the best key. (A finite
@@ -557,6 +574,7 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
         rk = race_key(sc, key_id(sorted[tid]), hash);
     }
     consumer_sync();
+    stamp(5);  // their bins, weights and race keys
     if (tid == 0) {
         // race::top_p_bin over the k best (most likely first: bins never rise).
         long long cut = LLONG_MIN;
@@ -577,8 +595,10 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
         ts.cut = cut;
     }
     consumer_sync();
+    stamp(6);  // the cut
     if (tid < (int)kk && ts.bins[tid] < ts.cut) rk = 0;
     const uint64_t best = ConsumerSampler::block_key_reduce<true>(rk, sh);
+    stamp(7);  // the winner
     return best ? key_id(best) : 0xffffffffu;
 }
 
@@ -601,6 +621,10 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
         return key_id(best);  // ARGMAX and WHOLE keys both end in the id (item_key)
     }
     const SampleRow& r = *p.sample;
+    unsigned long long* const ms = merge_stamps(p, t);
+    auto stamp = [&](int phase) {
+        if (ms) ms[phase] = globaltimer_ns();
+    };
     // The maximum, and whether every SM could weigh at the anchor it gives.
     const double* maxima = reinterpret_cast<const double*>(p.lm_max);
     uint64_t m_bits = 0, bad = 0;  // order of doubles as u64 (0: nothing), any NaN
@@ -613,6 +637,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
     }
     m_bits = ConsumerSampler::block_key_reduce<true>(m_bits, sh);
     bad = ConsumerSampler::block_key_reduce<true>(bad, sh);
+    stamp(0);  // the SMs' maxima read
     const double m = m_bits ? order_double(m_bits) : -INFINITY;
     bool give_up = bad != 0 || !isfinite(m) || fabs(m) > RACE_M_LIMIT;
     const double a = give_up ? 0.0 : race_anchor(m);
@@ -632,6 +657,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
     consumer_sync();
     const uint64_t levels = sh.levels;
     give_up = give_up || aliased != 0;
+    stamp(1);  // the anchor levels the SMs wrote
 
     uint32_t token = 0xffffffffu;
     if (!give_up) {
@@ -673,6 +699,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
             deepest = ConsumerSampler::block_key_reduce<true>(deepest, sh);
             cut = top_bin - (long long)(deepest == 0 ? 0 : deepest - 1);
         }
+        stamp(2);  // the top-p cut
         if (r.min_p > 0.0f) cut = max(cut, race_min_p_bin(m, r.min_p));
         // The best key among the kept bins (a token whose bin aliases a kept one is
         // over 64 nats down and cannot beat the top token's key).
@@ -681,12 +708,14 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
         for (long long b = from + tid; b <= top_bin; b += CONSUMERS) best = max(best, (uint64_t)__ldcg(p.race_keys + (b & (RACE_KEY_BINS - 1))));
         best = ConsumerSampler::block_key_reduce<true>(best, sh);
         token = best ? key_id(best) : 0xffffffffu;
+        stamp(3);  // the winner
     }
     // Zero what this step wrote; the step counter's release publishes it.
     for (int i = tid; i < RACE_KEY_BINS; i += CONSUMERS) __stcg(p.race_keys + i, 0ull);
     for (int b = 0; b < RACE_LEVELS; b++)
         if ((levels >> b) & 1ull)
             for (int i = tid; i < RACE_MASS_BINS; i += CONSUMERS) __stcg(p.race_mass + b * RACE_MASS_BINS + i, 0ull);
+    stamp(4);  // the tables' zeroing issued
     return token;
 }
 

@@ -230,6 +230,10 @@ fn a_traced_step_shows_where_the_time_goes() {
                 inside.picked_us
             );
             assert!(tiles.2 <= parts.2 + 1e-3 && parts.2 <= inside.picked_us + 1e-3, "{} {label}: {inside:?}", f.name);
+            // The merge's phases, each as µs after the last SM's part.
+            let phases: Vec<String> = inside.merge_us.iter().map(|m| format!("{:.1}", m - parts.2)).collect();
+            println!("MK-PROFILE-MERGE {} {label}: phases end (µs after the last part) {}", f.name, phases.join(" / "));
+            assert!(!inside.merge_us.is_empty(), "{} {label}: the merge stamped no phase", f.name);
             assert!(sampled.step_us > 0.0 && sampled.step_us < 20.0 * wall_us, "{} {label}: traced step {} µs", f.name, sampled.step_us);
         }
     }

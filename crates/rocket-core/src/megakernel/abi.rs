@@ -57,6 +57,8 @@ header_constants! {
     "int" LP_MAX: usize = 20;
     "int" LP_PART: usize = 3 + LP_MAX;
     "int" LP_WORDS: usize = 1 + 2 * LP_MAX;
+    // Traced steps: the sampler merge's phase stamps after the trace's other words (profile.rs).
+    "int" MERGE_STAMPS: usize = 8;
     // Opcodes (`Op`).
     "uint32_t" OP_QKV: u32 = 1;
     "uint32_t" OP_ATTN: u32 = 2;

@@ -10,16 +10,18 @@
 //! was used (else 0): q in shared memory, the loop over positions done, the
 //! split's partial stored; inside LM-head instruction `i`: the SM's tiles done,
 //! its sampler and logprob parts done, and on the last SM to arrive alone, the
-//! token picked (the merge; else 0).
+//! token picked (the merge; else 0). Last, `MERGE_STAMPS` words the last SM's
+//! merge stamps at the end of each of its phases (0 where it has fewer, or none).
 
 use std::fmt;
 
+use super::abi::MERGE_STAMPS;
 use super::schedule::{Op, Schedule};
 use crate::error::{Result, RocketError};
 
 /// Words a trace of `schedule` takes.
 pub fn trace_words(schedule: &Schedule) -> usize {
-    6 * schedule.len() + 2 * schedule.sm_count
+    6 * schedule.len() + 2 * schedule.sm_count + MERGE_STAMPS
 }
 
 /// Inside the used attention splits of the timeline's layer: the latest of each
@@ -44,6 +46,9 @@ pub struct LmHeadInside {
     pub parts_done_us: (f64, f64, f64),
     /// The last SM to arrive has picked the token.
     pub picked_us: f64,
+    /// The end of each of the merge's phases (a sampled step's; none for greedy),
+    /// in order: mk_race.cuh names them where it stamps.
+    pub merge_us: Vec<f64>,
 }
 
 /// Time per kind of instruction over one step.
@@ -105,7 +110,8 @@ impl Profile {
             }
         }
         let step_ends = &stamps[3 * n..3 * n + 2 * schedule.sm_count];
-        let inside = &stamps[3 * n + 2 * schedule.sm_count..];
+        let inside = &stamps[3 * n + 2 * schedule.sm_count..6 * n + 2 * schedule.sm_count];
+        let merge: Vec<u64> = stamps[6 * n + 2 * schedule.sm_count..].iter().copied().filter(|&w| w != 0).collect();
         if step_ends.chunks(2).any(|w| w[0] == 0 || w[0] > w[1]) {
             return Err(RocketError::Internal("a step wait was not stamped".into()));
         }
@@ -186,8 +192,18 @@ impl Profile {
         let lm: Vec<usize> = (0..n).filter(|&i| instrs[i].op == Op::LmHead).collect();
         let spread = |word: usize| first_mean_last(lm.iter().map(|&i| inside[3 * i + word]).filter(|&w| w != 0).map(lm_rel));
         let picked: Vec<u64> = lm.iter().map(|&i| inside[3 * i + 2]).filter(|&w| w != 0).collect();
+        // The merge runs between the last part and the pick, its phases in order.
+        let merge_in_order = |picked: u64| merge.windows(2).all(|w| w[0] <= w[1]) && merge.last().is_none_or(|&m| m <= picked);
         let lm_head_inside = match (spread(0), spread(1), picked.as_slice()) {
-            (Some(tiles_done_us), Some(parts_done_us), &[picked]) => Some(LmHeadInside { tiles_done_us, parts_done_us, picked_us: lm_rel(picked) }),
+            (Some(_), Some(_), &[picked]) if !merge_in_order(picked) => {
+                return Err(RocketError::Internal(format!("the merge's stamps {merge:?} are out of order or after the pick ({picked})")))
+            }
+            (Some(tiles_done_us), Some(parts_done_us), &[picked]) => Some(LmHeadInside {
+                tiles_done_us,
+                parts_done_us,
+                picked_us: lm_rel(picked),
+                merge_us: merge.iter().map(|&m| lm_rel(m)).collect(),
+            }),
             (None, None, []) => None,
             _ => return Err(RocketError::Internal(format!("the LM head's inside stamps are incomplete ({} picks)", picked.len()))),
         };
@@ -235,6 +251,10 @@ impl fmt::Display for Profile {
                 "inside the LM head (from the last layer's end; first / mean / last SM): tiles done {:.2} / {:.2} / {:.2}, parts done {:.2} / {:.2} / {:.2}, token picked {:.2}",
                 t.0, t.1, t.2, p.0, p.1, p.2, l.picked_us
             )?;
+            if !l.merge_us.is_empty() {
+                let phases: Vec<String> = l.merge_us.iter().map(|m| format!("{m:.2}")).collect();
+                writeln!(f, "the merge's phases end at (same clock): {}", phases.join(" / "))?;
+            }
         }
         Ok(())
     }
@@ -320,6 +340,27 @@ mod tests {
         assert!((inside.tiles_done_us.1 - (m + 1.0) / 2.0).abs() < 1e-9, "{inside:?}");
         assert!((inside.parts_done_us.2 - (m + 0.5)).abs() < 1e-9 && (inside.picked_us - (m + 2.5)).abs() < 1e-9, "{inside:?}");
         assert!(Profile::from_trace(&s, &t).unwrap().to_string().contains("token picked"));
+        assert!(inside.merge_us.is_empty(), "no merge stamps: a greedy step");
+        // The merge's phases, between the last part and the pick; out of order, or after the pick, is an error.
+        let merge_at = 6 * n + 2 * sms;
+        let parts_done = t[3 * n + 2 * sms + 3 * last + 1];
+        for k in 0..3 {
+            t[merge_at + k] = parts_done + 500 * (k as u64 + 1);
+        }
+        let phased = Profile::from_trace(&s, &t).unwrap();
+        let merge = &phased.lm_head_inside.as_ref().unwrap().merge_us;
+        assert_eq!(merge.len(), 3, "{merge:?}");
+        assert!((merge[0] - (m + 1.0)).abs() < 1e-9 && (merge[2] - (m + 2.0)).abs() < 1e-9, "{merge:?}");
+        assert!(phased.to_string().contains("the merge's phases"));
+        let mut disordered = t.clone();
+        disordered.swap(merge_at, merge_at + 2);
+        assert!(Profile::from_trace(&s, &disordered).is_err());
+        let mut late = t.clone();
+        late[merge_at + 2] = t[3 * n + 2 * sms + 3 * last + 2] + 1;
+        assert!(Profile::from_trace(&s, &late).is_err());
+        for k in 0..3 {
+            t[merge_at + k] = 0;
+        }
         // Two SMs claiming the pick, or none, is not a whole step.
         let mut two = t.clone();
         two[3 * n + 2 * sms + 3 * lm[0] + 2] = two[3 * n + 2 * sms + 3 * lm[0] + 1] + 1;
