@@ -177,7 +177,7 @@ constexpr int TOPK_RANKED = CONSUMERS;
 struct TopkShared {
     SelectShared sel;       // its buckets hold the ranked candidates instead when they fit
     uint32_t lens[TOPK_MAX_SMS];
-    uint64_t tops[TOPK_MAX_SMS];  // each SM's best key
+    alignas(16) uint64_t tops[TOPK_MAX_SMS];  // each SM's best key (0 past the SMs: read in pairs)
     uint64_t top_bound;     // the k-th largest of them (0: fewer than k)
     uint32_t n_cand;        // entries at or above the merge's bound
     uint64_t surv[RACE_TOPK_MAX];
@@ -289,16 +289,23 @@ struct RacePart {
             }
         };
         const uint64_t bound = select_threshold(each, r.top_k, ss);
+        // The SM's best key goes first in its list: the merge reads each SM's best
+        // there, with the lists' lengths, before it reads the entries.
+        uint64_t mine = 0;
+        each([&](uint64_t key) { mine = max(mine, key); });
+        const uint64_t best = consumer_max_u64(mine, s);
         unsigned long long* out = p.race_keys + (size_t)blockIdx.x * RACE_LIST;
         each([&](uint64_t key) {
-            if (key >= bound) {
-                const uint32_t slot = atomicAdd(&ss.len, 1u);
+            if (key == best) {
+                __stcg(out, (unsigned long long)key);
+            } else if (key >= bound) {
+                const uint32_t slot = 1 + atomicAdd(&ss.len, 1u);
                 if (slot < (uint32_t)RACE_LIST) __stcg(out + slot, (unsigned long long)key);
             }
         });
         consumer_sync();
         if (tid == 0) {
-            const uint32_t len = ss.len;
+            const uint32_t len = best ? ss.len + 1 : 0u;
             __stcg(p.lm_idx + blockIdx.x, listed && len <= (uint32_t)RACE_LIST ? len : 0xffffffffu);
             __stcg(reinterpret_cast<uint64_t*>(p.lm_max) + blockIdx.x, bound);
         }
@@ -450,59 +457,66 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
     if (p.lm_tiles > TOPK_MAX_SMS) return 0xffffffffu;
     // Every list holds at most k entries (topk_list): the dense enumeration's width.
     const uint32_t width = r.top_k;
+    const uint32_t total = (uint32_t)p.lm_tiles * width;
+    // The lists' entries, each by one thread: the first MERGE_CACHED per thread
+    // in registers, their loads issued before the lengths are known (the slots
+    // past a list's length are masked once they are), the rest loaded per use.
+    uint64_t cached[MERGE_CACHED];
+    uint32_t cached_list[MERGE_CACHED];
+#pragma unroll
+    for (int q = 0; q < MERGE_CACHED; q++) {
+        const uint32_t e = tid + q * CONSUMERS, list = e < total ? e / width : 0u;
+        cached_list[q] = list;
+        cached[q] = e < total ? (uint64_t)__ldcg(p.race_keys + (size_t)list * RACE_LIST + (e - list * width)) : 0ull;
+    }
+    // The SMs' thresholds, list lengths and best keys (each list's first entry),
+    // in the same round trip.
     uint64_t bound = 0, bad = 0;
-    for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
-        bound = max(bound, (uint64_t)__ldcg(reinterpret_cast<const uint64_t*>(p.lm_max) + i));
-        const uint32_t len = __ldcg(p.lm_idx + i);
-        if (len > width) bad = 1;  // (0xffffffff too: an SM whose list overflowed)
-        ts.lens[i] = len;
-        ts.tops[i] = 0;
+    for (int i = tid; i < TOPK_MAX_SMS; i += CONSUMERS) {
+        uint64_t top = 0;
+        if (i < p.lm_tiles) {
+            bound = max(bound, (uint64_t)__ldcg(reinterpret_cast<const uint64_t*>(p.lm_max) + i));
+            const uint32_t len = __ldcg(p.lm_idx + i);
+            top = __ldcg(p.race_keys + (size_t)i * RACE_LIST);
+            if (len > width) bad = 1;  // (0xffffffff too: an SM whose list overflowed)
+            if (len == 0) top = 0;
+            ts.lens[i] = len;
+        }
+        ts.tops[i] = top;
     }
     if (tid == 0) {
         ts.sel.len = 0;
         ts.n_cand = 0;
         ts.top_bound = 0;
     }
-    bound = ConsumerSampler::block_key_reduce<true>(bound, sh);  // (its barriers publish lens and the zeros)
+    bound = ConsumerSampler::block_key_reduce<true>(bound, sh);  // (its barriers publish lens, tops and the zeros)
     if (ConsumerSampler::block_key_reduce<true>(bad, sh) != 0) return 0xffffffffu;
-    stamp(0);  // the lists' lengths and thresholds read
-    // The lists' entries, each by one thread: the first MERGE_CACHED per thread
-    // in registers (0: a slot past its list's length), the rest loaded per use.
-    const uint32_t total = (uint32_t)p.lm_tiles * width;
-    auto entry = [&](uint32_t e, uint32_t& list) -> uint64_t {
-        list = e / width;
-        const uint32_t slot = e - list * width;
-        return slot < ts.lens[list] ? (uint64_t)__ldcg(p.race_keys + (size_t)list * RACE_LIST + slot) : 0ull;
-    };
-    uint64_t cached[MERGE_CACHED];
-    uint32_t cached_list[MERGE_CACHED];
+    stamp(0);  // the lists' lengths, thresholds and best keys read
 #pragma unroll
     for (int q = 0; q < MERGE_CACHED; q++) {
         const uint32_t e = tid + q * CONSUMERS;
-        cached_list[q] = 0;
-        cached[q] = e < total ? entry(e, cached_list[q]) : 0ull;
+        if (e < total && e - cached_list[q] * width >= ts.lens[cached_list[q]]) cached[q] = 0;
     }
     auto uncached = [&](auto&& f) {
         for (uint32_t e = tid + MERGE_CACHED * CONSUMERS; e < total; e += CONSUMERS) {
-            uint32_t list;
-            const uint64_t key = entry(e, list);
-            if (key) f(key, list);  // a listed key is never 0
+            const uint32_t list = e / width, slot = e - list * width;
+            const uint64_t key = slot < ts.lens[list] ? (uint64_t)__ldcg(p.race_keys + (size_t)list * RACE_LIST + slot) : 0ull;
+            if (key) f(key);  // a listed key is never 0
         }
     };
-    // Each SM's best key.
-    unsigned long long* tops = reinterpret_cast<unsigned long long*>(ts.tops);
-#pragma unroll
-    for (int q = 0; q < MERGE_CACHED; q++)
-        if (cached[q]) atomicMax(tops + cached_list[q], (unsigned long long)cached[q]);
-    uncached([&](uint64_t key, uint32_t list) { atomicMax(tops + list, (unsigned long long)key); });
-    consumer_sync();
-    stamp(1);  // the entries loaded, each SM's best key
+    stamp(1);  // the entries past the lists' lengths masked
     // The k-th largest best key: its rank (the larger ones) is k - 1. Equal
     // ranks only come from SMs without a candidate (0).
+    const int pairs = ((p.lm_tiles + 7) & ~7) / 2;  // tops is 0 past the SMs
     for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
         const uint64_t mine = ts.tops[i];
+        const ulonglong2* two = reinterpret_cast<const ulonglong2*>(ts.tops);
         uint32_t rank = 0;
-        for (int j = 0; j < p.lm_tiles; j++) rank += ts.tops[j] > mine;
+#pragma unroll 4
+        for (int j = 0; j < pairs; j++) {
+            const ulonglong2 v = two[j];
+            rank += (uint32_t)(v.x > mine) + (uint32_t)(v.y > mine);
+        }
         if (rank + 1 == r.top_k) ts.top_bound = mine;
     }
     consumer_sync();
@@ -512,7 +526,7 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
 #pragma unroll
         for (int q = 0; q < MERGE_CACHED; q++)
             if (cached[q] && cached[q] >= bound) f(cached[q]);
-        uncached([&](uint64_t key, uint32_t) {
+        uncached([&](uint64_t key) {
             if (key >= bound) f(key);
         });
     };
@@ -575,24 +589,34 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
     }
     consumer_sync();
     stamp(5);  // their bins, weights and race keys
-    if (tid == 0) {
-        // race::top_p_bin over the k best (most likely first: bins never rise).
+    if (tid < 32) {
+        // race::top_p_bin over the k best (most likely first: bins never rise), by
+        // one warp, two entries a lane. The host keeps each group of equal bins
+        // while the weight above the group is under the target; an entry with the
+        // weight above it under the target has its group's under it too, so the
+        // cut is the lowest bin of such an entry (LLONG_MAX: none).
         long long cut = LLONG_MIN;
         if (r.top_p < 1.0f) {
-            unsigned long long total = 0;
-            for (uint32_t i = 0; i < kk; i++) total += ts.weights[i];
-            const double target = __dmul_rn((double)r.top_p, __ull2double_rn(total));
-            unsigned long long above = 0;
-            cut = LLONG_MAX;
-            for (uint32_t i = 0; i < kk;) {
-                const long long b = ts.bins[i];
-                if (!(__ull2double_rn(above) < target)) break;
-                cut = b;
-                for (; i < kk && ts.bins[i] == b; i++) above += ts.weights[i];
+            const int lane = tid, i0 = 2 * lane, i1 = i0 + 1;
+            const unsigned long long w0 = i0 < (int)kk ? ts.weights[i0] : 0ull, w1 = i1 < (int)kk ? ts.weights[i1] : 0ull;
+            unsigned long long incl = w0 + w1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
             }
+            const unsigned long long sum = __shfl_sync(0xffffffffu, incl, 31);
+            const double target = __dmul_rn((double)r.top_p, __ull2double_rn(sum));
+            const unsigned long long above0 = incl - w0 - w1, above1 = above0 + w0;
+            long long kept = LLONG_MAX;
+            if (i0 < (int)kk && __ull2double_rn(above0) < target) kept = ts.bins[i0];
+            if (i1 < (int)kk && __ull2double_rn(above1) < target) kept = min(kept, ts.bins[i1]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) kept = min(kept, (long long)__shfl_xor_sync(0xffffffffu, kept, o));
+            cut = kept;
         }
         if (r.min_p > 0.0f) cut = max(cut, race_min_p_bin(m, r.min_p));
-        ts.cut = cut;
+        if (tid == 0) ts.cut = cut;
     }
     consumer_sync();
     stamp(6);  // the cut

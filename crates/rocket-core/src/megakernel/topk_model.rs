@@ -138,7 +138,12 @@ fn select_threshold_threads(keys: &[u64], k: u32) -> (u64, usize) {
 /// One SM's list (`topk_list`) and its threshold (lm_max).
 fn sm_list(keys: &[u64], k: u32) -> (Vec<u64>, u64) {
     let bound = select_threshold_threads(keys, k).0;
-    (keys.iter().copied().filter(|&key| key >= bound).collect(), bound)
+    let mut list: Vec<u64> = keys.iter().copied().filter(|&key| key >= bound).collect();
+    // The SM's best key first (the merge reads it there); the rest in any order.
+    if let Some(best) = (0..list.len()).max_by_key(|&i| list[i]) {
+        list.swap(0, best);
+    }
+    (list, bound)
 }
 
 /// Candidates `topk_merge` ranks in shared memory (mk_race.cuh TOPK_RANKED).
@@ -165,7 +170,8 @@ fn merge_path(parts: &[(Vec<u64>, u64)], p: &SamplingParams, seed: u64, step: u6
     }
     // Lower bounds of the global k-th key: the highest SM threshold, and the
     // k-th largest of the SMs' best keys (by rank: ties only among the 0s).
-    let tops: Vec<u64> = parts.iter().map(|(l, _)| l.iter().copied().max().unwrap_or(0)).collect();
+    // Each SM's best key is its list's first entry.
+    let tops: Vec<u64> = parts.iter().map(|(l, _)| l.first().copied().unwrap_or(0)).collect();
     let top_bound = tops.iter().copied().filter(|&mine| tops.iter().filter(|&&o| o > mine).count() + 1 == k as usize).last().unwrap_or(0);
     let bound = parts.iter().map(|&(_, b)| b).max().unwrap_or(0).max(top_bound);
     let entries: Vec<u64> = parts.iter().flat_map(|(l, _)| l.iter().copied()).filter(|&key| key >= bound).collect();
@@ -215,19 +221,12 @@ fn race_over(best: &[u64], p: &SamplingParams, seed: u64, step: u64) -> Option<u
         let weights: Vec<u64> = scaled.iter().map(|&s| race::weight(s, a)).collect();
         let total: u64 = weights.iter().sum();
         let target = p.top_p as f64 * total as f64;
-        let (mut above, mut i) = (0u64, 0);
-        cut = i64::MAX;
-        while i < kk {
-            let b = bins[i];
-            if (above as f64) >= target {
-                break;
-            }
-            cut = b;
-            while i < kk && bins[i] == b {
-                above += weights[i];
-                i += 1;
-            }
-        }
+        // As the kernel's warp does it: the host keeps each group of equal bins
+        // (bins never rise) while the weight above the group is under the target.
+        // An entry with the weight above it under the target has its group's under
+        // it too, so the cut is the lowest bin of such an entry (i64::MAX: none).
+        let above: Vec<u64> = weights.iter().scan(0u64, |sum, &w| Some(std::mem::replace(sum, *sum + w))).collect();
+        cut = (0..kk).filter(|&i| (above[i] as f64) < target).map(|i| bins[i]).min().unwrap_or(i64::MAX);
     }
     if p.min_p > 0.0 {
         cut = cut.max(race::min_p_bin(m, p.min_p));
