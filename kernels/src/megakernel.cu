@@ -203,7 +203,7 @@ __device__ __noinline__ void lm_head(const Params& p, const Smem& s, const Instr
     const uint32_t host_stop = tid == 0 ? ld_volatile(p.state + ST_HOST_STOP) : 0u;
     // A sampled request's part of the race (mk_race.cuh); RACE_NONE: the argmax below.
     RacePart race;
-    race.begin<F>(p, s);
+    race.begin<F>(p, s, t);
     // Its norm weights load after the wait, unlike the layers' (once per step;
     // passing them in would put them in local memory: lm_head is not inlined).
     float a[M::PER_LANE][8];

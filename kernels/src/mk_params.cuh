@@ -52,9 +52,10 @@ struct Params {
     uint32_t* gen_counts;      // [vocab] how often each token was generated (presence/frequency)
     SampleItem* sample_items;  // [vocab] the sampler's candidates
     uint32_t* tokens;          // [max_steps] each step's token on the device (the host link forwards them)
-    unsigned long long* race_mass; // [RACE_LEVELS][RACE_MASS_BINS] the sampler's weights per anchor and bin, zero between steps
-    unsigned long long* race_keys; // [max(RACE_KEY_BINS, grid * RACE_LIST)] the sampler's best race key per bin (zero
-                                   // between steps), or for a top-k each SM's list
+    unsigned long long* race_mass; // [2][RACE_LEVELS][RACE_MASS_BINS] the sampler's weights per anchor and bin, by step
+                                   // parity (zeroed during the next step: mk_race.cuh clear_tables)
+    unsigned long long* race_keys; // [max(2 * RACE_KEY_BINS, grid * RACE_LIST)] the sampler's best race key per bin, by
+                                   // step parity (zeroed alike), or for a top-k each SM's list
     unsigned long long* lp_parts;  // [2][grid][LP_PART] each SM's logprob part, by step parity (mk_logprobs.cuh)
     uint32_t* lp_out;          // null: no logprobs; else [max_steps][LP_WORDS] each step's record (the host link builds and forwards them)
     float* lp_logits;          // [2][vocab] the step's raw logits, by step parity, when lp_out is set

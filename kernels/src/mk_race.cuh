@@ -208,7 +208,7 @@ struct RacePart {
 
     // Only the mode and the tile count live through the LM-head loop.
     template <class F>
-    __device__ __forceinline__ void begin(const Params& p, const Smem& s) {
+    __device__ __forceinline__ void begin(const Params& p, const Smem& s, int t) {
         mode = race_mode<F>(p);
         tiles = 0;
         listing = mode != RACE_NONE || p.lp_out != nullptr;
@@ -216,6 +216,29 @@ struct RacePart {
             // Zeroed before the LM head's input load, whose barriers publish it.
             uint4* z = reinterpret_cast<uint4*>(s.race_keys());
             for (int i = threadIdx.x; i < (RACE_KEY_BINS + 2 * RACE_MASS_BINS) / 2; i += CONSUMERS) z[i] = make_uint4(0, 0, 0, 0);
+            if (t > 0) clear_tables(p, t - 1);
+        }
+    }
+
+    // The global tables of step `u` (the set of its parity), zeroed during step u + 1
+    // by the SMs that wrote them, each its share, off the merge's path: this SM's
+    // slice of the key ring, and the weight rows of the two anchors its maximum
+    // gave (lm_max[blockIdx.x], still step u's until this step's part). Step u + 2
+    // writes them again: the arrivals of step u + 1 (each after its SM's zeroing)
+    // and that step's counter release order it before. The host zeroes both sets
+    // at every launch, so a launch's last step leaves its own.
+    __device__ __forceinline__ void clear_tables(const Params& p, int u) {
+        unsigned long long* keys = p.race_keys + (size_t)(u & 1) * RACE_KEY_BINS;
+        const int slice = (RACE_KEY_BINS + p.lm_tiles - 1) / p.lm_tiles, first = (int)blockIdx.x * slice;
+        for (int i = threadIdx.x; i < slice && first + i < RACE_KEY_BINS; i += CONSUMERS) __stcg(keys + first + i, 0ull);
+        const double m = __ldcg(reinterpret_cast<const double*>(p.lm_max) + blockIdx.x);
+        if (!isfinite(m) || fabs(m) > RACE_M_LIMIT) return;  // it weighed nothing (finish)
+        const double a0 = race_anchor(m), a1 = __dadd_rn(a0, RACE_ANCHOR_STEP);
+        unsigned long long* mass = p.race_mass + (size_t)(u & 1) * RACE_LEVELS * RACE_MASS_BINS;
+        unsigned long long *w0 = mass + race_level(a0) * RACE_MASS_BINS, *w1 = mass + race_level(a1) * RACE_MASS_BINS;
+        for (int i = threadIdx.x; i < RACE_MASS_BINS; i += CONSUMERS) {
+            __stcg(w0 + i, 0ull);
+            __stcg(w1 + i, 0ull);
         }
     }
 
@@ -402,16 +425,19 @@ struct RacePart {
             }
         }
         consumer_sync();
+        // Into the tables of this step's parity (clear_tables).
         const int l0 = race_level(a0), l1 = race_level(a1);
+        unsigned long long* keys = p.race_keys + (size_t)(t & 1) * RACE_KEY_BINS;
+        unsigned long long* table = p.race_mass + (size_t)(t & 1) * RACE_LEVELS * RACE_MASS_BINS;
         for (int i = threadIdx.x; i < RACE_KEY_BINS; i += CONSUMERS) {
             const unsigned long long k = s.race_keys()[i];
-            if (k) atomicMax(p.race_keys + i, k);
+            if (k) atomicMax(keys + i, k);
         }
         if (weighs) {
             for (int i = threadIdx.x; i < RACE_MASS_BINS; i += CONSUMERS) {
                 const unsigned long long w0 = mass[i], w1 = mass[RACE_MASS_BINS + i];
-                if (w0) atomicAdd(p.race_mass + l0 * RACE_MASS_BINS + i, w0);
-                if (w1) atomicAdd(p.race_mass + l1 * RACE_MASS_BINS + i, w1);
+                if (w0) atomicAdd(table + l0 * RACE_MASS_BINS + i, w0);
+                if (w1) atomicAdd(table + l1 * RACE_MASS_BINS + i, w1);
             }
         }
         if (threadIdx.x == 0) {
@@ -652,7 +678,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
     // The maximum, and whether every SM could weigh at the anchor it gives.
     const double* maxima = reinterpret_cast<const double*>(p.lm_max);
     uint64_t m_bits = 0, bad = 0;  // order of doubles as u64 (0: nothing), any NaN
-    double own = 0.0;  // maxima[tid], kept for the levels' loop below (one L2 round trip less)
+    double own = 0.0;  // maxima[tid], kept for the aliasing loop below (one L2 round trip less)
     for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
         const double m = __ldcg(maxima + i);
         if (i == tid) own = m;
@@ -666,22 +692,19 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
     bool give_up = bad != 0 || !isfinite(m) || fabs(m) > RACE_M_LIMIT;
     const double a = give_up ? 0.0 : race_anchor(m);
     const int level = race_level(a);
-    // Levels written (to zero them), and whether another anchor's weights share ours.
-    uint64_t written = 0, aliased = 0;
+    // Whether another anchor's weights share our level's row.
+    uint64_t aliased = 0;
     for (int i = tid; i < p.lm_tiles; i += CONSUMERS) {
         const double mi = i == tid ? own : __ldcg(maxima + i);
         if (!isfinite(mi) || fabs(mi) > RACE_M_LIMIT) continue;
         const double a0 = race_anchor(mi), a1 = __dadd_rn(a0, RACE_ANCHOR_STEP);
-        written |= (1ull << race_level(a0)) | (1ull << race_level(a1));
         if ((race_level(a0) == level && a0 != a) || (race_level(a1) == level && a1 != a)) aliased = 1;
     }
-    if (tid == 0) sh.levels = 0;
-    aliased = ConsumerSampler::block_key_reduce<true>(aliased, sh);  // (its barriers publish the zero)
-    if (written) atomicOr(&sh.levels, (unsigned long long)written);
-    consumer_sync();
-    const uint64_t levels = sh.levels;
+    aliased = ConsumerSampler::block_key_reduce<true>(aliased, sh);
     give_up = give_up || aliased != 0;
-    stamp(1);  // the anchor levels the SMs wrote
+    stamp(1);  // the anchors' aliasing checked
+    // This step's tables (the SMs zero them during the next step: RacePart::clear_tables).
+    const unsigned long long* keys = p.race_keys + (size_t)(t & 1) * RACE_KEY_BINS;
 
     uint32_t token = 0xffffffffu;
     if (!give_up) {
@@ -692,7 +715,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
             // each thread takes two consecutive ones.
             const long long lowest = race_bin(a) - (RACE_MASS_BINS - 1);
             const int n = (int)min((long long)RACE_MASS_BINS, top_bin - lowest + 1);
-            const unsigned long long* row = p.race_mass + level * RACE_MASS_BINS;
+            const unsigned long long* row = p.race_mass + ((size_t)(t & 1) * RACE_LEVELS + level) * RACE_MASS_BINS;
             unsigned long long w[2];
             for (int j = 0; j < 2; j++) {
                 const int d = 2 * tid + j;
@@ -729,17 +752,11 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
         // over 64 nats down and cannot beat the top token's key).
         const long long from = max(cut, top_bin - (RACE_KEY_BINS - 1));
         uint64_t best = 0;
-        for (long long b = from + tid; b <= top_bin; b += CONSUMERS) best = max(best, (uint64_t)__ldcg(p.race_keys + (b & (RACE_KEY_BINS - 1))));
+        for (long long b = from + tid; b <= top_bin; b += CONSUMERS) best = max(best, (uint64_t)__ldcg(keys + (b & (RACE_KEY_BINS - 1))));
         best = ConsumerSampler::block_key_reduce<true>(best, sh);
         token = best ? key_id(best) : 0xffffffffu;
         stamp(3);  // the winner
     }
-    // Zero what this step wrote; the step counter's release publishes it.
-    for (int i = tid; i < RACE_KEY_BINS; i += CONSUMERS) __stcg(p.race_keys + i, 0ull);
-    for (int b = 0; b < RACE_LEVELS; b++)
-        if ((levels >> b) & 1ull)
-            for (int i = tid; i < RACE_MASS_BINS; i += CONSUMERS) __stcg(p.race_mass + b * RACE_MASS_BINS + i, 0ull);
-    stamp(4);  // the tables' zeroing issued
     return token;
 }
 

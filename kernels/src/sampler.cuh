@@ -225,7 +225,6 @@ struct SampleShared {
     uint64_t prefix;
     uint32_t above_count;
     long long cut;
-    unsigned long long levels;  // the megakernel's sampler: anchor levels written this step
 };
 
 // Items compacted into scratch (keys only: the logit and id are in them).

@@ -100,9 +100,10 @@ impl LoopSampler {
             row: DeviceBuffer::alloc(ctx, std::mem::size_of::<SampleRow>(), "megakernel sampling")?,
             seen_bits: DeviceBuffer::alloc(ctx, vocab.div_ceil(32) * 4, "megakernel penalty state")?,
             gen_counts: DeviceBuffer::alloc(ctx, vocab * 4, "megakernel penalty state")?,
-            race_mass: DeviceBuffer::alloc(ctx, RACE_LEVELS * RACE_MASS_BINS * 8, "megakernel sampler tables")?,
+            // Two sets of tables by step parity: a step's are zeroed while the next runs (mk_race.cuh).
+            race_mass: DeviceBuffer::alloc(ctx, 2 * RACE_LEVELS * RACE_MASS_BINS * 8, "megakernel sampler tables")?,
             // The best key per bin, or (top-k) each SM's list.
-            race_keys: DeviceBuffer::alloc(ctx, RACE_KEY_BINS.max(sms * RACE_LIST) * 8, "megakernel sampler tables")?,
+            race_keys: DeviceBuffer::alloc(ctx, (2 * RACE_KEY_BINS).max(sms * RACE_LIST) * 8, "megakernel sampler tables")?,
             items: DeviceBuffer::alloc(ctx, vocab * SAMPLE_ITEM_BYTES, "megakernel sampler candidates")?,
             // Two of each, by step parity (mk_logprobs.cuh): a step's record is merged while the next runs.
             lp_parts: DeviceBuffer::alloc(ctx, 2 * sms * LP_PART * 8, "megakernel logprobs")?,
