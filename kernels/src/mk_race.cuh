@@ -10,7 +10,8 @@
 //    round to (RACE_MASS_BINS each); it adds them into the global tables
 //    (race_keys, race_mass by anchor level) and publishes its maximum. The last
 //    SM finds the anchor, the cuts from the weights, and the winner from the
-//    keys of the bins the cuts keep, then zeroes the tables for the next step.
+//    keys of the bins the cuts keep. The tables go by step parity; the SMs zero
+//    a step's set during the next step (RacePart::clear_tables).
 //  - RACE_TOPK: top-k with k <= RACE_TOPK_MAX (then top-p, min-p over those):
 //    each SM lists its k best tokens by item_key (logit, then the lower id: a
 //    radix select over its keys, kept in registers); the last SM selects the k
@@ -220,26 +221,20 @@ struct RacePart {
         }
     }
 
-    // The global tables of step `u` (the set of its parity), zeroed during step u + 1
-    // by the SMs that wrote them, each its share, off the merge's path: this SM's
-    // slice of the key ring, and the weight rows of the two anchors its maximum
-    // gave (lm_max[blockIdx.x], still step u's until this step's part). Step u + 2
-    // writes them again: the arrivals of step u + 1 (each after its SM's zeroing)
-    // and that step's counter release order it before. The host zeroes both sets
-    // at every launch, so a launch's last step leaves its own.
+    // The global tables of step `u` (the set of its parity), zeroed during step u + 1,
+    // off the merge's path: each SM zeroes its slice of the whole set (~1 store per
+    // consumer thread; no load, so nothing waits before the LM head's input). Step
+    // u + 2 writes the set again: every SM's arrival in step u + 1 (after its
+    // zeroing) and that step's counter release order the zeros before it, as step
+    // u's counter release orders the merge's reads of the set before them. The host
+    // zeroes both sets at every launch, so a launch's last step leaves its own.
     __device__ __forceinline__ void clear_tables(const Params& p, int u) {
-        unsigned long long* keys = p.race_keys + (size_t)(u & 1) * RACE_KEY_BINS;
-        const int slice = (RACE_KEY_BINS + p.lm_tiles - 1) / p.lm_tiles, first = (int)blockIdx.x * slice;
-        for (int i = threadIdx.x; i < slice && first + i < RACE_KEY_BINS; i += CONSUMERS) __stcg(keys + first + i, 0ull);
-        const double m = __ldcg(reinterpret_cast<const double*>(p.lm_max) + blockIdx.x);
-        if (!isfinite(m) || fabs(m) > RACE_M_LIMIT) return;  // it weighed nothing (finish)
-        const double a0 = race_anchor(m), a1 = __dadd_rn(a0, RACE_ANCHOR_STEP);
-        unsigned long long* mass = p.race_mass + (size_t)(u & 1) * RACE_LEVELS * RACE_MASS_BINS;
-        unsigned long long *w0 = mass + race_level(a0) * RACE_MASS_BINS, *w1 = mass + race_level(a1) * RACE_MASS_BINS;
-        for (int i = threadIdx.x; i < RACE_MASS_BINS; i += CONSUMERS) {
-            __stcg(w0 + i, 0ull);
-            __stcg(w1 + i, 0ull);
-        }
+        auto clear = [&](unsigned long long* set, int words) {
+            const int slice = (words + p.lm_tiles - 1) / p.lm_tiles, first = (int)blockIdx.x * slice;
+            for (int i = threadIdx.x; i < slice && first + i < words; i += CONSUMERS) __stcg(set + first + i, 0ull);
+        };
+        clear(p.race_keys + (size_t)(u & 1) * RACE_KEY_BINS, RACE_KEY_BINS);
+        clear(p.race_mass + (size_t)(u & 1) * RACE_LEVELS * RACE_MASS_BINS, RACE_LEVELS * RACE_MASS_BINS);
     }
 
     // sampling.rs `process_logits` for one token.
@@ -653,8 +648,9 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
 }
 
 // The merge, on the last SM to arrive. Returns the token, or 0xffffffff when
-// it gave up (a part it cannot merge: sample_token decides). Zeroes the
-// global tables it read. Every consumer gets the result.
+// it gave up (a part it cannot merge: sample_token decides). Reads the tables
+// of its step's parity (the SMs zero them during the next step). Every consumer
+// gets the result.
 template <class F>
 __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
     const RaceMode mode = race_mode<F>(p);

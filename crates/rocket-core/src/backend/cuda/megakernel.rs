@@ -75,7 +75,8 @@ pub(crate) struct Launch<'a> {
 /// The device state of a sampled token loop (kernels/src/mk_race.cuh and
 /// megakernel.cu `sample_token`): the request's SampleRow, its penalty state
 /// (seen tokens as bits, generation counts), the race's tables (weights per
-/// anchor level and bin, best key per bin: zero between steps) and the
+/// anchor level and bin, best key per bin: two sets by step parity, each zeroed
+/// during the step after its own) and the
 /// one-CTA sampler's candidate space.
 struct LoopSampler {
     row: DeviceBuffer,
