@@ -27,6 +27,7 @@ constexpr int LP_MAX = 20;                            // logprobs in the loop: a
 constexpr int LP_PART = 3 + LP_MAX;                   // an SM's logprob part (u64 words): length, max, sum, list
 constexpr int LP_WORDS = 1 + 2 * LP_MAX;              // a step's logprob record (u32 words): the token's, then (id, logprob)s
 constexpr int MERGE_STAMPS = 8;                      // traced: the sampler merge's phase stamps at the trace's end
+constexpr int PART_STAMPS = 4;                       // traced: each SM's sampler part's phase stamps, after the merge's
 
 // Opcodes (schedule.rs `Op`; 5 is unused).
 constexpr uint32_t OP_QKV = 1, OP_ATTN = 2, OP_OPROJ = 3, OP_MLP = 4, OP_LMHEAD = 6;

@@ -195,6 +195,16 @@ static_assert(TOPK_RANKED * 8 <= sizeof(SelectShared::counts) && TOPK_RANKED <= 
 // An SM's part that cannot be merged (its tile list overflowed): sample_token decides.
 constexpr uint64_t RACE_GIVE_UP = ~0ull;
 
+// Traced (megakernel/profile.rs): this SM's PART_STAMPS words after the merge's,
+// where thread 0 stamps the end of each phase of its sampler part; null when
+// this step is not traced (the same for every thread, so a traced step's
+// phases may end with a barrier of their own).
+__device__ __forceinline__ unsigned long long* part_stamps(const Params& p, int t) {
+    return p.trace != nullptr && t == p.trace_step
+               ? p.trace + 6 * __ldg(p.sm_start + gridDim.x) + 2 * gridDim.x + MERGE_STAMPS + PART_STAMPS * blockIdx.x
+               : nullptr;
+}
+
 // One SM's part of step t's race. Its LM-head loop stores the raw logits and
 // records its tiles; `finish` then works on all of its tokens at once, every
 // consumer thread taking a share (in the loop only a tile's few rows would).
@@ -267,7 +277,8 @@ struct RacePart {
     // above it, exactly k of them (0: all of them, k or fewer). Ends with a
     // consumer barrier.
     template <class F>
-    __device__ void topk_list(const Params& p, const Smem& s, const uint32_t* list, uint32_t n, bool listed, int tile_rows) {
+    __device__ void topk_list(const Params& p, const Smem& s, const uint32_t* list, uint32_t n, bool listed, int tile_rows,
+                              unsigned long long* ps) {
         const int tid = threadIdx.x;
         SelectShared& ss = *reinterpret_cast<SelectShared*>(s.race_keys());  // the race's shared space is free here
         if (tid == 0) ss.len = 0;  // (select_threshold's barriers publish it)
@@ -306,12 +317,15 @@ struct RacePart {
                 if (key) f(key);
             }
         };
+        stamp_phase(ps, 0);  // the keys computed
         const uint64_t bound = select_threshold(each, r.top_k, ss);
+        stamp_phase(ps, 1);  // the threshold selected
         // The SM's best key goes first in its list: the merge reads each SM's best
         // there, with the lists' lengths, before it reads the entries.
         uint64_t mine = 0;
         each([&](uint64_t key) { mine = max(mine, key); });
         const uint64_t best = consumer_max_u64(mine, s);
+        stamp_phase(ps, 2);  // the best key
         unsigned long long* out = p.race_keys + (size_t)blockIdx.x * RACE_LIST;
         each([&](uint64_t key) {
             if (key == best) {
@@ -328,6 +342,14 @@ struct RacePart {
             __stcg(reinterpret_cast<uint64_t*>(p.lm_max) + blockIdx.x, bound);
         }
         consumer_sync();
+        stamp_phase(ps, 3);  // the list written
+    }
+
+    // Traced: the end of a part's phase, after a barrier (every consumer calls it).
+    static __device__ __forceinline__ void stamp_phase(unsigned long long* ps, int phase) {
+        if (ps == nullptr) return;
+        consumer_sync();
+        if (threadIdx.x == 0) ps[phase] = globaltimer_ns();
     }
 
     // After the SM's last tile: its part into lm_max[blockIdx.x] (a u64 key, or
@@ -345,8 +367,9 @@ struct RacePart {
         const uint32_t* list = reinterpret_cast<const uint32_t*>(s.vec());
         const bool listed = tiles <= (uint32_t)VEC_CAP;
         const uint32_t n = listed ? tiles * (uint32_t)tile_rows : 0;
+        unsigned long long* const ps = part_stamps(p, t);
         if (mode == RACE_TOPK) {
-            topk_list<F>(p, s, list, n, listed, tile_rows);
+            topk_list<F>(p, s, list, n, listed, tile_rows, ps);
             return;
         }
         uint64_t best = 0;     // ARGMAX / WHOLE: this thread's best key (0: none)
@@ -395,8 +418,10 @@ struct RacePart {
             consumer_sync();
             return;
         }
+        stamp_phase(ps, 0);  // the race keys into the bins
         // The SM's maximum scaled logit.
         const double m = order_double(consumer_max_u64(double_order(smax), s));
+        stamp_phase(ps, 1);  // the maximum
         // Weights at the two anchors the global maximum can have (this SM's
         // anchor, or 16 above it: any higher and all of these weigh 0).
         const bool weighs = isfinite(m) && fabs(m) <= RACE_M_LIMIT && listed;
@@ -420,6 +445,7 @@ struct RacePart {
             }
         }
         consumer_sync();
+        stamp_phase(ps, 2);  // the weights
         // Into the tables of this step's parity (clear_tables).
         const int l0 = race_level(a0), l1 = race_level(a1);
         unsigned long long* keys = p.race_keys + (size_t)(t & 1) * RACE_KEY_BINS;
@@ -440,6 +466,7 @@ struct RacePart {
             __stcg(reinterpret_cast<double*>(p.lm_max) + blockIdx.x, weighs || (listed && m == -INFINITY) ? m : (double)NAN);
         }
         consumer_sync();
+        stamp_phase(ps, 3);  // the tables' atomics issued
     }
 };
 

@@ -234,6 +234,10 @@ fn a_traced_step_shows_where_the_time_goes() {
             let phases: Vec<String> = inside.merge_us.iter().map(|m| format!("{:.1}", m - parts.2)).collect();
             println!("MK-PROFILE-MERGE {} {label}: phases end (µs after the last part) {}", f.name, phases.join(" / "));
             assert!(!inside.merge_us.is_empty(), "{} {label}: the merge stamped no phase", f.name);
+            // The SMs' parts' phases, each as µs after the last SM's tiles (mean / last SM).
+            let parts_at: Vec<String> = inside.part_phases_us.iter().map(|p| format!("{:.1} / {:.1}", p.1 - tiles.2, p.2 - tiles.2)).collect();
+            println!("MK-PROFILE-PARTS {} {label}: phases end (µs after the last SM's tiles; mean / last SM) {}", f.name, parts_at.join(", "));
+            assert_eq!(inside.part_phases_us.len(), 4, "{} {label}: the SMs' parts stamp four phases", f.name);
             assert!(sampled.step_us > 0.0 && sampled.step_us < 20.0 * wall_us, "{} {label}: traced step {} µs", f.name, sampled.step_us);
         }
     }

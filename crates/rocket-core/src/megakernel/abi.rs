@@ -59,6 +59,8 @@ header_constants! {
     "int" LP_WORDS: usize = 1 + 2 * LP_MAX;
     // Traced steps: the sampler merge's phase stamps after the trace's other words (profile.rs).
     "int" MERGE_STAMPS: usize = 8;
+    // Traced steps: each SM's sampler part's phase stamps, after the merge's.
+    "int" PART_STAMPS: usize = 4;
     // Opcodes (`Op`).
     "uint32_t" OP_QKV: u32 = 1;
     "uint32_t" OP_ATTN: u32 = 2;

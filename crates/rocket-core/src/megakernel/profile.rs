@@ -10,18 +10,20 @@
 //! was used (else 0): q in shared memory, the loop over positions done, the
 //! split's partial stored; inside LM-head instruction `i`: the SM's tiles done,
 //! its sampler and logprob parts done, and on the last SM to arrive alone, the
-//! token picked (the merge; else 0). Last, `MERGE_STAMPS` words the last SM's
-//! merge stamps at the end of each of its phases (0 where it has fewer, or none).
+//! token picked (the merge; else 0). Then `MERGE_STAMPS` words the last SM's
+//! merge stamps at the end of each of its phases (0 where it has fewer, or none),
+//! and `PART_STAMPS` words per SM where it stamps the end of each phase of its
+//! sampler part (mk_race.cuh names the phases; 0 for greedy).
 
 use std::fmt;
 
-use super::abi::MERGE_STAMPS;
+use super::abi::{MERGE_STAMPS, PART_STAMPS};
 use super::schedule::{Op, Schedule};
 use crate::error::{Result, RocketError};
 
 /// Words a trace of `schedule` takes.
 pub fn trace_words(schedule: &Schedule) -> usize {
-    6 * schedule.len() + 2 * schedule.sm_count + MERGE_STAMPS
+    6 * schedule.len() + 2 * schedule.sm_count + MERGE_STAMPS + PART_STAMPS * schedule.sm_count
 }
 
 /// Inside the used attention splits of the timeline's layer: the latest of each
@@ -49,6 +51,9 @@ pub struct LmHeadInside {
     /// The end of each of the merge's phases (a sampled step's; none for greedy),
     /// in order: mk_race.cuh names them where it stamps.
     pub merge_us: Vec<f64>,
+    /// The end of each phase of the SMs' sampler parts (first, mean, last SM),
+    /// in order; none for greedy.
+    pub part_phases_us: Vec<(f64, f64, f64)>,
 }
 
 /// Time per kind of instruction over one step.
@@ -111,7 +116,13 @@ impl Profile {
         }
         let step_ends = &stamps[3 * n..3 * n + 2 * schedule.sm_count];
         let inside = &stamps[3 * n + 2 * schedule.sm_count..6 * n + 2 * schedule.sm_count];
-        let merge: Vec<u64> = stamps[6 * n + 2 * schedule.sm_count..].iter().copied().filter(|&w| w != 0).collect();
+        let merge_at = 6 * n + 2 * schedule.sm_count;
+        let merge: Vec<u64> = stamps[merge_at..merge_at + MERGE_STAMPS].iter().copied().filter(|&w| w != 0).collect();
+        let parts: Vec<&[u64]> = stamps[merge_at + MERGE_STAMPS..].chunks(PART_STAMPS).collect();
+        // An SM's part stamps its phases in order (those it reached).
+        if let Some(sm) = parts.iter().position(|w| w.iter().filter(|&&x| x != 0).collect::<Vec<_>>().windows(2).any(|p| p[0] > p[1])) {
+            return Err(RocketError::Internal(format!("SM {sm}'s sampler part stamps {:?} out of order", parts[sm])));
+        }
         if step_ends.chunks(2).any(|w| w[0] == 0 || w[0] > w[1]) {
             return Err(RocketError::Internal("a step wait was not stamped".into()));
         }
@@ -203,6 +214,9 @@ impl Profile {
                 parts_done_us,
                 picked_us: lm_rel(picked),
                 merge_us: merge.iter().map(|&m| lm_rel(m)).collect(),
+                part_phases_us: (0..PART_STAMPS)
+                    .map_while(|k| first_mean_last(parts.iter().map(|w| w[k]).filter(|&w| w != 0).map(lm_rel)))
+                    .collect(),
             }),
             (None, None, []) => None,
             _ => return Err(RocketError::Internal(format!("the LM head's inside stamps are incomplete ({} picks)", picked.len()))),
@@ -251,6 +265,10 @@ impl fmt::Display for Profile {
                 "inside the LM head (from the last layer's end; first / mean / last SM): tiles done {:.2} / {:.2} / {:.2}, parts done {:.2} / {:.2} / {:.2}, token picked {:.2}",
                 t.0, t.1, t.2, p.0, p.1, p.2, l.picked_us
             )?;
+            if !l.part_phases_us.is_empty() {
+                let phases: Vec<String> = l.part_phases_us.iter().map(|p| format!("{:.2} / {:.2} / {:.2}", p.0, p.1, p.2)).collect();
+                writeln!(f, "the SMs' sampler parts' phases end at (first / mean / last SM): {}", phases.join(", "))?;
+            }
             if !l.merge_us.is_empty() {
                 let phases: Vec<String> = l.merge_us.iter().map(|m| format!("{m:.2}")).collect();
                 writeln!(f, "the merge's phases end at (same clock): {}", phases.join(" / "))?;
@@ -352,6 +370,20 @@ mod tests {
         assert_eq!(merge.len(), 3, "{merge:?}");
         assert!((merge[0] - (m + 1.0)).abs() < 1e-9 && (merge[2] - (m + 2.0)).abs() < 1e-9, "{merge:?}");
         assert!(phased.to_string().contains("the merge's phases"));
+        // Every SM's part stamps two phases; one SM's out of order is an error.
+        for sm in 0..sms {
+            let at = merge_at + MERGE_STAMPS + PART_STAMPS * sm;
+            t[at] = parts_done - 400 + 10 * sm as u64;
+            t[at + 1] = parts_done - 200 + 10 * sm as u64;
+        }
+        let with_parts = Profile::from_trace(&s, &t).unwrap();
+        let phases = &with_parts.lm_head_inside.as_ref().unwrap().part_phases_us;
+        assert_eq!(phases.len(), 2, "{phases:?}");
+        assert!(phases[0].0 < phases[0].2 && phases[0].2 < phases[1].2, "{phases:?}");
+        assert!(with_parts.to_string().contains("sampler parts' phases"));
+        let mut swapped = t.clone();
+        swapped.swap(merge_at + MERGE_STAMPS, merge_at + MERGE_STAMPS + 1);
+        assert!(Profile::from_trace(&s, &swapped).is_err());
         let mut disordered = t.clone();
         disordered.swap(merge_at, merge_at + 2);
         assert!(Profile::from_trace(&s, &disordered).is_err());
