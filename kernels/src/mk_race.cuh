@@ -195,13 +195,19 @@ static_assert(TOPK_RANKED * 8 <= sizeof(SelectShared::counts) && TOPK_RANKED <= 
 // An SM's part that cannot be merged (its tile list overflowed): sample_token decides.
 constexpr uint64_t RACE_GIVE_UP = ~0ull;
 
+// Traced (megakernel/profile.rs): the words after the trace's per-instruction and
+// inside words (3 + 3 per instruction, 2 per SM): the merge's, then the parts'.
+__device__ __forceinline__ unsigned long long* trace_tail(const Params& p) {
+    return p.trace + 6 * __ldg(p.sm_start + gridDim.x) + 2 * gridDim.x;
+}
+
 // Traced (megakernel/profile.rs): this SM's PART_STAMPS words after the merge's,
 // where thread 0 stamps the end of each phase of its sampler part; null when
 // this step is not traced (the same for every thread, so a traced step's
 // phases may end with a barrier of their own).
 __device__ __forceinline__ unsigned long long* part_stamps(const Params& p, int t) {
     return p.trace != nullptr && t == p.trace_step
-               ? p.trace + 6 * __ldg(p.sm_start + gridDim.x) + 2 * gridDim.x + MERGE_STAMPS + PART_STAMPS * blockIdx.x
+               ? trace_tail(p) + MERGE_STAMPS + PART_STAMPS * blockIdx.x
                : nullptr;
 }
 
@@ -482,7 +488,7 @@ constexpr int MERGE_CACHED = 12;
 // merge's phases (at most MERGE_STAMPS); null when this step is not traced, or
 // for the other threads.
 __device__ __forceinline__ unsigned long long* merge_stamps(const Params& p, int t) {
-    return p.trace != nullptr && t == p.trace_step && threadIdx.x == 0 ? p.trace + 6 * __ldg(p.sm_start + gridDim.x) + 2 * gridDim.x : nullptr;
+    return p.trace != nullptr && t == p.trace_step && threadIdx.x == 0 ? trace_tail(p) : nullptr;
 }
 
 // TOPK's merge (see race_merge). Every SM's list holds its tokens at or above
