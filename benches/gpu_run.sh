@@ -43,6 +43,7 @@
 #             each on its default path,
 #             and batch 16 greedy and T 0.6 + top-k 20 + top-p 0.95 on Qwen3-0.6B and Llama-3.2-1B
 #             (RACE_MODES: a subset of greedy t1 t08rp minp topp topk lp5; RACE16=0 skips batch 16)
+#             RATIO lines: each mode's step over greedy's (benches/race_ratios.py)
 #   attnprof  Nsight Compute sections (throughput, stalls, occupancy) of the prompt attention's
 #             launches in a 4,096-token Llama-3.2-1B prefill (PROFILE_FUEL picks another)
 #   ttft      TTFT per fuel at prompts of 128, 1K, 4K (and 16K for Llama-3.2-1B), prompt attention on
@@ -272,6 +273,7 @@ if has race; then  # batch-1 sampled decode per fuel: the issue's settings, agai
             printf 'RACE %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^\| 1 \|' "$LOGS/race-$n-$f.txt" | head -1)"
         done
     done
+    python3 benches/race_ratios.py --logs "$LOGS" --prefix race --fuels "$FUELS" --modes "$RACE_MODES"
     # Batch 16 (the graph path; sampled rows on the device sampler's split paths): issue 21's
     # batch target, T 0.6 + top-k 20 + top-p 0.95 (the top-k lists) and T 0.6 + top-p 0.9
     # (the bins) against greedy.
@@ -284,6 +286,7 @@ if has race; then  # batch-1 sampled decode per fuel: the issue's settings, agai
             printf 'RACE16 %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^\| 16 \|' "$LOGS/race16-$n-$f.txt" | head -1)"
         done
     done
+    [[ ${RACE16:-1} == 0 ]] || python3 benches/race_ratios.py --logs "$LOGS" --prefix race16 --fuels "qwen3-0.6b llama-3.2-1b" --modes "greedy topk topp"
 fi
 if has ttft; then  # time to first token per prompt length, prompt attention on the tensor cores and off
     for f in $FUELS; do
