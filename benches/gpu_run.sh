@@ -277,7 +277,8 @@ if has race; then  # batch-1 sampled decode per fuel: the issue's settings, agai
     # Batch 16 (the graph path; sampled rows on the device sampler's split paths): issue 21's
     # batch target, T 0.6 + top-k 20 + top-p 0.95 (the top-k lists) and T 0.6 + top-p 0.9
     # (the bins) against greedy.
-    for f in qwen3-0.6b llama-3.2-1b; do
+    race16_fuels="qwen3-0.6b llama-3.2-1b"
+    for f in $race16_fuels; do
         [[ " $FUELS " == *" $f "* && ${RACE16:-1} == 1 ]] || continue
         bench "race16-greedy-$f" auto 16 128 256 3 "$f"
         BENCH_EXTRA=$(race_args topk) bench "race16-topk-$f" auto 16 128 256 3 "$f"
@@ -286,7 +287,7 @@ if has race; then  # batch-1 sampled decode per fuel: the issue's settings, agai
             printf 'RACE16 %-14s %-7s %s\n' "$f" "$n" "$(grep -E '^\| 16 \|' "$LOGS/race16-$n-$f.txt" | head -1)"
         done
     done
-    [[ ${RACE16:-1} == 0 ]] || python3 benches/race_ratios.py --logs "$LOGS" --prefix race16 --fuels "qwen3-0.6b llama-3.2-1b" --modes "greedy topk topp"
+    [[ ${RACE16:-1} == 0 ]] || python3 benches/race_ratios.py --logs "$LOGS" --prefix race16 --fuels "$race16_fuels" --modes "greedy topk topp"
 fi
 if has ttft; then  # time to first token per prompt length, prompt attention on the tensor cores and off
     for f in $FUELS; do

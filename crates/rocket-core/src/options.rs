@@ -84,7 +84,7 @@ choice! {
         /// passes of `CUBLAS_F16_PROMPT_MIN_ROWS` (33) rows or more on its fp16
         /// products (as `cublas` runs them), and passes of `CUBLAS_MIN_ROWS`
         /// (128) rows or more on its products of the bf16 hi+lo split from
-        /// `CUBLAS_AUTO_MIN_MACS` multiply-adds; decode passes stay on the tensor cores. A row's logits then depend (≈1e-3 relative) on how many
+        /// `CUBLAS_AUTO_MIN_MACS` multiply-adds; decode passes below `CUBLAS_MIN_ROWS` rows stay on the tensor cores. A row's logits then depend (≈1e-3 relative) on how many
         /// rows share its pass; `gemv` or `tensor` make them batch-independent
         /// bit for bit (for `tensor`, in passes of up to 256 rows: longer ones
         /// do not split K).

@@ -172,8 +172,8 @@ fn matmul_kernel(matmul: MatmulPath, offer: CublasOffer, rows: usize, n: usize, 
 
 /// Whether a pass's layer products may take their matrices' fp16 copies: a
 /// prompt pass (of any rows; `matmul_kernel` takes it from 33), or a decode
-/// pass of `CUBLAS_MIN_ROWS` rows or more. Decode batches stay on the tensor
-/// cores: their graphs, and a decode row's bits, as every batch size had them.
+/// pass of `CUBLAS_MIN_ROWS` rows or more. Smaller decode batches stay on the
+/// tensor cores: their graphs, and a decode row's bits, as those batch sizes had them.
 fn fp16_offered(decode: bool, rows: usize) -> bool {
     !decode || rows >= CUBLAS_MIN_ROWS
 }
@@ -1156,8 +1156,8 @@ mod tests {
                 assert_eq!(pick(MatmulPath::Tensor, offer, rows, llama_gate_up), Tensor);
                 assert_eq!(pick(MatmulPath::Auto, offer, 1, llama_gate_up), Gemv);
             }
-            // Passes of up to 32 rows stay on the tensor cores (decode batches, whatever
-            // their rows, are offered no fp16 products: `fp16_offered`).
+            // Passes of up to 32 rows stay on the tensor cores (decode batches below
+            // `CUBLAS_MIN_ROWS` rows are offered no fp16 products: `fp16_offered`).
             assert_eq!(pick(MatmulPath::Auto, offer, 16, llama_gate_up), Tensor);
             assert_eq!(pick(MatmulPath::Auto, offer, 32, llama_gate_up), Tensor);
             if offer != CublasOffer::F16 {
