@@ -491,6 +491,14 @@ __device__ __forceinline__ unsigned long long* merge_stamps(const Params& p, int
     return p.trace != nullptr && t == p.trace_step && threadIdx.x == 0 ? trace_tail(p) : nullptr;
 }
 
+// Stamps the end of merge phase `phase` where the step is traced (thread 0).
+struct MergeStamps {
+    unsigned long long* at;
+    __device__ __forceinline__ void operator()(int phase) const {
+        if (at) at[phase] = globaltimer_ns();
+    }
+};
+
 // TOPK's merge (see race_merge). Every SM's list holds its tokens at or above
 // its threshold, so it holds each of the global k best that lies on it. Two
 // lower bounds of the global k-th key: the highest of the SMs' thresholds (that
@@ -504,10 +512,7 @@ __device__ uint32_t topk_merge(const Params& p, const Smem& s, int t) {
     SampleShared& sh = *reinterpret_cast<SampleShared*>(s.vec());
     TopkShared& ts = *reinterpret_cast<TopkShared*>(s.race_keys());
     const SampleRow& r = *p.sample;
-    unsigned long long* const ms = merge_stamps(p, t);
-    auto stamp = [&](int phase) {
-        if (ms) ms[phase] = globaltimer_ns();
-    };
+    const MergeStamps stamp{merge_stamps(p, t)};
     if (p.lm_tiles > TOPK_MAX_SMS) return 0xffffffffu;
     // Every list holds at most k entries (topk_list): the dense enumeration's width.
     const uint32_t width = r.top_k;
@@ -700,10 +705,7 @@ __device__ uint32_t race_merge(const Params& p, const Smem& s, int t) {
         return key_id(best);  // ARGMAX and WHOLE keys both end in the id (item_key)
     }
     const SampleRow& r = *p.sample;
-    unsigned long long* const ms = merge_stamps(p, t);
-    auto stamp = [&](int phase) {
-        if (ms) ms[phase] = globaltimer_ns();
-    };
+    const MergeStamps stamp{merge_stamps(p, t)};
     // The maximum, and whether every SM could weigh at the anchor it gives.
     const double* maxima = reinterpret_cast<const double*>(p.lm_max);
     uint64_t m_bits = 0, bad = 0;  // order of doubles as u64 (0: nothing), any NaN
