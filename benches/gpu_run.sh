@@ -59,7 +59,8 @@
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
 #   profile   Nsight Compute's time per kernel of one batch-16 decode step and one 128-token
 #             prefill (PROFILE_FUEL, default Llama-3.2-1B; graph path, kernels launched one by
-#             one), summarised by benches/ncu_step.py
+#             one), summarised by benches/ncu_step.py; PROFILE_SHAPES="B P G PASS|..." picks
+#             other runs (batch, prompt length, gen length, which pass from the end)
 #   ab        the megakernel of this build against a baseline build's (.device-carry/base/
 #             rocket.xz, packed by hand), interleaved per fuel, batch 1 (and the baseline's
 #             megakernel tests' MK-PROFILE lines when base/cuda-megakernel-test.xz is there);
@@ -397,13 +398,16 @@ fi
 if has profile; then
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     pf=${PROFILE_FUEL:-llama-3.2-1b}
-    for shape in "16 128 3 -1" "1 128 2 -2"; do
+    # batch, prompt, gen, pass: a decode step at batch 16, the 128-token prefill at batch 1
+    # (PROFILE_SHAPES="1 4096 2 -2" splits a 4K prefill's time by kernel).
+    IFS='|' read -ra shapes <<< "${PROFILE_SHAPES:-16 128 3 -1|1 128 2 -2}"
+    for shape in "${shapes[@]}"; do
         set -- $shape
         ROCKET_DECODE=graph ROCKET_CUDA_GRAPHS=0 timeout 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
             --csv "$CARRY/bin/rocket" bench --model "$CK/$pf" --device cuda --batch "$1" --prompt-len "$2" --gen-len "$3" \
-            --reps 1 > "$LOGS/profile-b$1.csv" 2> "$LOGS/profile-b$1.err" || { check "ncu batch $1" 1; tail -2 "$LOGS/profile-b$1.err"; }
-        echo "--- ncu $pf batch $1 (pass $4: a decode step at batch 16, the 128-token prefill at batch 1)"
-        python3 benches/ncu_step.py "$LOGS/profile-b$1.csv" "$4"
+            --reps 1 > "$LOGS/profile-b$1-p$2.csv" 2> "$LOGS/profile-b$1-p$2.err" || { check "ncu batch $1 prompt $2" 1; tail -2 "$LOGS/profile-b$1-p$2.err"; }
+        echo "--- ncu $pf batch $1, prompt $2, pass $4"
+        python3 benches/ncu_step.py "$LOGS/profile-b$1-p$2.csv" "$4"
     done
 fi
 if has attnprof; then  # where the prompt attention's time goes: Nsight Compute on its launches of a 4K prompt
