@@ -61,6 +61,8 @@
 #             prefill (PROFILE_FUEL, default Llama-3.2-1B; graph path, kernels launched one by
 #             one), summarised by benches/ncu_step.py; PROFILE_SHAPES="B P G PASS|..." picks
 #             other runs (batch, prompt length, gen length, which pass from the end)
+#   ttftab    TTFT at 128/1K/4K (Llama also 16K) of this build and the baseline build's
+#             (.device-carry/base/rocket.xz), interleaved per fuel, two rounds
 #   ab        the megakernel of this build against a baseline build's (.device-carry/base/
 #             rocket.xz, packed by hand), interleaved per fuel, batch 1 (and the baseline's
 #             megakernel tests' MK-PROFILE lines when base/cuda-megakernel-test.xz is there);
@@ -309,6 +311,23 @@ if has ttft; then  # time to first token per prompt length, prompt attention on 
     for blk in 512 128; do
         ROCKET_PREFIX_BLOCK=$blk BENCH_EXTRA="--prefix-reuse 4000" bench "reuse-$blk" auto 1 100 4 3 llama-3.2-1b
         printf 'REUSE block %-4s %s\n' "$blk" "$(grep -A2 '^| prefix reuse' "$LOGS/reuse-$blk.txt" | tail -1)"
+    done
+fi
+if has ttftab; then  # TTFT of this build against the baseline build's (.device-carry/base/rocket.xz), interleaved
+    mkdir -p /tmp/base && xz -dc "$CARRY/base/rocket.xz" > /tmp/base/rocket && chmod +x /tmp/base/rocket
+    for round in 1 2; do
+        for f in $FUELS; do
+            lens=128,1024,4096
+            [[ $f == llama-3.2-1b ]] && lens=$lens,16384
+            ROCKET_BIN=/tmp/base/rocket bench "ttftab-base$round-$f" auto 1 "$lens" 2 3 "$f"
+            bench "ttftab-new$round-$f" auto 1 "$lens" 2 3 "$f"
+        done
+    done
+    for f in $FUELS; do
+        for b in base1 new1 base2 new2; do
+            echo "--- TTFT-AB $f $b"
+            grep -E '^\|' "$LOGS/ttftab-$b-$f.txt" | grep -v -- '---'
+        done
     done
 fi
 if has long; then

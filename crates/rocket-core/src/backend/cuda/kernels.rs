@@ -293,9 +293,15 @@ impl Kernels {
         self.go(&self.rms_norm_f16, s, (rows as u32, 1, 1), Self::rms_norm_block(dim), 0, &args)
     }
 
-    /// A warp per 32 elements of a row, 1 to 8 warps.
+    /// Two float4 chunks of a row per thread (rms_norm.cu keeps up to four in
+    /// registers), 1 to 8 warps.
     fn rms_norm_block(dim: usize) -> u32 {
-        (dim.div_ceil(32).clamp(1, 32) as u32 * 32).min(256)
+        dim.div_ceil(8).div_ceil(32).clamp(1, 8) as u32 * 32
+    }
+
+    /// 256 threads of four elements each per 1,024 of a row (silu_mul.cu).
+    fn silu_grid(ff: usize, rows: usize) -> (u32, u32, u32) {
+        (ff.div_ceil(1024) as u32, rows as u32, 1)
     }
 
     /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ.
@@ -508,7 +514,7 @@ impl Kernels {
     }
 
     pub(crate) fn silu_mul(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize) -> Result<()> {
-        self.go(&self.silu_mul, s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, 0, &[Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32)])
+        self.go(&self.silu_mul, s, Self::silu_grid(ff, rows), 256, 0, &[Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32)])
     }
 
     /// silu_mul's values rounded to fp16 (the bits of `silu_mul` then `to_f16`),
@@ -516,7 +522,7 @@ impl Kernels {
     /// fp16's range sets the u32 at `overflow` (silu_mul.cu).
     pub(crate) fn silu_mul_f16(&self, s: &Stream, gu: u64, out: u64, ff: usize, rows: usize, overflow: u64) -> Result<()> {
         let args = [Arg::Ptr(gu), Arg::Ptr(out), Arg::I32(ff as i32), Arg::Ptr(overflow)];
-        self.go(&self.silu_mul_f16, s, (ff.div_ceil(256) as u32, rows as u32, 1), 256, 0, &args)
+        self.go(&self.silu_mul_f16, s, Self::silu_grid(ff, rows), 256, 0, &args)
     }
 
     /// hi[i] = x[i] as bf16 (round to nearest even) and lo[i] = x[i] - hi[i] as
