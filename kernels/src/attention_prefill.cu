@@ -11,6 +11,15 @@
 // does, so scores and outputs are as close to f32 as the split kernel's.
 // Softmax is online (running max and sum per row, in base 2), in f32.
 //
+// attn_prefill_f16_hdD, for passes whose products take fp16 operands (the pass
+// is redone on the bf16 variant if anything leaves fp16's range): P V takes
+// the weights rounded to fp16 (2^-11 relative, where a bf16 weight without its
+// lo half failed the precision checks at 2^-8) against the value tile
+// converted to fp16 in place once it lands, one MMA where the bf16 hi + lo
+// weights take two. The row sums add the rounded weights (each output stays a
+// convex combination of the values); a value past fp16's range sets
+// *overflow. The scores keep the queries' hi + lo.
+//
 // A row's result depends only on its query, its position and the cache: key
 // tiles sit on absolute multiples of 64 positions, and a tile wholly past a row's
 // position leaves that row's max, sum and output bit for bit unchanged (its
@@ -98,11 +107,55 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int D>
+__device__ __forceinline__ void mma_16x8x16_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 -> f16x2 with cvt.rn: `lo_k` in the low half (as bf16x2_rn).
+__device__ __forceinline__ uint32_t f16x2_rn(float lo_k, float hi_k) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k));
+    return r;
+}
+
+// The low and high halves of an f16x2 as f32.
+__device__ __forceinline__ float f16_lo(uint32_t h) {
+    float f;
+    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; cvt.f32.f16 %0, l; }" : "=f"(f) : "r"(h));
+    return f;
+}
+__device__ __forceinline__ float f16_hi(uint32_t h) {
+    float f;
+    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; cvt.f32.f16 %0, u; }" : "=f"(f) : "r"(h));
+    return f;
+}
+
+// Eight bf16 (16 bytes) as eight fp16 in place; a finite value that rounds past
+// fp16's range sets `over`.
+__device__ __forceinline__ void bf16x8_to_f16_in_place(uint16_t* p, bool& over) {
+    uint4* q = reinterpret_cast<uint4*>(p);
+    const uint4 w = *q;
+    const uint32_t in[4] = {w.x, w.y, w.z, w.w};
+    uint32_t out[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float lo = __uint_as_float(in[i] << 16), hi = __uint_as_float(in[i] & 0xffff0000u);
+        out[i] = f16x2_rn(lo, hi);
+        over |= ((out[i] & 0x7fffu) == 0x7c00u && isfinite(lo)) || ((out[i] >> 16 & 0x7fffu) == 0x7c00u && isfinite(hi));
+    }
+    *q = make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+template <int D, bool F16PV>
 __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,
                                                   const PrefillTile* __restrict__ tiles, float* __restrict__ out,
                                                   float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads,
-                                                  int n_kv, int layer, int n_layers, int span, float scale) {
+                                                  int n_kv, int layer, int n_layers, int span, float scale,
+                                                  unsigned* __restrict__ overflow) {
     constexpr int T = PREFILL_TILE, KS = D + 8;  // shared row stride in bf16: 16 bytes of padding spread the banks
     constexpr int KSTEPS = D / 16, DT = D / 8, NT = T / 8;
     static_assert(KSTEPS % 2 == 0 && DT % 2 == 0, "ldmatrix_x4 loads two k-steps of K and two dimension tiles of V");
@@ -153,6 +206,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;  // sums: this thread's columns only
+    bool over = false;  // F16PV: a value past fp16's range
 
     // Queue the copies of keys and values of positions k0..k0+63 into buffer b
     // (zeros past `end`: a masked weight times a NaN would still be NaN), as one
@@ -184,7 +238,14 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
         asm volatile("cp.async.wait_group 1;" ::: "memory");  // this thread's copies of buffer b landed
         __syncthreads();                                       // and every thread's
         const uint16_t* sk = prefill_smem + b * 2 * T * KS;
-        const uint16_t* sv = sk + T * KS;
+        uint16_t* sv = prefill_smem + b * 2 * T * KS + T * KS;
+        if (F16PV) {
+            // This thread's own chunks of the values, to fp16 in place; the barrier
+            // before P V publishes them (the scores below do not read them).
+#pragma unroll
+            for (int i = threadIdx.x; i < T * D / 8; i += PREFILL_THREADS)
+                bf16x8_to_f16_in_place(sv + (i / (D / 8)) * KS + (i % (D / 8)) * 8, over);
+        }
 
         // Scores: S = Q K^T for this warp's 16 rows and the 64 keys (8 tiles of 8).
         // K's B fragments of k-steps ks and ks + 1 in one ldmatrix: matrix i holds
@@ -237,42 +298,70 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
             o[dt][2] *= corr_b;
             o[dt][3] *= corr_b;
         }
+        if (F16PV) {
+            // The weights rounded to fp16 (row a's pair, row b's pair per key tile),
+            // summed as rounded; then every thread's values are in fp16.
+            uint32_t pw[NT][2];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - base_a);
-            s[nt][1] = exp2f(s[nt][1] - base_a);
-            s[nt][2] = exp2f(s[nt][2] - base_b);
-            s[nt][3] = exp2f(s[nt][3] - base_b);
-            sum_a += s[nt][0] + s[nt][1];
-            sum_b += s[nt][2] + s[nt][3];
-        }
+            for (int nt = 0; nt < NT; nt++) {
+                pw[nt][0] = f16x2_rn(exp2f(s[nt][0] - base_a), exp2f(s[nt][1] - base_a));
+                pw[nt][1] = f16x2_rn(exp2f(s[nt][2] - base_b), exp2f(s[nt][3] - base_b));
+                sum_a += f16_lo(pw[nt][0]) + f16_hi(pw[nt][0]);
+                sum_b += f16_lo(pw[nt][1]) + f16_hi(pw[nt][1]);
+            }
+            __syncthreads();
+            // O += P V, the fragments laid out as in the bf16 branch below.
+#pragma unroll
+            for (int j = 0; j < T / 16; j++) {
+                const uint32_t pa[4] = {pw[2 * j][0], pw[2 * j][1], pw[2 * j + 1][0], pw[2 * j + 1][1]};
+                const uint16_t* vrow = sv + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt += 2) {
+                    uint32_t vb[4];
+                    ldmatrix_x4<true>(vb, vrow + dt * 8);
+                    mma_16x8x16_f16(o[dt], pa, vb[0], vb[1]);
+                    mma_16x8x16_f16(o[dt + 1], pa, vb[2], vb[3]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                s[nt][0] = exp2f(s[nt][0] - base_a);
+                s[nt][1] = exp2f(s[nt][1] - base_a);
+                s[nt][2] = exp2f(s[nt][2] - base_b);
+                s[nt][3] = exp2f(s[nt][3] - base_b);
+                sum_a += s[nt][0] + s[nt][1];
+                sum_b += s[nt][2] + s[nt][3];
+            }
 
-        // O += P V: the weights of key tiles 2j and 2j+1 are the A fragment of k-step j
-        // (a C fragment's layout is an A fragment's half), hi and lo.
+            // O += P V: the weights of key tiles 2j and 2j+1 are the A fragment of k-step j
+            // (a C fragment's layout is an A fragment's half), hi and lo.
 #pragma unroll
-        for (int j = 0; j < T / 16; j++) {
-            uint32_t ph[4], pl[4];
-            split_bf16x2(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);
-            split_bf16x2(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);
-            split_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);
-            split_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);
-            // B fragments of V (k = key, n = dim) of dimension tiles dt and dt + 1 in
-            // one transposing ldmatrix: matrix i holds keys j * 16 + 8 (i % 2) and up
-            // at dimensions (dt + i / 2) * 8 and up.
-            const uint16_t* vrow = sv + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8;
+            for (int j = 0; j < T / 16; j++) {
+                uint32_t ph[4], pl[4];
+                split_bf16x2(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);
+                split_bf16x2(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);
+                split_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);
+                split_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);
+                // B fragments of V (k = key, n = dim) of dimension tiles dt and dt + 1 in
+                // one transposing ldmatrix: matrix i holds keys j * 16 + 8 (i % 2) and up
+                // at dimensions (dt + i / 2) * 8 and up.
+                const uint16_t* vrow = sv + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8;
 #pragma unroll
-            for (int dt = 0; dt < DT; dt += 2) {
-                uint32_t vb[4];
-                ldmatrix_x4<true>(vb, vrow + dt * 8);
-                mma_16x8x16(o[dt], ph, vb[0], vb[1]);
-                mma_16x8x16(o[dt], pl, vb[0], vb[1]);
-                mma_16x8x16(o[dt + 1], ph, vb[2], vb[3]);
-                mma_16x8x16(o[dt + 1], pl, vb[2], vb[3]);
+                for (int dt = 0; dt < DT; dt += 2) {
+                    uint32_t vb[4];
+                    ldmatrix_x4<true>(vb, vrow + dt * 8);
+                    mma_16x8x16(o[dt], ph, vb[0], vb[1]);
+                    mma_16x8x16(o[dt], pl, vb[0], vb[1]);
+                    mma_16x8x16(o[dt + 1], ph, vb[2], vb[3]);
+                    mma_16x8x16(o[dt + 1], pl, vb[2], vb[3]);
+                }
             }
         }
         __syncthreads();  // every warp is done with buffer b before the next step refills it
     }
 
+    if (F16PV && over) atomicOr(overflow, 1u);
     // Whole-row sums, then normalise and store this thread's columns of its two rows.
     sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 1);
     sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 2);
@@ -348,16 +437,19 @@ __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restric
         make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
 }
 
-#define ATTN_PREFILL(D)                                                                                                  \
+#define ATTN_PREFILL_KERNEL(NAME, D, F16PV)                                                                               \
     ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
-        attn_prefill_hd##D(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,                  \
-                           const PrefillTile* __restrict__ tiles, float* __restrict__ out, float* __restrict__ part_o,   \
-                           float* __restrict__ part_ml, int n_heads, int n_kv, int layer, int n_layers, int span,        \
-                           float scale) {                                                                                \
+        NAME(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,                                \
+             const PrefillTile* __restrict__ tiles, float* __restrict__ out, float* __restrict__ part_o,                 \
+             float* __restrict__ part_ml, int n_heads, int n_kv, int layer, int n_layers, int span, float scale,         \
+             unsigned* __restrict__ overflow) {                                                                          \
         pdl_enter();                                                                                                     \
-        attn_prefill_body<D>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers, span,       \
-                             scale);                                                                                     \
-    }                                                                                                                    \
+        attn_prefill_body<D, F16PV>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers,      \
+                                    span, scale, overflow);                                                              \
+    }
+#define ATTN_PREFILL(D)                                                                                                  \
+    ATTN_PREFILL_KERNEL(attn_prefill_hd##D, D, false)                                                                    \
+    ATTN_PREFILL_KERNEL(attn_prefill_f16_hd##D, D, true)                                                                 \
     ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
         attn_prefill_merge_hd##D(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,                \
                                  const float* __restrict__ part_o, const float* __restrict__ part_ml,                    \

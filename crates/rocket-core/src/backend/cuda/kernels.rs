@@ -186,6 +186,7 @@ pub(crate) struct Kernels {
     attn_partial: Function,
     attn_merge: Function,
     attn_prefill: Function,
+    attn_prefill_f16: Function,
     attn_prefill_merge: Function,
     silu_mul: Function,
     silu_mul_f16: Function,
@@ -243,6 +244,11 @@ impl Kernels {
             attn_prefill: {
                 let func = f(&format!("attn_prefill_hd{head_dim}"))?;
                 // hd128's two buffers (68 KiB) are over the 48 KiB a launch gets without asking.
+                func.set_max_dynamic_smem(prefill_smem_bytes(head_dim))?;
+                func
+            },
+            attn_prefill_f16: {
+                let func = f(&format!("attn_prefill_f16_hd{head_dim}"))?;
                 func.set_max_dynamic_smem(prefill_smem_bytes(head_dim))?;
                 func
             },
@@ -457,7 +463,9 @@ impl Kernels {
     /// consecutive rows of one sequence, into out [rows][n_heads*hd]. A CTA walks
     /// one PREFILL_SPAN of key positions; tiles whose context spans several
     /// (`max_splits` at most, `prefill_splits`) leave partials in `part_o` /
-    /// `part_ml` (`prefill_partial_floats`) for the merge that follows.
+    /// `part_ml` (`prefill_partial_floats`) for the merge that follows. With
+    /// `f16_overflow` (a pass on fp16 products), P V takes fp16 weights and values
+    /// (`attn_prefill_f16_hd*`) and a value past fp16's range sets that u32.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_prefill(
         &self,
@@ -474,6 +482,7 @@ impl Kernels {
         n_layers: usize,
         tiles: usize,
         max_splits: usize,
+        f16_overflow: Option<u64>,
     ) -> Result<()> {
         let scale = 1.0 / (self.head_dim as f32).sqrt();
         let span = PREFILL_SPAN as i32;
@@ -491,10 +500,12 @@ impl Kernels {
             Arg::I32(n_layers as i32),
             Arg::I32(span),
             Arg::F32(scale),
+            Arg::Ptr(f16_overflow.unwrap_or(0)),
         ];
         let smem = prefill_smem_bytes(self.head_dim as usize) as u32;
         let grid = (tiles as u32, n_heads as u32, max_splits.max(1) as u32);
-        self.go(&self.attn_prefill, s, grid, PREFILL_THREADS, smem, &args)?;
+        let kernel = if f16_overflow.is_some() { &self.attn_prefill_f16 } else { &self.attn_prefill };
+        self.go(kernel, s, grid, PREFILL_THREADS, smem, &args)?;
         if max_splits > 1 {
             let args = [
                 Arg::Ptr(meta),

@@ -744,6 +744,9 @@ impl CudaBackend {
         let row_map = sc.inputs.ptr + Scratch::row_map_offset(sc.rows) as u64;
         let split_index = if p.split_listed { sc.inputs.ptr + Scratch::split_rows_offset(sc.rows) as u64 } else { 0 };
         let tile_table = sc.inputs.ptr + Scratch::tiles_offset(sc.rows) as u64;
+        // A pass on fp16 products takes fp16 P V in its prompt attention too, under
+        // the same range flag (a value past fp16's range redoes the pass on bf16).
+        let f16_attention = self.f16_flag(inner, sc, p).filter(|_| p.fp16).map(|flag| flag.ptr);
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
         for (li, l) in w.layers.iter().enumerate() {
             // The fp16 copies of this layer's matrices (0: none).
@@ -785,7 +788,7 @@ impl CudaBackend {
                 for first in (0..tiles).step_by(group) {
                     let table = tile_table + (first * std::mem::size_of::<PrefillTile>()) as u64;
                     let n = group.min(tiles - first);
-                    k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, table, sc.attn.ptr, partials, s.num_heads, s.num_kv_heads, li, nl, n, splits)?;
+                    k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, table, sc.attn.ptr, partials, s.num_heads, s.num_kv_heads, li, nl, n, splits, f16_attention)?;
                 }
             }
             self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
