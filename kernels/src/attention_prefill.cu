@@ -47,7 +47,10 @@
 // splits past their tile's context return at once.
 // tiles[t] = (first row, rows): up to 64 consecutive rows of one sequence, at
 // consecutive positions from meta[first].position.
-// Output: out[row][head * D + d], f32, as attn_merge writes it. Partials of tile t,
+// Output: out[row][head * D + d], f32, as attn_merge writes it; or, with out16
+// (a pass whose O-projection takes fp16 operands and that has no split-kernel
+// rows), the same values rounded to fp16 into out16, the product's operand, as
+// to_f16 would round them (a value past fp16's range sets *overflow). Partials of tile t,
 // head h, split s: item ((t * n_heads + h) * max_splits + s), part_o[item][64][D]
 // and part_ml[item][64][2] (max in base 2, sum).
 //
@@ -155,7 +158,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
                                                   const PrefillTile* __restrict__ tiles, float* __restrict__ out,
                                                   float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads,
                                                   int n_kv, int layer, int n_layers, int span, float scale,
-                                                  unsigned* __restrict__ overflow) {
+                                                  uint16_t* __restrict__ out16, unsigned* __restrict__ overflow) {
     constexpr int T = PREFILL_TILE, KS = D + 8;  // shared row stride in bf16: 16 bytes of padding spread the banks
     constexpr int KSTEPS = D / 16, DT = D / 8, NT = T / 8;
     static_assert(KSTEPS % 2 == 0 && DT % 2 == 0, "ldmatrix_x4 loads two k-steps of K and two dimension tiles of V");
@@ -206,7 +209,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;  // sums: this thread's columns only
-    bool over = false;  // F16PV: a value past fp16's range
+    bool over = false;  // a value past fp16's range (F16PV's values, out16's outputs)
 
     // Queue the copies of keys and values of positions k0..k0+63 into buffer b
     // (zeros past `end`: a masked weight times a NaN would still be NaN), as one
@@ -361,7 +364,6 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
         __syncthreads();  // every warp is done with buffer b before the next step refills it
     }
 
-    if (F16PV && over) atomicOr(overflow, 1u);
     // Whole-row sums, then normalise and store this thread's columns of its two rows.
     sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 1);
     sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 2);
@@ -369,16 +371,29 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
     sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 2);
     if (splits == 1) {
         const size_t row_stride = (size_t)n_heads * D;
+        // One row's pair of columns: f32, or (out16) the O-projection's fp16 operand,
+        // rounded as to_f16 would round the f32.
+        auto put = [&](int r, int col, float x0, float x1) {
+            const size_t at = (tile.first_row + r) * row_stride + col;
+            if (out16 != nullptr) {
+                ushort2 h;
+                h.x = f32_to_f16(x0, over);
+                h.y = f32_to_f16(x1, over);
+                *reinterpret_cast<ushort2*>(out16 + at) = h;
+            } else {
+                *reinterpret_cast<float2*>(out + at) = make_float2(x0, x1);
+            }
+        };
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) {
             const int col = head * D + dt * 8 + 2 * c;
-            if (r_a < tile.rows)
-                *reinterpret_cast<float2*>(out + (tile.first_row + r_a) * row_stride + col) = make_float2(o[dt][0] / sum_a, o[dt][1] / sum_a);
-            if (r_b < tile.rows)
-                *reinterpret_cast<float2*>(out + (tile.first_row + r_b) * row_stride + col) = make_float2(o[dt][2] / sum_b, o[dt][3] / sum_b);
+            if (r_a < tile.rows) put(r_a, col, o[dt][0] / sum_a, o[dt][1] / sum_a);
+            if (r_b < tile.rows) put(r_b, col, o[dt][2] / sum_b, o[dt][3] / sum_b);
         }
+        if (over) atomicOr(overflow, 1u);
         return;
     }
+    if (over) atomicOr(overflow, 1u);
     // This split's partials, unnormalised, for attn_prefill_merge.
     const size_t item = ((size_t)tile_index * n_heads + head) * gridDim.z + split;
     float* po = part_o + item * T * D;
@@ -406,7 +421,8 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
 template <int D>
 __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,
                                                         const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                                        float* __restrict__ out, int n_heads, int span, int max_splits) {
+                                                        float* __restrict__ out, int n_heads, int span, int max_splits,
+                                                        uint16_t* __restrict__ out16, unsigned* __restrict__ overflow) {
     constexpr int T = PREFILL_TILE, ROWS = PREFILL_MERGE_ROWS(D);
     static_assert(T % ROWS == 0 && D % 4 == 0, "a tile's rows split evenly over the CTAs");
     const int tile_index = blockIdx.x, head = blockIdx.y;
@@ -433,8 +449,19 @@ __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restric
         o = first ? x : make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
         first = false;
     }
-    *reinterpret_cast<float4*>(out + (tile.first_row + r) * (size_t)n_heads * D + head * D + d) =
-        make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
+    const size_t at = (tile.first_row + r) * (size_t)n_heads * D + head * D + d;
+    if (out16 != nullptr) {
+        bool over = false;
+        ushort4 h;
+        h.x = f32_to_f16(o.x / L, over);
+        h.y = f32_to_f16(o.y / L, over);
+        h.z = f32_to_f16(o.z / L, over);
+        h.w = f32_to_f16(o.w / L, over);
+        *reinterpret_cast<ushort4*>(out16 + at) = h;
+        if (over) atomicOr(overflow, 1u);
+    } else {
+        *reinterpret_cast<float4*>(out + at) = make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
+    }
 }
 
 #define ATTN_PREFILL_KERNEL(NAME, D, F16PV)                                                                               \
@@ -442,10 +469,10 @@ __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restric
         NAME(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,                                \
              const PrefillTile* __restrict__ tiles, float* __restrict__ out, float* __restrict__ part_o,                 \
              float* __restrict__ part_ml, int n_heads, int n_kv, int layer, int n_layers, int span, float scale,         \
-             unsigned* __restrict__ overflow) {                                                                          \
+             uint16_t* __restrict__ out16, unsigned* __restrict__ overflow) {                                            \
         pdl_enter();                                                                                                     \
         attn_prefill_body<D, F16PV>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers,      \
-                                    span, scale, overflow);                                                              \
+                                    span, scale, out16, overflow);                                                       \
     }
 #define ATTN_PREFILL(D)                                                                                                  \
     ATTN_PREFILL_KERNEL(attn_prefill_hd##D, D, false)                                                                    \
@@ -453,9 +480,10 @@ __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restric
     ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
         attn_prefill_merge_hd##D(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,                \
                                  const float* __restrict__ part_o, const float* __restrict__ part_ml,                    \
-                                 float* __restrict__ out, int n_heads, int span, int max_splits) {                       \
+                                 float* __restrict__ out, int n_heads, int span, int max_splits,                         \
+                                 uint16_t* __restrict__ out16, unsigned* __restrict__ overflow) {                        \
         pdl_enter();                                                                                                     \
-        attn_prefill_merge_body<D>(meta, tiles, part_o, part_ml, out, n_heads, span, max_splits);                        \
+        attn_prefill_merge_body<D>(meta, tiles, part_o, part_ml, out, n_heads, span, max_splits, out16, overflow);       \
     }
 ATTN_PREFILL(32)
 ATTN_PREFILL(64)

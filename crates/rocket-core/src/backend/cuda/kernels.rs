@@ -465,7 +465,9 @@ impl Kernels {
     /// (`max_splits` at most, `prefill_splits`) leave partials in `part_o` /
     /// `part_ml` (`prefill_partial_floats`) for the merge that follows. With
     /// `f16_overflow` (a pass on fp16 products), P V takes fp16 weights and values
-    /// (`attn_prefill_f16_hd*`) and a value past fp16's range sets that u32.
+    /// (`attn_prefill_f16_hd*`) and a value past fp16's range sets that u32; with
+    /// `out16` too, the output goes to `out16` rounded to fp16 (as `to_f16` would
+    /// round `out`) instead of to `out`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_prefill(
         &self,
@@ -483,8 +485,13 @@ impl Kernels {
         tiles: usize,
         max_splits: usize,
         f16_overflow: Option<u64>,
+        out16: Option<u64>,
     ) -> Result<()> {
+        if out16.is_some() && f16_overflow.is_none() {
+            return Err(RocketError::Internal("prompt attention into fp16 without its range flag".into()));
+        }
         let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let (out16, flag) = (out16.unwrap_or(0), f16_overflow.unwrap_or(0));
         let span = PREFILL_SPAN as i32;
         let args = [
             Arg::Ptr(q),
@@ -500,7 +507,8 @@ impl Kernels {
             Arg::I32(n_layers as i32),
             Arg::I32(span),
             Arg::F32(scale),
-            Arg::Ptr(f16_overflow.unwrap_or(0)),
+            Arg::Ptr(out16),
+            Arg::Ptr(flag),
         ];
         let smem = prefill_smem_bytes(self.head_dim as usize) as u32;
         let grid = (tiles as u32, n_heads as u32, max_splits.max(1) as u32);
@@ -516,6 +524,8 @@ impl Kernels {
                 Arg::I32(n_heads as i32),
                 Arg::I32(span),
                 Arg::I32(max_splits as i32),
+                Arg::Ptr(out16),
+                Arg::Ptr(flag),
             ];
             // attention_prefill.cu PREFILL_MERGE_ROWS: a CTA merges 512 / head_dim rows.
             let row_groups = self.head_dim / 8;

@@ -775,6 +775,11 @@ impl CudaBackend {
                     p.split_rows,
                 )?;
             }
+            // A pass of prompt tiles alone whose O-projection takes fp16 operands gets them
+            // from the attention itself (the bits `to_f16` would give).
+            let o_operand = (p.prefill_tiles > 0 && p.split_rows == 0 && f16_attention.is_some() && self.f16_product(k, t, d, qd, o16))
+                .then(|| sc.bf16.as_ref().map(|b| b.ptr))
+                .flatten();
             if p.prefill_tiles > 0 {
                 // A pass within one split per tile reads and writes no partial.
                 let partials = match &inner.prefill_partials {
@@ -788,10 +793,14 @@ impl CudaBackend {
                 for first in (0..tiles).step_by(group) {
                     let table = tile_table + (first * std::mem::size_of::<PrefillTile>()) as u64;
                     let n = group.min(tiles - first);
-                    k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, table, sc.attn.ptr, partials, s.num_heads, s.num_kv_heads, li, nl, n, splits, f16_attention)?;
+                    k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, table, sc.attn.ptr, partials, s.num_heads, s.num_kv_heads, li, nl, n, splits, f16_attention, o_operand)?;
                 }
             }
-            self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
+            if o_operand.is_some() {
+                f16_matmul(k, st, sc, o16, sc.x.ptr, d, qd, t, true, |_, _| Ok(()))?;
+            } else {
+                self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
+            }
             self.mlp(k, st, sc, l.mlp_norm, [l.gate_up, gate_up16], [l.down, down16], t)?;
         }
         // The final norm stays its own kernel, fused or not: prefill passes gather their
