@@ -14,17 +14,20 @@
 // attn_prefill_f16_hdD, for passes whose products take fp16 operands (the pass
 // is redone on the bf16 variant if anything leaves fp16's range): P V takes
 // the weights rounded to fp16 (2^-11 relative, where a bf16 weight without its
-// lo half failed the precision checks at 2^-8) against the value tile
+// lo half failed the precision checks at 2^-8; fp16 subnormals, below 2^-14,
+// keep an absolute 2^-24) against the value tile
 // converted to fp16 in place once it lands, one MMA where the bf16 hi + lo
 // weights take two. The row sums add the rounded weights (each output stays a
 // convex combination of the values); a value past fp16's range sets
 // *overflow. The scores keep the queries' hi + lo.
 //
-// A row's result depends only on its query, its position and the cache: key
-// tiles sit on absolute multiples of 64 positions, and a tile wholly past a row's
-// position leaves that row's max, sum and output bit for bit unchanged (its
-// weights are exactly 0 and its correction exp2(0) = 1). So the tiling of a
-// chunk into CTAs, and whatever else shares the pass, cannot change a row.
+// Within one variant (bf16 hi + lo weights, or fp16 P V below), a row's result
+// depends only on its query, its position and the cache: key tiles sit on
+// absolute multiples of 64 positions, and a tile wholly past a row's position
+// leaves that row's max, sum and output bit for bit unchanged (its weights are
+// exactly 0 and its correction exp2(0) = 1). So the tiling of a chunk into CTAs
+// cannot change a row. Which variant runs is the pass's choice, as its products'
+// rounding is (fp16 operands from 33 rows): what shares a pass can change that.
 //
 // Keys and values are staged with cp.async into two buffers: the copies of the
 // next 64 positions are in flight while the MMAs run on these (a CTA of 4 warps,
@@ -245,9 +248,12 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
         if (F16PV) {
             // This thread's own chunks of the values, to fp16 in place; the barrier
             // before P V publishes them (the scores below do not read them).
+            static_assert(T * D / 8 % PREFILL_THREADS == 0, "every thread converts as many chunks");
 #pragma unroll
-            for (int i = threadIdx.x; i < T * D / 8; i += PREFILL_THREADS)
+            for (int j = 0; j < T * D / 8 / PREFILL_THREADS; j++) {
+                const int i = threadIdx.x + j * PREFILL_THREADS;
                 bf16x8_to_f16_in_place(sv + (i / (D / 8)) * KS + (i % (D / 8)) * 8, over);
+            }
         }
 
         // Scores: S = Q K^T for this warp's 16 rows and the 64 keys (8 tiles of 8).

@@ -412,6 +412,11 @@ impl Kernels {
             Arg::I32(layer as i32),
             Arg::I32(n_layers as i32),
         ];
+        // rope_kv.cu stages a head of up to ROPE_MAX_HD = 256 elements per warp, for
+        // ROPE_WARPS = 8 warps: a block of 256 threads.
+        if self.head_dim > 256 {
+            return Err(RocketError::Internal(format!("rope_store_kv with head_dim {} (at most 256)", self.head_dim)));
+        }
         self.go(&self.rope_kv, s, (rows as u32, 1, 1), 256, 0, &args)
     }
 
