@@ -29,7 +29,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 # Lines of test logs and probe output that carry a figure or a verdict.
 FIGURE_LINE = re.compile(
-    r"(MK-[A-Z]+|MATMUL|FENCE|HANDOFF|L2-LATENCY|STREAM|RING|PARITY|AGREE|TC-|GREEDY|test result:|ERROR SUMMARY|"
+    r"(MK-[A-Z]+|MATMUL|FENCE|HANDOFF|L2-LATENCY|STREAM|RING|PARITY|AGREE|TC-|F16-|GREEDY|test result:|ERROR SUMMARY|"
     r"RACECHECK|Hazard|panicked|FAILED|rc=\d)"
 )
 BENCH_HEADER = re.compile(r"model: (\S+)\s+device: (.+?)\s+commit: (\S+)")
