@@ -30,7 +30,8 @@
 #   cublas    `--matmul cublas` (cuBLASLt, from CUBLAS_LIB, default the toolkit's lib64): the matmul
 #             check at every fuel shape beside rocket's tensor-core GEMM and the parity test
 #             (CUBLAS lines), then `rocket bench` TTFT at 128 and 4096 tokens and batch 16 with
-#             `--matmul tensor` and `cublas` (Llama-3.2-1B, Qwen3-0.6B; CUBLAS_BENCH_MATMULS picks a subset),
+#             `--matmul tensor` and `cublas` (Llama-3.2-1B, Qwen3-0.6B; CUBLAS_BENCH_MATMULS picks a subset,
+#             set empty for the checks alone),
 #             and `cublas` with the baseline build (.device-carry/base/rocket.xz) where one is carried
 #   interference  `rocket serve` on Llama-3.2-1B: 8 greedy streams decode while a 16K-token prompt
 #             arrives (benches/interference.py), at prefill passes of 512, 256 and 128 tokens
@@ -222,11 +223,11 @@ if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (C
     check "cublas checks" $?
     grep -E "CUBLAS|F16-RANGE|F16-ATTN-RANGE|test result|FAILED|panicked" "$LOGS/cublas.log"
     for f in llama-3.2-1b qwen3-0.6b; do
-        for m in ${CUBLAS_BENCH_MATMULS:-tensor cublas}; do
+        for m in ${CUBLAS_BENCH_MATMULS-tensor cublas}; do  # set empty: the checks alone
             LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} bench "ttft-$m-$f" auto 1,16 128,4096 8 3 "$f" "$m"
             echo "--- $f matmul $m"; cat "$LOGS/ttft-$m-$f.txt"
         done
-        if [[ -f $CARRY/base/rocket.xz ]]; then  # the baseline build's cuBLASLt path, in the same call
+        if [[ -f $CARRY/base/rocket.xz && " ${CUBLAS_BENCH_MATMULS-tensor cublas} " == *" cublas "* ]]; then  # the baseline build's cuBLASLt path, in the same call
             mkdir -p /tmp/base && xz -dc "$CARRY/base/rocket.xz" > /tmp/base/rocket && chmod +x /tmp/base/rocket
             LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_BIN=/tmp/base/rocket bench "ttft-cublas-base-$f" auto 1,16 128,4096 8 3 "$f" cublas
             echo "--- $f matmul cublas, baseline build"; cat "$LOGS/ttft-cublas-base-$f.txt"
