@@ -871,7 +871,8 @@ fn fp16_products_redo_a_pass_past_the_range_on_bf16_parts() {
         let got = logits(&lt);
         let (after, copy) = (lt.cublas_operands().unwrap(), lt.f16_copy_bytes().unwrap());
         let want = logits(&tc);
-        // Unfused, the norm and SiLU·mul write f32 and to_f16 rounds it: the same bits.
+        // Unfused, the norm, SiLU·mul and the prompt attention write f32 and to_f16 rounds
+        // it: the same bits.
         let unfused = logits(&backend(MatmulPath::Cublas, false));
         let fused_differ = got.iter().zip(&unfused).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         let rel = rel_l2(&got, &want);

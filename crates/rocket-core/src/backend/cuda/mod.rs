@@ -776,8 +776,9 @@ impl CudaBackend {
                 )?;
             }
             // A pass of prompt tiles alone whose O-projection takes fp16 operands gets them
-            // from the attention itself (the bits `to_f16` would give).
-            let o_operand = (p.prefill_tiles > 0 && p.split_rows == 0 && f16_attention.is_some() && self.f16_product(k, t, d, qd, o16))
+            // from the attention itself (`fuse`: the bits `to_f16` would give, which the
+            // fp16 range test checks against the unfused pass).
+            let o_operand = (self.options.fuse && p.prefill_tiles > 0 && p.split_rows == 0 && f16_attention.is_some() && self.f16_product(k, t, d, qd, o16))
                 .then(|| sc.bf16.as_ref().map(|b| b.ptr))
                 .flatten();
             if p.prefill_tiles > 0 {
