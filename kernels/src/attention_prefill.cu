@@ -456,17 +456,13 @@ __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restric
         first = false;
     }
     const size_t at = (tile.first_row + r) * (size_t)n_heads * D + head * D + d;
+    const float4 y = make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
     if (out16 != nullptr) {
         bool over = false;
-        ushort4 h;
-        h.x = f32_to_f16(o.x / L, over);
-        h.y = f32_to_f16(o.y / L, over);
-        h.z = f32_to_f16(o.z / L, over);
-        h.w = f32_to_f16(o.w / L, over);
-        *reinterpret_cast<ushort4*>(out16 + at) = h;
+        *reinterpret_cast<ushort4*>(out16 + at) = f32x4_to_f16(y, over);
         if (over) atomicOr(overflow, 1u);
     } else {
-        *reinterpret_cast<float4*>(out + at) = make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
+        *reinterpret_cast<float4*>(out + at) = y;
     }
 }
 
