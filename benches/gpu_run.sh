@@ -103,8 +103,8 @@ tokdir() { case $1 in llama*) echo llama3;; qwen*) echo qwen3;; smol*) echo smol
 has() { [[ $STEPS == *" $1 "* ]]; }
 # The carry's xz-compressed binaries, unpacked at every use (a warm machine may hold an older carry's).
 BIN=/tmp/rocket-bin
-unpacked() {  # unpacked NAME: the path of .device-carry/NAME.xz, decompressed
-    mkdir -p "$BIN" && xz -dc "$CARRY/$1.xz" > "$BIN/$1" && chmod +x "$BIN/$1"
+unpacked() {  # unpacked NAME: the path of .device-carry/NAME.xz, decompressed (NAME may be base/rocket)
+    mkdir -p "$(dirname "$BIN/$1")" && xz -dc "$CARRY/$1.xz" > "$BIN/$1" && chmod +x "$BIN/$1"
     echo "$BIN/$1"
 }
 FAILED=()
@@ -228,8 +228,7 @@ if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (C
             echo "--- $f matmul $m"; cat "$LOGS/ttft-$m-$f.txt"
         done
         if [[ -f $CARRY/base/rocket.xz && " ${CUBLAS_BENCH_MATMULS-tensor cublas} " == *" cublas "* ]]; then  # the baseline build's cuBLASLt path, in the same call
-            mkdir -p /tmp/base && xz -dc "$CARRY/base/rocket.xz" > /tmp/base/rocket && chmod +x /tmp/base/rocket
-            LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_BIN=/tmp/base/rocket bench "ttft-cublas-base-$f" auto 1,16 128,4096 8 3 "$f" cublas
+            LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_BIN=$(unpacked base/rocket) bench "ttft-cublas-base-$f" auto 1,16 128,4096 8 3 "$f" cublas
             echo "--- $f matmul cublas, baseline build"; cat "$LOGS/ttft-cublas-base-$f.txt"
         fi
     done
@@ -315,13 +314,15 @@ if has ttft; then  # time to first token per prompt length, prompt attention on 
         printf 'REUSE block %-4s %s\n' "$blk" "$(grep -A2 '^| prefix reuse' "$LOGS/reuse-$blk.txt" | tail -1)"
     done
 fi
-if has ttftab; then  # TTFT of this build against the baseline build's (.device-carry/base/rocket.xz), interleaved
-    mkdir -p /tmp/base && xz -dc "$CARRY/base/rocket.xz" > /tmp/base/rocket && chmod +x /tmp/base/rocket
+if has ttftab && [[ ! -f $CARRY/base/rocket.xz ]]; then
+    check "ttftab: no baseline build at $CARRY/base/rocket.xz" 1
+elif has ttftab; then  # TTFT of this build against the baseline build's (.device-carry/base/rocket.xz), interleaved
+    base_rocket=$(unpacked base/rocket)
     for round in 1 2; do
         for f in $FUELS; do
             lens=128,1024,4096
             [[ $f == llama-3.2-1b ]] && lens=$lens,16384
-            ROCKET_BIN=/tmp/base/rocket bench "ttftab-base$round-$f" auto 1 "$lens" 2 3 "$f"
+            ROCKET_BIN=$base_rocket bench "ttftab-base$round-$f" auto 1 "$lens" 2 3 "$f"
             bench "ttftab-new$round-$f" auto 1 "$lens" 2 3 "$f"
         done
     done
@@ -380,7 +381,7 @@ ab_round() {  # ab_round PREFIX PROMPT GEN: this build, the baseline and the AB_
     for f in $FUELS; do
         for round in 1 2; do
             bench "$1-new$round-$f" megakernel 1 "$2" "$3" 3 "$f"
-            [[ ${AB_BASE:-1} == 0 ]] || ROCKET_BIN=/tmp/base/rocket bench "$1-base$round-$f" megakernel 1 "$2" "$3" 3 "$f"
+            [[ ${AB_BASE:-1} == 0 ]] || ROCKET_BIN=$base_rocket bench "$1-base$round-$f" megakernel 1 "$2" "$3" 3 "$f"
             IFS='|' read -ra variants <<< "${AB_ENV:-}"
             for k in "${!variants[@]}"; do
                 (export ${variants[$k]}; bench "$1-env$k-$round-$f" megakernel 1 "$2" "$3" 3 "$f")
@@ -393,7 +394,8 @@ ab_round() {  # ab_round PREFIX PROMPT GEN: this build, the baseline and the AB_
 }
 if (has ab || has abshort) && [[ -f $CARRY/base/rocket.xz ]]; then
     rm -rf /tmp/variants  # (a warm machine keeps the last call's)
-    mkdir -p /tmp/base /tmp/variants && xz -dc "$CARRY/base/rocket.xz" > /tmp/base/rocket && chmod +x /tmp/base/rocket
+    mkdir -p /tmp/variants
+    base_rocket=$(unpacked base/rocket)
     for v in "$CARRY"/variants/*.xz; do
         [[ -f $v ]] && xz -dc "$v" > "/tmp/variants/$(basename "$v" .xz)" && chmod +x "/tmp/variants/$(basename "$v" .xz)"
     done
@@ -402,9 +404,8 @@ if (has ab || has abshort) && [[ -f $CARRY/base/rocket.xz ]]; then
 fi
 if has ab && [[ -f $CARRY/base/rocket.xz ]]; then
     if [[ -f $CARRY/base/cuda-megakernel-test.xz ]]; then
-        xz -dc "$CARRY/base/cuda-megakernel-test.xz" > /tmp/base/mk-test && chmod +x /tmp/base/mk-test
         # ROCKET_DECODE for baseline builds from before the tests chose their options.
-        ROCKET_DECODE=megakernel ROCKET_GPU_CHECKPOINTS=$CKPTS timeout 120 /tmp/base/mk-test --include-ignored --test-threads=1 --nocapture \
+        ROCKET_DECODE=megakernel ROCKET_GPU_CHECKPOINTS=$CKPTS timeout 120 "$(unpacked base/cuda-megakernel-test)" --include-ignored --test-threads=1 --nocapture \
             a_traced_step > "$LOGS/ab-base-profile.log" 2>&1
         grep -c "MK-PROFILE" "$LOGS/ab-base-profile.log"
     fi
