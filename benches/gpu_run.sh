@@ -219,7 +219,7 @@ if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (C
     LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_FIXTURES=$PWD/tests/parity/fixtures \
         ROCKET_GPU_CHECKPOINTS=$CK/qwen3-0.6b,$CK/llama-3.2-1b timeout 300 "$(unpacked cuda-test)" --include-ignored --exact --nocapture \
         cublas_matmul_matches_the_host_and_the_reference fp16_products_redo_a_pass_past_the_range_on_bf16_parts \
-        fp16_attention_values_past_the_range_redo_the_pass > "$LOGS/cublas.log" 2>&1
+        attention_outputs_past_the_fp16_range_redo_the_pass > "$LOGS/cublas.log" 2>&1
     check "cublas checks" $?
     grep -E "CUBLAS|F16-RANGE|F16-ATTN-RANGE|test result|FAILED|panicked" "$LOGS/cublas.log"
     for f in llama-3.2-1b qwen3-0.6b; do

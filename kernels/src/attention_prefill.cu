@@ -11,23 +11,11 @@
 // does, so scores and outputs are as close to f32 as the split kernel's.
 // Softmax is online (running max and sum per row, in base 2), in f32.
 //
-// attn_prefill_f16_hdD, for passes whose products take fp16 operands (the pass
-// is redone on the bf16 variant if anything leaves fp16's range): P V takes
-// the weights rounded to fp16 (2^-11 relative, where a bf16 weight without its
-// lo half failed the precision checks at 2^-8; fp16 subnormals, below 2^-14,
-// keep an absolute 2^-24) against the value tile
-// converted to fp16 in place once it lands, one MMA where the bf16 hi + lo
-// weights take two. The row sums add the rounded weights (each output stays a
-// convex combination of the values); a value past fp16's range sets
-// *overflow. The scores keep the queries' hi + lo.
-//
-// Within one variant (bf16 hi + lo weights, or fp16 P V below), a row's result
-// depends only on its query, its position and the cache: key tiles sit on
+// A row's result depends only on its query, its position and the cache: key tiles sit on
 // absolute multiples of 64 positions, and a tile wholly past a row's position
 // leaves that row's max, sum and output bit for bit unchanged (its weights are
 // exactly 0 and its correction exp2(0) = 1). So the tiling of a chunk into CTAs
-// cannot change a row. Which variant runs is the pass's choice, as its products'
-// rounding is (fp16 operands from 33 rows): what shares a pass can change that.
+// cannot change a row.
 //
 // Keys and values are staged with cp.async into two buffers: the copies of the
 // next 64 positions are in flight while the MMAs run on these (a CTA of 4 warps,
@@ -69,6 +57,10 @@
 #define PREFILL_TILE 64     // query rows per CTA and key positions per step
 #define PREFILL_THREADS 128 // 4 warps x 16 rows
 // Two buffers of keys and values, rows of D + 8 bf16 (kernels.rs `prefill_smem_bytes`).
+// CTAs an SM must hold: at head_dim 64 the registers would otherwise allow two
+// (3 x 128 threads take at most 168 each), and with 4 warps a CTA a third one is
+// what hides the loop's latencies.
+#define PREFILL_MIN_CTAS(D) ((D) <= 64 ? 3 : 2)
 #define PREFILL_SMEM_BYTES(D) (2 * 2 * PREFILL_TILE * ((D) + 8) * 2)
 
 struct PrefillTile {
@@ -76,10 +68,10 @@ struct PrefillTile {
     int32_t rows;
 };
 
-// 16 bytes global -> shared, or 16 zero bytes where `live` is false (src-size 0:
+// 16 bytes global -> shared (a shared-window address), or 16 zero bytes where `live` is false (src-size 0:
 // nothing is read).
-__device__ __forceinline__ void cp_async16_or_zero(uint16_t* dst, const uint16_t* src, bool live) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src),
+__device__ __forceinline__ void cp_async16_or_zero(uint32_t dst, const uint16_t* src, bool live) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
                  "r"(live ? 16 : 0)
                  : "memory");
 }
@@ -113,50 +105,16 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void mma_16x8x16_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// 2^x on the MUFU alone: exp2f adds a range test and two multiplies per call to
+// keep results below 2^-126 as subnormals. A weight that small beside the row's
+// largest (1) is far below f32's resolution of the row's sums; -inf still gives 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
-// Two f32 -> f16x2 with cvt.rn: `lo_k` in the low half (as bf16x2_rn).
-__device__ __forceinline__ uint32_t f16x2_rn(float lo_k, float hi_k) {
-    uint32_t r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_k), "f"(lo_k));
-    return r;
-}
-
-// The low and high halves of an f16x2 as f32.
-__device__ __forceinline__ float f16_lo(uint32_t h) {
-    float f;
-    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; cvt.f32.f16 %0, l; }" : "=f"(f) : "r"(h));
-    return f;
-}
-__device__ __forceinline__ float f16_hi(uint32_t h) {
-    float f;
-    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; cvt.f32.f16 %0, u; }" : "=f"(f) : "r"(h));
-    return f;
-}
-
-// Eight bf16 (16 bytes) as eight fp16 in place; a finite value that rounds past
-// fp16's range sets `over`.
-__device__ __forceinline__ void bf16x8_to_f16_in_place(uint16_t* p, bool& over) {
-    uint4* q = reinterpret_cast<uint4*>(p);
-    const uint4 w = *q;
-    const uint32_t in[4] = {w.x, w.y, w.z, w.w};
-    uint32_t out[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float lo = __uint_as_float(in[i] << 16), hi = __uint_as_float(in[i] & 0xffff0000u);
-        out[i] = f16x2_rn(lo, hi);
-        over |= ((out[i] & 0x7fffu) == 0x7c00u && isfinite(lo)) || ((out[i] >> 16 & 0x7fffu) == 0x7c00u && isfinite(hi));
-    }
-    *q = make_uint4(out[0], out[1], out[2], out[3]);
-}
-
-template <int D, bool F16PV>
+template <int D>
 __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,
                                                   const PrefillTile* __restrict__ tiles, float* __restrict__ out,
                                                   float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads,
@@ -212,22 +170,28 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;  // sums: this thread's columns only
-    bool over = false;  // a value past fp16's range (F16PV's values, out16's outputs)
+    bool over = false;  // an output past fp16's range (out16)
 
     // Queue the copies of keys and values of positions k0..k0+63 into buffer b
     // (zeros past `end`: a masked weight times a NaN would still be NaN), as one
-    // cp.async group.
+    // cp.async group. Thread t copies 16-byte chunk t % (D / 8) of keys t / (D / 8)
+    // + j * KEY_STEP: its addresses are fixed but for k0 and the buffer, so they are
+    // taken once here rather than per chunk and step.
+    constexpr int CHUNK_COLS = D / 8, KEY_STEP = PREFILL_THREADS / CHUNK_COLS, CHUNK_ROUNDS = T / KEY_STEP;
+    static_assert(PREFILL_THREADS % CHUNK_COLS == 0 && T % KEY_STEP == 0, "every thread copies as many chunks");
+    const int my_key = threadIdx.x / CHUNK_COLS;
+    const uint16_t* my_src = kv0 + (size_t)my_key * pos_stride + (threadIdx.x % CHUNK_COLS) * 8;
+    const uint32_t my_dst = (uint32_t)__cvta_generic_to_shared(prefill_smem + my_key * KS + (threadIdx.x % CHUNK_COLS) * 8);
+    const size_t key_step_stride = (size_t)KEY_STEP * pos_stride;
     auto stage = [&](int b, int k0) {
-        uint16_t* sk = prefill_smem + b * 2 * T * KS;
-        uint16_t* sv = sk + T * KS;
-        constexpr int CHUNKS = T * D / 8;  // 16-byte chunks per tile
+        const uint32_t dk = my_dst + b * (2 * T * KS * 2), dv = dk + T * KS * 2;
+        const uint16_t* src = my_src + (size_t)k0 * pos_stride;
 #pragma unroll
-        for (int i = threadIdx.x; i < CHUNKS; i += PREFILL_THREADS) {
-            const int key = i / (D / 8), ch = i % (D / 8);
-            const bool live = k0 + key < end;
-            const uint16_t* src = live ? kv0 + (size_t)(k0 + key) * pos_stride + ch * 8 : kv0;
-            cp_async16_or_zero(sk + key * KS + ch * 8, src, live);
-            cp_async16_or_zero(sv + key * KS + ch * 8, src + (live ? kvd : 0), live);
+        for (int j = 0; j < CHUNK_ROUNDS; j++, src += key_step_stride) {
+            const bool live = k0 + my_key + j * KEY_STEP < end;
+            const uint16_t* from = live ? src : kv0;
+            cp_async16_or_zero(dk + j * KEY_STEP * KS * 2, from, live);
+            cp_async16_or_zero(dv + j * KEY_STEP * KS * 2, from + (live ? kvd : 0), live);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
@@ -244,17 +208,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
         asm volatile("cp.async.wait_group 1;" ::: "memory");  // this thread's copies of buffer b landed
         __syncthreads();                                       // and every thread's
         const uint16_t* sk = prefill_smem + b * 2 * T * KS;
-        uint16_t* sv = prefill_smem + b * 2 * T * KS + T * KS;
-        if (F16PV) {
-            // This thread's own chunks of the values, to fp16 in place; the barrier
-            // before P V publishes them (the scores below do not read them).
-            static_assert(T * D / 8 % PREFILL_THREADS == 0, "every thread converts as many chunks");
-#pragma unroll
-            for (int j = 0; j < T * D / 8 / PREFILL_THREADS; j++) {
-                const int i = threadIdx.x + j * PREFILL_THREADS;
-                bf16x8_to_f16_in_place(sv + (i / (D / 8)) * KS + (i % (D / 8)) * 8, over);
-            }
-        }
+        const uint16_t* sv = sk + T * KS;
 
         // Scores: S = Q K^T for this warp's 16 rows and the 64 keys (8 tiles of 8).
         // K's B fragments of k-steps ks and ks + 1 in one ldmatrix: matrix i holds
@@ -274,18 +228,25 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
                 mma_16x8x16(s[nt], ql[ks + 1], kb[2], kb[3]);
             }
         }
-        // Causal mask: key position > row position (which also covers keys past `end`).
+        // Causal mask: key position > row position (which also covers keys past
+        // `end`). Only a tile reaching past the CTA's first row has such keys; the
+        // others (all but the last one or two of a long context) skip the compares.
+        if (k0 + T - 1 > p0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int kp = k0 + nt * 8 + 2 * c + j;
+                    if (kp > pos_a) s[nt][j] = -INFINITY;
+                    if (kp > pos_b) s[nt][2 + j] = -INFINITY;
+                }
+            }
+        }
         float tile_a = -INFINITY, tile_b = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int kp = k0 + nt * 8 + 2 * c + j;
-                if (kp > pos_a) s[nt][j] = -INFINITY;
-                if (kp > pos_b) s[nt][2 + j] = -INFINITY;
-                tile_a = fmaxf(tile_a, s[nt][j]);
-                tile_b = fmaxf(tile_b, s[nt][2 + j]);
-            }
+            tile_a = fmaxf(tile_a, fmaxf(s[nt][0], s[nt][1]));
+            tile_b = fmaxf(tile_b, fmaxf(s[nt][2], s[nt][3]));
         }
         // The four threads of a row (lanes 4g..4g+3) share its max.
         tile_a = fmaxf(tile_a, __shfl_xor_sync(0xffffffffu, tile_a, 1));
@@ -295,7 +256,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
         const float new_a = fmaxf(max_a, tile_a), new_b = fmaxf(max_b, tile_b);
         // A row with no key yet (max still -inf) has nothing to rescale: its weights are 0.
         const float base_a = new_a == -INFINITY ? 0.0f : new_a, base_b = new_b == -INFINITY ? 0.0f : new_b;
-        const float corr_a = exp2f(max_a - base_a), corr_b = exp2f(max_b - base_b);
+        const float corr_a = exp2_ftz(max_a - base_a), corr_b = exp2_ftz(max_b - base_b);
         max_a = new_a;
         max_b = new_b;
         sum_a *= corr_a;
@@ -307,64 +268,37 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
             o[dt][2] *= corr_b;
             o[dt][3] *= corr_b;
         }
-        if (F16PV) {
-            // The weights rounded to fp16 (row a's pair, row b's pair per key tile),
-            // summed as rounded; then every thread's values are in fp16.
-            uint32_t pw[NT][2];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                pw[nt][0] = f16x2_rn(exp2f(s[nt][0] - base_a), exp2f(s[nt][1] - base_a));
-                pw[nt][1] = f16x2_rn(exp2f(s[nt][2] - base_b), exp2f(s[nt][3] - base_b));
-                sum_a += f16_lo(pw[nt][0]) + f16_hi(pw[nt][0]);
-                sum_b += f16_lo(pw[nt][1]) + f16_hi(pw[nt][1]);
-            }
-            __syncthreads();
-            // O += P V, the fragments laid out as in the bf16 branch below.
-#pragma unroll
-            for (int j = 0; j < T / 16; j++) {
-                const uint32_t pa[4] = {pw[2 * j][0], pw[2 * j][1], pw[2 * j + 1][0], pw[2 * j + 1][1]};
-                const uint16_t* vrow = sv + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8;
-#pragma unroll
-                for (int dt = 0; dt < DT; dt += 2) {
-                    uint32_t vb[4];
-                    ldmatrix_x4<true>(vb, vrow + dt * 8);
-                    mma_16x8x16_f16(o[dt], pa, vb[0], vb[1]);
-                    mma_16x8x16_f16(o[dt + 1], pa, vb[2], vb[3]);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                s[nt][0] = exp2f(s[nt][0] - base_a);
-                s[nt][1] = exp2f(s[nt][1] - base_a);
-                s[nt][2] = exp2f(s[nt][2] - base_b);
-                s[nt][3] = exp2f(s[nt][3] - base_b);
-                sum_a += s[nt][0] + s[nt][1];
-                sum_b += s[nt][2] + s[nt][3];
-            }
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt][0] = exp2_ftz(s[nt][0] - base_a);
+            s[nt][1] = exp2_ftz(s[nt][1] - base_a);
+            s[nt][2] = exp2_ftz(s[nt][2] - base_b);
+            s[nt][3] = exp2_ftz(s[nt][3] - base_b);
+            sum_a += s[nt][0] + s[nt][1];
+            sum_b += s[nt][2] + s[nt][3];
+        }
 
-            // O += P V: the weights of key tiles 2j and 2j+1 are the A fragment of k-step j
-            // (a C fragment's layout is an A fragment's half), hi and lo.
+        // O += P V: the weights of key tiles 2j and 2j+1 are the A fragment of k-step j
+        // (a C fragment's layout is an A fragment's half), hi and lo.
 #pragma unroll
-            for (int j = 0; j < T / 16; j++) {
-                uint32_t ph[4], pl[4];
-                split_bf16x2(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);
-                split_bf16x2(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);
-                split_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);
-                split_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);
-                // B fragments of V (k = key, n = dim) of dimension tiles dt and dt + 1 in
-                // one transposing ldmatrix: matrix i holds keys j * 16 + 8 (i % 2) and up
-                // at dimensions (dt + i / 2) * 8 and up.
-                const uint16_t* vrow = sv + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8;
+        for (int j = 0; j < T / 16; j++) {
+            uint32_t ph[4], pl[4];
+            split_bf16x2(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);
+            split_bf16x2(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);
+            split_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);
+            split_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);
+            // B fragments of V (k = key, n = dim) of dimension tiles dt and dt + 1 in
+            // one transposing ldmatrix: matrix i holds keys j * 16 + 8 (i % 2) and up
+            // at dimensions (dt + i / 2) * 8 and up.
+            const uint16_t* vrow = sv + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8;
 #pragma unroll
-                for (int dt = 0; dt < DT; dt += 2) {
-                    uint32_t vb[4];
-                    ldmatrix_x4<true>(vb, vrow + dt * 8);
-                    mma_16x8x16(o[dt], ph, vb[0], vb[1]);
-                    mma_16x8x16(o[dt], pl, vb[0], vb[1]);
-                    mma_16x8x16(o[dt + 1], ph, vb[2], vb[3]);
-                    mma_16x8x16(o[dt + 1], pl, vb[2], vb[3]);
-                }
+            for (int dt = 0; dt < DT; dt += 2) {
+                uint32_t vb[4];
+                ldmatrix_x4<true>(vb, vrow + dt * 8);
+                mma_16x8x16(o[dt], ph, vb[0], vb[1]);
+                mma_16x8x16(o[dt], pl, vb[0], vb[1]);
+                mma_16x8x16(o[dt + 1], ph, vb[2], vb[3]);
+                mma_16x8x16(o[dt + 1], pl, vb[2], vb[3]);
             }
         }
         __syncthreads();  // every warp is done with buffer b before the next step refills it
@@ -466,19 +400,18 @@ __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restric
     }
 }
 
-#define ATTN_PREFILL_KERNEL(NAME, D, F16PV)                                                                               \
-    ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
+#define ATTN_PREFILL_KERNEL(NAME, D)                                                                               \
+    ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS, PREFILL_MIN_CTAS(D))                                           \
         NAME(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,                                \
              const PrefillTile* __restrict__ tiles, float* __restrict__ out, float* __restrict__ part_o,                 \
              float* __restrict__ part_ml, int n_heads, int n_kv, int layer, int n_layers, int span, float scale,         \
              uint16_t* __restrict__ out16, unsigned* __restrict__ overflow) {                                            \
         pdl_enter();                                                                                                     \
-        attn_prefill_body<D, F16PV>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers,      \
+        attn_prefill_body<D>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers,      \
                                     span, scale, out16, overflow);                                                       \
     }
 #define ATTN_PREFILL(D)                                                                                                  \
-    ATTN_PREFILL_KERNEL(attn_prefill_hd##D, D, false)                                                                    \
-    ATTN_PREFILL_KERNEL(attn_prefill_f16_hd##D, D, true)                                                                 \
+    ATTN_PREFILL_KERNEL(attn_prefill_hd##D, D)                                                                           \
     ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
         attn_prefill_merge_hd##D(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,                \
                                  const float* __restrict__ part_o, const float* __restrict__ part_ml,                    \

@@ -269,8 +269,9 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
             CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
         };
         // With `auto` and cuBLASLt loaded, passes of 33 rows or more run on fp16 products
-        // and their prompt attention on fp16 P V (attn_prefill_f16_hd*); both backends
-        // take the same products, so the difference is still the attention's.
+        // and a pass of tiles alone takes the O-projection's fp16 operand from the prompt
+        // attention itself; both backends take the same products, so the difference is
+        // still the attention's.
         let (auto, auto_split) = (backend(true, MatmulPath::Auto), backend(false, MatmulPath::Auto));
         let (tc, split) = (backend(true, MatmulPath::Tensor), backend(false, MatmulPath::Tensor));
         let auto_label = match auto.cublas_operands().unwrap() {
@@ -308,8 +309,8 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
                     path.display(),
                     rel_l2(&a, &b)
                 );
-                // The split kernel is f32 attention; the tensor cores' scores are f32-accurate (hi/lo
-                // bf16 queries) and their weights too on bf16 products (hi/lo), 11 bits on fp16 ones.
+                // The split kernel is f32 attention; the tensor cores' scores and weights are
+                // f32-accurate (hi/lo bf16 queries and weights).
                 assert!(worst <= 3e-3, "{}: {products} products, prefix {prefix_len} + {len}: worst row rel L2 {worst}", path.display());
             }
         }
@@ -896,17 +897,19 @@ fn fp16_products_redo_a_pass_past_the_range_on_bf16_parts() {
     }
 }
 
-/// The prompt attention's fp16 P V where a value leaves fp16's range: tiny-qwen3
+/// The prompt attention's fp16 outputs where they leave fp16's range: tiny-qwen3
 /// with its last layer's V projection scaled so that its largest weight is 60,000
 /// (the fp16 copy of the weights still holds it) puts values past 65,504 into the
-/// KV cache (bf16 holds them) in a 160-row pass on fp16 products. The attention's
-/// range flag must make the backend redo the pass on bf16 (the operands it reports
-/// change, the fp16 copy is freed), and the logits must match the tensor-core path's
-/// on the same weights. Without the flag the fp16 values are infinite and the logits
-/// not finite. Prints F16-ATTN-RANGE; needs libcublasLt.so on the loader path.
+/// KV cache (bf16 holds them), and so into the attention's outputs, in a 160-row
+/// pass of tiles alone on fp16 products, where the attention writes the
+/// O-projection's fp16 operand itself. Its range flag must make the backend redo
+/// the pass on bf16 (the operands it reports change, the fp16 copy is freed), and
+/// the logits must match the tensor-core path's on the same weights. Without the
+/// flag the fp16 operand is infinite and the logits not finite. Prints
+/// F16-ATTN-RANGE; needs libcublasLt.so on the loader path.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn fp16_attention_values_past_the_range_redo_the_pass() {
+fn attention_outputs_past_the_fp16_range_redo_the_pass() {
     require_gpu();
     let (spec, mut weights) = open_weights(&fixture("tiny-qwen3"));
     let last = weights.layers.last_mut().unwrap();
@@ -931,8 +934,8 @@ fn fp16_attention_values_past_the_range_redo_the_pass() {
     let rel = rel_l2(&got, &want);
     println!("F16-ATTN-RANGE tiny-qwen3, last layer's V weights up to 60,000: operands {before} -> {after}, logits rel L2 {rel:.3e} against the tensor-core path (160 positions)");
     assert_eq!(before, "fp16", "cuBLASLt without fp16 operands at load");
-    assert!(got.iter().all(|v| v.is_finite()), "non-finite logits: the attention's fp16 values were kept");
-    assert_eq!(after, "bf16 hi+lo", "a pass whose values left fp16's range kept the fp16 path");
+    assert!(got.iter().all(|v| v.is_finite()), "non-finite logits: the attention's fp16 outputs were kept");
+    assert_eq!(after, "bf16 hi+lo", "a pass whose attention outputs left fp16's range kept the fp16 path");
     assert!(rel <= 1e-2, "rel L2 {rel} over the 1e-2 bar");
 }
 

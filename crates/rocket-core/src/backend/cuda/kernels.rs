@@ -186,7 +186,6 @@ pub(crate) struct Kernels {
     attn_partial: Function,
     attn_merge: Function,
     attn_prefill: Function,
-    attn_prefill_f16: Function,
     attn_prefill_merge: Function,
     silu_mul: Function,
     silu_mul_f16: Function,
@@ -244,11 +243,6 @@ impl Kernels {
             attn_prefill: {
                 let func = f(&format!("attn_prefill_hd{head_dim}"))?;
                 // hd128's two buffers (68 KiB) are over the 48 KiB a launch gets without asking.
-                func.set_max_dynamic_smem(prefill_smem_bytes(head_dim))?;
-                func
-            },
-            attn_prefill_f16: {
-                let func = f(&format!("attn_prefill_f16_hd{head_dim}"))?;
                 func.set_max_dynamic_smem(prefill_smem_bytes(head_dim))?;
                 func
             },
@@ -469,10 +463,9 @@ impl Kernels {
     /// one PREFILL_SPAN of key positions; tiles whose context spans several
     /// (`max_splits` at most, `prefill_splits`) leave partials in `part_o` /
     /// `part_ml` (`prefill_partial_floats`) for the merge that follows. With
-    /// `f16_overflow` (a pass on fp16 products), P V takes fp16 weights and values
-    /// (`attn_prefill_f16_hd*`) and a value past fp16's range sets that u32; with
-    /// `out16` too, the output goes to `out16` rounded to fp16 (as `to_f16` would
-    /// round `out`) instead of to `out`.
+    /// `out16` = (operand, range flag), the output goes to the operand rounded to
+    /// fp16 (as `to_f16` would round `out`) instead of to `out`, and a value past
+    /// fp16's range sets the flag's u32.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_prefill(
         &self,
@@ -489,14 +482,10 @@ impl Kernels {
         n_layers: usize,
         tiles: usize,
         max_splits: usize,
-        f16_overflow: Option<u64>,
-        out16: Option<u64>,
+        out16: Option<(u64, u64)>,
     ) -> Result<()> {
-        if out16.is_some() && f16_overflow.is_none() {
-            return Err(RocketError::Internal("prompt attention into fp16 without its range flag".into()));
-        }
         let scale = 1.0 / (self.head_dim as f32).sqrt();
-        let (out16, flag) = (out16.unwrap_or(0), f16_overflow.unwrap_or(0));
+        let (out16, flag) = out16.unwrap_or((0, 0));
         let span = PREFILL_SPAN as i32;
         let args = [
             Arg::Ptr(q),
@@ -517,8 +506,7 @@ impl Kernels {
         ];
         let smem = prefill_smem_bytes(self.head_dim as usize) as u32;
         let grid = (tiles as u32, n_heads as u32, max_splits.max(1) as u32);
-        let kernel = if f16_overflow.is_some() { &self.attn_prefill_f16 } else { &self.attn_prefill };
-        self.go(kernel, s, grid, PREFILL_THREADS, smem, &args)?;
+        self.go(&self.attn_prefill, s, grid, PREFILL_THREADS, smem, &args)?;
         if max_splits > 1 {
             let args = [
                 Arg::Ptr(meta),
