@@ -11,11 +11,11 @@
 // does, so scores and outputs are as close to f32 as the split kernel's.
 // Softmax is online (running max and sum per row, in base 2), in f32.
 //
-// A row's result depends only on its query, its position and the cache: key
-// tiles sit on absolute multiples of 64 positions, and a tile wholly past a row's
-// position leaves that row's max, sum and output bit for bit unchanged (its
-// weights are exactly 0 and its correction exp2(0) = 1). So the tiling of a
-// chunk into CTAs, and whatever else shares the pass, cannot change a row.
+// A row's result depends only on its query, its position and the cache: key tiles sit on
+// absolute multiples of 64 positions, and a tile wholly past a row's position
+// leaves that row's max, sum and output bit for bit unchanged (its weights are
+// exactly 0 and its correction exp2(0) = 1). So the tiling of a chunk into CTAs
+// cannot change a row.
 //
 // Keys and values are staged with cp.async into two buffers: the copies of the
 // next 64 positions are in flight while the MMAs run on these (a CTA of 4 warps,
@@ -38,7 +38,10 @@
 // splits past their tile's context return at once.
 // tiles[t] = (first row, rows): up to 64 consecutive rows of one sequence, at
 // consecutive positions from meta[first].position.
-// Output: out[row][head * D + d], f32, as attn_merge writes it. Partials of tile t,
+// Output: out[row][head * D + d], f32, as attn_merge writes it; or, with out16
+// (a pass whose O-projection takes fp16 operands and that has no split-kernel
+// rows), the same values rounded to fp16 into out16, the product's operand, as
+// to_f16 would round them (a value past fp16's range sets *overflow). Partials of tile t,
 // head h, split s: item ((t * n_heads + h) * max_splits + s), part_o[item][64][D]
 // and part_ml[item][64][2] (max in base 2, sum).
 //
@@ -54,6 +57,10 @@
 #define PREFILL_TILE 64     // query rows per CTA and key positions per step
 #define PREFILL_THREADS 128 // 4 warps x 16 rows
 // Two buffers of keys and values, rows of D + 8 bf16 (kernels.rs `prefill_smem_bytes`).
+// CTAs an SM must hold: at head_dim 64 the registers would otherwise allow two
+// (3 x 128 threads take at most 168 each), and with 4 warps a CTA a third one is
+// what hides the loop's latencies.
+#define PREFILL_MIN_CTAS(D) ((D) <= 64 ? 3 : 2)
 #define PREFILL_SMEM_BYTES(D) (2 * 2 * PREFILL_TILE * ((D) + 8) * 2)
 
 struct PrefillTile {
@@ -61,10 +68,10 @@ struct PrefillTile {
     int32_t rows;
 };
 
-// 16 bytes global -> shared, or 16 zero bytes where `live` is false (src-size 0:
+// 16 bytes global -> shared (a shared-window address), or 16 zero bytes where `live` is false (src-size 0:
 // nothing is read).
-__device__ __forceinline__ void cp_async16_or_zero(uint16_t* dst, const uint16_t* src, bool live) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src),
+__device__ __forceinline__ void cp_async16_or_zero(uint32_t dst, const uint16_t* src, bool live) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
                  "r"(live ? 16 : 0)
                  : "memory");
 }
@@ -98,11 +105,21 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x on the MUFU alone: exp2f adds a range test and two multiplies per call to
+// keep results below 2^-126 as subnormals. A weight that small beside the row's
+// largest (1) is far below f32's resolution of the row's sums; -inf still gives 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 template <int D>
 __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,
                                                   const PrefillTile* __restrict__ tiles, float* __restrict__ out,
                                                   float* __restrict__ part_o, float* __restrict__ part_ml, int n_heads,
-                                                  int n_kv, int layer, int n_layers, int span, float scale) {
+                                                  int n_kv, int layer, int n_layers, int span, float scale,
+                                                  uint16_t* __restrict__ out16, unsigned* __restrict__ overflow) {
     constexpr int T = PREFILL_TILE, KS = D + 8;  // shared row stride in bf16: 16 bytes of padding spread the banks
     constexpr int KSTEPS = D / 16, DT = D / 8, NT = T / 8;
     static_assert(KSTEPS % 2 == 0 && DT % 2 == 0, "ldmatrix_x4 loads two k-steps of K and two dimension tiles of V");
@@ -153,21 +170,28 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;  // sums: this thread's columns only
+    bool over = false;  // an output past fp16's range (out16)
 
     // Queue the copies of keys and values of positions k0..k0+63 into buffer b
     // (zeros past `end`: a masked weight times a NaN would still be NaN), as one
-    // cp.async group.
+    // cp.async group. Thread t copies 16-byte chunk t % (D / 8) of keys t / (D / 8)
+    // + j * KEY_STEP: its addresses are fixed but for k0 and the buffer, so they are
+    // taken once here rather than per chunk and step.
+    constexpr int CHUNK_COLS = D / 8, KEY_STEP = PREFILL_THREADS / CHUNK_COLS, CHUNK_ROUNDS = T / KEY_STEP;
+    static_assert(PREFILL_THREADS % CHUNK_COLS == 0 && T % KEY_STEP == 0, "every thread copies as many chunks");
+    const int my_key = threadIdx.x / CHUNK_COLS;
+    const uint16_t* my_src = kv0 + (size_t)my_key * pos_stride + (threadIdx.x % CHUNK_COLS) * 8;
+    const uint32_t my_dst = (uint32_t)__cvta_generic_to_shared(prefill_smem + my_key * KS + (threadIdx.x % CHUNK_COLS) * 8);
+    const size_t key_step_stride = (size_t)KEY_STEP * pos_stride;
     auto stage = [&](int b, int k0) {
-        uint16_t* sk = prefill_smem + b * 2 * T * KS;
-        uint16_t* sv = sk + T * KS;
-        constexpr int CHUNKS = T * D / 8;  // 16-byte chunks per tile
+        const uint32_t dk = my_dst + b * (2 * T * KS * 2), dv = dk + T * KS * 2;
+        const uint16_t* src = my_src + (size_t)k0 * pos_stride;
 #pragma unroll
-        for (int i = threadIdx.x; i < CHUNKS; i += PREFILL_THREADS) {
-            const int key = i / (D / 8), ch = i % (D / 8);
-            const bool live = k0 + key < end;
-            const uint16_t* src = live ? kv0 + (size_t)(k0 + key) * pos_stride + ch * 8 : kv0;
-            cp_async16_or_zero(sk + key * KS + ch * 8, src, live);
-            cp_async16_or_zero(sv + key * KS + ch * 8, src + (live ? kvd : 0), live);
+        for (int j = 0; j < CHUNK_ROUNDS; j++, src += key_step_stride) {
+            const bool live = k0 + my_key + j * KEY_STEP < end;
+            const uint16_t* from = live ? src : kv0;
+            cp_async16_or_zero(dk + j * KEY_STEP * KS * 2, from, live);
+            cp_async16_or_zero(dv + j * KEY_STEP * KS * 2, from + (live ? kvd : 0), live);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
@@ -204,18 +228,25 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
                 mma_16x8x16(s[nt], ql[ks + 1], kb[2], kb[3]);
             }
         }
-        // Causal mask: key position > row position (which also covers keys past `end`).
+        // Causal mask: key position > row position (which also covers keys past
+        // `end`). Only a tile reaching past the CTA's first row has such keys; the
+        // others (all but the last one or two of a long context) skip the compares.
+        if (k0 + T - 1 > p0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int kp = k0 + nt * 8 + 2 * c + j;
+                    if (kp > pos_a) s[nt][j] = -INFINITY;
+                    if (kp > pos_b) s[nt][2 + j] = -INFINITY;
+                }
+            }
+        }
         float tile_a = -INFINITY, tile_b = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int kp = k0 + nt * 8 + 2 * c + j;
-                if (kp > pos_a) s[nt][j] = -INFINITY;
-                if (kp > pos_b) s[nt][2 + j] = -INFINITY;
-                tile_a = fmaxf(tile_a, s[nt][j]);
-                tile_b = fmaxf(tile_b, s[nt][2 + j]);
-            }
+            tile_a = fmaxf(tile_a, fmaxf(s[nt][0], s[nt][1]));
+            tile_b = fmaxf(tile_b, fmaxf(s[nt][2], s[nt][3]));
         }
         // The four threads of a row (lanes 4g..4g+3) share its max.
         tile_a = fmaxf(tile_a, __shfl_xor_sync(0xffffffffu, tile_a, 1));
@@ -225,7 +256,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
         const float new_a = fmaxf(max_a, tile_a), new_b = fmaxf(max_b, tile_b);
         // A row with no key yet (max still -inf) has nothing to rescale: its weights are 0.
         const float base_a = new_a == -INFINITY ? 0.0f : new_a, base_b = new_b == -INFINITY ? 0.0f : new_b;
-        const float corr_a = exp2f(max_a - base_a), corr_b = exp2f(max_b - base_b);
+        const float corr_a = exp2_ftz(max_a - base_a), corr_b = exp2_ftz(max_b - base_b);
         max_a = new_a;
         max_b = new_b;
         sum_a *= corr_a;
@@ -239,10 +270,10 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - base_a);
-            s[nt][1] = exp2f(s[nt][1] - base_a);
-            s[nt][2] = exp2f(s[nt][2] - base_b);
-            s[nt][3] = exp2f(s[nt][3] - base_b);
+            s[nt][0] = exp2_ftz(s[nt][0] - base_a);
+            s[nt][1] = exp2_ftz(s[nt][1] - base_a);
+            s[nt][2] = exp2_ftz(s[nt][2] - base_b);
+            s[nt][3] = exp2_ftz(s[nt][3] - base_b);
             sum_a += s[nt][0] + s[nt][1];
             sum_b += s[nt][2] + s[nt][3];
         }
@@ -280,16 +311,29 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
     sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 2);
     if (splits == 1) {
         const size_t row_stride = (size_t)n_heads * D;
+        // One row's pair of columns: f32, or (out16) the O-projection's fp16 operand,
+        // rounded as to_f16 would round the f32.
+        auto put = [&](int r, int col, float x0, float x1) {
+            const size_t at = (tile.first_row + r) * row_stride + col;
+            if (out16 != nullptr) {
+                ushort2 h;
+                h.x = f32_to_f16(x0, over);
+                h.y = f32_to_f16(x1, over);
+                *reinterpret_cast<ushort2*>(out16 + at) = h;
+            } else {
+                *reinterpret_cast<float2*>(out + at) = make_float2(x0, x1);
+            }
+        };
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) {
             const int col = head * D + dt * 8 + 2 * c;
-            if (r_a < tile.rows)
-                *reinterpret_cast<float2*>(out + (tile.first_row + r_a) * row_stride + col) = make_float2(o[dt][0] / sum_a, o[dt][1] / sum_a);
-            if (r_b < tile.rows)
-                *reinterpret_cast<float2*>(out + (tile.first_row + r_b) * row_stride + col) = make_float2(o[dt][2] / sum_b, o[dt][3] / sum_b);
+            if (r_a < tile.rows) put(r_a, col, o[dt][0] / sum_a, o[dt][1] / sum_a);
+            if (r_b < tile.rows) put(r_b, col, o[dt][2] / sum_b, o[dt][3] / sum_b);
         }
+        if (over) atomicOr(overflow, 1u);
         return;
     }
+    if (over) atomicOr(overflow, 1u);
     // This split's partials, unnormalised, for attn_prefill_merge.
     const size_t item = ((size_t)tile_index * n_heads + head) * gridDim.z + split;
     float* po = part_o + item * T * D;
@@ -317,7 +361,8 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
 template <int D>
 __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,
                                                         const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                                        float* __restrict__ out, int n_heads, int span, int max_splits) {
+                                                        float* __restrict__ out, int n_heads, int span, int max_splits,
+                                                        uint16_t* __restrict__ out16, unsigned* __restrict__ overflow) {
     constexpr int T = PREFILL_TILE, ROWS = PREFILL_MERGE_ROWS(D);
     static_assert(T % ROWS == 0 && D % 4 == 0, "a tile's rows split evenly over the CTAs");
     const int tile_index = blockIdx.x, head = blockIdx.y;
@@ -344,26 +389,36 @@ __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restric
         o = first ? x : make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
         first = false;
     }
-    *reinterpret_cast<float4*>(out + (tile.first_row + r) * (size_t)n_heads * D + head * D + d) =
-        make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
+    const size_t at = (tile.first_row + r) * (size_t)n_heads * D + head * D + d;
+    const float4 y = make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
+    if (out16 != nullptr) {
+        bool over = false;
+        *reinterpret_cast<ushort4*>(out16 + at) = f32x4_to_f16(y, over);
+        if (over) atomicOr(overflow, 1u);
+    } else {
+        *reinterpret_cast<float4*>(out + at) = y;
+    }
 }
 
-#define ATTN_PREFILL(D)                                                                                                  \
-    ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
-        attn_prefill_hd##D(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,                  \
-                           const PrefillTile* __restrict__ tiles, float* __restrict__ out, float* __restrict__ part_o,   \
-                           float* __restrict__ part_ml, int n_heads, int n_kv, int layer, int n_layers, int span,        \
-                           float scale) {                                                                                \
+#define ATTN_PREFILL_KERNEL(NAME, D)                                                                               \
+    ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS, PREFILL_MIN_CTAS(D))                                           \
+        NAME(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,                                \
+             const PrefillTile* __restrict__ tiles, float* __restrict__ out, float* __restrict__ part_o,                 \
+             float* __restrict__ part_ml, int n_heads, int n_kv, int layer, int n_layers, int span, float scale,         \
+             uint16_t* __restrict__ out16, unsigned* __restrict__ overflow) {                                            \
         pdl_enter();                                                                                                     \
-        attn_prefill_body<D>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers, span,       \
-                             scale);                                                                                     \
-    }                                                                                                                    \
+        attn_prefill_body<D>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers,      \
+                                    span, scale, out16, overflow);                                                       \
+    }
+#define ATTN_PREFILL(D)                                                                                                  \
+    ATTN_PREFILL_KERNEL(attn_prefill_hd##D, D)                                                                           \
     ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
         attn_prefill_merge_hd##D(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,                \
                                  const float* __restrict__ part_o, const float* __restrict__ part_ml,                    \
-                                 float* __restrict__ out, int n_heads, int span, int max_splits) {                       \
+                                 float* __restrict__ out, int n_heads, int span, int max_splits,                         \
+                                 uint16_t* __restrict__ out16, unsigned* __restrict__ overflow) {                        \
         pdl_enter();                                                                                                     \
-        attn_prefill_merge_body<D>(meta, tiles, part_o, part_ml, out, n_heads, span, max_splits);                        \
+        attn_prefill_merge_body<D>(meta, tiles, part_o, part_ml, out, n_heads, span, max_splits, out16, overflow);       \
     }
 ATTN_PREFILL(32)
 ATTN_PREFILL(64)

@@ -70,6 +70,16 @@ __device__ __forceinline__ uint16_t f32_to_f16(float v, bool& over) {
     return h;
 }
 
+// Four values rounded as f32_to_f16 rounds each (the range flag likewise).
+__device__ __forceinline__ ushort4 f32x4_to_f16(float4 v, bool& over) {
+    ushort4 h;
+    h.x = f32_to_f16(v.x, over);
+    h.y = f32_to_f16(v.y, over);
+    h.z = f32_to_f16(v.z, over);
+    h.w = f32_to_f16(v.w, over);
+    return h;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -16,11 +16,11 @@
 // element: ~9 us for 512 rows of 2,048, against ~3 for the bytes).
 #define RMS_CHUNKS 4
 
-// out(i, v, w4) writes float4 chunk i of the output row from input v and weights w4.
-// Rows of dim % 4 == 0 floats at 16-byte aligned addresses (`rms_vectorised`); the
-// sum runs over each thread's chunks in order, then block_sum: every thread gets the
-// row's scale. Both kernels go through here, so rms_norm_f16's values are
-// rms_norm's rounded.
+// out(i, y) writes float4 chunk i of the normed row, y = w * (x * scale). Rows of
+// dim % 4 == 0 floats at 16-byte aligned addresses (`rms_vectorised`); the sum runs
+// over each thread's chunks in order, then block_sum: every thread gets the row's
+// scale. Both kernels go through here, so rms_norm_f16's values are rms_norm's
+// rounded.
 template <class Out>
 __device__ __forceinline__ void rms_row4(const float* xr, const float* __restrict__ w, int dim, float eps, Out out) {
     const int n4 = dim >> 2;
@@ -45,13 +45,16 @@ __device__ __forceinline__ void rms_row4(const float* xr, const float* __restric
         ss = fmaf(u.x, u.x, fmaf(u.y, u.y, fmaf(u.z, u.z, fmaf(u.w, u.w, ss))));
     }
     const float scale = rsqrtf(block_sum(ss) / (float)dim + eps);
+    auto normed = [&](float4 x, float4 g) {
+        return make_float4(g.x * (x.x * scale), g.y * (x.y * scale), g.z * (x.z * scale), g.w * (x.w * scale));
+    };
     // In place (out == x) each thread rewrites only the chunks it read.
 #pragma unroll
     for (int c = 0; c < RMS_CHUNKS; c++) {
         const int i = threadIdx.x + c * blockDim.x;
-        if (i < n4) out(i, v[c], w4[i], scale);
+        if (i < n4) out(i, normed(v[c], w4[i]));
     }
-    for (int i = threadIdx.x + RMS_CHUNKS * blockDim.x; i < n4; i += blockDim.x) out(i, x4[i], w4[i], scale);
+    for (int i = threadIdx.x + RMS_CHUNKS * blockDim.x; i < n4; i += blockDim.x) out(i, normed(x4[i], w4[i]));
 }
 
 // Whether rows of `dim` floats at x, out (elements of `out_bytes`) and w take float4 chunks.
@@ -76,9 +79,7 @@ ROCKET_KERNEL void rms_norm(const float* x, const float* __restrict__ w, float* 
     float* orow = out + (size_t)blockIdx.x * dim;
     if (rms_vectorised(x, out, 4, w, dim)) {
         float4* o4 = reinterpret_cast<float4*>(orow);
-        rms_row4(xr, w, dim, eps, [&](int i, float4 v, float4 g, float scale) {
-            o4[i] = make_float4(g.x * (v.x * scale), g.y * (v.y * scale), g.z * (v.z * scale), g.w * (v.w * scale));
-        });
+        rms_row4(xr, w, dim, eps, [&](int i, float4 y) { o4[i] = y; });
         return;
     }
     const float scale = rms_scale(xr, dim, eps);
@@ -93,14 +94,7 @@ ROCKET_KERNEL void rms_norm_f16(const float* __restrict__ x, const float* __rest
     bool over = false;
     if (rms_vectorised(x, out, 2, w, dim)) {
         ushort4* o4 = reinterpret_cast<ushort4*>(orow);
-        rms_row4(xr, w, dim, eps, [&](int i, float4 v, float4 g, float scale) {
-            ushort4 h;
-            h.x = f32_to_f16(g.x * (v.x * scale), over);
-            h.y = f32_to_f16(g.y * (v.y * scale), over);
-            h.z = f32_to_f16(g.z * (v.z * scale), over);
-            h.w = f32_to_f16(g.w * (v.w * scale), over);
-            o4[i] = h;
-        });
+        rms_row4(xr, w, dim, eps, [&](int i, float4 y) { o4[i] = f32x4_to_f16(y, over); });
     } else {
         const float scale = rms_scale(xr, dim, eps);
         for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = f32_to_f16(w[i] * (xr[i] * scale), over);

@@ -44,14 +44,7 @@ ROCKET_KERNEL void silu_mul_f16(const float* __restrict__ gu, uint16_t* __restri
     bool over = false;
     silu_mul_each(
         gu, ff, silu_vectorised(gu, out, ff),
-        [&](int i, float a, float b, float c, float d) {
-            ushort4 h;
-            h.x = f32_to_f16(a, over);
-            h.y = f32_to_f16(b, over);
-            h.z = f32_to_f16(c, over);
-            h.w = f32_to_f16(d, over);
-            *reinterpret_cast<ushort4*>(o + i) = h;
-        },
+        [&](int i, float a, float b, float c, float d) { *reinterpret_cast<ushort4*>(o + i) = f32x4_to_f16(make_float4(a, b, c, d), over); },
         [&](int j, float v) { o[j] = f32_to_f16(v, over); });
     if (over) atomicOr(overflow, 1u);
 }

@@ -21,13 +21,7 @@ ROCKET_KERNEL void to_f16(const float* __restrict__ x, uint16_t* __restrict__ y,
     const int i = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
     bool over = false;
     if (i + 4 <= n) {
-        const float4 v = *reinterpret_cast<const float4*>(x + i);
-        ushort4 h;
-        h.x = f32_to_f16(v.x, over);
-        h.y = f32_to_f16(v.y, over);
-        h.z = f32_to_f16(v.z, over);
-        h.w = f32_to_f16(v.w, over);
-        *reinterpret_cast<ushort4*>(y + i) = h;
+        *reinterpret_cast<ushort4*>(y + i) = f32x4_to_f16(*reinterpret_cast<const float4*>(x + i), over);
     } else {
         for (int j = i; j < n; j++) y[j] = f32_to_f16(x[j], over);
     }

@@ -207,8 +207,10 @@ pub struct GpuOptions {
     /// Default on; off is for comparison.
     pub pdl: bool,
     /// Run RMSNorm and SiLU·mul inside the tensor-core GEMM (gemm_tc.cu's fused
-    /// prologue and epilogue) instead of as their own kernels. Default on; off
-    /// is for comparison.
+    /// prologue and epilogue) instead of as their own kernels, and let the norm,
+    /// SiLU·mul and the prompt attention write cuBLASLt's fp16 operands themselves
+    /// instead of a separate rounding (the same bits). Default on; off is for
+    /// comparison.
     pub fuse: bool,
     /// Prompt rows' attention on the tensor cores (attention_prefill.cu: 64 rows
     /// of a sequence share each staged key and value) instead of the split kernel

@@ -12,6 +12,7 @@ use common::*;
 use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, FusedF16, HandoffMode, MatmulFusion, MatmulKernel};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
+use rocket_core::weights::Tensor;
 use rocket_core::{DecodePath, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, SamplingParams};
 
 /// Every test here carries `#[ignore]`: without a GPU `cargo test` reports them
@@ -263,11 +264,20 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
     for path in checkpoints() {
         let (spec, weights) = open_weights(&path);
         let vocab = spec.vocab_size;
-        let backend = |tc_attention: bool| {
-            let opts = GpuOptions { decode: DecodePath::Graph, matmul: MatmulPath::Tensor, tc_attention, ..GpuOptions::default() };
+        let backend = |tc_attention: bool, matmul: MatmulPath| {
+            let opts = GpuOptions { decode: DecodePath::Graph, matmul, tc_attention, ..GpuOptions::default() };
             CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
         };
-        let (tc, split) = (backend(true), backend(false));
+        // With `auto` and cuBLASLt loaded, passes of 33 rows or more run on fp16 products
+        // and a pass of tiles alone takes the O-projection's fp16 operand from the prompt
+        // attention itself; both backends take the same products, so the difference is
+        // still the attention's.
+        let (auto, auto_split) = (backend(true, MatmulPath::Auto), backend(false, MatmulPath::Auto));
+        let (tc, split) = (backend(true, MatmulPath::Tensor), backend(false, MatmulPath::Tensor));
+        let auto_label = match auto.cublas_operands().unwrap() {
+            "fp16" => "auto (fp16 from 33 rows)",
+            _ => "auto (no cuBLASLt: the tensor-core GEMM)",
+        };
         // Logits of every row of `chunk`, after `prefix` went in as a pass of its own.
         let run = |b: &CudaBackend, prefix: &[u32], chunk: &[u32]| {
             let mut s = b.new_session(prefix.len() + chunk.len()).unwrap();
@@ -288,18 +298,21 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
         for (n, (prefix_len, len)) in cases.into_iter().enumerate() {
             let ids = random_ids(900 + n as u64, prefix_len + len, vocab);
             let (prefix, chunk) = ids.split_at(prefix_len);
-            let (a, b) = (run(&tc, prefix, chunk), run(&split, prefix, chunk));
-            assert!(a.iter().all(|v| v.is_finite()), "{}: non-finite logits on the tensor cores", path.display());
-            let worst = a.chunks(vocab).zip(b.chunks(vocab)).map(|(x, y)| rel_l2(x, y)).fold(0.0, f64::max);
-            let argmax = |r: &[f32]| r.iter().enumerate().fold(0, |best, (i, &v)| if v > r[best] { i } else { best });
-            let agree = a.chunks(vocab).zip(b.chunks(vocab)).filter(|(x, y)| argmax(x) == argmax(y)).count();
-            println!(
-                "TC-ATTN {}: prefix {prefix_len} + {len} rows: rel L2 {:.3e} (worst row {worst:.3e}), top-1 {agree}/{len} against the split kernel",
-                path.display(),
-                rel_l2(&a, &b)
-            );
-            // Both are f32-accurate attention (hi/lo bf16 products, f32 sums) in different orders.
-            assert!(worst <= 3e-3, "{}: prefix {prefix_len} + {len}: worst row rel L2 {worst}", path.display());
+            for (products, tc, split) in [("tensor-core", &tc, &split), (auto_label, &auto, &auto_split)] {
+                let (a, b) = (run(tc, prefix, chunk), run(split, prefix, chunk));
+                assert!(a.iter().all(|v| v.is_finite()), "{}: non-finite logits on the tensor cores", path.display());
+                let worst = a.chunks(vocab).zip(b.chunks(vocab)).map(|(x, y)| rel_l2(x, y)).fold(0.0, f64::max);
+                let argmax = |r: &[f32]| r.iter().enumerate().fold(0, |best, (i, &v)| if v > r[best] { i } else { best });
+                let agree = a.chunks(vocab).zip(b.chunks(vocab)).filter(|(x, y)| argmax(x) == argmax(y)).count();
+                println!(
+                    "TC-ATTN {}: {products} products, prefix {prefix_len} + {len} rows: rel L2 {:.3e} (worst row {worst:.3e}), top-1 {agree}/{len} against the split kernel",
+                    path.display(),
+                    rel_l2(&a, &b)
+                );
+                // The split kernel is f32 attention; the tensor cores' scores and weights are
+                // f32-accurate (hi/lo bf16 queries and weights).
+                assert!(worst <= 3e-3, "{}: {products} products, prefix {prefix_len} + {len}: worst row rel L2 {worst}", path.display());
+            }
         }
         // A row's result does not depend on how its prompt was split into passes (key
         // tiles sit on absolute positions; the products split k the same way in passes of
@@ -859,7 +872,8 @@ fn fp16_products_redo_a_pass_past_the_range_on_bf16_parts() {
         let got = logits(&lt);
         let (after, copy) = (lt.cublas_operands().unwrap(), lt.f16_copy_bytes().unwrap());
         let want = logits(&tc);
-        // Unfused, the norm and SiLU·mul write f32 and to_f16 rounds it: the same bits.
+        // Unfused, the norm, SiLU·mul and the prompt attention write f32 and to_f16 rounds
+        // it: the same bits.
         let unfused = logits(&backend(MatmulPath::Cublas, false));
         let fused_differ = got.iter().zip(&unfused).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         let rel = rel_l2(&got, &want);
@@ -881,6 +895,48 @@ fn fp16_products_redo_a_pass_past_the_range_on_bf16_parts() {
         // Both on 16-bit weights with f32 sums; fp16 inputs keep 11 bits, hi+lo ~16.
         assert!(rel <= 1e-2 && step <= 1e-2, "mlp norm weight {big:?}: rel L2 {rel}, decode step {step}, over the 1e-2 bar");
     }
+}
+
+/// The prompt attention's fp16 outputs where they leave fp16's range: tiny-qwen3
+/// with its last layer's V projection scaled so that its largest weight is 60,000
+/// (the fp16 copy of the weights still holds it) puts values past 65,504 into the
+/// KV cache (bf16 holds them), and so into the attention's outputs, in a 160-row
+/// pass of tiles alone on fp16 products, where the attention writes the
+/// O-projection's fp16 operand itself. Its range flag must make the backend redo
+/// the pass on bf16 (the operands it reports change, the fp16 copy is freed), and
+/// the logits must match the tensor-core path's on the same weights. Without the
+/// flag the fp16 operand is infinite and the logits not finite. Prints
+/// F16-ATTN-RANGE; needs libcublasLt.so on the loader path.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn attention_outputs_past_the_fp16_range_redo_the_pass() {
+    require_gpu();
+    let (spec, mut weights) = open_weights(&fixture("tiny-qwen3"));
+    let last = weights.layers.last_mut().unwrap();
+    let values = last.v_proj.to_f32_vec();
+    let largest = values.iter().fold(0f32, |m, w| m.max(w.abs()));
+    let shape = last.v_proj.shape().to_vec();
+    last.v_proj = Tensor::owned_f32(shape, values.iter().map(|w| w * (60_000.0 / largest)).collect());
+    let backend = |matmul| {
+        let opts = GpuOptions { decode: DecodePath::Graph, matmul, ..GpuOptions::default() };
+        CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
+    };
+    let (auto, tc) = (backend(MatmulPath::Auto), backend(MatmulPath::Tensor));
+    let ids = random_ids(13, 160, spec.vocab_size);
+    let logits = |b: &CudaBackend| {
+        let mut s = b.new_session(160).unwrap();
+        b.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids }], Logits::All).unwrap()
+    };
+    let before = auto.cublas_operands().unwrap();
+    let got = logits(&auto);
+    let after = auto.cublas_operands().unwrap();
+    let want = logits(&tc);
+    let rel = rel_l2(&got, &want);
+    println!("F16-ATTN-RANGE tiny-qwen3, last layer's V weights up to 60,000: operands {before} -> {after}, logits rel L2 {rel:.3e} against the tensor-core path (160 positions)");
+    assert_eq!(before, "fp16", "cuBLASLt without fp16 operands at load");
+    assert!(got.iter().all(|v| v.is_finite()), "non-finite logits: the attention's fp16 outputs were kept");
+    assert_eq!(after, "bf16 hi+lo", "a pass whose attention outputs left fp16's range kept the fp16 path");
+    assert!(rel <= 1e-2, "rel L2 {rel} over the 1e-2 bar");
 }
 
 /// Prefix reuse on the GPU: a second prompt sharing whole blocks with a first

@@ -406,6 +406,11 @@ impl Kernels {
             Arg::I32(layer as i32),
             Arg::I32(n_layers as i32),
         ];
+        // rope_kv.cu stages a head of up to ROPE_MAX_HD = 256 elements per warp, for
+        // ROPE_WARPS = 8 warps: a block of 256 threads.
+        if self.head_dim > 256 {
+            return Err(RocketError::Internal(format!("rope_store_kv with head_dim {} (at most 256)", self.head_dim)));
+        }
         self.go(&self.rope_kv, s, (rows as u32, 1, 1), 256, 0, &args)
     }
 
@@ -457,7 +462,10 @@ impl Kernels {
     /// consecutive rows of one sequence, into out [rows][n_heads*hd]. A CTA walks
     /// one PREFILL_SPAN of key positions; tiles whose context spans several
     /// (`max_splits` at most, `prefill_splits`) leave partials in `part_o` /
-    /// `part_ml` (`prefill_partial_floats`) for the merge that follows.
+    /// `part_ml` (`prefill_partial_floats`) for the merge that follows. With
+    /// `out16` = (operand, range flag), the output goes to the operand rounded to
+    /// fp16 (as `to_f16` would round `out`) instead of to `out`, and a value past
+    /// fp16's range sets the flag's u32.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_prefill(
         &self,
@@ -474,8 +482,10 @@ impl Kernels {
         n_layers: usize,
         tiles: usize,
         max_splits: usize,
+        out16: Option<(u64, u64)>,
     ) -> Result<()> {
         let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let (out16, flag) = out16.unwrap_or((0, 0));
         let span = PREFILL_SPAN as i32;
         let args = [
             Arg::Ptr(q),
@@ -491,6 +501,8 @@ impl Kernels {
             Arg::I32(n_layers as i32),
             Arg::I32(span),
             Arg::F32(scale),
+            Arg::Ptr(out16),
+            Arg::Ptr(flag),
         ];
         let smem = prefill_smem_bytes(self.head_dim as usize) as u32;
         let grid = (tiles as u32, n_heads as u32, max_splits.max(1) as u32);
@@ -505,6 +517,8 @@ impl Kernels {
                 Arg::I32(n_heads as i32),
                 Arg::I32(span),
                 Arg::I32(max_splits as i32),
+                Arg::Ptr(out16),
+                Arg::Ptr(flag),
             ];
             // attention_prefill.cu PREFILL_MERGE_ROWS: a CTA merges 512 / head_dim rows.
             let row_groups = self.head_dim / 8;

@@ -677,7 +677,7 @@ impl CudaBackend {
             }
             tracing::warn!(
                 rows,
-                "activations past fp16's range: this pass and every later one multiply on bf16 hi+lo parts (twice the arithmetic)"
+                "values past fp16's range (activations, or the prompt attention's values or outputs): this pass and every later one multiply on bf16 hi+lo parts (twice the arithmetic)"
             );
             inner.f16 = F16Copy::Off;
             inner.graphs.clear();
@@ -744,6 +744,8 @@ impl CudaBackend {
         let row_map = sc.inputs.ptr + Scratch::row_map_offset(sc.rows) as u64;
         let split_index = if p.split_listed { sc.inputs.ptr + Scratch::split_rows_offset(sc.rows) as u64 } else { 0 };
         let tile_table = sc.inputs.ptr + Scratch::tiles_offset(sc.rows) as u64;
+        // The range flag of a pass on fp16 products (a value past fp16's range redoes it on bf16).
+        let f16_flag = self.f16_flag(inner, sc, p).filter(|_| p.fp16).map(|flag| flag.ptr);
         k.embed(st, w.embed, tokens, sc.x.ptr, d, t)?;
         for (li, l) in w.layers.iter().enumerate() {
             // The fp16 copies of this layer's matrices (0: none).
@@ -772,6 +774,12 @@ impl CudaBackend {
                     p.split_rows,
                 )?;
             }
+            // A pass of prompt tiles alone whose O-projection takes fp16 operands gets them
+            // from the attention itself (`fuse`: the bits `to_f16` would give, which the
+            // fp16 range test checks against the unfused pass).
+            let o_operand = f16_flag
+                .filter(|_| self.options.fuse && p.prefill_tiles > 0 && p.split_rows == 0 && self.f16_product(k, t, d, qd, o16))
+                .and_then(|flag| sc.bf16.as_ref().map(|b| (b.ptr, flag)));
             if p.prefill_tiles > 0 {
                 // A pass within one split per tile reads and writes no partial.
                 let partials = match &inner.prefill_partials {
@@ -785,10 +793,14 @@ impl CudaBackend {
                 for first in (0..tiles).step_by(group) {
                     let table = tile_table + (first * std::mem::size_of::<PrefillTile>()) as u64;
                     let n = group.min(tiles - first);
-                    k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, table, sc.attn.ptr, partials, s.num_heads, s.num_kv_heads, li, nl, n, splits)?;
+                    k.attention_prefill(st, sc.qkv.ptr, qd + 2 * kvd, meta, table, sc.attn.ptr, partials, s.num_heads, s.num_kv_heads, li, nl, n, splits, o_operand)?;
                 }
             }
-            self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
+            if o_operand.is_some() {
+                f16_matmul(k, st, sc, o16, sc.x.ptr, d, qd, t, true, |_, _| Ok(()))?;
+            } else {
+                self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
+            }
             self.mlp(k, st, sc, l.mlp_norm, [l.gate_up, gate_up16], [l.down, down16], t)?;
         }
         // The final norm stays its own kernel, fused or not: prefill passes gather their
