@@ -53,8 +53,10 @@
 #             PASS lines: the last prompt pass's host issue time against its whole time
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck on every fuel's megakernel (short launches of every
-#             sampling mode, and a teacher-forced launch on SmolLM2), racecheck on SmolLM2's and on
-#             the prompt attention (the tensor-core attention test on the tiny fixture)
+#             sampling mode, and a teacher-forced launch on SmolLM2) and on the prompt attention (the
+#             tensor-core attention test on the tiny fixture), racecheck on SmolLM2's and on the
+#             prompt attention; SANITIZE_TOOLS picks memcheck, racecheck or attention (both tools on
+#             the prompt attention alone)
 #   soak      benches/soak.py against `rocket serve` on the GPU (SOAK_S seconds, SOAK_FUEL), started
 #             in its own process session so it outlives the call; SOAK_WAIT bounds the wait per call
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
@@ -363,16 +365,25 @@ if has sanitize; then
         [[ $rc == 0 && $summary =~ SUMMARY:\ 0\ (errors|hazards) ]] || { [[ $rc == 0 ]] && rc=1; grep -m 20 -E "Error|Hazard|Race|at .*0x" "$LOGS/sanitize-$name.log"; }
         check "compute-sanitizer $name" "$rc"
     }
+    attention_memcheck() { sanitize memcheck-attention memcheck "" cuda-test prompt_attention_on_the_tensor_cores; }
+    attention_racecheck() {
+        sanitize racecheck-attention racecheck "" cuda-test prompt_attention_on_the_tensor_cores \
+            --racecheck-report analysis --print-limit 40
+    }
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
         case $tool in
             memcheck)
                 sanitize memcheck-short memcheck "$CKPTS" cuda-megakernel-test short_launches_of_every_mode_for_the_sanitizers
-                sanitize memcheck-forced memcheck "$CK/smollm2-135m" cuda-megakernel-test teacher_forced_top1_agrees ;;
+                sanitize memcheck-forced memcheck "$CK/smollm2-135m" cuda-megakernel-test teacher_forced_top1_agrees
+                attention_memcheck ;;
             racecheck)
-                sanitize racecheck-attention racecheck "" cuda-test prompt_attention_on_the_tensor_cores \
-                    --racecheck-report analysis --print-limit 40
+                attention_racecheck
                 sanitize racecheck-short racecheck "$CK/smollm2-135m" cuda-megakernel-test short_launches_of_every_mode_for_the_sanitizers \
                     --racecheck-report analysis --print-limit 40 ;;
+            attention)  # the prompt attention alone, both tools
+                attention_memcheck
+                attention_racecheck ;;
+            *) check "sanitize: unknown tool $tool (memcheck, racecheck, attention)" 1 ;;
         esac
     done
 fi
