@@ -149,7 +149,7 @@ if has tests; then
     # The tests pick their paths themselves (the greedy test asserts batched == solo
     # bit for bit on the graph path with each fixed matmul kernel).
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
-        timeout 300 "$(unpacked cuda-test)" --include-ignored --test-threads=1 --nocapture --skip handoff_probe --skip cublas_matmul --skip fp16_products_redo --skip fp16_attention_values ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
+        timeout 300 "$(unpacked cuda-test)" --include-ignored --test-threads=1 --nocapture --skip handoff_probe --skip cublas_matmul --skip fp16_products_redo --skip attention_outputs_past ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
     check "cuda tests" $?
     grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|FENCE|F16|test result|FAILED|panicked" "$LOGS/cuda-test.log"
 fi
@@ -224,12 +224,13 @@ if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (C
         attention_outputs_past_the_fp16_range_redo_the_pass > "$LOGS/cublas.log" 2>&1
     check "cublas checks" $?
     grep -E "CUBLAS|F16-RANGE|F16-ATTN-RANGE|test result|FAILED|panicked" "$LOGS/cublas.log"
+    cublas_matmuls=${CUBLAS_BENCH_MATMULS-tensor cublas}  # set empty: the checks alone
     for f in llama-3.2-1b qwen3-0.6b; do
-        for m in ${CUBLAS_BENCH_MATMULS-tensor cublas}; do  # set empty: the checks alone
+        for m in $cublas_matmuls; do
             LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} bench "ttft-$m-$f" auto 1,16 128,4096 8 3 "$f" "$m"
             echo "--- $f matmul $m"; cat "$LOGS/ttft-$m-$f.txt"
         done
-        if [[ -f $CARRY/base/rocket.xz && " ${CUBLAS_BENCH_MATMULS-tensor cublas} " == *" cublas "* ]]; then  # the baseline build's cuBLASLt path, in the same call
+        if [[ -f $CARRY/base/rocket.xz && " $cublas_matmuls " == *" cublas "* ]]; then  # the baseline build's cuBLASLt path, in the same call
             LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_BIN=$(unpacked base/rocket) bench "ttft-cublas-base-$f" auto 1,16 128,4096 8 3 "$f" cublas
             echo "--- $f matmul cublas, baseline build"; cat "$LOGS/ttft-cublas-base-$f.txt"
         fi
@@ -397,18 +398,17 @@ ab_round() {  # ab_round PREFIX PROMPT GEN: this build, the baseline and the AB_
             for k in "${!variants[@]}"; do
                 (export ${variants[$k]}; bench "$1-env$k-$round-$f" megakernel 1 "$2" "$3" 3 "$f")
             done
-            for v in /tmp/variants/*; do
+            for v in "$BIN"/variants/*; do
                 [[ -x $v ]] && ROCKET_BIN=$v bench "$1-$(basename "$v")$round-$f" megakernel 1 "$2" "$3" 3 "$f"
             done
         done
     done
 }
 if (has ab || has abshort) && [[ -f $CARRY/base/rocket.xz ]]; then
-    rm -rf /tmp/variants  # (a warm machine keeps the last call's)
-    mkdir -p /tmp/variants
+    rm -rf "$BIN/variants"  # (a warm machine keeps the last call's)
     base_rocket=$(unpacked base/rocket)
     for v in "$CARRY"/variants/*.xz; do
-        [[ -f $v ]] && xz -dc "$v" > "/tmp/variants/$(basename "$v" .xz)" && chmod +x "/tmp/variants/$(basename "$v" .xz)"
+        [[ -f $v ]] && unpacked "variants/$(basename "$v" .xz)" > /dev/null
     done
     has ab && ab_round ab 128 256
     has abshort && ab_round abshort 16 128

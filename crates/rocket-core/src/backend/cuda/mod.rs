@@ -677,7 +677,7 @@ impl CudaBackend {
             }
             tracing::warn!(
                 rows,
-                "values past fp16's range (activations, or the prompt attention's values or outputs): this pass and every later one multiply on bf16 hi+lo parts (twice the arithmetic)"
+                "values past fp16's range (activations, or the prompt attention's outputs): this pass and every later one multiply on bf16 hi+lo parts (twice the arithmetic)"
             );
             inner.f16 = F16Copy::Off;
             inner.graphs.clear();
