@@ -54,7 +54,7 @@
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck on every fuel's megakernel (short launches of every
 #             sampling mode, and a teacher-forced launch on SmolLM2) and on the prompt attention (the
-#             tensor-core attention test on the tiny fixture), racecheck on SmolLM2's and on the
+#             tensor-core attention test on the tiny fixture, SmolLM2 and Qwen3-0.6B), racecheck on SmolLM2's and on the
 #             prompt attention; SANITIZE_TOOLS picks memcheck, racecheck or attention (both tools on
 #             the prompt attention alone)
 #   soak      benches/soak.py against `rocket serve` on the GPU (SOAK_S seconds, SOAK_FUEL), started
@@ -350,7 +350,7 @@ if has sanitize; then
     # (the 128-position test does not finish under racecheck in minutes; what it reports there
     # is the weight ring's bulk copies, which its mbarriers order and racecheck does not track),
     # and the prompt attention's cp.async double buffering and barriers (the tensor-core
-    # attention test on the tiny fixture, which its CPU twin does not model).
+    # attention test, which its CPU twin does not model).
     SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     sanitize() {  # sanitize NAME TOOL CHECKPOINTS BINARY TEST [sanitizer options...]
         local name=$1 tool=$2 ckpts=$3 binary=$4 test=$5 t0=$SECONDS rc summary
@@ -366,9 +366,13 @@ if has sanitize; then
         [[ $rc == 0 && $summary =~ SUMMARY:\ 0\ (errors|hazards) ]] || { [[ $rc == 0 ]] && rc=1; grep -m 20 -E "Error|Hazard|Race|at .*0x" "$LOGS/sanitize-$name.log"; }
         check "compute-sanitizer $name" "$rc"
     }
-    attention_memcheck() { sanitize memcheck-attention memcheck "" cuda-test prompt_attention_on_the_tensor_cores; }
+    # The tiny fixture's head_dim (32) runs the mma.sync attention; on Hopper SmolLM2 (64) and
+    # Qwen3-0.6B (128) run the wgmma one (attention_prefill_wg.cu).
+    attention_memcheck() {
+        sanitize memcheck-attention memcheck "$CK/smollm2-135m,$CK/qwen3-0.6b" cuda-test prompt_attention_on_the_tensor_cores
+    }
     attention_racecheck() {
-        sanitize racecheck-attention racecheck "" cuda-test prompt_attention_on_the_tensor_cores \
+        sanitize racecheck-attention racecheck "$CK/smollm2-135m" cuda-test prompt_attention_on_the_tensor_cores \
             --racecheck-report analysis --print-limit 40
     }
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do

@@ -114,6 +114,196 @@ __device__ __forceinline__ float exp2_ftz(float x) {
     return y;
 }
 
+// Where a CTA works: its tile of query rows, head, context split and key range.
+struct PrefillWork {
+    int tile_index, head, splits;
+    PrefillTile tile;
+    int p0;              // position of the tile's first row
+    int end;             // keys at positions [0, end): the last row's context
+    int k_begin, k_end;  // this CTA's keys
+    const uint16_t* kv0; // the cache's first position, this layer and kv head
+    size_t pos_stride;   // elements from one position to the next in the cache
+    int kvd;             // n_kv * D: from a position's keys to its values
+};
+
+// The CTA's work, or false for a CTA of a split past its tile's context.
+template <int D>
+__device__ __forceinline__ bool prefill_work(PrefillWork& w, const RowMeta* __restrict__ meta,
+                                             const PrefillTile* __restrict__ tiles, int n_heads, int n_kv, int layer,
+                                             int n_layers, int span) {
+    // The longest tiles (latest positions) first, so the short ones fill the tail.
+    w.tile_index = gridDim.x - 1 - blockIdx.x;
+    w.tile = tiles[w.tile_index];
+    w.head = blockIdx.y;
+    const int split = blockIdx.z;
+    const int kv_head = w.head / (n_heads / n_kv);
+    w.kvd = n_kv * D;
+    const RowMeta m0 = meta[w.tile.first_row];
+    w.p0 = m0.position;
+    w.end = w.p0 + w.tile.rows;
+    w.splits = (w.end + span - 1) / span;
+    w.k_begin = split * span;
+    w.k_end = min(w.end, w.k_begin + span);
+    const uint16_t* cache = reinterpret_cast<const uint16_t*>(m0.kv_base);
+    w.pos_stride = (size_t)n_layers * 2 * w.kvd;
+    w.kv0 = cache + (size_t)layer * 2 * w.kvd + kv_head * D;
+    // Tested last: returning before the fields above left ptxas spilling at head_dim 64.
+    return split < w.splits;
+}
+
+// The warp's 16 query rows as mma A fragments (the layout of mma.sync m16n8k16's A
+// and of wgmma m64nNk16's A per warp), scaled by scale * log2(e) (softmax in base
+// 2), split into bf16 hi and lo; zeros past the tile's rows.
+template <int D>
+__device__ __forceinline__ void prefill_queries(uint32_t (&qh)[D / 16][4], uint32_t (&ql)[D / 16][4],
+                                                const float* __restrict__ q, int q_stride, const PrefillWork& w,
+                                                float scale, int warp, int g, int c) {
+    const float qscale = scale * 1.4426950408889634f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = warp * 16 + g + 8 * (i & 1);
+            const int col = ks * 16 + 2 * c + 8 * (i >> 1);
+            float x0 = 0.0f, x1 = 0.0f;
+            if (r < w.tile.rows) {
+                const float* src = q + (size_t)(w.tile.first_row + r) * q_stride + w.head * D + col;
+                x0 = src[0] * qscale;
+                x1 = src[1] * qscale;
+            }
+            split_bf16x2(x0, x1, qh[ks][i], ql[ks][i]);
+        }
+    }
+}
+
+// The online softmax of a thread's two rows (a: g, b: g + 8 of its warp's 16).
+struct SoftmaxRows {
+    float max_a, max_b;  // running max, base 2
+    float sum_a, sum_b;  // running sums: this thread's columns only
+};
+
+// One key tile's step of the online softmax: the scores s (a C fragment of 16 rows
+// x 8 T/8 key tiles, keys k0..) become the weights in place, past-position keys
+// masked, and the running max, the sums and the outputs o are rescaled to the new
+// max. pos_a, pos_b: the two rows' positions; p0: the CTA's first row's.
+template <int NT, int DT>
+__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&o)[DT][4], SoftmaxRows& st, int k0, int p0,
+                                             int pos_a, int pos_b, int c) {
+    // Causal mask: key position > row position (which also covers keys past
+    // `end`). Only a tile reaching past the CTA's first row has such keys; the
+    // others (all but the last one or two of a long context) skip the compares.
+    if (k0 + NT * 8 - 1 > p0) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int kp = k0 + nt * 8 + 2 * c + j;
+                if (kp > pos_a) s[nt][j] = -INFINITY;
+                if (kp > pos_b) s[nt][2 + j] = -INFINITY;
+            }
+        }
+    }
+    float tile_a = -INFINITY, tile_b = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        tile_a = fmaxf(tile_a, fmaxf(s[nt][0], s[nt][1]));
+        tile_b = fmaxf(tile_b, fmaxf(s[nt][2], s[nt][3]));
+    }
+    // The four threads of a row (lanes 4g..4g+3) share its max.
+    tile_a = fmaxf(tile_a, __shfl_xor_sync(0xffffffffu, tile_a, 1));
+    tile_a = fmaxf(tile_a, __shfl_xor_sync(0xffffffffu, tile_a, 2));
+    tile_b = fmaxf(tile_b, __shfl_xor_sync(0xffffffffu, tile_b, 1));
+    tile_b = fmaxf(tile_b, __shfl_xor_sync(0xffffffffu, tile_b, 2));
+    const float new_a = fmaxf(st.max_a, tile_a), new_b = fmaxf(st.max_b, tile_b);
+    // A row with no key yet (max still -inf) has nothing to rescale: its weights are 0.
+    const float base_a = new_a == -INFINITY ? 0.0f : new_a, base_b = new_b == -INFINITY ? 0.0f : new_b;
+    const float corr_a = exp2_ftz(st.max_a - base_a), corr_b = exp2_ftz(st.max_b - base_b);
+    st.max_a = new_a;
+    st.max_b = new_b;
+    st.sum_a *= corr_a;
+    st.sum_b *= corr_b;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+        o[dt][0] *= corr_a;
+        o[dt][1] *= corr_a;
+        o[dt][2] *= corr_b;
+        o[dt][3] *= corr_b;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        s[nt][0] = exp2_ftz(s[nt][0] - base_a);
+        s[nt][1] = exp2_ftz(s[nt][1] - base_a);
+        s[nt][2] = exp2_ftz(s[nt][2] - base_b);
+        s[nt][3] = exp2_ftz(s[nt][3] - base_b);
+        st.sum_a += s[nt][0] + s[nt][1];
+        st.sum_b += s[nt][2] + s[nt][3];
+    }
+}
+
+// The weights of key tiles 2j and 2j + 1 as the A fragment of the P V product's
+// k-step j (a C fragment's layout is an A fragment's half), hi and lo.
+template <int NT>
+__device__ __forceinline__ void weights_fragment(uint32_t (&ph)[4], uint32_t (&pl)[4], const float (&s)[NT][4], int j) {
+    split_bf16x2(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);
+    split_bf16x2(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);
+    split_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);
+    split_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);
+}
+
+// The CTA's rows after its last key tile: normalised into out (or out16) where the
+// tile's context is one split, else this split's unnormalised partials for
+// attn_prefill_merge.
+template <int D>
+__device__ __forceinline__ void prefill_finish(float (&o)[D / 8][4], SoftmaxRows& st, const PrefillWork& w,
+                                               float* __restrict__ out, float* __restrict__ part_o,
+                                               float* __restrict__ part_ml, int n_heads, uint16_t* __restrict__ out16,
+                                               unsigned* __restrict__ overflow, int r_a, int r_b, int c) {
+    constexpr int T = PREFILL_TILE, DT = D / 8;
+    // Whole-row sums.
+    st.sum_a += __shfl_xor_sync(0xffffffffu, st.sum_a, 1);
+    st.sum_a += __shfl_xor_sync(0xffffffffu, st.sum_a, 2);
+    st.sum_b += __shfl_xor_sync(0xffffffffu, st.sum_b, 1);
+    st.sum_b += __shfl_xor_sync(0xffffffffu, st.sum_b, 2);
+    bool over = false;  // an output past fp16's range (out16)
+    if (w.splits == 1) {
+        const size_t row_stride = (size_t)n_heads * D;
+        // One row's pair of columns: f32, or (out16) the O-projection's fp16 operand,
+        // rounded as to_f16 would round the f32.
+        auto put = [&](int r, int col, float x0, float x1) {
+            const size_t at = (w.tile.first_row + r) * row_stride + col;
+            if (out16 != nullptr) {
+                ushort2 h;
+                h.x = f32_to_f16(x0, over);
+                h.y = f32_to_f16(x1, over);
+                *reinterpret_cast<ushort2*>(out16 + at) = h;
+            } else {
+                *reinterpret_cast<float2*>(out + at) = make_float2(x0, x1);
+            }
+        };
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            const int col = blockIdx.y * D + dt * 8 + 2 * c;
+            if (r_a < w.tile.rows) put(r_a, col, o[dt][0] / st.sum_a, o[dt][1] / st.sum_a);
+            if (r_b < w.tile.rows) put(r_b, col, o[dt][2] / st.sum_b, o[dt][3] / st.sum_b);
+        }
+        if (over) atomicOr(overflow, 1u);
+        return;
+    }
+    const size_t item = ((size_t)(gridDim.x - 1 - blockIdx.x) * n_heads + blockIdx.y) * gridDim.z + blockIdx.z;
+    float* po = part_o + item * T * D;
+    float* pml = part_ml + item * T * 2;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+        const int col = dt * 8 + 2 * c;
+        if (r_a < w.tile.rows) *reinterpret_cast<float2*>(po + r_a * D + col) = make_float2(o[dt][0], o[dt][1]);
+        if (r_b < w.tile.rows) *reinterpret_cast<float2*>(po + r_b * D + col) = make_float2(o[dt][2], o[dt][3]);
+    }
+    if (c == 0) {
+        if (r_a < w.tile.rows) *reinterpret_cast<float2*>(pml + r_a * 2) = make_float2(st.max_a, st.sum_a);
+        if (r_b < w.tile.rows) *reinterpret_cast<float2*>(pml + r_b * 2) = make_float2(st.max_b, st.sum_b);
+    }
+}
+
 template <int D>
 __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,
                                                   const PrefillTile* __restrict__ tiles, float* __restrict__ out,
@@ -126,51 +316,19 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
     static_assert((KS * 2) % 16 == 0, "ldmatrix rows start on 16 bytes");
     extern __shared__ __align__(16) uint16_t prefill_smem[];  // [buffer][k | v][T * KS]
 
-    // The longest tiles (latest positions) first, so the short ones fill the tail.
-    const int tile_index = gridDim.x - 1 - blockIdx.x;
-    const PrefillTile tile = tiles[tile_index];
-    const int head = blockIdx.y, split = blockIdx.z;
+    PrefillWork w;
+    if (!prefill_work<D>(w, meta, tiles, n_heads, n_kv, layer, n_layers, span)) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int kv_head = head / (n_heads / n_kv), kvd = n_kv * D;
-    const RowMeta m0 = meta[tile.first_row];
-    const int p0 = m0.position;  // of the tile's first row
-    // Keys at positions [0, end): the last row's context; this CTA's are [k_begin, k_end).
-    const int end = p0 + tile.rows;
-    const int splits = (end + span - 1) / span;
-    if (split >= splits) return;
-    const int k_begin = split * span, k_end = min(end, k_begin + span);
-    const uint16_t* cache = reinterpret_cast<const uint16_t*>(m0.kv_base);
-    const size_t pos_stride = (size_t)n_layers * 2 * kvd;
-    const uint16_t* kv0 = cache + (size_t)layer * 2 * kvd + kv_head * D;
-
     // This thread's two rows (g and g + 8 of the warp's 16) and their positions.
     const int r_a = warp * 16 + g, r_b = r_a + 8;
-    const int pos_a = p0 + r_a, pos_b = p0 + r_b;
-
-    // The queries as A fragments, scaled by scale * log2(e) (softmax in base 2), hi and lo.
-    const float qscale = scale * 1.4426950408889634f;
+    const int pos_a = w.p0 + r_a, pos_b = w.p0 + r_b;
     uint32_t qh[KSTEPS][4], ql[KSTEPS][4];
-#pragma unroll
-    for (int ks = 0; ks < KSTEPS; ks++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = warp * 16 + g + 8 * (i & 1);
-            const int col = ks * 16 + 2 * c + 8 * (i >> 1);
-            float x0 = 0.0f, x1 = 0.0f;
-            if (r < tile.rows) {
-                const float* src = q + (size_t)(tile.first_row + r) * q_stride + head * D + col;
-                x0 = src[0] * qscale;
-                x1 = src[1] * qscale;
-            }
-            split_bf16x2(x0, x1, qh[ks][i], ql[ks][i]);
-        }
-    }
+    prefill_queries<D>(qh, ql, q, q_stride, w, scale, warp, g, c);
 
     float o[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-    float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;  // sums: this thread's columns only
-    bool over = false;  // an output past fp16's range (out16)
+    SoftmaxRows st = {-INFINITY, -INFINITY, 0.0f, 0.0f};
 
     // Queue the copies of keys and values of positions k0..k0+63 into buffer b
     // (zeros past `end`: a masked weight times a NaN would still be NaN), as one
@@ -180,27 +338,27 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
     constexpr int CHUNK_COLS = D / 8, KEY_STEP = PREFILL_THREADS / CHUNK_COLS, CHUNK_ROUNDS = T / KEY_STEP;
     static_assert(PREFILL_THREADS % CHUNK_COLS == 0 && T % KEY_STEP == 0, "every thread copies as many chunks");
     const int my_key = threadIdx.x / CHUNK_COLS;
-    const uint16_t* my_src = kv0 + (size_t)my_key * pos_stride + (threadIdx.x % CHUNK_COLS) * 8;
+    const uint16_t* my_src = w.kv0 + (size_t)my_key * w.pos_stride + (threadIdx.x % CHUNK_COLS) * 8;
     const uint32_t my_dst = (uint32_t)__cvta_generic_to_shared(prefill_smem + my_key * KS + (threadIdx.x % CHUNK_COLS) * 8);
-    const size_t key_step_stride = (size_t)KEY_STEP * pos_stride;
+    const size_t key_step_stride = (size_t)KEY_STEP * w.pos_stride;
     auto stage = [&](int b, int k0) {
         const uint32_t dk = my_dst + b * (2 * T * KS * 2), dv = dk + T * KS * 2;
-        const uint16_t* src = my_src + (size_t)k0 * pos_stride;
+        const uint16_t* src = my_src + (size_t)k0 * w.pos_stride;
 #pragma unroll
         for (int j = 0; j < CHUNK_ROUNDS; j++, src += key_step_stride) {
-            const bool live = k0 + my_key + j * KEY_STEP < end;
-            const uint16_t* from = live ? src : kv0;
+            const bool live = k0 + my_key + j * KEY_STEP < w.end;
+            const uint16_t* from = live ? src : w.kv0;
             cp_async16_or_zero(dk + j * KEY_STEP * KS * 2, from, live);
-            cp_async16_or_zero(dv + j * KEY_STEP * KS * 2, from + (live ? kvd : 0), live);
+            cp_async16_or_zero(dv + j * KEY_STEP * KS * 2, from + (live ? w.kvd : 0), live);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
-    stage(0, k_begin);
-    for (int k0 = k_begin, b = 0; k0 < k_end; k0 += T, b ^= 1) {
+    stage(0, w.k_begin);
+    for (int k0 = w.k_begin, b = 0; k0 < w.k_end; k0 += T, b ^= 1) {
         // The next positions' copies go to the other buffer (every warp finished
         // reading it at the end of the last step); an empty group past the end
         // keeps the count of groups in flight the same.
-        if (k0 + T < k_end) {
+        if (k0 + T < w.k_end) {
             stage(b ^ 1, k0 + T);
         } else {
             asm volatile("cp.async.commit_group;" ::: "memory");
@@ -228,65 +386,13 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
                 mma_16x8x16(s[nt], ql[ks + 1], kb[2], kb[3]);
             }
         }
-        // Causal mask: key position > row position (which also covers keys past
-        // `end`). Only a tile reaching past the CTA's first row has such keys; the
-        // others (all but the last one or two of a long context) skip the compares.
-        if (k0 + T - 1 > p0) {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int kp = k0 + nt * 8 + 2 * c + j;
-                    if (kp > pos_a) s[nt][j] = -INFINITY;
-                    if (kp > pos_b) s[nt][2 + j] = -INFINITY;
-                }
-            }
-        }
-        float tile_a = -INFINITY, tile_b = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            tile_a = fmaxf(tile_a, fmaxf(s[nt][0], s[nt][1]));
-            tile_b = fmaxf(tile_b, fmaxf(s[nt][2], s[nt][3]));
-        }
-        // The four threads of a row (lanes 4g..4g+3) share its max.
-        tile_a = fmaxf(tile_a, __shfl_xor_sync(0xffffffffu, tile_a, 1));
-        tile_a = fmaxf(tile_a, __shfl_xor_sync(0xffffffffu, tile_a, 2));
-        tile_b = fmaxf(tile_b, __shfl_xor_sync(0xffffffffu, tile_b, 1));
-        tile_b = fmaxf(tile_b, __shfl_xor_sync(0xffffffffu, tile_b, 2));
-        const float new_a = fmaxf(max_a, tile_a), new_b = fmaxf(max_b, tile_b);
-        // A row with no key yet (max still -inf) has nothing to rescale: its weights are 0.
-        const float base_a = new_a == -INFINITY ? 0.0f : new_a, base_b = new_b == -INFINITY ? 0.0f : new_b;
-        const float corr_a = exp2_ftz(max_a - base_a), corr_b = exp2_ftz(max_b - base_b);
-        max_a = new_a;
-        max_b = new_b;
-        sum_a *= corr_a;
-        sum_b *= corr_b;
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            o[dt][0] *= corr_a;
-            o[dt][1] *= corr_a;
-            o[dt][2] *= corr_b;
-            o[dt][3] *= corr_b;
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            s[nt][0] = exp2_ftz(s[nt][0] - base_a);
-            s[nt][1] = exp2_ftz(s[nt][1] - base_a);
-            s[nt][2] = exp2_ftz(s[nt][2] - base_b);
-            s[nt][3] = exp2_ftz(s[nt][3] - base_b);
-            sum_a += s[nt][0] + s[nt][1];
-            sum_b += s[nt][2] + s[nt][3];
-        }
+        softmax_tile(s, o, st, k0, w.p0, pos_a, pos_b, c);
 
-        // O += P V: the weights of key tiles 2j and 2j+1 are the A fragment of k-step j
-        // (a C fragment's layout is an A fragment's half), hi and lo.
+        // O += P V, one k-step of 16 keys at a time.
 #pragma unroll
         for (int j = 0; j < T / 16; j++) {
             uint32_t ph[4], pl[4];
-            split_bf16x2(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);
-            split_bf16x2(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);
-            split_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);
-            split_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);
+            weights_fragment(ph, pl, s, j);
             // B fragments of V (k = key, n = dim) of dimension tiles dt and dt + 1 in
             // one transposing ldmatrix: matrix i holds keys j * 16 + 8 (i % 2) and up
             // at dimensions (dt + i / 2) * 8 and up.
@@ -303,51 +409,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, i
         }
         __syncthreads();  // every warp is done with buffer b before the next step refills it
     }
-
-    // Whole-row sums, then normalise and store this thread's columns of its two rows.
-    sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 1);
-    sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 2);
-    sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 1);
-    sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 2);
-    if (splits == 1) {
-        const size_t row_stride = (size_t)n_heads * D;
-        // One row's pair of columns: f32, or (out16) the O-projection's fp16 operand,
-        // rounded as to_f16 would round the f32.
-        auto put = [&](int r, int col, float x0, float x1) {
-            const size_t at = (tile.first_row + r) * row_stride + col;
-            if (out16 != nullptr) {
-                ushort2 h;
-                h.x = f32_to_f16(x0, over);
-                h.y = f32_to_f16(x1, over);
-                *reinterpret_cast<ushort2*>(out16 + at) = h;
-            } else {
-                *reinterpret_cast<float2*>(out + at) = make_float2(x0, x1);
-            }
-        };
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            const int col = head * D + dt * 8 + 2 * c;
-            if (r_a < tile.rows) put(r_a, col, o[dt][0] / sum_a, o[dt][1] / sum_a);
-            if (r_b < tile.rows) put(r_b, col, o[dt][2] / sum_b, o[dt][3] / sum_b);
-        }
-        if (over) atomicOr(overflow, 1u);
-        return;
-    }
-    if (over) atomicOr(overflow, 1u);
-    // This split's partials, unnormalised, for attn_prefill_merge.
-    const size_t item = ((size_t)tile_index * n_heads + head) * gridDim.z + split;
-    float* po = part_o + item * T * D;
-    float* pml = part_ml + item * T * 2;
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++) {
-        const int col = dt * 8 + 2 * c;
-        if (r_a < tile.rows) *reinterpret_cast<float2*>(po + r_a * D + col) = make_float2(o[dt][0], o[dt][1]);
-        if (r_b < tile.rows) *reinterpret_cast<float2*>(po + r_b * D + col) = make_float2(o[dt][2], o[dt][3]);
-    }
-    if (c == 0) {
-        if (r_a < tile.rows) *reinterpret_cast<float2*>(pml + r_a * 2) = make_float2(max_a, sum_a);
-        if (r_b < tile.rows) *reinterpret_cast<float2*>(pml + r_b * 2) = make_float2(max_b, sum_b);
-    }
+    prefill_finish<D>(o, st, w, out, part_o, part_ml, n_heads, out16, overflow, r_a, r_b, c);
 }
 
 // attn_prefill_merge_hdD: the output of every row of a tile whose context spans

@@ -7,6 +7,7 @@
 #include "rope_kv.cu"
 #include "attention.cu"
 #include "attention_prefill.cu"
+#include "attention_prefill_wg.cu"
 #include "silu_mul.cu"
 #include "to_bf16.cu"
 #include "to_f16.cu"

@@ -186,6 +186,8 @@ pub(crate) struct Kernels {
     attn_partial: Function,
     attn_merge: Function,
     attn_prefill: Function,
+    /// Dynamic shared memory of `attn_prefill`'s variant.
+    attn_prefill_smem: u32,
     attn_prefill_merge: Function,
     silu_mul: Function,
     silu_mul_f16: Function,
@@ -220,7 +222,8 @@ impl Kernels {
             )));
         }
         let start = Instant::now();
-        let (module, image) = if ctx.compute_capability == (9, 0) {
+        let cubin = ctx.compute_capability == (9, 0);
+        let (module, image) = if cubin {
             (Module::load(CUBIN)?, "sm_90a cubin")
         } else {
             let mut ptx = PTX.to_vec();
@@ -228,6 +231,8 @@ impl Kernels {
             (Module::load(&ptx)?, "sm_90 PTX (JIT)")
         };
         let f = |name: &str| module.function(name);
+        // The warpgroup-MMA prompt attention is in the sm_90a cubin alone.
+        let wgmma = PREFILL_WGMMA && cubin && prefill_has_wgmma(head_dim);
         let gemv = [f("gemv_bf16_t1")?, f("gemv_bf16_t2")?, f("gemv_bf16_t4")?, f("gemv_bf16_t8")?, f("gemv_bf16_t16")?];
         let gemm_tc = load_gemm_tc(&module, ctx);
         Ok(Kernels {
@@ -241,11 +246,12 @@ impl Kernels {
             attn_partial: f(&format!("attn_partial_hd{head_dim}"))?,
             attn_merge: f(&format!("attn_merge_hd{head_dim}"))?,
             attn_prefill: {
-                let func = f(&format!("attn_prefill_hd{head_dim}"))?;
-                // hd128's two buffers (68 KiB) are over the 48 KiB a launch gets without asking.
-                func.set_max_dynamic_smem(prefill_smem_bytes(head_dim))?;
+                let func = f(&prefill_kernel_name(head_dim, wgmma))?;
+                // hd128's buffers (68-97 KiB) are over the 48 KiB a launch gets without asking.
+                func.set_max_dynamic_smem(prefill_smem_bytes(head_dim, wgmma))?;
                 func
             },
+            attn_prefill_smem: prefill_smem_bytes(head_dim, wgmma) as u32,
             attn_prefill_merge: f(&format!("attn_prefill_merge_hd{head_dim}"))?,
             silu_mul: f("silu_mul")?,
             silu_mul_f16: f("silu_mul_f16")?,
@@ -504,7 +510,7 @@ impl Kernels {
             Arg::Ptr(out16),
             Arg::Ptr(flag),
         ];
-        let smem = prefill_smem_bytes(self.head_dim as usize) as u32;
+        let smem = self.attn_prefill_smem;
         let grid = (tiles as u32, n_heads as u32, max_splits.max(1) as u32);
         self.go(&self.attn_prefill, s, grid, PREFILL_THREADS, smem, &args)?;
         if max_splits > 1 {
@@ -659,10 +665,38 @@ pub(crate) const fn prefill_partial_floats(tiles: usize, n_heads: usize, max_spl
     (rows * head_dim, rows * 2)
 }
 
-/// Dynamic shared memory of `attn_prefill_hd{head_dim}` (attention_prefill.cu
-/// `PREFILL_SMEM_BYTES`): two buffers of keys and values, rows of head_dim + 8 bf16.
-const fn prefill_smem_bytes(head_dim: usize) -> usize {
-    2 * 2 * PREFILL_TILE * (head_dim + 8) * 2
+/// Whether the prompt attention runs on warpgroup MMAs (attention_prefill_wg.cu) on
+/// Hopper. Off until its GPU checks (the tensor-core attention test on every fuel,
+/// the long-context reference, the sanitizers) pass on this build: benches/NOTES.md.
+const PREFILL_WGMMA: bool = false;
+
+/// Whether head_dim has the warpgroup-MMA prompt attention (attention_prefill_wg.cu,
+/// Hopper's sm_90a cubin): its K and V tiles are whole 64-dimension swizzle atoms.
+const fn prefill_has_wgmma(head_dim: usize) -> bool {
+    head_dim == 64 || head_dim == 128
+}
+
+/// The prompt attention's kernel: `attn_prefill_wg_hd{head_dim}` (wgmma) or
+/// `attn_prefill_hd{head_dim}` (mma.sync, every GPU).
+fn prefill_kernel_name(head_dim: usize, wgmma: bool) -> String {
+    if wgmma {
+        format!("attn_prefill_wg_hd{head_dim}")
+    } else {
+        format!("attn_prefill_hd{head_dim}")
+    }
+}
+
+/// Dynamic shared memory of the prompt attention: two buffers of keys and values,
+/// rows of head_dim + 8 bf16 (attention_prefill.cu `PREFILL_SMEM_BYTES`), or with
+/// wgmma the same unpadded and swizzled, the queries' hi and lo tiles beside them,
+/// and 1 KiB to align them to the swizzle's 1,024-byte pattern
+/// (attention_prefill_wg.cu `PREFILL_WG_SMEM_BYTES`).
+const fn prefill_smem_bytes(head_dim: usize, wgmma: bool) -> usize {
+    if wgmma {
+        3 * 2 * PREFILL_TILE * head_dim * 2 + 1024
+    } else {
+        2 * 2 * PREFILL_TILE * (head_dim + 8) * 2
+    }
 }
 
 /// Block size and logits per CTA of `argmax` (kernels/src/argmax.cu).
@@ -773,8 +807,16 @@ mod tests {
         // The launch's dynamic shared memory is the kernel's two buffers.
         let smem = src.lines().find_map(|l| l.strip_prefix("#define PREFILL_SMEM_BYTES(D) ")).expect("no PREFILL_SMEM_BYTES");
         assert_eq!(smem.split("//").next().unwrap().trim(), "(2 * 2 * PREFILL_TILE * ((D) + 8) * 2)");
-        assert_eq!([32, 64, 128].map(prefill_smem_bytes), [20_480, 36_864, 69_632]);
-        assert!(prefill_smem_bytes(128) <= 227 * 1024);
+        assert_eq!([32, 64, 128].map(|hd| prefill_smem_bytes(hd, false)), [20_480, 36_864, 69_632]);
+        let wg = include_str!("../../../../../kernels/src/attention_prefill_wg.cu");
+        let smem = wg.lines().find_map(|l| l.strip_prefix("#define PREFILL_WG_SMEM_BYTES(D) ")).expect("no PREFILL_WG_SMEM_BYTES");
+        assert_eq!(smem.trim(), "(3 * 2 * PREFILL_TILE * (D) * 2 + 1024)");
+        assert!(wg.contains("ATTN_PREFILL_WG(64)\nATTN_PREFILL_WG(128)\n"), "the wgmma kernels are the head_dims prefill_has_wgmma names");
+        assert_eq!([64, 128].map(|hd| prefill_smem_bytes(hd, true)), [50_176, 99_328]);
+        assert!(prefill_smem_bytes(128, false) <= 227 * 1024 && prefill_smem_bytes(128, true) <= 227 * 1024);
+        assert_eq!([32, 64, 128].map(prefill_has_wgmma), [false, true, true]);
+        assert_eq!(prefill_kernel_name(128, true), "attn_prefill_wg_hd128");
+        assert_eq!(prefill_kernel_name(32, false), "attn_prefill_hd32");
     }
 
     /// Context splits: whole spans, and launches whose partials fit the space kept
