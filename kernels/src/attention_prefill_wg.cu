@@ -28,9 +28,12 @@
 //
 // Order: cp.async writes through the generic proxy and wgmma reads through the
 // async proxy, so each thread fences the proxies after its copies land (and after
-// its stores of the queries) and before the barrier that publishes them. Each product is issued, committed and waited
-// before its accumulators are touched; the registers are pinned around the waits
-// so the compiler cannot move their uses across them.
+// its stores of the queries) and before the barrier that publishes them. Key
+// tile i + 1's scores are issued before tile i's P V, so the softmax of i + 1 runs
+// while the tensor cores do P V (FlashAttention-3's overlap within a warpgroup);
+// no register is touched while a product that reads or writes it is in flight, and
+// the registers are pinned around each wait so the compiler cannot move their uses
+// across it.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 #define PREFILL_WG_SMEM_BYTES(D) (3 * 2 * PREFILL_TILE * (D) * 2 + 1024)
@@ -155,66 +158,113 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
     static_assert(KEY_STEP % 8 == 0 && T % KEY_STEP == 0, "a thread's keys share their swizzle");
     const int my_key = threadIdx.x / CHUNK_COLS, my_chunk = threadIdx.x % CHUNK_COLS;
     const uint16_t* my_src = w.kv0 + (size_t)my_key * w.pos_stride + my_chunk * 8;
-    const uint32_t my_dst = smem0 + (my_chunk / 8) * SUB + my_key * 128 + (((my_chunk % 8) ^ (my_key % 8)) << 4);
+    const uint32_t my_off = (my_chunk / 8) * SUB + my_key * 128 + (((my_chunk % 8) ^ (my_key % 8)) << 4);
     const size_t key_step_stride = (size_t)KEY_STEP * w.pos_stride;
-    auto stage = [&](int b, int k0) {
-        const uint32_t dk = my_dst + b * 2 * TILE_BYTES, dv = dk + TILE_BYTES;
-        const uint16_t* src = my_src + (size_t)k0 * w.pos_stride;
+    // Keys (kv 0) or values (kv 1) of positions k0..k0+63 into the tile at dst.
+    auto stage = [&](uint32_t dst, int kv, int k0) {
+        const uint16_t* src = my_src + (size_t)k0 * w.pos_stride + kv * w.kvd;
 #pragma unroll
         for (int j = 0; j < CHUNK_ROUNDS; j++, src += key_step_stride) {
             const bool live = k0 + my_key + j * KEY_STEP < w.end;
-            const uint16_t* from = live ? src : w.kv0;
-            cp_async16_or_zero(dk + j * KEY_STEP * 128, from, live);
-            cp_async16_or_zero(dv + j * KEY_STEP * 128, from + (live ? w.kvd : 0), live);
+            cp_async16_or_zero(dst + my_off + j * KEY_STEP * 128, live ? src : w.kv0, live);
         }
-        asm volatile("cp.async.commit_group;" ::: "memory");
     };
-    stage(0, w.k_begin);
-    for (int k0 = w.k_begin, b = 0; k0 < w.k_end; k0 += T, b ^= 1) {
-        if (k0 + T < w.k_end) {
-            stage(b ^ 1, k0 + T);
-        } else {
-            asm volatile("cp.async.commit_group;" ::: "memory");
-        }
+    auto commit = [] { asm volatile("cp.async.commit_group;" ::: "memory"); };
+    // Every thread's copies but its newest group's, and its query stores, visible to
+    // the tensor cores' reads.
+    auto publish = [] {
         asm volatile("cp.async.wait_group 1;" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the tensor cores' reads
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
-        const uint32_t kbase = smem0 + b * 2 * TILE_BYTES, vbase = kbase + TILE_BYTES;
-
-        // S = Q K^T, hi and lo queries per k-step; the first product overwrites s.
-        float s[NT][4];
-        wg_fence();
+    };
+    // Key tiles at k_buf(i % 2), value tiles at v_buf(i % 2).
+    const uint32_t k_buf0 = smem0, v_buf0 = smem0 + 2 * TILE_BYTES;
+    auto k_buf = [&](int i) { return k_buf0 + (i & 1) * TILE_BYTES; };
+    auto v_buf = [&](int i) { return v_buf0 + (i & 1) * TILE_BYTES; };
+    // S = Q K^T of key tile i into s, hi and lo queries per k-step; the first product
+    // overwrites s.
+    float s[NT][4];
+    auto scores = [&](int i) {
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
             const uint32_t step = (ks / 4) * SUB + (ks % 4) * 32;
-            const uint64_t kd = wg_desc(kbase + step, 16, 1024);
+            const uint64_t kd = wg_desc(k_buf(i) + step, 16, 1024);
             wgmma_64x64_kmajor(s, wg_desc(q_hi + step, 16, 1024), kd, ks > 0);
             wgmma_64x64_kmajor(s, wg_desc(q_lo + step, 16, 1024), kd, 1);
         }
         wg_commit();
-        wg_wait_all();
-        wg_pin(s);
-        softmax_tile(s, o, st, k0, w.p0, pos_a, pos_b, c);
-
-        // O += P V, hi and lo weights per k-step of 16 keys.
-        uint32_t ph[T / 16][4], pl[T / 16][4];
+    };
+    // The weights of the scores in s, hi and lo, as the A operand of O += P V.
+    uint32_t ph[T / 16][4], pl[T / 16][4];
+    auto weights = [&] {
 #pragma unroll
         for (int j = 0; j < T / 16; j++) weights_fragment(ph[j], pl[j], s, j);
-        wg_pin(ph);
-        wg_pin(pl);
-        wg_pin(o);
-        wg_fence();
+    };
+
+    // O += P V of value tile i, the weights in ph, pl.
+    auto weighted_values = [&](int i) {
 #pragma unroll
         for (int j = 0; j < T / 16; j++) {
-            const uint64_t vd = wg_desc(vbase + j * 16 * 128, SUB, 1024);
+            const uint64_t vd = wg_desc(v_buf(i) + j * 16 * 128, SUB, 1024);
             wgmma_64xD_mnmajor(o, ph[j], vd);
             wgmma_64xD_mnmajor(o, pl[j], vd);
         }
         wg_commit();
-        wg_wait_all();
+    };
+
+    // Key tile i + 1's scores and softmax run while the tensor cores do tile i's P V:
+    // step i issues S(i + 1), then P(i) V(i), turns S(i + 1) into weights as soon as
+    // it lands, and rescales the outputs once P(i) V(i) is done. Keys and values are
+    // staged apart, each a step ahead of its product: step i stages keys i + 2 (over
+    // keys i, whose scores are done) and values i + 1 (over values i - 1). The last
+    // tile's P V runs alone after the loop (no branch inside it: ptxas serializes
+    // the MMAs when it cannot tell which group a wait retires).
+    const int n_tiles = (w.k_end - w.k_begin + T - 1) / T;
+    stage(k_buf(0), 0, w.k_begin);
+    stage(v_buf(0), 1, w.k_begin);
+    commit();
+    if (n_tiles > 1) stage(k_buf(1), 0, w.k_begin + T);
+    commit();
+    publish();  // keys and values 0
+    wg_fence();
+    scores(0);
+    wg_wait_all();
+    wg_pin(s);
+    softmax_weights(s, st, w.k_begin, w.p0, pos_a, pos_b, c);  // o is still 0: nothing to rescale
+    weights();
+    __syncthreads();  // every thread's scores of keys 0 are done before step 0 restages their buffer
+    for (int i = 0; i + 1 < n_tiles; i++) {
+        const int k0 = w.k_begin + i * T;
+        if (i + 2 < n_tiles) stage(k_buf(i), 0, k0 + 2 * T);
+        stage(v_buf(i + 1), 1, k0 + T);
+        commit();
+        publish();  // keys i + 1, values i
+        wg_pin(ph);
+        wg_pin(pl);
         wg_pin(o);
-        __syncthreads();  // every thread's MMAs are done with buffer b before the next step refills it
+        wg_fence();
+        scores(i + 1);
+        weighted_values(i);
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // S(i + 1) landed
+        wg_pin(s);
+        const SoftmaxCorrection corr = softmax_weights(s, st, k0 + T, w.p0, pos_a, pos_b, c);
+        wg_wait_all();  // P(i) V(i) done
+        wg_pin(o);
+        wg_pin(ph);
+        wg_pin(pl);
+        rescale_outputs(o, corr);
+        weights();
+        __syncthreads();  // every thread's products of this step are done before the next restages
     }
+    commit();
+    publish();  // the last values
+    wg_pin(ph);
+    wg_pin(pl);
+    wg_pin(o);
+    wg_fence();
+    weighted_values(n_tiles - 1);
+    wg_wait_all();
+    wg_pin(o);
     prefill_finish<D>(o, st, w, out, part_o, part_ml, n_heads, out16, overflow, r_a, r_b, c);
 }
 
