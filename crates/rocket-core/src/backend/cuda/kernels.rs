@@ -666,9 +666,11 @@ pub(crate) const fn prefill_partial_floats(tiles: usize, n_heads: usize, max_spl
 }
 
 /// Whether the prompt attention runs on warpgroup MMAs (attention_prefill_wg.cu) on
-/// Hopper. Off until its GPU checks (the tensor-core attention test on every fuel,
-/// the long-context reference, the sanitizers) pass on this build: benches/NOTES.md.
-const PREFILL_WGMMA: bool = false;
+/// Hopper: it gives the mma.sync kernel's figures in the tensor-core attention test
+/// on every fuel and passes the long-context reference and memcheck, and cuts a 4K
+/// prefill 6-10% on Llama-3.2-1B and the Qwen3 fuels and a 16K one 14%
+/// (benches/NOTES.md, Session 35).
+const PREFILL_WGMMA: bool = true;
 
 /// Whether head_dim has the warpgroup-MMA prompt attention (attention_prefill_wg.cu,
 /// Hopper's sm_90a cubin): its K and V tiles are whole 64-dimension swizzle atoms.
