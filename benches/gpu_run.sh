@@ -55,7 +55,7 @@
 #   sanitize  compute-sanitizer memcheck on every fuel's megakernel (short launches of every
 #             sampling mode, and a teacher-forced launch on SmolLM2) and on the prompt attention (the
 #             tensor-core attention test on the tiny fixture, SmolLM2 and Qwen3-0.6B), racecheck on SmolLM2's and on the
-#             prompt attention; SANITIZE_TOOLS picks memcheck, racecheck or attention (both tools on
+#             prompt attention (its short cases); SANITIZE_TOOLS picks memcheck, racecheck or attention (both tools on
 #             the prompt attention alone)
 #   soak      benches/soak.py against `rocket serve` on the GPU (SOAK_S seconds, SOAK_FUEL), started
 #             in its own process session so it outlives the call; SOAK_WAIT bounds the wait per call
@@ -371,9 +371,11 @@ if has sanitize; then
     attention_memcheck() {
         sanitize memcheck-attention memcheck "$CK/smollm2-135m,$CK/qwen3-0.6b" cuda-test prompt_attention_on_the_tensor_cores
     }
+    # Racecheck runs the attention test's short cases (ROCKET_TC_ATTN_SHORT): the long and deep
+    # ones do not finish under it in minutes.
     attention_racecheck() {
-        sanitize racecheck-attention racecheck "$CK/smollm2-135m" cuda-test prompt_attention_on_the_tensor_cores \
-            --racecheck-report analysis --print-limit 40
+        ROCKET_TC_ATTN_SHORT=1 sanitize racecheck-attention racecheck "$CK/smollm2-135m,$CK/qwen3-0.6b" cuda-test \
+            prompt_attention_on_the_tensor_cores --racecheck-report analysis --print-limit 40
     }
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
         case $tool in
