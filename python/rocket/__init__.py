@@ -129,7 +129,7 @@ class LLM:
     - ``matmul``: matmul kernel per pass, ``"auto"`` (default), ``"gemv"``, ``"tensor"``, ``"cublas"``
     - ``sampler``: where sampled tokens are picked, ``"device"`` (default) or ``"host"``
     - ``cuda_graphs`` (True), ``loop_sampling`` (False), ``pdl`` (True), ``fuse`` (True),
-      ``tc_attention`` (True): on/off switches
+      ``tc_attention`` (True), ``wgmma_attention`` (True): on/off switches
     - ``watchdog_ms``: megakernel stall limit in milliseconds (2000)
     - ``trace_step``: megakernel decode launches log where this step's time went (None)
     - ``prefix_cache_bytes``: memory (bytes; device memory on a GPU) the prefix cache may
@@ -156,6 +156,7 @@ class LLM:
         pdl: bool | None = None,
         fuse: bool | None = None,
         tc_attention: bool | None = None,
+        wgmma_attention: bool | None = None,
         watchdog_ms: int | None = None,
         trace_step: int | None = None,
         prefix_cache_bytes: int | None = None,
@@ -175,6 +176,7 @@ class LLM:
             pdl=pdl,
             fuse=fuse,
             tc_attention=tc_attention,
+            wgmma_attention=wgmma_attention,
             watchdog_ms=watchdog_ms,
             trace_step=trace_step,
             prefix_cache_bytes=prefix_cache_bytes,

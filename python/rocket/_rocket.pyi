@@ -138,6 +138,7 @@ class EngineOptions:
         pdl: bool | None = None,
         fuse: bool | None = None,
         tc_attention: bool | None = None,
+        wgmma_attention: bool | None = None,
         watchdog_ms: int | None = None,
         trace_step: int | None = None,
         prefix_cache_bytes: int | None = None,

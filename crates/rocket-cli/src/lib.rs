@@ -106,6 +106,9 @@ pub(crate) struct ModelArgs {
     /// GPU: prompt rows' attention on the tensor cores (off: the split kernel decode uses) [default: on]
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("tc-attention"))]
     tc_attention: Option<bool>,
+    /// GPU: prompt attention on Hopper's warpgroup MMAs (off: the mma.sync kernel other GPUs run) [default: on]
+    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("wgmma-attention"))]
+    wgmma_attention: Option<bool>,
     /// GPU: megakernel stall limit in milliseconds [default: 2000]
     #[arg(long, value_name = "MS", value_parser = |v: &str| rocket_core::options::parse_watchdog_ms("--watchdog-ms", v))]
     watchdog_ms: Option<std::time::Duration>,
@@ -157,6 +160,7 @@ impl ModelArgs {
             ("pdl", self.pdl.is_some()),
             ("fuse", self.fuse.is_some()),
             ("tc_attention", self.tc_attention.is_some()),
+            ("wgmma_attention", self.wgmma_attention.is_some()),
             ("watchdog_ms", self.watchdog_ms.is_some()),
             ("trace_step", self.trace_step.is_some()),
             ("progress", self.progress.is_some()),
@@ -175,7 +179,7 @@ impl ModelArgs {
         }
         set!(self.progress => o.progress, self.decode => g.decode, self.matmul => g.matmul, self.sampler => g.sampler,
             self.cuda_graphs => g.cuda_graphs, self.loop_sampling => g.loop_sampling, self.pdl => g.pdl, self.fuse => g.fuse,
-            self.tc_attention => g.tc_attention, self.watchdog_ms => g.watchdog, self.prefix_cache_bytes => o.prefix_cache_bytes,
+            self.tc_attention => g.tc_attention, self.wgmma_attention => g.wgmma_attention, self.watchdog_ms => g.watchdog, self.prefix_cache_bytes => o.prefix_cache_bytes,
             self.prefix_block => o.prefix_block);
         if self.trace_step.is_some() {
             g.trace_step = self.trace_step;
@@ -292,7 +296,7 @@ mod tests {
         assert_eq!((o.gpu.decode, o.gpu.pdl, o.gpu.watchdog.as_millis(), o.gpu.sampler), (DecodePath::Megakernel, false, 5000, SamplerPlacement::Host));
         let flags = [
             "--decode", "graph", "--matmul", "tensor", "--sampler", "device", "--cuda-graphs", "off", "--loop-sampling", "on",
-            "--pdl", "on", "--fuse", "false", "--tc-attention", "off", "--watchdog-ms", "7", "--trace-step", "3", "--progress", "always", "--max-seq-len", "9",
+            "--pdl", "on", "--fuse", "false", "--tc-attention", "off", "--wgmma-attention", "off", "--watchdog-ms", "7", "--trace-step", "3", "--progress", "always", "--max-seq-len", "9",
             "--prefix-cache-bytes", "256M", "--prefix-block", "64",
         ];
         let o = options(&flags, &env).unwrap();
@@ -305,6 +309,7 @@ mod tests {
             pdl: true,
             fuse: false,
             tc_attention: false,
+            wgmma_attention: false,
             watchdog: std::time::Duration::from_millis(7),
             trace_step: Some(3),
             device_ordinal: 0,

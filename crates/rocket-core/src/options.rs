@@ -217,6 +217,11 @@ pub struct GpuOptions {
     /// that decode uses (every row streams its whole context). Default on; off is
     /// for comparison.
     pub tc_attention: bool,
+    /// On Hopper (the sm_90a cubin) at head_dim 64 and 128, the prompt attention
+    /// runs on warpgroup MMAs (attention_prefill_wg.cu); off, on the mma.sync
+    /// kernel every other GPU runs (attention_prefill.cu). Both give the same
+    /// figures; the wgmma one is faster on long prompts. Default on.
+    pub wgmma_attention: bool,
     /// How long a megakernel wait on one dependency may last before the launch
     /// ends with an error (raise it under compute-sanitizer). Default 2 s.
     pub watchdog: Duration,
@@ -240,6 +245,7 @@ impl Default for GpuOptions {
             pdl: true,
             fuse: true,
             tc_attention: true,
+            wgmma_attention: true,
             watchdog: Duration::from_millis(2000),
             trace_step: None,
             device_ordinal: 0,
@@ -306,6 +312,7 @@ pub const ENV_SETTINGS: &[(&str, &str)] = &[
     ("ROCKET_PDL", "pdl"),
     ("ROCKET_FUSE", "fuse"),
     ("ROCKET_TC_ATTENTION", "tc_attention"),
+    ("ROCKET_WGMMA_ATTENTION", "wgmma_attention"),
     ("ROCKET_WATCHDOG_MS", "watchdog_ms"),
     ("ROCKET_MK_TRACE_STEP", "trace_step"),
     ("ROCKET_PROGRESS", "progress"),
@@ -351,6 +358,7 @@ impl crate::EngineOptions {
                 "ROCKET_PDL" => gpu.pdl = parse_switch(name, v)?,
                 "ROCKET_FUSE" => gpu.fuse = parse_switch(name, v)?,
                 "ROCKET_TC_ATTENTION" => gpu.tc_attention = parse_switch(name, v)?,
+                "ROCKET_WGMMA_ATTENTION" => gpu.wgmma_attention = parse_switch(name, v)?,
                 "ROCKET_WATCHDOG_MS" => gpu.watchdog = parse_watchdog_ms(name, v)?,
                 "ROCKET_MK_TRACE_STEP" => gpu.trace_step = Some(parse_trace_step(name, v)?),
                 "ROCKET_PROGRESS" => self.progress = if v == "0" { Progress::Off } else { named(name, v)? },
@@ -468,6 +476,7 @@ mod tests {
             ("ROCKET_PDL", "0"),
             ("ROCKET_FUSE", "off"),
             ("ROCKET_TC_ATTENTION", "off"),
+            ("ROCKET_WGMMA_ATTENTION", "off"),
             ("ROCKET_WATCHDOG_MS", "120000"),
             ("ROCKET_MK_TRACE_STEP", "100"),
             ("ROCKET_PROGRESS", "0"),
@@ -486,6 +495,7 @@ mod tests {
             pdl: false,
             fuse: false,
             tc_attention: false,
+            wgmma_attention: false,
             watchdog: Duration::from_secs(120),
             trace_step: Some(100),
             device_ordinal: 0,
@@ -505,6 +515,7 @@ mod tests {
             ("ROCKET_PDL", "x"),
             ("ROCKET_FUSE", "yes"),
             ("ROCKET_TC_ATTENTION", "maybe"),
+            ("ROCKET_WGMMA_ATTENTION", "perhaps"),
             ("ROCKET_WATCHDOG_MS", "0"),
             ("ROCKET_MK_TRACE_STEP", "last"),
             ("ROCKET_PROGRESS", "sometimes"),

@@ -264,16 +264,20 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
     for path in checkpoints() {
         let (spec, weights) = open_weights(&path);
         let vocab = spec.vocab_size;
-        let backend = |tc_attention: bool, matmul: MatmulPath| {
-            let opts = GpuOptions { decode: DecodePath::Graph, matmul, tc_attention, ..GpuOptions::default() };
+        let backend_with = |tc_attention: bool, matmul: MatmulPath, wgmma_attention: bool| {
+            let opts = GpuOptions { decode: DecodePath::Graph, matmul, tc_attention, wgmma_attention, ..GpuOptions::default() };
             CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
         };
+        let backend = |tc_attention: bool, matmul: MatmulPath| backend_with(tc_attention, matmul, true);
         // With `auto` and cuBLASLt loaded, passes of 33 rows or more run on fp16 products
         // and a pass of tiles alone takes the O-projection's fp16 operand from the prompt
         // attention itself; both backends take the same products, so the difference is
         // still the attention's.
         let (auto, auto_split) = (backend(true, MatmulPath::Auto), backend(false, MatmulPath::Auto));
         let (tc, split) = (backend(true, MatmulPath::Tensor), backend(false, MatmulPath::Tensor));
+        // On Hopper at head_dim 64 and 128 `tc` runs the wgmma kernel; the mma.sync one
+        // (every other GPU's) is checked beside it.
+        let tc_mma = backend_with(true, MatmulPath::Tensor, false);
         let auto_label = match auto.cublas_operands().unwrap() {
             "fp16" => "auto (fp16 from 33 rows)",
             _ => "auto (no cuBLASLt: the tensor-core GEMM)",
@@ -305,7 +309,7 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
         for (n, (prefix_len, len)) in cases.into_iter().enumerate() {
             let ids = random_ids(900 + n as u64, prefix_len + len, vocab);
             let (prefix, chunk) = ids.split_at(prefix_len);
-            for (products, tc, split) in [("tensor-core", &tc, &split), (auto_label, &auto, &auto_split)] {
+            for (products, tc, split) in [("tensor-core", &tc, &split), ("tensor-core, mma.sync attention", &tc_mma, &split), (auto_label, &auto, &auto_split)] {
                 let (a, b) = (run(tc, prefix, chunk), run(split, prefix, chunk));
                 assert!(a.iter().all(|v| v.is_finite()), "{}: non-finite logits on the tensor cores", path.display());
                 let worst = a.chunks(vocab).zip(b.chunks(vocab)).map(|(x, y)| rel_l2(x, y)).fold(0.0, f64::max);

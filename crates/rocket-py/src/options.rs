@@ -46,7 +46,7 @@ fn whole(name: &str, value: &Bound<'_, PyAny>) -> Result<String, RocketError> {
 #[pymethods]
 impl EngineOptions_ {
     #[new]
-    #[pyo3(signature = (*, device=None, max_seq_len=None, progress=None, decode=None, matmul=None, sampler=None, cuda_graphs=None, loop_sampling=None, pdl=None, fuse=None, tc_attention=None, watchdog_ms=None, trace_step=None, prefix_cache_bytes=None, prefix_block=None, env=Vec::new()))]
+    #[pyo3(signature = (*, device=None, max_seq_len=None, progress=None, decode=None, matmul=None, sampler=None, cuda_graphs=None, loop_sampling=None, pdl=None, fuse=None, tc_attention=None, wgmma_attention=None, watchdog_ms=None, trace_step=None, prefix_cache_bytes=None, prefix_block=None, env=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -61,6 +61,7 @@ impl EngineOptions_ {
         pdl: Option<Bound<'_, PyAny>>,
         fuse: Option<Bound<'_, PyAny>>,
         tc_attention: Option<Bound<'_, PyAny>>,
+        wgmma_attention: Option<Bound<'_, PyAny>>,
         watchdog_ms: Option<Bound<'_, PyAny>>,
         trace_step: Option<Bound<'_, PyAny>>,
         prefix_cache_bytes: Option<Bound<'_, PyAny>>,
@@ -79,6 +80,7 @@ impl EngineOptions_ {
                 ("pdl", pdl.is_some()),
                 ("fuse", fuse.is_some()),
                 ("tc_attention", tc_attention.is_some()),
+                ("wgmma_attention", wgmma_attention.is_some()),
                 ("watchdog_ms", watchdog_ms.is_some()),
                 ("trace_step", trace_step.is_some()),
                 ("progress", progress.is_some()),
@@ -122,6 +124,7 @@ impl EngineOptions_ {
                 ("pdl", &pdl, &mut g.pdl),
                 ("fuse", &fuse, &mut g.fuse),
                 ("tc_attention", &tc_attention, &mut g.tc_attention),
+                ("wgmma_attention", &wgmma_attention, &mut g.wgmma_attention),
             ] {
                 if let Some(v) = value {
                     *field = switch(name, v)?;

@@ -215,7 +215,9 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    pub(crate) fn load(ctx: &Context, head_dim: usize) -> Result<Self> {
+    /// `wgmma_attention`: the prompt attention on warpgroup MMAs where the sm_90a
+    /// cubin has them (`GpuOptions::wgmma_attention`).
+    pub(crate) fn load(ctx: &Context, head_dim: usize, wgmma_attention: bool) -> Result<Self> {
         if ![32, 64, 128].contains(&head_dim) {
             return Err(RocketError::Device(format!(
                 "head_dim {head_dim} has no CUDA attention kernel (supported: 32, 64, 128)"
@@ -232,7 +234,7 @@ impl Kernels {
         };
         let f = |name: &str| module.function(name);
         // The warpgroup-MMA prompt attention is in the sm_90a cubin alone.
-        let wgmma = PREFILL_WGMMA && cubin && prefill_has_wgmma(head_dim);
+        let wgmma = wgmma_attention && cubin && prefill_has_wgmma(head_dim);
         let gemv = [f("gemv_bf16_t1")?, f("gemv_bf16_t2")?, f("gemv_bf16_t4")?, f("gemv_bf16_t8")?, f("gemv_bf16_t16")?];
         let gemm_tc = load_gemm_tc(&module, ctx);
         Ok(Kernels {
@@ -664,13 +666,6 @@ pub(crate) const fn prefill_partial_floats(tiles: usize, n_heads: usize, max_spl
     let rows = tiles * n_heads * max_splits * PREFILL_TILE;
     (rows * head_dim, rows * 2)
 }
-
-/// Whether the prompt attention runs on warpgroup MMAs (attention_prefill_wg.cu) on
-/// Hopper: it gives the mma.sync kernel's figures in the tensor-core attention test
-/// on every fuel and passes the long-context reference and memcheck, and cuts a 4K
-/// prefill 6-10% on Llama-3.2-1B and the Qwen3 fuels and a 16K one 14%
-/// (benches/NOTES.md, Session 35).
-const PREFILL_WGMMA: bool = true;
 
 /// Whether head_dim has the warpgroup-MMA prompt attention (attention_prefill_wg.cu,
 /// Hopper's sm_90a cubin): its K and V tiles are whole 64-dimension swizzle atoms.

@@ -448,7 +448,7 @@ impl CudaBackend {
         check_shapes(&spec)?;
         let ctx = Arc::new(Context::open(options.device_ordinal)?);
         let stream = Stream::new()?;
-        let mut kernels = Kernels::load(&ctx, spec.head_dim)?;
+        let mut kernels = Kernels::load(&ctx, spec.head_dim, options.wgmma_attention)?;
         kernels.pdl = options.pdl;
         match options.matmul {
             MatmulPath::Cublas => kernels.cublas = Some(cublas::Cublas::new(&ctx)?),
