@@ -481,18 +481,20 @@ __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restric
     }
 }
 
-#define ATTN_PREFILL_KERNEL(NAME, D)                                                                               \
+// A prompt attention kernel entry: NAME runs BODY<D> (attn_prefill_body here,
+// attn_prefill_wg_body in attention_prefill_wg.cu) with the launch's arguments.
+#define ATTN_PREFILL_KERNEL(NAME, BODY, D)                                                                               \
     ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS, PREFILL_MIN_CTAS(D))                                           \
         NAME(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,                                \
              const PrefillTile* __restrict__ tiles, float* __restrict__ out, float* __restrict__ part_o,                 \
              float* __restrict__ part_ml, int n_heads, int n_kv, int layer, int n_layers, int span, float scale,         \
              uint16_t* __restrict__ out16, unsigned* __restrict__ overflow) {                                            \
         pdl_enter();                                                                                                     \
-        attn_prefill_body<D>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers,      \
-                                    span, scale, out16, overflow);                                                       \
+        BODY<D>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers, span, scale, out16,      \
+                overflow);                                                                                               \
     }
 #define ATTN_PREFILL(D)                                                                                                  \
-    ATTN_PREFILL_KERNEL(attn_prefill_hd##D, D)                                                                           \
+    ATTN_PREFILL_KERNEL(attn_prefill_hd##D, attn_prefill_body, D)                                                        \
     ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS)                                                                \
         attn_prefill_merge_hd##D(const RowMeta* __restrict__ meta, const PrefillTile* __restrict__ tiles,                \
                                  const float* __restrict__ part_o, const float* __restrict__ part_ml,                    \

@@ -145,7 +145,7 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int r = warp * 16 + g + 8 * (i & 1), col = ks * 16 + 2 * c + 8 * (i >> 1);
-                const uint32_t at = (col / 64) * SUB + r * 128 + ((((col % 64) / 8) ^ (r % 8)) << 4) + (col % 8) * 2;
+                const uint32_t at = (col / 64) * SUB + swizzled(r, (col % 64) / 8) + (col % 8) * 2;
                 asm volatile("st.shared.b32 [%0], %1;" ::"r"(q_hi + at), "r"(qh[ks][i]) : "memory");
                 asm volatile("st.shared.b32 [%0], %1;" ::"r"(q_lo + at), "r"(ql[ks][i]) : "memory");
             }
@@ -158,7 +158,7 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
     static_assert(KEY_STEP % 8 == 0 && T % KEY_STEP == 0, "a thread's keys share their swizzle");
     const int my_key = threadIdx.x / CHUNK_COLS, my_chunk = threadIdx.x % CHUNK_COLS;
     const uint16_t* my_src = w.kv0 + (size_t)my_key * w.pos_stride + my_chunk * 8;
-    const uint32_t my_off = (my_chunk / 8) * SUB + my_key * 128 + (((my_chunk % 8) ^ (my_key % 8)) << 4);
+    const uint32_t my_off = (my_chunk / 8) * SUB + swizzled(my_key, my_chunk % 8);
     const size_t key_step_stride = (size_t)KEY_STEP * w.pos_stride;
     // Keys (kv 0) or values (kv 1) of positions k0..k0+63 into the tile at dst.
     auto stage = [&](uint32_t dst, int kv, int k0) {
@@ -268,16 +268,7 @@ __device__ __forceinline__ void attn_prefill_wg_body(const float* __restrict__ q
     prefill_finish<D>(o, st, w, out, part_o, part_ml, n_heads, out16, overflow, r_a, r_b, c);
 }
 
-#define ATTN_PREFILL_WG(D)                                                                                               \
-    ROCKET_KERNEL void __launch_bounds__(PREFILL_THREADS, PREFILL_MIN_CTAS(D))                                           \
-        attn_prefill_wg_hd##D(const float* __restrict__ q, int q_stride, const RowMeta* __restrict__ meta,               \
-                              const PrefillTile* __restrict__ tiles, float* __restrict__ out, float* __restrict__ part_o,\
-                              float* __restrict__ part_ml, int n_heads, int n_kv, int layer, int n_layers, int span,     \
-                              float scale, uint16_t* __restrict__ out16, unsigned* __restrict__ overflow) {              \
-        pdl_enter();                                                                                                     \
-        attn_prefill_wg_body<D>(q, q_stride, meta, tiles, out, part_o, part_ml, n_heads, n_kv, layer, n_layers, span,   \
-                                scale, out16, overflow);                                                                 \
-    }
+#define ATTN_PREFILL_WG(D) ATTN_PREFILL_KERNEL(attn_prefill_wg_hd##D, attn_prefill_wg_body, D)
 ATTN_PREFILL_WG(64)
 ATTN_PREFILL_WG(128)
 

@@ -51,6 +51,11 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uin
     lo = bf16x2_rn(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
 }
 
+// Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows whose chunks
+// are XOR-swizzled by the row (the tensor-core GEMM's tiles; wgmma's 128-byte swizzle
+// on a 1,024-byte-aligned tile).
+__device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
 // Eight bf16 packed in 16 bytes -> eight floats.
 __device__ __forceinline__ void unpack8(uint4 w, float* out) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};

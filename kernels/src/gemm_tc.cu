@@ -95,8 +95,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Byte offset of 16-byte chunk c of row r in a swizzled tile of 128-byte rows.
-__device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 // Where this thread's 16-byte copies of every k block come from and go to:
 // weight rows past n and input rows past `rows` are clamped to the last one

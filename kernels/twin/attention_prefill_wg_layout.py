@@ -24,10 +24,15 @@ import pathlib
 import sys
 
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill_wg.cu"
-KERNEL_SHA256 = "28ddd93f3dae6a8cbb77b35c43634b97039dfb1f54f3381ad933812ee59df3bc"
+KERNEL_SHA256 = "cec2e6977f03ee0b415eb2fbf6886ce0a653f6bc47538b694966e2f259c91023"
 
 T = 64  # PREFILL_TILE: query rows per CTA and key positions per tile
 THREADS = 128  # PREFILL_THREADS
+
+
+def swizzled(r, c):
+    """common.cuh swizzled: byte offset of 16-byte chunk c of row r in a 128-byte-row tile."""
+    return r * 128 + ((c ^ (r & 7)) << 4)
 
 
 def swizzle128(addr):
@@ -75,7 +80,7 @@ class Kernel:
     def my_off(self, tid):
         chunk_cols = self.D // 8
         my_key, my_chunk = tid // chunk_cols, tid % chunk_cols
-        return (my_chunk // 8) * self.SUB + my_key * 128 + (((my_chunk % 8) ^ (my_key % 8)) << 4)
+        return (my_chunk // 8) * self.SUB + swizzled(my_key, my_chunk % 8)
 
     def staged(self, tid, j):
         """(key, 16-byte chunk of dims) thread tid copies in round j, and its byte offset in the tile."""
@@ -85,7 +90,7 @@ class Kernel:
         return my_key + j * key_step, my_chunk, self.my_off(tid) + j * key_step * 128
 
     def q_store(self, r, col):
-        return (col // 64) * self.SUB + r * 128 + ((((col % 64) // 8) ^ (r % 8)) << 4) + (col % 8) * 2
+        return (col // 64) * self.SUB + swizzled(r, (col % 64) // 8) + (col % 8) * 2
 
     def score_descs(self, kbase, ks):
         step = (ks // 4) * self.SUB + (ks % 4) * 32

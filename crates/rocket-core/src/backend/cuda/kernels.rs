@@ -235,6 +235,7 @@ impl Kernels {
         let f = |name: &str| module.function(name);
         // The warpgroup-MMA prompt attention is in the sm_90a cubin alone.
         let wgmma = wgmma_attention && cubin && prefill_has_wgmma(head_dim);
+        let prefill_smem = prefill_smem_bytes(head_dim, wgmma);
         let gemv = [f("gemv_bf16_t1")?, f("gemv_bf16_t2")?, f("gemv_bf16_t4")?, f("gemv_bf16_t8")?, f("gemv_bf16_t16")?];
         let gemm_tc = load_gemm_tc(&module, ctx);
         Ok(Kernels {
@@ -250,10 +251,10 @@ impl Kernels {
             attn_prefill: {
                 let func = f(&prefill_kernel_name(head_dim, wgmma))?;
                 // hd128's buffers (68-97 KiB) are over the 48 KiB a launch gets without asking.
-                func.set_max_dynamic_smem(prefill_smem_bytes(head_dim, wgmma))?;
+                func.set_max_dynamic_smem(prefill_smem)?;
                 func
             },
-            attn_prefill_smem: prefill_smem_bytes(head_dim, wgmma) as u32,
+            attn_prefill_smem: prefill_smem as u32,
             attn_prefill_merge: f(&format!("attn_prefill_merge_hd{head_dim}"))?,
             silu_mul: f("silu_mul")?,
             silu_mul_f16: f("silu_mul_f16")?,
