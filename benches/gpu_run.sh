@@ -64,8 +64,9 @@
 #             prefill (PROFILE_FUEL, default Llama-3.2-1B; graph path, kernels launched one by
 #             one), summarised by benches/ncu_step.py; PROFILE_SHAPES="B P G PASS|..." picks
 #             other runs (batch, prompt length, gen length, which pass from the end)
-#   ttftab    TTFT at 128/1K/4K (Llama also 16K) of this build and the baseline build's
-#             (.device-carry/base/rocket.xz), interleaved per fuel, two rounds
+#   ttftab    TTFT at 128/1K/4K (Llama also 16K) of this build, the baseline build's
+#             (.device-carry/base/rocket.xz) and every .device-carry/variants/NAME.xz (rows
+#             ttftab-NAME), interleaved per fuel, two rounds
 #   ab        the megakernel of this build against a baseline build's (.device-carry/base/
 #             rocket.xz, packed by hand), interleaved per fuel, batch 1 (and the baseline's
 #             megakernel tests' MK-PROFILE lines when base/cuda-megakernel-test.xz is there);
@@ -108,6 +109,12 @@ BIN=/tmp/rocket-bin
 unpacked() {  # unpacked NAME: the path of .device-carry/NAME.xz, decompressed (NAME may be base/rocket)
     mkdir -p "$(dirname "$BIN/$1")" && xz -dc "$CARRY/$1.xz" > "$BIN/$1" && chmod +x "$BIN/$1"
     echo "$BIN/$1"
+}
+unpack_variants() {  # every .device-carry/variants/NAME.xz into $BIN/variants/NAME
+    rm -rf "$BIN/variants"  # (a warm machine keeps the last call's)
+    for v in "$CARRY"/variants/*.xz; do
+        [[ -f $v ]] && unpacked "variants/$(basename "$v" .xz)" > /dev/null
+    done
 }
 FAILED=()
 check() {  # check NAME RC: one check's outcome, remembered for the exit status
@@ -319,18 +326,24 @@ if has ttft; then  # time to first token per prompt length, prompt attention on 
 fi
 if has ttftab && [[ ! -f $CARRY/base/rocket.xz ]]; then
     check "ttftab: no baseline build at $CARRY/base/rocket.xz" 1
-elif has ttftab; then  # TTFT of this build against the baseline build's (.device-carry/base/rocket.xz), interleaved
+elif has ttftab; then  # TTFT of this build, the baseline build's (.device-carry/base/rocket.xz) and the variants', interleaved
     base_rocket=$(unpacked base/rocket)
+    unpack_variants
     for round in 1 2; do
         for f in $FUELS; do
             lens=128,1024,4096
             [[ $f == llama-3.2-1b ]] && lens=$lens,16384
             ROCKET_BIN=$base_rocket bench "ttftab-base$round-$f" auto 1 "$lens" 2 3 "$f"
             bench "ttftab-new$round-$f" auto 1 "$lens" 2 3 "$f"
+            for v in "$BIN"/variants/*; do
+                [[ -x $v ]] && ROCKET_BIN=$v bench "ttftab-$(basename "$v")$round-$f" auto 1 "$lens" 2 3 "$f"
+            done
         done
     done
+    builds=(base new)
+    for v in "$BIN"/variants/*; do [[ -x $v ]] && builds+=("$(basename "$v")"); done
     for f in $FUELS; do
-        for b in base1 new1 base2 new2; do
+        for b in "${builds[@]/%/1}" "${builds[@]/%/2}"; do
             echo "--- TTFT-AB $f $b"
             grep -E '^\|' "$LOGS/ttftab-$b-$f.txt" | grep -v -- '---'
         done
@@ -411,11 +424,8 @@ ab_round() {  # ab_round PREFIX PROMPT GEN: this build, the baseline and the AB_
     done
 }
 if (has ab || has abshort) && [[ -f $CARRY/base/rocket.xz ]]; then
-    rm -rf "$BIN/variants"  # (a warm machine keeps the last call's)
     base_rocket=$(unpacked base/rocket)
-    for v in "$CARRY"/variants/*.xz; do
-        [[ -f $v ]] && unpacked "variants/$(basename "$v" .xz)" > /dev/null
-    done
+    unpack_variants
     has ab && ab_round ab 128 256
     has abshort && ab_round abshort 16 128
 fi

@@ -454,21 +454,36 @@ __device__ __forceinline__ void attn_prefill_merge_body(const RowMeta* __restric
     const int r = blockIdx.z * ROWS + threadIdx.x / (D / 4), d = 4 * (threadIdx.x % (D / 4));
     if (r >= tile.rows) return;
     const size_t item0 = ((size_t)tile_index * n_heads + head) * max_splits;
+    // Every split's (max, sum) first, then the outputs in groups of MERGE_GROUP splits
+    // whose loads all go out before any is used (a split's loads behind the previous
+    // one's test took a round trip each).
+    constexpr int MERGE_GROUP = 4;
+    const float2* ml = reinterpret_cast<const float2*>(part_ml) + item0 * T + r;
     float M = -INFINITY;
-    for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[((item0 + s) * T + r) * 2]);
+    for (int s = 0; s < splits; s++) M = fmaxf(M, ml[(size_t)s * T].x);
     float L = 0.0f;
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     bool first = true;
-    for (int s = 0; s < splits; s++) {
-        const float m = part_ml[((item0 + s) * T + r) * 2];
-        if (m == -INFINITY) continue;
-        const float f = exp2f(m - M);
-        const float l = part_ml[((item0 + s) * T + r) * 2 + 1] * f;
-        const float4 p = *reinterpret_cast<const float4*>(part_o + ((item0 + s) * T + r) * D + d);
-        const float4 x = make_float4(p.x * f, p.y * f, p.z * f, p.w * f);
-        L = first ? l : L + l;
-        o = first ? x : make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
-        first = false;
+    for (int s0 = 0; s0 < splits; s0 += MERGE_GROUP) {
+        float2 ms[MERGE_GROUP];
+        float4 ps[MERGE_GROUP];
+#pragma unroll
+        for (int j = 0; j < MERGE_GROUP; j++) {
+            const int s = s0 + j;
+            ms[j] = s < splits ? ml[(size_t)s * T] : make_float2(-INFINITY, 0.0f);
+            ps[j] = s < splits ? *reinterpret_cast<const float4*>(part_o + ((item0 + s) * T + r) * D + d)
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int j = 0; j < MERGE_GROUP; j++) {
+            if (ms[j].x == -INFINITY) continue;
+            const float f = exp2f(ms[j].x - M);
+            const float l = ms[j].y * f;
+            const float4 x = make_float4(ps[j].x * f, ps[j].y * f, ps[j].z * f, ps[j].w * f);
+            L = first ? l : L + l;
+            o = first ? x : make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
+            first = false;
+        }
     }
     const size_t at = (tile.first_row + r) * (size_t)n_heads * D + head * D + d;
     const float4 y = make_float4(o.x / L, o.y / L, o.z / L, o.w / L);

@@ -55,7 +55,7 @@ NEG_INF = F32(-np.inf)
 # The kernel source this twin was last checked against: a different hash means the
 # twin may no longer mirror the kernel (update both, then this hash).
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill.cu"
-KERNEL_SHA256 = "643521c6007f0f411787543d5e10bcc3db5de0c7abb9bf915ac39a89f95fb698"
+KERNEL_SHA256 = "3b311511a495467b7ad41994063ae15fe8cffda555ef5f117013189c0c0c112e"
 POISON_BF16 = 0xFFFF  # a NaN: what an unwritten cache slot or shared word holds here
 SPAN = 128  # key positions per context split in the sweep (a multiple of T)
 
@@ -474,12 +474,13 @@ def merge_cta(L, tile_index, head, z, mut=frozenset()):
             order = range(splits - 1, -1, -1) if "merge_reversed" in mut else range(splits)
             for s in order:
                 m = ml(s, r, 0)
+                slot = (item0 + s) * T + r
+                # The kernel loads every split's outputs (in groups, before it tests any).
+                if L.part_writes[slot, d] != 1:
+                    raise TwinFault("merge reads an unwritten partial output")
                 if m == NEG_INF:
                     continue
                 f = np.exp2(F32(m - M))
-                slot = (item0 + s) * T + r
-                if L.part_writes[slot, d] != 1:
-                    raise TwinFault("merge reads an unwritten partial output")
                 l_ = F32(ml(s, r, 1) * f)
                 x = F32(L.part_o[slot * D + d] * f)
                 Lsum = l_ if first else F32(Lsum + l_)

@@ -24,7 +24,7 @@ import pathlib
 import sys
 
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill_wg.cu"
-KERNEL_SHA256 = "cec2e6977f03ee0b415eb2fbf6886ce0a653f6bc47538b694966e2f259c91023"
+KERNEL_SHA256 = "44fa4f9bb9ef2855afa9409cbb29a1162a8b0daa4a80728dc3383526a933d8cc"
 
 T = 64  # PREFILL_TILE: query rows per CTA and key positions per tile
 THREADS = 128  # PREFILL_THREADS

@@ -245,7 +245,7 @@ impl Kernels {
             rms_norm: f("rms_norm")?,
             rms_norm_f16: f("rms_norm_f16")?,
             gemv,
-            rope_kv: f("rope_store_kv")?,
+            rope_kv: f(if head_dim <= 64 { "rope_store_kv_hd64" } else { "rope_store_kv_hd128" })?,
             attn_partial: f(&format!("attn_partial_hd{head_dim}"))?,
             attn_merge: f(&format!("attn_merge_hd{head_dim}"))?,
             attn_prefill: {
@@ -415,11 +415,8 @@ impl Kernels {
             Arg::I32(layer as i32),
             Arg::I32(n_layers as i32),
         ];
-        // rope_kv.cu stages a head of up to ROPE_MAX_HD = 256 elements per warp, for
-        // ROPE_WARPS = 8 warps: a block of 256 threads.
-        if self.head_dim > 256 {
-            return Err(RocketError::Internal(format!("rope_store_kv with head_dim {} (at most 256)", self.head_dim)));
-        }
+        // rope_kv.cu: a block of ROPE_WARPS = 8 warps per row (the kernel for the
+        // head_dim, which `load` limits to 32, 64 and 128).
         self.go(&self.rope_kv, s, (rows as u32, 1, 1), 256, 0, &args)
     }
 
