@@ -55,8 +55,8 @@
 #   sanitize  compute-sanitizer memcheck on every fuel's megakernel (short launches of every
 #             sampling mode, and a teacher-forced launch on SmolLM2) and on the prompt attention (the
 #             tensor-core attention test on the tiny fixture, SmolLM2 and Qwen3-0.6B), racecheck on SmolLM2's and on the
-#             prompt attention (its short cases); SANITIZE_TOOLS picks memcheck, racecheck or attention (both tools on
-#             the prompt attention alone)
+#             prompt attention (its short cases); SANITIZE_TOOLS picks memcheck, racecheck, attention (both tools on
+#             the prompt attention alone) or attention-racecheck
 #   soak      benches/soak.py against `rocket serve` on the GPU (SOAK_S seconds, SOAK_FUEL), started
 #             in its own process session so it outlives the call; SOAK_WAIT bounds the wait per call
 #   peer      the plain-PyTorch peer (benches/torch_peer.py) on Llama-3.2-1B
@@ -384,11 +384,12 @@ if has sanitize; then
     attention_memcheck() {
         sanitize memcheck-attention memcheck "$CK/smollm2-135m,$CK/qwen3-0.6b" cuda-test prompt_attention_on_the_tensor_cores
     }
-    # Racecheck runs the attention test's short cases (ROCKET_TC_ATTN_SHORT): the long and deep
-    # ones do not finish under it in minutes.
+    # Racecheck runs the attention test's short cases (ROCKET_TC_ATTN_SHORT) and instruments the
+    # prompt attention's kernels alone (--kernel-name): with every kernel of the forward passes
+    # instrumented, even the short cases did not finish in 100 s.
     attention_racecheck() {
         ROCKET_TC_ATTN_SHORT=1 sanitize racecheck-attention racecheck "$CK/smollm2-135m,$CK/qwen3-0.6b" cuda-test \
-            prompt_attention_on_the_tensor_cores --racecheck-report analysis --print-limit 40
+            prompt_attention_on_the_tensor_cores --kernel-name kns=attn_prefill --racecheck-report analysis --print-limit 40
     }
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
         case $tool in
@@ -403,7 +404,8 @@ if has sanitize; then
             attention)  # the prompt attention alone, both tools
                 attention_memcheck
                 attention_racecheck ;;
-            *) check "sanitize: unknown tool $tool (memcheck, racecheck, attention)" 1 ;;
+            attention-racecheck) attention_racecheck ;;
+            *) check "sanitize: unknown tool $tool (memcheck, racecheck, attention, attention-racecheck)" 1 ;;
         esac
     done
 fi
