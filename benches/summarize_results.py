@@ -150,12 +150,35 @@ def power_from_csv(path: Path) -> dict | None:
             "watts_max": max(watts), "temp_c_max": max(temp)}
 
 
+def kernel_times_from_csv(rows: list[list[str]]) -> list[dict] | None:
+    """Nsight Compute --csv with one metric a row (gpu__time_duration.sum alone, as gpu_run.sh's
+    `profile` asks): launches and total µs per kernel name, the longest first."""
+    header = rows[0]
+    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+    totals: dict[str, list] = {}
+    for row in rows[1:]:
+        cells = dict(zip(header, row))
+        if cells.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        value = _num(cells.get("Metric Value", "").replace(",", ""))
+        if value is None:
+            continue
+        t = totals.setdefault(cells.get("Kernel Name", "").split("(")[0], [0, 0.0])
+        t[0] += 1
+        t[1] += value * scale.get(cells.get("Metric Unit", ""), 1e-3)
+    out = [{"kernel": k, "launches": n, "us_total": round(us, 1)} for k, (n, us) in totals.items()]
+    return sorted(out, key=lambda k: -k["us_total"]) or None
+
+
 def stalls_from_csv(path: Path) -> list[dict] | None:
-    """Nsight Compute --csv --page raw: per profiled kernel, its name and the stall metrics."""
+    """Nsight Compute --csv --page raw: per profiled kernel, its name and the stall metrics
+    (or, for a one-metric-a-row CSV, the kernels' times: kernel_times_from_csv)."""
     rows = list(csv.reader(line for line in path.read_text(errors="replace").splitlines() if line.startswith('"')))
     if not rows:
         return None
     header = rows[0]
+    if "Metric Name" in header:
+        return kernel_times_from_csv(rows)
     out = []
     for row in rows[1:]:
         if not row or not row[0].isdigit():

@@ -398,7 +398,12 @@ impl<'a> Batcher<'a> {
             chunks.push(Chunk { session, tokens });
         }
         let backend = self.model.backend;
-        let on_device = if all_greedy {
+        // A pass of prompt pieces alone, none of them a prompt's last, only fills KV:
+        // no LM head (on Llama-3.2-1B ~0.17 ms of weights a pass on the H100).
+        let any_pick = picks.iter().any(|&p| p);
+        let on_device = if !any_pick {
+            Ok(None)
+        } else if all_greedy {
             backend.forward_argmax(&mut chunks)
         } else if device_sampling {
             backend.forward_sample(&mut chunks, &requests)
@@ -407,7 +412,7 @@ impl<'a> Batcher<'a> {
         };
         let pass = match on_device {
             Ok(Some(tokens)) => Ok(Picked::Tokens(tokens)),
-            Ok(None) => backend.forward(&mut chunks, Logits::Last).map(Picked::Logits),
+            Ok(None) => backend.forward(&mut chunks, if any_pick { Logits::Last } else { Logits::KvOnly }).map(Picked::Logits),
             Err(e) => Err(e),
         };
         drop((chunks, requests));

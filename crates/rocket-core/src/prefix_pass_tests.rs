@@ -188,3 +188,65 @@ fn a_prompt_arriving_while_another_decodes_comes_in_pieces_with_the_same_tokens(
     let (default, _) = beside(&e, &passes, Some(&short), &long, crate::batch::INTERACTIVE_PIECE_MACS);
     assert_eq!(default, [(0, 5), (0, 200)]);
 }
+
+/// Records each pass's (first position, rows, logits asked) of its one chunk.
+struct LogitsRecording {
+    inner: Box<dyn Backend>,
+    passes: Arc<Mutex<Vec<(usize, usize, Logits)>>>,
+}
+
+impl Backend for LogitsRecording {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn new_session(&self, capacity: usize) -> Result<Box<dyn Session>> {
+        self.inner.new_session(capacity)
+    }
+    fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
+        let start = (chunks[0].session.len(), chunks[0].tokens.len());
+        let out = self.inner.forward(chunks, logits)?;
+        let rows = match logits {
+            Logits::Last => chunks.len(),
+            Logits::All => chunks.iter().map(|c| c.tokens.len()).sum(),
+            Logits::KvOnly => 0,
+        };
+        assert_eq!(out.len(), rows * 512, "{logits:?}: the rows it returns"); // tiny-llama's vocabulary
+        self.passes.lock().unwrap().push((start.0, start.1, logits));
+        Ok(out)
+    }
+}
+
+#[test]
+fn prompt_pieces_before_the_last_run_no_lm_head_and_change_no_token() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
+    let opts = EngineOptions { device: Device::Cpu, progress: crate::options::Progress::Off, prefix_cache_bytes: 0, ..EngineOptions::default() };
+    let passes = Arc::new(Mutex::new(Vec::new()));
+    let rec = passes.clone();
+    let e = Engine::load(path, opts).unwrap().wrap_backend(|inner| Box::new(LogitsRecording { inner, passes: rec }));
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) };
+    let prompt: Vec<u32> = (0..150).map(|i| (i * 29 + 11) % 500).collect();
+    let run = |chunk: usize| {
+        passes.lock().unwrap().clear();
+        let out = std::cell::RefCell::new(None);
+        let mut b = crate::Batcher::new(&e, 1);
+        b.set_prefill_chunk(chunk);
+        let request = crate::EngineRequest { prompt: String::new(), prompt_ids: prompt.clone(), params: params.clone() };
+        b.add(request, Box::new(|ev| {
+            if let crate::BatchEvent::Finished(o) = ev {
+                *out.borrow_mut() = Some(o.token_ids);
+            }
+            true
+        }))
+        .unwrap();
+        b.run_to_completion().unwrap();
+        drop(b);
+        (out.into_inner().unwrap(), passes.lock().unwrap().clone())
+    };
+    let (whole, one) = run(512);
+    assert_eq!(one[0], (0, 150, Logits::Last), "{one:?}");
+    let (pieces, cut) = run(64);
+    let prompt_passes: Vec<_> = cut.iter().copied().filter(|&(_, rows, _)| rows > 1).collect();
+    assert_eq!(prompt_passes, [(0, 64, Logits::KvOnly), (64, 64, Logits::KvOnly), (128, 22, Logits::Last)]);
+    assert_eq!(pieces, whole, "the prompt's tokens depend on where it was cut");
+    assert_eq!(pieces.len(), 4);
+}

@@ -18,6 +18,9 @@ pub enum Logits {
     Last,
     /// Every position's, row after row (teacher forcing).
     All,
+    /// None: the pass only appends to the sessions' KV (a piece of a prompt whose
+    /// next token is not due yet), so no LM head runs and `forward` returns no rows.
+    KvOnly,
 }
 
 pub trait Backend: Send + Sync {
@@ -28,7 +31,8 @@ pub trait Backend: Send + Sync {
     /// to its session at positions `len()..`. Every matmul covers the rows of all
     /// chunks, so the weights are read once per pass whatever the batch size.
     /// Returns f32 logits, `vocab` per row: one row per chunk (`Logits::Last`, the
-    /// chunk's last token) or one per token of every chunk in order (`Logits::All`).
+    /// chunk's last token), one per token of every chunk in order (`Logits::All`),
+    /// or none (`Logits::KvOnly`).
     /// Nothing is appended anywhere when an error is returned.
     fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>>;
     /// `forward` with `Logits::Last`, returning each chunk's greedy token (the

@@ -150,6 +150,7 @@ impl CpuBackend {
         let rows: Vec<f32> = match logits {
             Logits::All => x,
             Logits::Last => spans.iter().flat_map(|&(row0, rows, _)| x[(row0 + rows - 1) * d..][..d].to_vec()).collect(),
+            Logits::KvOnly => return Vec::new(),
         };
         let n_rows = rows.len() / d;
         let mut normed = vec![0f32; rows.len()];

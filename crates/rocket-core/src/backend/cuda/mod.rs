@@ -200,7 +200,7 @@ pub struct CudaBackend {
 struct Inner {
     // Field order is drop order: everything on the device before the context.
     megakernel: Option<Megakernel>,
-    graphs: HashMap<(usize, usize, bool), Graph>,
+    graphs: HashMap<(usize, usize, bool, usize), Graph>,
     scratch: Option<Scratch>,
     /// The prefill attention's split partials, grown to the largest prompt pass
     /// (apart from `scratch`: no graph records a prefill pass, so growing them
@@ -541,13 +541,20 @@ impl CudaBackend {
                 return Err(RocketError::Internal(format!("{} sample requests for {} chunks", requests.len(), chunks.len())));
             }
         }
+        if argmax && logits != Logits::Last {
+            return Err(RocketError::Internal(format!("a pass picking greedy tokens with {logits:?} logits")));
+        }
         let rows: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let decode = chunks.iter().all(|c| c.tokens.len() == 1);
         // Prompt chunks (two tokens or more) take the tensor-core prefill attention, in
         // tiles of consecutive rows; single-token rows stay on the split kernel, so a
         // decode row gets the same bits whether or not a prompt shares its pass.
         let tiled = !decode && self.options.tc_attention;
-        let out_rows = if logits == Logits::All { rows } else { chunks.len() };
+        let out_rows = match logits {
+            Logits::All => rows,
+            Logits::Last => chunks.len(),
+            Logits::KvOnly => 0,
+        };
         // Decode passes size attention by capacity so one graph serves every step.
         let span = |c: &Chunk<'_>| if decode { c.session.capacity() } else { c.session.len() + c.tokens.len() };
         // The split kernel's chunk length comes from the rows it takes: with the prompts
@@ -656,7 +663,8 @@ impl CudaBackend {
         // rewrites every KV position the first run wrote before anything reads it.
         loop {
             if decode && self.options.cuda_graphs {
-                let key = (rows, splits, argmax);
+                // out_rows: a pass that fills KV alone records no LM head.
+                let key = (rows, splits, argmax, out_rows);
                 if !inner.graphs.contains_key(&key) {
                     inner.stream.begin_capture()?;
                     let recorded = self.record_pass(inner, scratch, &shape);
@@ -684,6 +692,11 @@ impl CudaBackend {
         }
 
         let out = match pick {
+            // Nothing to download: wait for the pass (the pinned staging is reused by the next).
+            _ if out_rows == 0 => {
+                inner.stream.sync()?;
+                PassOutput::Logits(Vec::new())
+            }
             Pick::Argmax => {
                 let mut tokens = vec![0u32; out_rows];
                 scratch.argmax.download(&inner.stream, 0, &mut tokens)?;
@@ -802,6 +815,10 @@ impl CudaBackend {
                 self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
             }
             self.mlp(k, st, sc, l.mlp_norm, [l.gate_up, gate_up16], [l.down, down16], t)?;
+        }
+        // A pass that only fills KV (a prompt piece whose token is not due) runs no LM head.
+        if p.out_rows == 0 {
+            return Ok(());
         }
         // The final norm stays its own kernel, fused or not: prefill passes gather their
         // last rows in it, and a decode row must get the same bits whether or not a prompt
