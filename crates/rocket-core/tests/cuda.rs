@@ -259,6 +259,36 @@ fn a_decode_row_is_the_same_bits_beside_a_prompt_on_the_tensor_cores() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn a_kv_only_pass_fills_the_cache_as_a_pass_with_logits_does() {
+    require_gpu();
+    for path in checkpoints() {
+        let (spec, weights) = open_weights(&path);
+        // The defaults (prompts on the tensor cores, decode graphs on), and the graph path with the
+        // GEMV, where a one-token piece is decode-shaped and captured in a graph keyed by its output rows.
+        for opts in [GpuOptions::default(), graph_gemv()] {
+            let b = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts.clone()).unwrap();
+            let ids = random_ids(81, 140, spec.vocab_size);
+            // Pieces (0..64, 64..65, 65..139) then the last token; the same pieces asking each for
+            // its last row's logits must leave the same cache, hence the same final logits, bit for bit.
+            let run = |first: Logits| {
+                let mut s = b.new_session(192).unwrap();
+                for piece in [&ids[..64], &ids[64..65], &ids[65..139]] {
+                    let out = b.forward(&mut [Chunk { session: s.as_mut(), tokens: piece }], first).unwrap();
+                    assert_eq!(out.len(), if first == Logits::KvOnly { 0 } else { spec.vocab_size }, "{first:?}: rows returned");
+                }
+                b.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids[139..] }], Logits::Last).unwrap()
+            };
+            let (kv_only, with_logits) = (run(Logits::KvOnly), run(Logits::Last));
+            let differ = kv_only.iter().zip(&with_logits).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            println!("KV-ONLY {} ({opts:?}): {differ} of {} final logits differ after KvOnly pieces", path.display(), kv_only.len());
+            assert!(kv_only.iter().all(|v| v.is_finite()), "{}: non-finite logits", path.display());
+            assert_eq!(differ, 0, "{}: the pieces' cache depends on whether they asked for logits", path.display());
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_tiling() {
     require_gpu();
     for path in checkpoints() {

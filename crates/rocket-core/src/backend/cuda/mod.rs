@@ -538,7 +538,7 @@ impl CudaBackend {
         let argmax = matches!(pick, Pick::Argmax);
         if let Pick::Sample(requests) = pick {
             if requests.len() != chunks.len() || logits != Logits::Last {
-                return Err(RocketError::Internal(format!("{} sample requests for {} chunks", requests.len(), chunks.len())));
+                return Err(RocketError::Internal(format!("{} sample requests for {} chunks with {logits:?} logits", requests.len(), chunks.len())));
             }
         }
         if argmax && logits != Logits::Last {
