@@ -182,19 +182,13 @@ struct SoftmaxRows {
     float sum_a, sum_b;  // running sums: this thread's columns only
 };
 
-// The rescale of one key tile's step of the online softmax.
-struct SoftmaxCorrection {
-    float a, b;  // factors of the two rows' sums and outputs: exp2(old max - new max)
-};
-
-// One key tile's step of the online softmax but the outputs' rescale: the scores
-// s (a C fragment of 16 rows x 8 T/8 key tiles, keys k0..) become the weights in
-// place, past-position keys masked, the running max and sums move to the new max,
-// and the factor the outputs take for it is returned. pos_a, pos_b: the two rows'
-// positions; p0: the CTA's first row's.
-template <int NT>
-__device__ __forceinline__ SoftmaxCorrection softmax_weights(float (&s)[NT][4], SoftmaxRows& st, int k0, int p0,
-                                                             int pos_a, int pos_b, int c) {
+// One key tile's step of the online softmax: the scores s (a C fragment of 16 rows
+// x 8 T/8 key tiles, keys k0..) become the weights in place, past-position keys
+// masked, and the running max, the sums and the outputs o are rescaled to the new
+// max. pos_a, pos_b: the two rows' positions; p0: the CTA's first row's.
+template <int NT, int DT>
+__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&o)[DT][4], SoftmaxRows& st, int k0, int p0,
+                                             int pos_a, int pos_b, int c) {
     // Causal mask: key position > row position (which also covers keys past
     // `end`). Only a tile reaching past the CTA's first row has such keys; the
     // others (all but the last one or two of a long context) skip the compares.
@@ -223,11 +217,11 @@ __device__ __forceinline__ SoftmaxCorrection softmax_weights(float (&s)[NT][4], 
     const float new_a = fmaxf(st.max_a, tile_a), new_b = fmaxf(st.max_b, tile_b);
     // A row with no key yet (max still -inf) has nothing to rescale: its weights are 0.
     const float base_a = new_a == -INFINITY ? 0.0f : new_a, base_b = new_b == -INFINITY ? 0.0f : new_b;
-    const SoftmaxCorrection corr = {exp2_ftz(st.max_a - base_a), exp2_ftz(st.max_b - base_b)};
+    const float corr_a = exp2_ftz(st.max_a - base_a), corr_b = exp2_ftz(st.max_b - base_b);
     st.max_a = new_a;
     st.max_b = new_b;
-    st.sum_a *= corr.a;
-    st.sum_b *= corr.b;
+    st.sum_a *= corr_a;
+    st.sum_b *= corr_b;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         s[nt][0] = exp2_ftz(s[nt][0] - base_a);
@@ -237,26 +231,13 @@ __device__ __forceinline__ SoftmaxCorrection softmax_weights(float (&s)[NT][4], 
         st.sum_a += s[nt][0] + s[nt][1];
         st.sum_b += s[nt][2] + s[nt][3];
     }
-    return corr;
-}
-
-template <int DT>
-__device__ __forceinline__ void rescale_outputs(float (&o)[DT][4], SoftmaxCorrection corr) {
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
-        o[dt][0] *= corr.a;
-        o[dt][1] *= corr.a;
-        o[dt][2] *= corr.b;
-        o[dt][3] *= corr.b;
+        o[dt][0] *= corr_a;
+        o[dt][1] *= corr_a;
+        o[dt][2] *= corr_b;
+        o[dt][3] *= corr_b;
     }
-}
-
-// One key tile's whole step of the online softmax: the weights, then the outputs o
-// rescaled to the new max.
-template <int NT, int DT>
-__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&o)[DT][4], SoftmaxRows& st, int k0, int p0,
-                                             int pos_a, int pos_b, int c) {
-    rescale_outputs(o, softmax_weights(s, st, k0, p0, pos_a, pos_b, c));
 }
 
 // The weights of key tiles 2j and 2j + 1 as the A fragment of the P V product's
