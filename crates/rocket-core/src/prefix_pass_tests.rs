@@ -16,7 +16,11 @@ use crate::error::Result;
 use crate::sampling::SamplingParams;
 use crate::Device;
 
-type Passes = Arc<Mutex<Vec<(usize, usize)>>>;
+/// Each chunk's (first position, rows) and the logits its pass asked for.
+type Passes = Arc<Mutex<Vec<(usize, usize, Logits)>>>;
+
+/// tiny-llama's vocabulary: the logits' row length.
+const VOCAB: usize = 512;
 
 struct Recording {
     inner: Box<dyn Backend>,
@@ -32,13 +36,42 @@ impl Backend for Recording {
     }
     fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
         let mut p = self.passes.lock().unwrap();
-        p.extend(chunks.iter().map(|c| (c.session.len(), c.tokens.len())));
+        p.extend(chunks.iter().map(|c| (c.session.len(), c.tokens.len(), logits)));
         drop(p);
-        self.inner.forward(chunks, logits)
+        let rows = match logits {
+            Logits::Last => chunks.len(),
+            Logits::All => chunks.iter().map(|c| c.tokens.len()).sum(),
+            Logits::KvOnly => 0,
+        };
+        let out = self.inner.forward(chunks, logits)?;
+        assert_eq!(out.len(), rows * VOCAB, "{logits:?}: the rows it returns");
+        Ok(out)
     }
     fn copy_prefix(&self, src: &mut dyn Session, dst: &mut dyn Session, len: usize) -> Result<()> {
         self.inner.copy_prefix(src, dst, len)
     }
+}
+
+/// Each recorded chunk's (first position, rows).
+fn spans(p: &Passes) -> Vec<(usize, usize)> {
+    p.lock().unwrap().iter().map(|&(start, rows, _)| (start, rows)).collect()
+}
+
+/// `ids` alone through a batcher of one, in prefill passes of at most `chunk` tokens.
+fn run_alone(e: &Engine, ids: &[u32], chunk: usize, params: &SamplingParams) -> crate::output::RequestOutput {
+    let out = std::cell::RefCell::new(None);
+    let mut b = crate::Batcher::new(e, 1);
+    b.set_prefill_chunk(chunk);
+    b.add(crate::EngineRequest { prompt: String::new(), prompt_ids: ids.to_vec(), params: params.clone() }, Box::new(|ev| {
+        if let crate::BatchEvent::Finished(o) = ev {
+            *out.borrow_mut() = Some(o);
+        }
+        true
+    }))
+    .unwrap();
+    b.run_to_completion().unwrap();
+    drop(b);
+    out.into_inner().unwrap()
 }
 
 fn engine(block: usize, cache_bytes: usize) -> (Engine, Passes) {
@@ -76,21 +109,7 @@ fn a_reused_prefix_leaves_the_passes_after_it_as_they_were() {
     for (block, chunk) in [(8, 512), (8, 20), (16, 6)] {
         let (cached, with) = engine(block, 1 << 30);
         let (plain, without) = engine(block, 0);
-        let run = |e: &Engine, ids: &[u32], chunk: usize| {
-            let out = std::cell::RefCell::new(None);
-            let mut b = crate::Batcher::new(e, 1);
-            b.set_prefill_chunk(chunk);
-            b.add(crate::EngineRequest { prompt: String::new(), prompt_ids: ids.to_vec(), params: params.clone() }, Box::new(|ev| {
-                if let crate::BatchEvent::Finished(o) = ev {
-                    *out.borrow_mut() = Some(o);
-                }
-                true
-            }))
-            .unwrap();
-            b.run_to_completion().unwrap();
-            drop(b);
-            out.into_inner().unwrap()
-        };
+        let run = |e: &Engine, ids: &[u32], chunk: usize| run_alone(e, ids, chunk, &params);
         run(&cached, &first, chunk);
         with.lock().unwrap().clear();
         let got = run(&cached, &second, chunk);
@@ -99,7 +118,7 @@ fn a_reused_prefix_leaves_the_passes_after_it_as_they_were() {
         let want = run(&plain, &second, chunk);
         assert_eq!(got.token_ids, want.token_ids);
         // Prefill passes only (decode steps start at the prompt's end).
-        let prefill = |p: &Passes| p.lock().unwrap().iter().copied().filter(|&(start, _)| start < second.len()).collect::<Vec<_>>();
+        let prefill = |p: &Passes| spans(p).into_iter().filter(|&(start, _)| start < second.len()).collect::<Vec<_>>();
         let all = prefill(&without);
         let after: Vec<(usize, usize)> = all.iter().copied().filter(|&(start, _)| start >= reused).collect();
         assert!(all.iter().any(|&(start, rows)| start < reused && start + rows == reused), "a full prefill splits at {reused}: {all:?}");
@@ -165,7 +184,7 @@ fn beside(e: &Engine, passes: &Passes, short: Option<&[u32]>, long: &[u32], piec
     add(&mut b, "long", long);
     b.run_to_completion().unwrap();
     drop(b);
-    let prompt_passes = passes.lock().unwrap().iter().copied().filter(|&(start, rows)| rows > 1 && start < long.len()).collect();
+    let prompt_passes = spans(passes).into_iter().filter(|&(start, rows)| rows > 1 && start < long.len()).collect();
     (prompt_passes, finished)
 }
 
@@ -189,58 +208,15 @@ fn a_prompt_arriving_while_another_decodes_comes_in_pieces_with_the_same_tokens(
     assert_eq!(default, [(0, 5), (0, 200)]);
 }
 
-/// Records each pass's (first position, rows, logits asked) of its one chunk.
-struct LogitsRecording {
-    inner: Box<dyn Backend>,
-    passes: Arc<Mutex<Vec<(usize, usize, Logits)>>>,
-}
-
-impl Backend for LogitsRecording {
-    fn name(&self) -> &'static str {
-        "cpu"
-    }
-    fn new_session(&self, capacity: usize) -> Result<Box<dyn Session>> {
-        self.inner.new_session(capacity)
-    }
-    fn forward(&self, chunks: &mut [Chunk<'_>], logits: Logits) -> Result<Vec<f32>> {
-        let start = (chunks[0].session.len(), chunks[0].tokens.len());
-        let out = self.inner.forward(chunks, logits)?;
-        let rows = match logits {
-            Logits::Last => chunks.len(),
-            Logits::All => chunks.iter().map(|c| c.tokens.len()).sum(),
-            Logits::KvOnly => 0,
-        };
-        assert_eq!(out.len(), rows * 512, "{logits:?}: the rows it returns"); // tiny-llama's vocabulary
-        self.passes.lock().unwrap().push((start.0, start.1, logits));
-        Ok(out)
-    }
-}
-
 #[test]
 fn prompt_pieces_before_the_last_run_no_lm_head_and_change_no_token() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
-    let opts = EngineOptions { device: Device::Cpu, progress: crate::options::Progress::Off, prefix_cache_bytes: 0, ..EngineOptions::default() };
-    let passes = Arc::new(Mutex::new(Vec::new()));
-    let rec = passes.clone();
-    let e = Engine::load(path, opts).unwrap().wrap_backend(|inner| Box::new(LogitsRecording { inner, passes: rec }));
+    let (e, passes) = engine(512, 0);
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) };
     let prompt: Vec<u32> = (0..150).map(|i| (i * 29 + 11) % 500).collect();
     let run = |chunk: usize| {
         passes.lock().unwrap().clear();
-        let out = std::cell::RefCell::new(None);
-        let mut b = crate::Batcher::new(&e, 1);
-        b.set_prefill_chunk(chunk);
-        let request = crate::EngineRequest { prompt: String::new(), prompt_ids: prompt.clone(), params: params.clone() };
-        b.add(request, Box::new(|ev| {
-            if let crate::BatchEvent::Finished(o) = ev {
-                *out.borrow_mut() = Some(o.token_ids);
-            }
-            true
-        }))
-        .unwrap();
-        b.run_to_completion().unwrap();
-        drop(b);
-        (out.into_inner().unwrap(), passes.lock().unwrap().clone())
+        let tokens = run_alone(&e, &prompt, chunk, &params).token_ids;
+        (tokens, passes.lock().unwrap().clone())
     };
     let (whole, one) = run(512);
     assert_eq!(one[0], (0, 150, Logits::Last), "{one:?}");
