@@ -25,6 +25,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import ncu_step  # benches/, beside this script
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # Lines of test logs and probe output that carry a figure or a verdict.
@@ -150,22 +152,10 @@ def power_from_csv(path: Path) -> dict | None:
             "watts_max": max(watts), "temp_c_max": max(temp)}
 
 
-def kernel_times_from_csv(rows: list[list[str]]) -> list[dict] | None:
+def kernel_times_from_csv(path: Path) -> list[dict] | None:
     """Nsight Compute --csv with one metric a row (gpu__time_duration.sum alone, as gpu_run.sh's
     `profile` asks): launches and total µs per kernel name, the longest first."""
-    header = rows[0]
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
-    totals: dict[str, list] = {}
-    for row in rows[1:]:
-        cells = dict(zip(header, row))
-        if cells.get("Metric Name") != "gpu__time_duration.sum":
-            continue
-        value = _num(cells.get("Metric Value", "").replace(",", ""))
-        if value is None:
-            continue
-        t = totals.setdefault(cells.get("Kernel Name", "").split("(")[0], [0, 0.0])
-        t[0] += 1
-        t[1] += value * scale.get(cells.get("Metric Unit", ""), 1e-3)
+    totals = ncu_step.totals_by_kernel(ncu_step.duration_rows(path.read_text(errors="replace").splitlines()))
     out = [{"kernel": k, "launches": n, "us_total": round(us, 1)} for k, (n, us) in totals.items()]
     return sorted(out, key=lambda k: -k["us_total"]) or None
 
@@ -178,7 +168,7 @@ def stalls_from_csv(path: Path) -> list[dict] | None:
         return None
     header = rows[0]
     if "Metric Name" in header:
-        return kernel_times_from_csv(rows)
+        return kernel_times_from_csv(path)
     out = []
     for row in rows[1:]:
         if not row or not row[0].isdigit():
