@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds, on the CPU machine, everything one GPU-machine session needs into
 # .device-carry/ (ignored by git; name it in the device tool's `carry`):
-#   bin/rocket                  the CLI (rocket bench), release build
+#   rocket.xz                   the CLI (rocket bench), release build
 #   cuda-test.xz                crates/rocket-core/tests/cuda.rs (CUDA backend vs CPU reference)
 #   cuda-megakernel-test.xz     crates/rocket-core/tests/cuda_megakernel.rs
 #   cuda-prod-path-test.xz      crates/rocket-core/tests/cuda_prod_path.rs (graph prefill, then
@@ -15,16 +15,17 @@
 #   tok.tar.xz                  the fuels' real tokenizers (benches/export_tokenizers.py):
 #                               tok/{llama3,qwen3,smollm2}, compressed to leave room under the limit
 # The GPU machine has no cargo, and its glibc (2.39) runs binaries built here (2.36).
-# Binaries are stripped, and the newer ones xz-compressed (gpu_run.sh unpacks them), so the
+# Binaries are stripped and xz-compressed (gpu_run.sh unpacks them), so the
 # carry stays under the 64 MiB a run can take.
 # Usage: benches/gpu_pack.sh, then on the GPU machine: benches/gpu_run.sh [steps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=.device-carry
-mkdir -p "$OUT/bin"
+mkdir -p "$OUT"
+rm -rf "$OUT/bin"  # the CLI's old place, uncompressed
 
 cargo build --release --locked -p rocket-cli
-cp target/release/rocket "$OUT/bin/rocket"
+cp target/release/rocket "$OUT/rocket"
 
 # The path of a test binary, from cargo's JSON messages.
 test_binary() {
@@ -40,13 +41,13 @@ cp "$(test_binary cuda_megakernel)" "$OUT/cuda-megakernel-test"
 cp "$(test_binary cuda_prod_path)" "$OUT/cuda-prod-path-test"
 cargo build --release --locked -p rocket-core --features diagnostics --example logits_at
 cp target/release/examples/logits_at "$OUT/logits-at"
-strip "$OUT/bin/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/logits-at"
-xz -f -T0 "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/logits-at"
+strip "$OUT/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/logits-at"
+xz -f -T0 "$OUT/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/logits-at"
 
 ls "$OUT"/wheels/gguf-0.19.0-*.whl > /dev/null 2>&1 || python3 -m pip download -q --no-deps gguf==0.19.0 -d "$OUT/wheels"
 
 if [[ ! -f $OUT/tok.tar.xz ]]; then
-    python3 benches/export_tokenizers.py --out "$OUT/tok" --rocket "$OUT/bin/rocket"
+    python3 benches/export_tokenizers.py --out "$OUT/tok" --rocket target/release/rocket
     tar -C "$OUT" -cJf "$OUT/tok.tar.xz" tok && rm -r "$OUT/tok"
 fi
 du -sh "$OUT"/* | sort -h

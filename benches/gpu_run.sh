@@ -49,8 +49,10 @@
 #             launches in a 4,096-token Llama-3.2-1B prefill (PROFILE_FUEL picks another)
 #   ttft      TTFT per fuel at prompts of 128, 1K, 4K (and 16K for Llama-3.2-1B), prompt attention on
 #             the tensor cores (attention_prefill.cu) and with ROCKET_TC_ATTENTION=0 (the split kernel),
-#             and the chat case of 4,000 cached + 100 new prompt tokens at prefix blocks 512 and 128;
-#             PASS lines: the last prompt pass's host issue time against its whole time
+#             and the chat case (below); PASS lines: the last prompt pass's host issue time against
+#             its whole time
+#   chat      the chat case alone: Llama-3.2-1B, 4,000 cached + 100 new prompt tokens at prefix
+#             blocks 512 and 128 (REUSE lines)
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck on every fuel's megakernel (short launches of every
 #             sampling mode, and a teacher-forced launch on SmolLM2) and on the prompt attention (the
@@ -110,6 +112,7 @@ unpacked() {  # unpacked NAME: the path of .device-carry/NAME.xz, decompressed (
     mkdir -p "$(dirname "$BIN/$1")" && xz -dc "$CARRY/$1.xz" > "$BIN/$1" && chmod +x "$BIN/$1"
     echo "$BIN/$1"
 }
+ROCKET=$(unpacked rocket)  # this build's CLI
 unpack_variants() {  # every .device-carry/variants/NAME.xz into $BIN/variants/NAME
     rm -rf "$BIN/variants"  # (a warm machine keeps the last call's)
     for v in "$CARRY"/variants/*.xz; do
@@ -138,7 +141,7 @@ if has soak; then
     if [[ ! -f $LOGS/soak.started ]]; then
         date +%s > "$LOGS/soak.started"
         # Its own copy of the CLI: the next call's carry replaces .device-carry under it.
-        mkdir -p "$BIN" && cp "$CARRY/bin/rocket" "$BIN/rocket-soak"
+        mkdir -p "$BIN" && cp "$ROCKET" "$BIN/rocket-soak"
         setsid bash -c "python3 benches/soak.py --rocket '$BIN/rocket-soak' --model '$CK/$sf' --device cuda \
             --duration ${SOAK_S:-600} --json '$LOGS/soak.json' > '$LOGS/soak.txt' 2>&1; echo \$? > '$LOGS/soak.rc'" < /dev/null > /dev/null 2>&1 &
     fi
@@ -192,7 +195,7 @@ if has gguf; then
     check "gguf package (carried wheel) imports" $?
     gg_ckpts=$(for f in $FUELS; do case $f in llama-3.2-1b|qwen3-*) printf '%s,' "$CK/$f";; esac; done)
     PYTHONPATH=$GG_SITE${PYTHONPATH:+:$PYTHONPATH} timeout "${GGUF_TIMEOUT:-420}" python3 benches/gguf_gpu_check.py --ckpt "$gg_ckpts" \
-        --rocket "$CARRY/bin/rocket" --logits-at "$(unpacked logits-at)" --device cuda --work /tmp/rocket-gguf \
+        --rocket "$ROCKET" --logits-at "$(unpacked logits-at)" --device cuda --work /tmp/rocket-gguf \
         --load-file /tmp/rocket-gguf/llama-3.2-1b-q4_k_m.gguf > "$LOGS/gguf.txt" 2> "$LOGS/gguf.err"
     check "gguf files against HF folders" $?
     tail -5 "$LOGS/gguf.err"; grep -E "^(PASS|FAIL|GGUF-LOAD)" "$LOGS/gguf.txt"
@@ -207,7 +210,7 @@ fi
 
 bench() {  # bench NAME DECODE BATCHES PROMPT GEN REPS FUEL [MATMUL]; ROCKET_BIN picks another binary
     echo "$1 start $(date +%s.%N)" >> "$LOGS/bench.times"
-    ROCKET_DECODE=$2 ROCKET_MATMUL=${8:-auto} timeout 180 "${ROCKET_BIN:-$CARRY/bin/rocket}" bench --model "$CK/$7" --device cuda --batch "$3" --prompt-len "$4" \
+    ROCKET_DECODE=$2 ROCKET_MATMUL=${8:-auto} timeout 180 "${ROCKET_BIN:-$ROCKET}" bench --model "$CK/$7" --device cuda --batch "$3" --prompt-len "$4" \
         --gen-len "$5" --reps "$6" ${BENCH_EXTRA:-} --json "$LOGS/$1.json" > "$LOGS/$1.txt" 2> "$LOGS/$1.err" ||
         { check "bench $1" 1; tail -3 "$LOGS/$1.err"; }
     echo "$1 end $(date +%s.%N)" >> "$LOGS/bench.times"
@@ -245,7 +248,7 @@ if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (C
 fi
 if has interference; then  # 8 streams decoding while a 16K-token prompt prefills, per prefill pass size
     for block in ${INTERFERENCE_BLOCKS:-512 256 128}; do
-        timeout 240 python3 benches/interference.py --rocket "$CARRY/bin/rocket" --model "$CK/llama-3.2-1b" --device cuda \
+        timeout 240 python3 benches/interference.py --rocket "$ROCKET" --model "$CK/llama-3.2-1b" --device cuda \
             --streams 8 --prompt-len 16384 --max-tokens 4096 --prefix-block "$block" --json "$LOGS/interference-$block.json" \
             > "$LOGS/interference-$block.txt" 2>&1
         check "interference, passes of $block" $?
@@ -318,7 +321,8 @@ if has ttft; then  # time to first token per prompt length, prompt attention on 
         # The last prompt pass's host issue time against its whole time (launch-bound when close).
         printf 'PASS %-22s %s\n' "$n" "$(grep 'decode=false' "$LOGS/ttft-tc-$n.err" | tail -1 | grep -oE 'rows=.*')"
     done
-    # Issue 22's chat case: 4,000 cached prompt tokens, 100 new, per prefix block.
+fi
+if has ttft || has chat; then  # issue 22's chat case: 4,000 cached prompt tokens, 100 new, per prefix block
     for blk in 512 128; do
         ROCKET_PREFIX_BLOCK=$blk BENCH_EXTRA="--prefix-reuse 4000" bench "reuse-$blk" auto 1 100 4 3 llama-3.2-1b
         printf 'REUSE block %-4s %s\n' "$blk" "$(grep -A2 '^| prefix reuse' "$LOGS/reuse-$blk.txt" | tail -1)"
@@ -455,7 +459,7 @@ if has profile; then
     for shape in "${shapes[@]}"; do
         set -- $shape
         ROCKET_DECODE=graph ROCKET_CUDA_GRAPHS=0 timeout 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
-            --csv "$CARRY/bin/rocket" bench --model "$CK/$pf" --device cuda --batch "$1" --prompt-len "$2" --gen-len "$3" \
+            --csv "$ROCKET" bench --model "$CK/$pf" --device cuda --batch "$1" --prompt-len "$2" --gen-len "$3" \
             --reps 1 > "$LOGS/profile-b$1-p$2.csv" 2> "$LOGS/profile-b$1-p$2.err" || { check "ncu batch $1 prompt $2" 1; tail -2 "$LOGS/profile-b$1-p$2.err"; }
         echo "--- ncu $pf batch $1, prompt $2, pass $4"
         python3 benches/ncu_step.py "$LOGS/profile-b$1-p$2.csv" "$4"
@@ -468,7 +472,7 @@ if has attnprof; then  # where the prompt attention's time goes: Nsight Compute 
     timeout 300 "$NCU" --clock-control none --kernel-name regex:attn_prefill --launch-skip 40 --launch-count 4 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy \
-        "$CARRY/bin/rocket" bench --model "$CK/$pf" --device cuda --batch 1 --prompt-len 4096 --gen-len 2 --reps 1 \
+        "$ROCKET" bench --model "$CK/$pf" --device cuda --batch 1 --prompt-len 4096 --gen-len 2 --reps 1 \
         > "$LOGS/attnprof.txt" 2> "$LOGS/attnprof.err" || { check "ncu prompt attention" 1; tail -3 "$LOGS/attnprof.err"; }
     grep -E "attn_prefill|Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Stall|L1/TEX Hit|L2 Hit|Executed Ipc|est\. Speedup" \
         "$LOGS/attnprof.txt" | head -80
