@@ -311,7 +311,8 @@ def start_server(a: argparse.Namespace) -> tuple[subprocess.Popen[str], int, lis
         cmd += ["--model", a.model]
     cmd += getattr(a, "server_args", [])  # other benches' extra server flags
     print("soak: starting", " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, **getattr(a, "server_env", {})}  # other benches' server variables (its log filter)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     log: list[str] = []
     port_box: list[int] = []
 

@@ -27,8 +27,11 @@ def _module() -> Any:
         sys.path.remove(str(BENCHES))
 
 
-def _report(bench: Any, before: list[float], during: list[float], errors: list[str] | None = None) -> dict[str, Any]:
-    return {"phases": {"before": bench.summary(before), "during": bench.summary(during), "after": bench.summary([])},
+def _report(bench: Any, before: list[float], during: list[float], errors: list[str] | None = None,
+            passes: tuple[list[float], list[float]] | None = None) -> dict[str, Any]:
+    def phases(b: list[float], d: list[float]) -> dict[str, Any]:
+        return {"before": bench.summary(b), "during": bench.summary(d), "after": bench.summary([])}
+    return {"phases": phases(before, during), "pass_phases": phases(*(passes or (before, during))),
             "errors": errors or [], "long_prompt_ttft_ms": 12.0}
 
 
@@ -43,12 +46,37 @@ def test_gaps_fall_in_the_phase_they_end_in_and_the_check_can_fail() -> None:
     steady = [0.001] * 50
     assert bench.evaluate(_report(bench, steady, [0.0025] * 20), 3.0) == []
     fails = bench.evaluate(_report(bench, steady, [0.001] * 19 + [0.2]), 3.0)
-    assert any("p99 gap while the long prompt prefills" in f for f in fails), fails
+    assert any("p99 of the gaps between chunks" in f for f in fails), fails
+    # The server's passes are judged alike: steady chunks do not hide a stalled pass.
+    fails = bench.evaluate(_report(bench, steady, [0.0025] * 20, passes=(steady, [0.001] * 19 + [0.2])), 3.0)
+    assert len(fails) == 1 and "p99 of the gaps between passes" in fails[0], fails
     assert any("too few gaps" in f for f in bench.evaluate(_report(bench, steady, [0.001] * 3), 3.0))
     assert any("errors" in f for f in bench.evaluate(_report(bench, steady, steady, ["request 2: HTTP 400"]), 3.0))
     silent = _report(bench, steady, steady)
     silent["long_prompt_ttft_ms"] = None
     assert any("never produced a token" in f for f in bench.evaluate(silent, 3.0))
+
+
+def test_pass_gaps_come_from_the_servers_pass_lines_in_every_stream() -> None:
+    bench = _module()
+    log = [
+        "2026-12-06T19:00:00.000000Z DEBUG rocket_core::batch: pass done prompt_rows=32 decode_rows=0\n",  # the streams' prompts
+        "2026-12-06T19:00:00.010000Z DEBUG rocket_core::batch: pass done prompt_rows=0 decode_rows=2\n",
+        "2026-12-06T19:00:00.012000Z  WARN rocket_core::engine: something else\n",
+        "2026-12-06T19:00:00.012000Z DEBUG rocket_core::batch: pass done prompt_rows=0 decode_rows=2\n",
+        "2026-12-06T19:00:00.014500Z DEBUG rocket_core::batch: pass done prompt_rows=0 decode_rows=2\n",
+        "2026-12-06T19:00:00.019500Z DEBUG rocket_core::batch: pass done prompt_rows=64 decode_rows=2\n",  # the long prompt
+        "2026-12-06T19:00:00.024500Z DEBUG rocket_core::batch: pass done prompt_rows=64 decode_rows=2\n",
+        "2026-12-06T19:00:00.031500Z DEBUG rocket_core::batch: pass done prompt_rows=7 decode_rows=2\n",  # its last piece
+        "2026-12-06T19:00:00.033500Z DEBUG rocket_core::batch: pass done prompt_rows=0 decode_rows=3\n",  # it decodes too
+        "2026-12-06T19:00:00.035500Z DEBUG rocket_core::batch: pass done prompt_rows=0 decode_rows=2\n",
+        "2026-12-06T19:00:00.037000Z DEBUG rocket_core::batch: pass done prompt_rows=0 decode_rows=2\n",
+    ]
+    passes = bench.server_passes(log)
+    assert [(p, d) for _, p, d in passes] == [(32, 0), (0, 2), (0, 2), (0, 2), (64, 2), (64, 2), (7, 2), (0, 3), (0, 2), (0, 2)]
+    gaps = {k: [round(g * 1e3, 3) for g in v] for k, v in bench.pass_phases(passes, streams=2).items()}
+    assert gaps == {"before": [2.0, 2.5], "during": [5.0, 5.0, 7.0], "after": [4.0, 1.5]}, gaps
+    assert bench.pass_phases(passes[:4], streams=2) == {"before": [], "during": [], "after": []}  # no long prompt yet
 
 
 def test_a_short_cpu_run_measures_gaps_while_a_prompt_prefills(tmp_path: Path) -> None:
@@ -66,3 +94,6 @@ def test_a_short_cpu_run_measures_gaps_while_a_prompt_prefills(tmp_path: Path) -
     # Passes of 32 tokens: about 19 for the prompt, each a gap in every running stream.
     assert report["phases"]["during"]["count"] >= 5, report
     assert report["phases"]["before"]["count"] >= 3 * 31, report
+    # The server's passes: one gap per pass whatever the streams' text, about 19 while it prefills.
+    assert report["pass_phases"]["during"]["count"] >= 15, report
+    assert report["pass_phases"]["before"]["count"] >= 20, report

@@ -397,6 +397,8 @@ impl<'a> Batcher<'a> {
             };
             chunks.push(Chunk { session, tokens });
         }
+        let prompt_rows: usize = chunks.iter().zip(&prefilling).filter(|(_, p)| **p).map(|(c, _)| c.tokens.len()).sum();
+        let decode_rows = chunks.len() - prefilling.iter().filter(|p| **p).count();
         let backend = self.model.backend;
         // A pass of prompt pieces alone, none of them a prompt's last, only fills KV:
         // no LM head (on Llama-3.2-1B ~0.17 ms of weights a pass on the H100).
@@ -456,6 +458,10 @@ impl<'a> Batcher<'a> {
             }
         }
         self.running = still_running;
+        // One event a pass once its tokens are with the sinks: the times between them are
+        // the gaps between a stream's tokens, whatever text each token carries
+        // (benches/interference.py reads them with `rocket_core::batch=debug`).
+        tracing::debug!(prompt_rows, decode_rows, "pass done");
         Ok(self.pending())
     }
 
