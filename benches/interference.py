@@ -114,6 +114,23 @@ def server_passes(log: list[str]) -> list[tuple[float, int, int]]:
     return out
 
 
+CUDA_PASS = re.compile(r"DEBUG rocket_core::backend::cuda: pass rows=(\d+) decode=(true|false) issue_us=([\d.]+) total_us=([\d.]+)")
+
+
+def cuda_mixed_passes(log: list[str]) -> dict[str, Any]:
+    """The CUDA backend's passes with prompt rows (decode=false): how many, and the median
+    and p99 of their host issue time and whole time, in µs (issue near the whole: the
+    host's launches bound the pass)."""
+    issue, total = [], []
+    for line in log:
+        m = CUDA_PASS.search(line)
+        if m and m.group(2) == "false":
+            issue.append(float(m.group(3)))
+            total.append(float(m.group(4)))
+    return {"count": len(total), "issue_median_us": percentile(issue, 50), "total_median_us": percentile(total, 50),
+            "total_p99_us": percentile(total, 99)}
+
+
 def pass_phases(passes: list[tuple[float, int, int]], streams: int) -> dict[str, list[float]]:
     """Gaps between consecutive passes that gave every stream a token, by the later pass:
     "during" from the first such pass with prompt rows (the long prompt's first piece) to
@@ -176,7 +193,8 @@ def main() -> int:
 
     a.max_batch, a.max_queue = a.streams + 1, a.streams + 1
     a.server_args = ["--prefix-cache-bytes", "0"] + (["--prefix-block", str(a.prefix_block)] if a.prefix_block else [])
-    a.server_env = {"ROCKET_LOG": "warn,rocket_core::batch=debug"}  # its "pass done" lines
+    # Its "pass done" lines, and on CUDA each pass's host issue and whole time.
+    a.server_env = {"ROCKET_LOG": "warn,rocket_core::batch=debug,rocket_core::backend::cuda=debug"}
     proc, port, log = start_server(a)
     try:
         rng = random.Random(a.seed)
@@ -222,7 +240,8 @@ def main() -> int:
         "streams": a.streams, "prompt_len": a.prompt_len, "prefix_block": a.prefix_block, "device": a.device,
         "model": a.model, "long_prompt_ttft_ms": None if first == float("inf") else 1e3 * (first - arrived),
         "phases": {k: summary(v) for k, v in gaps.items()},
-        "pass_phases": {k: summary(v) for k, v in pass_phases(server_passes(log), a.streams).items()}, "errors": errors,
+        "pass_phases": {k: summary(v) for k, v in pass_phases(server_passes(log), a.streams).items()},
+        "cuda_prompt_passes": cuda_mixed_passes(log), "errors": errors,
     }
     print(f"interference: {a.streams} streams, a {a.prompt_len}-token prompt"
           + (f", prefix block {a.prefix_block}" if a.prefix_block else "")
@@ -233,6 +252,10 @@ def main() -> int:
                 print(f"  {what} {k:6}: {s['count']:5}, median {s['median_ms']:8.2f} ms, p99 {s['p99_ms']:8.2f} ms, max {s['max_ms']:8.2f} ms")
             else:
                 print(f"  {what} {k:6}: none")
+    c = report["cuda_prompt_passes"]
+    if c["count"]:
+        print(f"  CUDA passes with prompt rows: {c['count']}, host issue median {c['issue_median_us']:.0f} µs, "
+              f"whole median {c['total_median_us']:.0f} µs, p99 {c['total_p99_us']:.0f} µs")
     fails = evaluate(report, a.p99_over_median_max)
     return verdict("interference", report, fails, a.json)
 

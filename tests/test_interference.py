@@ -79,6 +79,16 @@ def test_pass_gaps_come_from_the_servers_pass_lines_in_every_stream() -> None:
     assert bench.pass_phases(passes[:4], streams=2) == {"before": [], "during": [], "after": []}  # no long prompt yet
 
 
+def test_cuda_prompt_passes_are_read_from_the_backends_pass_lines() -> None:
+    bench = _module()
+    log = [f"2026-12-06T19:00:00.{i:06d}Z DEBUG rocket_core::backend::cuda: pass rows={r} decode={d} issue_us={iu} total_us={tu}\n"
+           for i, (r, d, iu, tu) in enumerate([(8, "true", 20.5, 1700.0), (72, "false", 2100.0, 4600.0),
+                                               (72, "false", 2300.0, 4800.5), (72, "false", 1900.0, 9000.0)])]
+    c = bench.cuda_mixed_passes(log)
+    assert c == {"count": 3, "issue_median_us": 2100.0, "total_median_us": 4800.5, "total_p99_us": 9000.0}, c
+    assert bench.cuda_mixed_passes(log[:1])["count"] == 0
+
+
 def test_a_short_cpu_run_measures_gaps_while_a_prompt_prefills(tmp_path: Path) -> None:
     out = tmp_path / "gaps.json"
     # A smoke run of the whole tool on a tiny model: a shared CPU's gaps move with its
