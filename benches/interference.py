@@ -191,6 +191,9 @@ def main() -> int:
     if a.streams < 1 or a.prompt_len < 1 or a.max_tokens <= a.warmup_tokens:
         p.error("need --streams >= 1, --prompt-len >= 1 and --max-tokens > --warmup-tokens")
 
+    # The readers share one GIL: at its default 5 ms switch interval one thread can hold
+    # another's chunk back that long, and the chunk gaps would count the client's wait.
+    sys.setswitchinterval(1e-4)
     a.max_batch, a.max_queue = a.streams + 1, a.streams + 1
     a.server_args = ["--prefix-cache-bytes", "0"] + (["--prefix-block", str(a.prefix_block)] if a.prefix_block else [])
     # Its "pass done" lines, and on CUDA each pass's host issue and whole time.
