@@ -17,9 +17,9 @@ p99 and largest, of the chunks and of the passes. Check (a FAIL line and a non-z
 for each, the p99 gap while the long prompt prefills is at most `--p99-over-median-max` (3
 by default, the issue's target) times the median gap of the streams before it arrived.
 
-Prefill runs in passes of at most 512 tokens that never cross a multiple of the prefix
-cache's block, so `--prefix-block` sets the largest pass: run it at several blocks to
-choose the chunk size by measurement. The prefix cache is off (`--prefix-cache-bytes 0`)
+Beside decoding streams a prompt prefills in pieces its attention budget allows (whole
+64-row tiles, at least one), within passes that a prefix block under 512 also cuts at
+each of its multiples: run it at several blocks to see what the pass size costs. The prefix cache is off (`--prefix-cache-bytes 0`)
 so that repetitions prefill alike. Prompts are random token ids (never zeros), and every
 request sets ignore_eos so that random weights cannot end a stream early.
 
@@ -180,7 +180,7 @@ def main() -> int:
                    help="tokens each stream generates: enough to outlast the long prefill [default: 2048]")
     p.add_argument("--prompt-len", type=int, default=4096, help="tokens of the long prompt [default: 4096]")
     p.add_argument("--warmup-tokens", type=int, default=32, help="stream tokens before the long prompt is sent [default: 32]")
-    p.add_argument("--prefix-block", type=int, help="the server's --prefix-block: the largest prefill pass below 512")
+    p.add_argument("--prefix-block", type=int, help="the server's --prefix-block (a block under 512 also cuts the passes)")
     p.add_argument("--vocab", type=int, default=1000, help="draw token ids below this (every fuel has more) [default: 1000]")
     p.add_argument("--p99-over-median-max", type=float, default=3.0, help="largest p99 gap during the prefill over the median before [default: 3]")
     p.add_argument("--request-timeout", type=float, default=600.0)

@@ -138,7 +138,8 @@ class LLM:
       prompt) skips their prefill, with bitwise the same output (least recently used dropped
       first; see :meth:`prefix_cache_stats` and ``metrics["cached_prompt_tokens"]``)
     - ``prefix_block``: the prefix cache's block in tokens (512): prompts are cached and
-      reused in whole blocks from their start, and prefill passes split at every block
+      reused in whole blocks from their start; prefill passes (512 tokens) split at
+      every block unless it is a multiple of 512
     """
 
     def __init__(

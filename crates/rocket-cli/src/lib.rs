@@ -118,7 +118,7 @@ pub(crate) struct ModelArgs {
     /// Memory the prefix cache may hold: KV of earlier prompts, reused by prompts that start with the same whole blocks (bytes, or with K/M/G; 0 disables) [default: 1G]
     #[arg(long, value_name = "BYTES", value_parser = |v: &str| rocket_core::options::parse_bytes("--prefix-cache-bytes", v))]
     prefix_cache_bytes: Option<usize>,
-    /// Prefix cache block in tokens: prompts are cached and reused in whole blocks, and prefill passes split at every block [default: 512]
+    /// Prefix cache block in tokens: prompts are cached and reused in whole blocks; prefill passes (512 tokens) split at every block unless it is a multiple of 512 [default: 512]
     #[arg(long, value_name = "TOKENS", value_parser = |v: &str| rocket_core::options::parse_prefix_block("--prefix-block", v))]
     prefix_block: Option<usize>,
 }
@@ -317,7 +317,7 @@ mod tests {
         assert_eq!((o.gpu, o.progress, o.max_seq_len), (want, Progress::Always, Some(9)));
         assert_eq!((o.prefix_cache_bytes, o.prefix_block), (256 << 20, 64));
         let o = options(&["--prefix-cache-bytes", "0"], &[("ROCKET_PREFIX_CACHE_BYTES", "2G")]).unwrap();
-        assert_eq!((o.prefix_cache_bytes, o.prefix_block), (0, rocket_core::batch::PREFILL_CHUNK));
+        assert_eq!((o.prefix_cache_bytes, o.prefix_block), (0, rocket_core::batch::PREFIX_BLOCK));
         assert_eq!(options(&[], &[]).unwrap().prefix_cache_bytes, rocket_core::DEFAULT_PREFIX_CACHE_BYTES);
         // A bad variable is an error naming it, unless the flag of its option is given
         // (the variable is then not read): every variable, its own flag.

@@ -86,8 +86,14 @@ pub const LOOP_STEPS: usize = 128;
 
 /// Prompt tokens one request feeds per pass by default: a long prompt is
 /// prefilled over several passes, so the others keep decoding meanwhile and a
-/// pass's activations stay bounded.
+/// pass's activations stay bounded. Passes of 2,048 measured 13-24% faster at 4K
+/// prompts on the H100 (benches/NOTES.md); they stay off until the GPU checks
+/// (prefix reuse across blocks, the production path, long contexts) have run on them.
 pub const PREFILL_CHUNK: usize = 512;
+
+/// The prefix cache's block by default (`EngineOptions::prefix_block`): a multiple
+/// of `PASS_SHARED_ROWS`, so prompt passes may run across blocks (`chunk_end`).
+pub const PREFIX_BLOCK: usize = 512;
 
 /// Multiply-adds of one prompt row, over the whole model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,18 +166,36 @@ fn end(mut a: Active<'_>, after: After) {
     }
 }
 
-/// Where a prefill pass starting at prompt position `start` ends, with
-/// passes of at most `chunk` tokens and the prefix cache's `block`: at the
-/// prompt's end, or at the next multiple of the prefill chunk or of the
-/// prefix block, whichever comes first. Every pass boundary is so a fixed
-/// position of the prompt, and a request that starts from a cached prefix
-/// (a multiple of the block) runs exactly the passes the same request run
-/// from position 0 runs after that point: prefix reuse leaves every row's
-/// arithmetic as it was. From position 0 with the block equal to the chunk
-/// (the default) these are the plain chunk-by-chunk passes.
-pub(crate) fn chunk_end(start: usize, prompt_len: usize, chunk: usize, block: usize) -> usize {
+/// Prompt passes of this many rows or a whole multiple of it give each row the
+/// same bits whatever their length: measured on the H100 (cuda test
+/// `a_prompt_rows_bits_do_not_depend_on_its_pass_length`: a 2,048-row prompt in one
+/// pass and cut into passes of 512, 1,024 and 1,536 rows, every fuel, the same last-row
+/// logits bit for bit), where cuBLASLt picks its algorithm per row count; passes of 64
+/// or 128 rows did not keep them (Llama-3.2-1B, Qwen3-0.6B). The CPU backend's rows
+/// never depend on their pass.
+pub const PASS_SHARED_ROWS: usize = 512;
+
+/// Where a prefill pass starting at prompt position `start` ends, with passes of
+/// at most `chunk` tokens and the prefix cache's `block`. Every pass boundary is a
+/// fixed position of the prompt, so a request that starts from a cached prefix (a
+/// multiple of the block) runs the passes the same request run from position 0
+/// runs after that prefix, but for its first, which may start later:
+/// - chunk and block whole multiples of `shared` (`PASS_SHARED_ROWS`): passes end
+///   at the chunk's multiples, at the end of the prompt's whole blocks (what a
+///   later prompt may reuse) and at its end. A reusing request's first pass ends
+///   where the full prefill's pass holding that position ends, and is at least
+///   `shared` rows long, which gives its rows the same bits.
+/// - otherwise: passes also end at every multiple of the block, so reuse leaves
+///   every pass as it was.
+pub(crate) fn chunk_end(start: usize, prompt_len: usize, chunk: usize, block: usize, shared: usize) -> usize {
     let next = |n: usize| (start / n + 1) * n;
-    next(chunk).min(next(block)).min(prompt_len)
+    let whole = prompt_len / block * block;
+    let stop = if start < whole { whole } else { prompt_len };
+    if chunk % shared == 0 && block % shared == 0 {
+        next(chunk).min(stop)
+    } else {
+        next(chunk).min(next(block)).min(stop)
+    }
 }
 
 /// Where a prefill pass starting at prompt position `start` ends when other
@@ -179,8 +203,18 @@ pub(crate) fn chunk_end(start: usize, prompt_len: usize, chunk: usize, block: us
 /// where that piece would cost more than `budget_macs` (`RowCost::piece`), at
 /// the most whole `PIECE_ROWS` rows within it (never fewer than `PIECE_ROWS`).
 /// Alone, a prompt takes whole chunks: its own time to first token is what counts.
-pub(crate) fn piece_end(start: usize, prompt_len: usize, chunk: usize, block: usize, beside_decode: bool, cost: RowCost, budget_macs: u64) -> usize {
-    let end = chunk_end(start, prompt_len, chunk, block);
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn piece_end(
+    start: usize,
+    prompt_len: usize,
+    chunk: usize,
+    block: usize,
+    shared: usize,
+    beside_decode: bool,
+    cost: RowCost,
+    budget_macs: u64,
+) -> usize {
+    let end = chunk_end(start, prompt_len, chunk, block, shared);
     if !beside_decode {
         return end;
     }
@@ -219,34 +253,39 @@ fn next_kept_len(cache: &KvPrefixCache, a: &Active<'_>, shared: usize) -> usize 
 }
 
 /// After a prefill pass: when `a`'s session now holds exactly its prompt's
-/// whole blocks, or the whole blocks a waiting request shares with it
-/// (`wanted`), a copy of them joins the prefix cache (unless an entry already
-/// covers them). Failures only cost the reuse.
+/// whole blocks (a pass ends there), or has passed whole blocks a waiting
+/// request shares with it (`wanted`; a pass may end past them), a copy of them
+/// joins the prefix cache (unless an entry already covers them). Failures only
+/// cost the reuse.
 fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>, waiting: &VecDeque<Active<'_>>) {
     let Some(cache) = model.prefix_cache else { return };
     let session = a.session.as_deref_mut().expect("running requests hold a session");
     let prompt = a.state.prompt_ids();
     let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
     let done = session.len();
-    let keep = done == cache.aligned_len(prompt.len()) || wanted_by_waiting(&cache, waiting, prompt).contains(&done);
-    if done == 0 || !keep || cache.covers(&prompt[..done]) {
+    let keep = if done == cache.aligned_len(prompt.len()) {
+        done
+    } else {
+        wanted_by_waiting(&cache, waiting, prompt).into_iter().filter(|&w| w <= done).max().unwrap_or(0)
+    };
+    if keep == 0 || cache.covers(&prompt[..keep]) {
         return;
     }
     // Room first, from the running session's bytes per position (what the copy
     // will hold), so the cache never holds more than its budget, even briefly.
-    let bytes = done * (session.kv_bytes() / session.capacity().max(1));
+    let bytes = keep * (session.kv_bytes() / session.capacity().max(1));
     if !cache.make_room(bytes) {
         return;
     }
     let backend = model.backend;
-    let copy = backend.new_session(done).and_then(|mut kept| {
-        backend.copy_prefix(session, kept.as_mut(), done)?;
+    let copy = backend.new_session(keep).and_then(|mut kept| {
+        backend.copy_prefix(session, kept.as_mut(), keep)?;
         Ok(kept)
     });
     match copy {
         Ok(kept) => {
             let bytes = kept.kv_bytes();
-            cache.insert(prompt[..done].to_vec(), kept, bytes);
+            cache.insert(prompt[..keep].to_vec(), kept, bytes);
         }
         Err(e) => tracing::warn!(error = %e, "a prompt's KV could not be kept for reuse"),
     }
@@ -269,6 +308,8 @@ pub struct Batcher<'a> {
     model: BatchModel<'a>,
     max_batch: usize,
     prefill_chunk: usize,
+    /// `PASS_SHARED_ROWS`; tests on small fixtures set it lower.
+    shared_rows: usize,
     piece_macs: u64,
     next_id: RequestId,
     waiting: VecDeque<Active<'a>>,
@@ -282,6 +323,7 @@ impl<'a> Batcher<'a> {
             model: model.into(),
             max_batch: max_batch.max(1),
             prefill_chunk: PREFILL_CHUNK,
+            shared_rows: PASS_SHARED_ROWS,
             piece_macs: INTERACTIVE_PIECE_MACS,
             next_id: 0,
             waiting: VecDeque::new(),
@@ -294,6 +336,13 @@ impl<'a> Batcher<'a> {
     /// latency of the other requests in the batch.
     pub fn set_prefill_chunk(&mut self, tokens: usize) {
         self.prefill_chunk = tokens.max(1);
+    }
+
+    /// The pass length from which prompt rows keep their bits (`chunk_end`): a test
+    /// on a fixture of a few hundred positions lets passes cross blocks with it.
+    #[cfg(test)]
+    pub(crate) fn set_shared_rows(&mut self, rows: usize) {
+        self.shared_rows = rows.max(1);
     }
 
     /// Multiply-adds a prompt's piece may cost while other requests decode in
@@ -386,7 +435,7 @@ impl<'a> Batcher<'a> {
             let tokens = match state.last_token() {
                 None => {
                     let prompt = state.prompt_ids();
-                    let end = piece_end(session.len(), prompt.len(), chunk, block, beside_decode, row_cost, budget);
+                    let end = piece_end(session.len(), prompt.len(), chunk, block, self.shared_rows, beside_decode, row_cost, budget);
                     picks.push(end == prompt.len());
                     &prompt[session.len()..end]
                 }
@@ -400,12 +449,11 @@ impl<'a> Batcher<'a> {
         let prompt_rows: usize = chunks.iter().zip(&prefilling).filter(|(_, p)| **p).map(|(c, _)| c.tokens.len()).sum();
         let decode_rows = chunks.len() - prefilling.iter().filter(|p| **p).count();
         let backend = self.model.backend;
-        // A pass of prompt pieces alone, none of them a prompt's last, only fills KV:
-        // no LM head (on Llama-3.2-1B ~0.17 ms of weights a pass on the H100).
-        let any_pick = picks.iter().any(|&p| p);
-        let on_device = if !any_pick {
-            Ok(None)
-        } else if all_greedy {
+        // A piece that picks no token still asks for logits: its pass without the LM head
+        // (`Logits::KvOnly`) saved ~0.3 ms a pass at shallow contexts on the H100 but ran
+        // the deep passes' attention slower (Llama-3.2-1B 16K +7%, its last passes +12%;
+        // not understood), a loss on every long prompt.
+        let on_device = if all_greedy {
             backend.forward_argmax(&mut chunks)
         } else if device_sampling {
             backend.forward_sample(&mut chunks, &requests)
@@ -414,7 +462,7 @@ impl<'a> Batcher<'a> {
         };
         let pass = match on_device {
             Ok(Some(tokens)) => Ok(Picked::Tokens(tokens)),
-            Ok(None) => backend.forward(&mut chunks, if any_pick { Logits::Last } else { Logits::KvOnly }).map(Picked::Logits),
+            Ok(None) => backend.forward(&mut chunks, Logits::Last).map(Picked::Logits),
             Err(e) => Err(e),
         };
         drop((chunks, requests));

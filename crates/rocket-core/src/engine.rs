@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Chunk, Device, Logits};
-use crate::batch::{BatchEvent, BatchModel, Batcher, KvPrefixCache, PREFILL_CHUNK};
+use crate::batch::{BatchEvent, BatchModel, Batcher, KvPrefixCache, PREFIX_BLOCK};
 use crate::error::{Result, RocketError};
 use crate::model::{Format, GenerationConfig, ModelSource, ModelSpec, ModelWeights};
 use crate::options::{Devices, GpuOptions, Progress};
@@ -40,11 +40,11 @@ pub struct EngineOptions {
     /// Default [`DEFAULT_PREFIX_CACHE_BYTES`] (1 GiB).
     pub prefix_cache_bytes: usize,
     /// The prefix cache's block in tokens: prompts are cached and reused in
-    /// whole blocks from their start, and prefill passes never cross a multiple
-    /// of it, so outputs are the same bit for bit with or without reuse.
-    /// Smaller blocks reuse more of a diverging prompt but split long prefills
-    /// into more passes. Default [`PREFILL_CHUNK`] (512: the passes prefill
-    /// runs anyway).
+    /// whole blocks from their start, and prefill passes are cut so that outputs
+    /// are the same bit for bit with or without reuse (`batch::chunk_end`). A
+    /// multiple of 512 lets passes run across blocks; a smaller block reuses more
+    /// of a diverging prompt but cuts long prefills into passes of a block each.
+    /// Default [`PREFIX_BLOCK`] (512).
     pub prefix_block: usize,
 }
 
@@ -60,7 +60,7 @@ impl Default for EngineOptions {
             progress: Progress::Auto,
             gpu: GpuOptions::default(),
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
-            prefix_block: PREFILL_CHUNK,
+            prefix_block: PREFIX_BLOCK,
         }
     }
 }

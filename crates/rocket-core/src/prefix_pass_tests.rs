@@ -59,9 +59,15 @@ fn spans(p: &Passes) -> Vec<(usize, usize)> {
 
 /// `ids` alone through a batcher of one, in prefill passes of at most `chunk` tokens.
 fn run_alone(e: &Engine, ids: &[u32], chunk: usize, params: &SamplingParams) -> crate::output::RequestOutput {
+    run_alone_with(e, ids, chunk, crate::batch::PASS_SHARED_ROWS, params)
+}
+
+/// `run_alone` with passes of `shared` rows taken to keep their rows' bits (`chunk_end`).
+fn run_alone_with(e: &Engine, ids: &[u32], chunk: usize, shared: usize, params: &SamplingParams) -> crate::output::RequestOutput {
     let out = std::cell::RefCell::new(None);
     let mut b = crate::Batcher::new(e, 1);
     b.set_prefill_chunk(chunk);
+    b.set_shared_rows(shared);
     b.add(crate::EngineRequest { prompt: String::new(), prompt_ids: ids.to_vec(), params: params.clone() }, Box::new(|ev| {
         if let crate::BatchEvent::Finished(o) = ev {
             *out.borrow_mut() = Some(o);
@@ -91,14 +97,50 @@ fn engine(block: usize, cache_bytes: usize) -> (Engine, Passes) {
 #[test]
 fn pass_boundaries_are_fixed_positions_of_the_prompt() {
     // Chunk 512, block 512 (the defaults): plain chunks from 0.
-    assert_eq!(chunk_end(0, 1300, 512, 512), 512);
-    assert_eq!(chunk_end(1024, 1300, 512, 512), 1300);
+    assert_eq!(chunk_end(0, 1300, 512, 512, 512), 512);
+    assert_eq!(chunk_end(1024, 1300, 512, 512, 512), 1300);
     // Block 8 inside chunks of 20: every multiple of either.
-    let ends: Vec<usize> = std::iter::successors(Some(0), |&s| (s < 45).then(|| chunk_end(s, 45, 20, 8))).skip(1).collect();
+    let ends: Vec<usize> = std::iter::successors(Some(0), |&s| (s < 45).then(|| chunk_end(s, 45, 20, 8, 512))).skip(1).collect();
     assert_eq!(ends, [8, 16, 20, 24, 32, 40, 45]);
     // Starting at a block boundary joins the same sequence.
-    assert_eq!(chunk_end(16, 45, 20, 8), 20);
-    assert_eq!(chunk_end(24, 45, 20, 8), 32);
+    assert_eq!(chunk_end(16, 45, 20, 8, 512), 20);
+    assert_eq!(chunk_end(24, 45, 20, 8, 512), 32);
+    // Chunk and block whole multiples of the rows that keep their bits (512): passes
+    // cross blocks, ending at the chunk's multiples and at the prompt's last whole block
+    // (then its tail alone).
+    let ends = |start: usize, len: usize, chunk: usize, block: usize| -> Vec<usize> {
+        std::iter::successors(Some(start), |&s| (s < len).then(|| chunk_end(s, len, chunk, block, 512))).skip(1).collect()
+    };
+    assert_eq!(ends(0, 4100, 2048, 512), [2048, 4096, 4100]);
+    assert_eq!(ends(1536, 4100, 2048, 512), [2048, 4096, 4100]); // a cached 1,536: the same ends
+    assert_eq!(ends(0, 3000, 2048, 512), [2048, 2560, 3000]);
+    assert_eq!(ends(0, 1000, 2048, 512), [512, 1000]);
+    assert_eq!(ends(0, 5000, 2048, 1024), [2048, 4096, 5000]);
+    // A block under 512 ends passes as before: a chat turn after 3,968 cached at block 128.
+    assert_eq!(ends(3968, 4100, 2048, 128), [4096, 4100]);
+    assert_eq!(ends(0, 700, 2048, 128), [128, 256, 384, 512, 640, 700]);
+}
+
+#[test]
+fn a_reused_prefix_ends_its_first_pass_where_the_full_prefill_does() {
+    // Block 64, chunk 256: a full prefill of 230 tokens runs [0, 192) (its whole blocks)
+    // and the tail [192, 230); reusing 128 cached tokens it runs [128, 192) and the same tail.
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
+    let first: Vec<u32> = (0..130).map(|i| (i * 13 + 5) % 500).collect();
+    let second: Vec<u32> = first.iter().copied().chain((0..100).map(|i| (i * 7 + 1) % 500)).collect();
+    // (Passes of 64 rows or more share their rows' bits here: the CPU backend's never differ.)
+    let (cached, with) = engine(64, 1 << 30);
+    let (plain, without) = engine(64, 0);
+    let run = |e: &Engine, ids: &[u32]| run_alone_with(e, ids, 256, 64, &params);
+    run(&cached, &first);
+    with.lock().unwrap().clear();
+    let got = run(&cached, &second);
+    assert_eq!(got.metrics.cached_prompt_tokens, 128);
+    let want = run(&plain, &second);
+    assert_eq!(got.token_ids, want.token_ids);
+    let prefill = |p: &Passes| spans(p).into_iter().filter(|&(start, _)| start < second.len()).collect::<Vec<_>>();
+    assert_eq!(prefill(&without), [(0, 192), (192, 38)]);
+    assert_eq!(prefill(&with), [(128, 64), (192, 38)]);
 }
 
 #[test]
@@ -135,25 +177,28 @@ fn pieces_beside_decoding_requests_follow_the_budget() {
     assert_eq!(spec.layer_matmul_macs(), llama.matmul_macs);
     assert_eq!(llama.matmul_macs, 973_078_528);
     let budget = crate::batch::INTERACTIVE_PIECE_MACS;
-    let piece = |start: usize| piece_end(start, 20_000, 512, 512, true, llama, budget) - start;
+    let piece = |start: usize| piece_end(start, 20_000, 512, 512, 512, true, llama, budget) - start;
     assert_eq!([0, 512, 1024, 4096, 16_384].map(piece), [128, 128, 64, 64, 64]);
     // A small model (SmolLM2-135M's shape) keeps whole chunks further in.
     let smol = RowCost { matmul_macs: 30 * (576 * (2 * 576 + 2 * 192) + 3 * 576 * 1536), pair_macs: 2 * 576 * 30 };
-    let small = |start: usize| piece_end(start, 20_000, 512, 512, true, smol, budget) - start;
+    let small = |start: usize| piece_end(start, 20_000, 512, 512, 512, true, smol, budget) - start;
     assert_eq!([0, 1024, 4096, 16_384].map(small), [512, 512, 320, 64]);
     for cost in [llama, smol] {
         for start in (0..19_968).step_by(512) {
-            let rows = piece_end(start, 20_000, 512, 512, true, cost, budget) - start;
+            let rows = piece_end(start, 20_000, 512, 512, 512, true, cost, budget) - start;
             assert_eq!(rows % PIECE_ROWS, 0, "at {start}");
             // Within budget, unless it is the smallest piece; and the next size up is not.
             assert!(rows == PIECE_ROWS || cost.piece(start, rows) <= budget as u128, "at {start}: {rows} rows");
             assert!(rows == 512 || cost.piece(start, rows + PIECE_ROWS) > budget as u128, "at {start}: {rows} rows");
         }
     }
-    // Alone, whole chunks; beside decoding, still never across a block or the prompt's end.
-    assert_eq!(piece_end(8192, 20_000, 512, 512, false, llama, budget), 8704);
-    assert_eq!(piece_end(0, 20_000, 512, 128, true, smol, budget), 128);
-    assert_eq!(piece_end(16_384, 16_400, 512, 512, true, llama, budget), 16_400);
+    // Alone, whole chunks; beside decoding, still never across a chunk, a block under
+    // 512 rows, or the prompt's end.
+    assert_eq!(piece_end(8192, 20_000, 2048, 512, 512, false, llama, budget), 10_240);
+    let across = piece_end(0, 20_000, 2048, 512, 512, true, smol, budget);
+    assert!(across > 512 && across % PIECE_ROWS == 0 && smol.piece(0, across) <= budget as u128, "{across}");
+    assert_eq!(piece_end(0, 20_000, 512, 128, 512, true, smol, budget), 128);
+    assert_eq!(piece_end(16_384, 16_400, 512, 512, 512, true, llama, budget), 16_400);
 }
 
 type Finished = std::rc::Rc<std::cell::RefCell<Vec<(&'static str, Vec<u32>)>>>;
@@ -209,7 +254,7 @@ fn a_prompt_arriving_while_another_decodes_comes_in_pieces_with_the_same_tokens(
 }
 
 #[test]
-fn prompt_pieces_before_the_last_run_no_lm_head_and_change_no_token() {
+fn prompt_pieces_change_no_token_and_a_kv_only_pass_fills_the_cache_alike() {
     let (e, passes) = engine(512, 0);
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) };
     let prompt: Vec<u32> = (0..150).map(|i| (i * 29 + 11) % 500).collect();
@@ -222,7 +267,18 @@ fn prompt_pieces_before_the_last_run_no_lm_head_and_change_no_token() {
     assert_eq!(one[0], (0, 150, Logits::Last), "{one:?}");
     let (pieces, cut) = run(64);
     let prompt_passes: Vec<_> = cut.iter().copied().filter(|&(_, rows, _)| rows > 1).collect();
-    assert_eq!(prompt_passes, [(0, 64, Logits::KvOnly), (64, 64, Logits::KvOnly), (128, 22, Logits::Last)]);
+    assert_eq!(prompt_passes, [(0, 64, Logits::Last), (64, 64, Logits::Last), (128, 22, Logits::Last)]);
     assert_eq!(pieces, whole, "the prompt's tokens depend on where it was cut");
     assert_eq!(pieces.len(), 4);
+    // The backend's KvOnly pass: no rows back, and the cache it leaves gives the next
+    // pass the logits a pass with logits would have left.
+    let backend = e.batch_model().backend;
+    let last_after = |first: Logits| {
+        let mut s = backend.new_session(prompt.len()).unwrap();
+        let out = backend.forward(&mut [Chunk { session: s.as_mut(), tokens: &prompt[..100] }], first).unwrap();
+        assert_eq!(out.len(), if first == Logits::KvOnly { 0 } else { VOCAB }, "{first:?}");
+        backend.forward(&mut [Chunk { session: s.as_mut(), tokens: &prompt[100..] }], Logits::Last).unwrap()
+    };
+    let (kv_only, with_logits) = (last_after(Logits::KvOnly), last_after(Logits::Last));
+    assert!(kv_only.iter().zip(&with_logits).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
