@@ -1041,8 +1041,9 @@ fn prefix_reuse_gives_the_same_output_on_the_graph_path_and_the_megakernel() {
         let (vocab, max_pos) = (probe.spec().vocab_size, probe.info().max_seq_len);
         drop(probe);
         // The default block where the context allows: 1,024 tokens reused of a 1,800-token
-        // prompt, whose prefill without reuse runs [0, 1536) in one pass and with it [1024,
-        // 1536) (passes across blocks: `batch::chunk_end`), then the tail [1536, 1800).
+        // prompt, whose prefill runs [1024, 1536) and the tail [1536, 1800) with reuse; without
+        // it, in 512-token passes the same passes after [0, 1024), in 2,048-token passes
+        // [0, 1536) in one (passes across blocks: `batch::chunk_end`).
         let (block, first_len, common, new, shared) = if max_pos >= 2048 { (512, 1200, 1100, 700, 1024) } else { (64, 150, 128, 60, 128) };
         let first = random_ids(31, first_len, vocab);
         let second: Vec<u32> = first[..common].iter().copied().chain(random_ids(32, new, vocab)).collect();
