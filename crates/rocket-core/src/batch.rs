@@ -166,13 +166,15 @@ fn end(mut a: Active<'_>, after: After) {
     }
 }
 
-/// Prompt passes of this many rows or a whole multiple of it give each row the
-/// same bits whatever their length: measured on the H100 (cuda test
-/// `a_prompt_rows_bits_do_not_depend_on_its_pass_length`: a 2,048-row prompt in one
-/// pass and cut into passes of 512, 1,024 and 1,536 rows, every fuel, the same last-row
-/// logits bit for bit), where cuBLASLt picks its algorithm per row count; passes of 64
-/// or 128 rows did not keep them (Llama-3.2-1B, Qwen3-0.6B). The CPU backend's rows
-/// never depend on their pass.
+/// Prompt passes of this many rows or a whole multiple of it, up to 2,048 (what was
+/// measured), give each row the same bits whatever their length: on the H100 (cuda
+/// test `a_prompt_rows_bits_do_not_depend_on_its_pass_length`: a 2,048-row prompt in
+/// one pass and cut into passes of 512, 1,024 and 1,536 rows, every fuel, the same
+/// last-row logits bit for bit), where cuBLASLt picks its algorithm per row count;
+/// passes of 64 or 128 rows did not keep them (Llama-3.2-1B, Qwen3-0.6B). The count
+/// is the pass's, all requests' rows together: a prompt's piece that shares its pass
+/// with other rows (decode steps, another prompt) keeps no such promise. The CPU
+/// backend's rows never depend on their pass.
 pub const PASS_SHARED_ROWS: usize = 512;
 
 /// Where a prefill pass starting at prompt position `start` ends, with passes of
@@ -242,7 +244,9 @@ fn wanted_by_waiting(cache: &KvPrefixCache, waiting: &VecDeque<Active<'_>>, prom
 /// The prompt length at which `a`'s prefill will next put blocks covering
 /// `shared` tokens in the prefix cache: `shared` itself while its prefill has
 /// not passed it (`keep_prefix` keeps what waiting requests want), else the
-/// prompt's whole blocks, kept when its prefill reaches them.
+/// prompt's whole blocks, kept when its prefill reaches them. (With passes across
+/// blocks, `keep_prefix` would keep `shared` after the next pass even once passed:
+/// a request arriving then does not wait for it, and prefills those blocks itself.)
 fn next_kept_len(cache: &KvPrefixCache, a: &Active<'_>, shared: usize) -> usize {
     let done = a.session.as_deref().map_or(0, |s| s.len());
     if done <= shared {

@@ -6,13 +6,14 @@
 //!
 //! The block rule, which makes reuse bitwise invisible on every backend: KV is
 //! cached and reused only in whole blocks of `block` tokens counted from the
-//! start of the prompt, and a prefill pass never crosses a multiple of the
-//! block (nor of the prefill chunk; see `batch.rs`). A request that reuses
-//! `k * block` tokens therefore computes exactly the passes, row for row, that
-//! the same request without reuse computes after position `k * block`, and the
-//! copied KV is what those earlier passes wrote. The CPU backend's per-row math
-//! would allow any split; the GPU's tensor-core prefill rounds differently with
-//! a pass's row count, so the rule is what keeps the two runs equal there.
+//! start of the prompt, and prefill passes end at fixed positions of the prompt
+//! (`batch::chunk_end`): a request that reuses `k * block` tokens computes the
+//! passes that the same request without reuse computes after position
+//! `k * block`, its first one possibly shorter but then at least
+//! `batch::PASS_SHARED_ROWS` rows, and the copied KV is what those earlier
+//! passes wrote. The CPU backend's per-row math would allow any split; the GPU's
+//! products round differently with a pass's row count below that, so the rule is
+//! what keeps the two runs equal there.
 //! Only prompt KV written by prefill is cached: generated tokens' KV comes from
 //! one-row decode steps, which a later prefill of the same tokens would not
 //! reproduce bit for bit on the GPU.
