@@ -424,6 +424,7 @@ impl<'a> Batcher<'a> {
         // complete the prompt's whole blocks, which the prefix cache keeps).
         let mut prefilling = Vec::with_capacity(self.running.len());
         let mut requests = Vec::with_capacity(if device_sampling { self.running.len() } else { 0 });
+        let mut prompt_rows = 0usize; // for the "pass done" event
         let (chunk, block) = (self.prefill_chunk, self.model.prefix_block);
         // Requests past their prompt decode in this pass: prompts beside them come in
         // pieces whose attention their step can afford.
@@ -440,6 +441,7 @@ impl<'a> Batcher<'a> {
                 None => {
                     let prompt = state.prompt_ids();
                     let end = piece_end(session.len(), prompt.len(), chunk, block, self.shared_rows, beside_decode, row_cost, budget);
+                    prompt_rows += end - session.len();
                     picks.push(end == prompt.len());
                     &prompt[session.len()..end]
                 }
@@ -450,8 +452,6 @@ impl<'a> Batcher<'a> {
             };
             chunks.push(Chunk { session, tokens });
         }
-        let prompt_rows: usize = chunks.iter().zip(&prefilling).filter(|(_, p)| **p).map(|(c, _)| c.tokens.len()).sum();
-        let decode_rows = chunks.len() - prefilling.iter().filter(|p| **p).count();
         let backend = self.model.backend;
         // A piece that picks no token still asks for logits: its pass without the LM head
         // (`Logits::KvOnly`) saved ~0.3 ms a pass at shallow contexts on the H100 but ran
@@ -513,7 +513,7 @@ impl<'a> Batcher<'a> {
         // One event a pass once its tokens are with the sinks: the times between them are
         // the gaps between a stream's tokens, whatever text each token carries
         // (benches/interference.py reads them with `rocket_core::batch=debug`).
-        tracing::debug!(prompt_rows, decode_rows, "pass done");
+        tracing::debug!(prompt_rows, decode_rows = prefilling.iter().filter(|p| !**p).count(), "pass done");
         Ok(self.pending())
     }
 
