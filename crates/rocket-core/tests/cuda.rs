@@ -245,7 +245,7 @@ fn a_decode_row_is_the_same_bits_beside_a_prompt_on_the_tensor_cores() {
                 both[..spec.vocab_size].to_vec()
             };
             let (alone, beside) = (decoded(false), decoded(true));
-            let differ = alone.iter().zip(&beside).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            let differ = bits_differ(&alone, &beside);
             println!(
                 "MIXED {}: {prompt_len}-token context beside a {other_len}-token prompt chunk after {cached} cached positions: {differ} of {} logits differ from the row alone",
                 path.display(),
@@ -279,7 +279,7 @@ fn a_kv_only_pass_fills_the_cache_as_a_pass_with_logits_does() {
                 b.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids[139..] }], Logits::Last).unwrap()
             };
             let (kv_only, with_logits) = (run(Logits::KvOnly), run(Logits::Last));
-            let differ = kv_only.iter().zip(&with_logits).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            let differ = bits_differ(&kv_only, &with_logits);
             println!("KV-ONLY {} ({opts:?}): {differ} of {} final logits differ after KvOnly pieces", path.display(), kv_only.len());
             assert!(kv_only.iter().all(|v| v.is_finite()), "{}: non-finite logits", path.display());
             assert_eq!(differ, 0, "{}: the pieces' cache depends on whether they asked for logits", path.display());
@@ -361,7 +361,7 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
         let ids = random_ids(950, 130, vocab);
         let whole = run(&tc, &[], &ids);
         let parts = run(&tc, &ids[..50], &ids[50..]);
-        let differ = whole[50 * vocab..].iter().zip(&parts).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        let differ = bits_differ(&whole[50 * vocab..], &parts);
         println!("TC-ATTN {}: rows 50..130 in one pass and after a 50-row pass: {differ} logits differ", path.display());
         assert_eq!(differ, 0, "{}: a prompt row's logits depend on how the prompt was split", path.display());
         if deep {
@@ -381,7 +381,7 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
                 }
                 tc.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids[1000..] }], Logits::All).unwrap()
             };
-            let differ = from_960[40 * vocab..].iter().zip(&from_1000).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            let differ = bits_differ(&from_960[40 * vocab..], &from_1000);
             println!("TC-ATTN {}: rows 1000..1100 in a pass from 960 and in one from 1000: {differ} logits differ", path.display());
             assert_eq!(differ, 0, "{}: a row's logits depend on how its tile meets a context split", path.display());
         }
@@ -421,7 +421,7 @@ fn a_prompt_rows_bits_do_not_depend_on_its_pass_length() {
         assert!(whole.iter().all(|v| v.is_finite()), "{}: non-finite logits", path.display());
         for cuts in [vec![512, 1024, 1536], vec![1024], vec![1536], vec![512]] {
             let got = last_logits(&cuts);
-            let differ = whole.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            let differ = bits_differ(&whole, &got);
             let rel = rel_l2(&got, &whole);
             println!("PASS-LEN {}: passes cut at {cuts:?} against one pass of {len}: {differ} of {} last-row logits differ (rel L2 {rel:.2e})", path.display(), whole.len());
             if differ > 0 {
@@ -960,7 +960,7 @@ fn fp16_products_redo_a_pass_past_the_range_on_bf16_parts() {
         // Unfused, the norm, SiLU·mul and the prompt attention write f32 and to_f16 rounds
         // it: the same bits.
         let unfused = logits(&backend(MatmulPath::Cublas, false));
-        let fused_differ = got.iter().zip(&unfused).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        let fused_differ = bits_differ(&got, &unfused);
         let rel = rel_l2(&got, &want);
         let step = rel_l2(&got[160 * spec.vocab_size..], &want[160 * spec.vocab_size..]);
         println!(

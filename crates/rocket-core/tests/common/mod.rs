@@ -181,6 +181,11 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
+/// How many values of `a` differ from `b`'s bit for bit (over the shorter of the two).
+pub fn bits_differ(a: &[f32], b: &[f32]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
+}
+
 /// Seeded token ids in the lower 90% of the vocabulary (where special tokens are rare).
 pub fn random_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
     let mut s = seed;
