@@ -19,8 +19,8 @@ by default, the issue's target) times the median gap of the streams before it ar
 
 Beside decoding streams a prompt prefills in pieces its attention budget allows (whole
 64-row tiles, at least one), within passes that a prefix block under 512 also cuts at
-each of its multiples: run it at several blocks to see what the pass size costs. The prefix cache is off (`--prefix-cache-bytes 0`)
-so that repetitions prefill alike. Prompts are random token ids (never zeros), and every
+each of its multiples: run it at several blocks to see what the pass size costs. The
+prefix cache is off (`--prefix-cache-bytes 0`) so that repetitions prefill alike. Prompts are random token ids (never zeros), and every
 request sets ignore_eos so that random weights cannot end a stream early.
 
 Only the standard library is used (http.client), so any python3 runs it.
