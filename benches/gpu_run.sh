@@ -161,7 +161,7 @@ if has tests; then
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
         timeout 300 "$(unpacked cuda-test)" --include-ignored --test-threads=1 --nocapture --skip handoff_probe --skip cublas_matmul --skip fp16_products_redo --skip attention_outputs_past ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
     check "cuda tests" $?
-    grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|FENCE|F16|KV-ONLY|test result|FAILED|panicked" "$LOGS/cuda-test.log"
+    grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|FENCE|F16|KV-ONLY|PASS-LEN|PREFIX-REUSE|test result|FAILED|panicked" "$LOGS/cuda-test.log"
 fi
 
 if has handoff; then
