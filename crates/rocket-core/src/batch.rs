@@ -241,18 +241,32 @@ fn wanted_by_waiting(cache: &KvPrefixCache, waiting: &VecDeque<Active<'_>>, prom
         .collect()
 }
 
-/// The prompt length at which `a`'s prefill will next put blocks covering
-/// `shared` tokens in the prefix cache: `shared` itself while its prefill has
-/// not passed it (`keep_prefix` keeps what waiting requests want), else the
-/// prompt's whole blocks, kept when its prefill reaches them. (With passes across
-/// blocks, `keep_prefix` would keep `shared` after the next pass even once passed:
-/// a request arriving then does not wait for it, and prefills those blocks itself.)
-fn next_kept_len(cache: &KvPrefixCache, a: &Active<'_>, shared: usize) -> usize {
-    let done = a.session.as_deref().map_or(0, |s| s.len());
-    if done <= shared {
-        shared
-    } else {
-        cache.aligned_len(a.state.prompt_ids().len())
+/// The passes a prefill runs from prompt position `start` to `len`, ending where
+/// `pass_end` says (`chunk_end`).
+fn passes_from(mut start: usize, len: usize, pass_end: impl Fn(usize) -> usize) -> usize {
+    let mut passes = 0;
+    while start < len {
+        start = pass_end(start);
+        passes += 1;
+    }
+    passes
+}
+
+/// The passes `a`'s prefill runs, with its passes ending where `pass_end` says,
+/// until the prefix cache holds its first `shared` tokens, and where it then
+/// stands: the pass that reaches them, or its next pass where it has passed them
+/// already (`keep_prefix` keeps what waiting requests want after every pass).
+/// Pieces beside decoding requests end sooner, so these are the most it can be.
+fn kept_after(a: &Active<'_>, shared: usize, pass_end: impl Fn(usize) -> usize) -> (usize, usize) {
+    let len = a.state.prompt_ids().len();
+    let mut at = a.session.as_deref().map_or(0, |s| s.len());
+    let mut passes = 0;
+    loop {
+        at = pass_end(at);
+        passes += 1;
+        if at >= shared || at >= len {
+            return (passes, at);
+        }
     }
 }
 
@@ -637,20 +651,28 @@ impl<'a> Batcher<'a> {
     /// and `a` then copies them instead of prefilling them again beside it. So
     /// requests that arrive together with one system prompt prefill it once,
     /// not once each (outputs are the same either way: see `prefix_cache`).
-    /// `a` waits only when the other has no more tokens left to prefill before
-    /// the blocks are kept than `a` would skip, and when the cache can hold them.
+    /// `a` waits only when that does not put off its first token: the other's
+    /// passes until the blocks are kept and `a`'s own after them are no more
+    /// than `a`'s passes without waiting; and only when the cache can hold them.
     fn waits_for_shared_prefill(&self, a: &Active<'a>) -> bool {
         let Some(cache) = self.model.prefix_cache else { return false };
         let cache = cache.lock().unwrap_or_else(|p| p.into_inner());
         let prompt = a.state.prompt_ids();
         let cached = cache.reusable(prompt);
+        let (chunk, block, rows) = (self.prefill_chunk, self.model.prefix_block, self.shared_rows);
+        let own_passes = |from: usize| passes_from(from, prompt.len(), |s| chunk_end(s, prompt.len(), chunk, block, rows));
         self.running.iter().filter(|r| r.state.last_token().is_none()).any(|r| {
             let Some(session) = r.session.as_deref() else { return false };
-            let shared = cache.shared_len(prompt, r.state.prompt_ids());
-            let kept = next_kept_len(&cache, r, shared);
-            let bytes = kept * (session.kv_bytes() / session.capacity().max(1));
-            // (Past `kept`, its prefill keeps nothing more.)
-            shared > cached && kept >= session.len() && kept - session.len() <= shared - cached && cache.admits(bytes)
+            let theirs = r.state.prompt_ids();
+            let shared = cache.shared_len(prompt, theirs);
+            if shared <= cached {
+                return false;
+            }
+            let (waits, at) = kept_after(r, shared, |s| chunk_end(s, theirs.len(), chunk, block, rows));
+            // A pass that ends at its prompt's whole blocks keeps all of them (`keep_prefix`).
+            let keeps = if at == cache.aligned_len(theirs.len()) { at } else { shared };
+            let bytes = keeps * (session.kv_bytes() / session.capacity().max(1));
+            waits + own_passes(shared) <= own_passes(cached) && cache.admits(bytes)
         })
     }
 }

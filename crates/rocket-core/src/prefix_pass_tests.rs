@@ -282,3 +282,70 @@ fn prompt_pieces_change_no_token_and_a_kv_only_pass_fills_the_cache_alike() {
     let (kv_only, with_logits) = (last_after(Logits::KvOnly), last_after(Logits::Last));
     assert!(kv_only.iter().zip(&with_logits).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
+
+/// `long` from step 0 and `later` from step `at` through one batcher (chunk 64,
+/// block 16, passes of 16 rows or more taken to keep their bits, so passes cross
+/// blocks): `later`'s reused prompt tokens, the step of its first token, and its tokens.
+fn arriving(e: &Engine, long: &[u32], later: &[u32], at: usize) -> (usize, usize, Vec<u32>) {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
+    let first_step = std::rc::Rc::new(std::cell::Cell::new(None));
+    let out = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let step = std::rc::Rc::new(std::cell::Cell::new(0));
+    let mut b = crate::Batcher::new(e, 4);
+    b.set_prefill_chunk(64);
+    b.set_shared_rows(16);
+    let request = |ids: &[u32]| crate::EngineRequest { prompt: String::new(), prompt_ids: ids.to_vec(), params: params.clone() };
+    b.add(request(long), Box::new(|_| true)).unwrap();
+    while b.pending() > 0 || step.get() <= at {
+        if step.get() == at {
+            let (first_step, out, step) = (first_step.clone(), out.clone(), step.clone());
+            b.add(request(later), Box::new(move |ev| {
+                match ev {
+                    crate::BatchEvent::Delta(_) if first_step.get().is_none() => first_step.set(Some(step.get())),
+                    crate::BatchEvent::Finished(o) => *out.borrow_mut() = Some(o),
+                    _ => {}
+                }
+                true
+            }))
+            .unwrap();
+        }
+        b.step().unwrap();
+        step.set(step.get() + 1);
+    }
+    drop(b);
+    let o = out.borrow_mut().take().unwrap();
+    (o.metrics.cached_prompt_tokens, first_step.get().unwrap(), o.token_ids)
+}
+
+#[test]
+fn with_passes_across_blocks_a_request_waits_for_a_shared_prefill_only_where_its_first_token_comes_no_later() {
+    let (e, _) = engine(16, 1 << 30);
+    let (plain, _) = engine(16, 0);
+    // The long prompt's passes: [0, 64), [64, 128), [128, 144) (its whole blocks), [144, 150).
+    let long: Vec<u32> = (0..150).map(|i| (i * 23 + 7) % 500).collect();
+    let later = |shared: usize, new: usize| long[..shared].iter().copied().chain((0..new as u32).map(|i| (i * 11 + 3) % 500)).collect::<Vec<u32>>();
+    // (the later prompt, the step it arrives at, the tokens it reuses, the step of its first token)
+    let cases = [
+        // Two blocks in common: the long prefill keeps them after its first pass
+        // (64 rows) and the later request copies them and prefills its 5 tokens
+        // (two passes, as [0, 32) and [32, 37) without waiting).
+        (later(32, 5), 0, 32, 1),
+        // One block in common and 40 new tokens: waiting (one pass) and then
+        // [16, 48) and [48, 56) is a pass more than [0, 48) and [48, 56).
+        (later(16, 40), 0, 0, 1),
+        // The same one step later, the block passed: its next pass keeps it, too late.
+        (later(16, 40), 1, 0, 2),
+        // Seven blocks in common, the long prefill at 64: kept after [64, 128), then
+        // one pass of 5 tokens, against three without waiting.
+        (later(112, 5), 1, 112, 2),
+        // Three blocks, passed: the pass to 144 keeps every whole block of the long prompt.
+        (later(48, 5), 2, 48, 3),
+    ];
+    for (i, (prompt, at, reused, first)) in cases.into_iter().enumerate() {
+        e.clear_prefix_cache();
+        let (got_reused, got_first, tokens) = arriving(&e, &long, &prompt, at);
+        assert_eq!((got_reused, got_first), (reused, first), "case {i}: reused tokens, first token's step");
+        let (_, _, want) = arriving(&plain, &long, &prompt, at);
+        assert_eq!(tokens, want, "case {i}: tokens against the cache off");
+    }
+}

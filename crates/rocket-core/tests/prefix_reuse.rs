@@ -299,17 +299,17 @@ fn requests_arriving_together_prefill_their_shared_prompt_once() {
 }
 
 #[test]
-fn a_request_waits_only_for_a_prefill_that_keeps_its_blocks_sooner_than_it_would() {
+fn a_request_waits_for_a_prefill_that_keeps_its_blocks_within_what_it_would_prefill() {
     let (e, plain) = (engine("tiny-llama", 1 << 30), engine("tiny-llama", 0));
     let long = random_ids(40, 100, 500);
     let later = |shared: usize, seed: u64| long[..shared].iter().copied().chain(random_ids(seed, 6, 500)).collect::<Vec<u32>>();
     // (the later prompt, the step it arrives at, the tokens it should reuse, the
     // step of its first token)
     let cases = [
-        // One block in common, and the long prefill is three blocks in: it keeps
-        // nothing more until its 12th block, so the later request prefills its
-        // block itself, beside it.
-        (later(BLOCK, 41), 3, 0, 4),
+        // One block in common, and the long prefill is three blocks in: it has
+        // passed it, keeps it after its next pass (one block, what the later
+        // request would prefill), and the later request waits for it.
+        (later(BLOCK, 41), 3, BLOCK, 4),
         // Two blocks in common, the long prefill one block in: it keeps them one
         // pass later, and the later request waits for them.
         (later(2 * BLOCK, 42), 1, 2 * BLOCK, 2),
