@@ -33,6 +33,9 @@
 #             `--matmul tensor` and `cublas` (Llama-3.2-1B, Qwen3-0.6B; CUBLAS_BENCH_MATMULS picks a subset,
 #             set empty for the checks alone),
 #             and `cublas` with the baseline build (.device-carry/base/rocket.xz) where one is carried
+#   algos     cuBLASLt's heuristic candidates for the fp16 products of Llama-3.2-1B and Qwen3-0.6B
+#             at 4, 128, 512 and 2,048 rows, each checked and timed (CUBLAS-ALGO lines; CUBLAS-BEST:
+#             the first pick, which the forward pass runs, against the fastest)
 #   interference  `rocket serve` on Llama-3.2-1B: 8 greedy streams decode while a 16K-token prompt
 #             arrives (benches/interference.py), at prefill passes of 512, 256 and 128 tokens
 #             (INTERFERENCE_BLOCKS); the streams' p99 gap while it prefills must stay <= 3x their median
@@ -227,6 +230,12 @@ if has bench; then
 fi
 # cuBLASLt for `--matmul cublas`: the toolkit's copy, not on the loader path there (MACHINES.md).
 CUBLAS_LIB=${CUBLAS_LIB:-/usr/local/cuda/lib64}
+if has algos; then  # cuBLASLt's candidate algorithms per product and row count
+    LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_FIXTURES=$PWD/tests/parity/fixtures \
+        timeout 300 "$(unpacked cuda-test)" --include-ignored --exact --nocapture cublas_matmul_candidates_at_prompt_rows > "$LOGS/algos.log" 2>&1
+    check "cublas candidates" $?
+    grep -E "CUBLAS-BEST|test result|FAILED|panicked" "$LOGS/algos.log"
+fi
 if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (CUBLAS lines), then TTFT and batch 16
     LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_FIXTURES=$PWD/tests/parity/fixtures \
         ROCKET_GPU_CHECKPOINTS=$CK/qwen3-0.6b,$CK/llama-3.2-1b timeout 300 "$(unpacked cuda-test)" --include-ignored --exact --nocapture \

@@ -825,6 +825,45 @@ fn cublas_matmul_matches_the_host_and_the_reference() {
     assert!(misses.is_empty(), "over the 1e-2 bar: {misses:?}");
 }
 
+/// cuBLASLt's heuristic candidates (up to 16) for the fp16 products of
+/// Llama-3.2-1B and Qwen3-0.6B at a chat tail's, a short prompt's and long
+/// passes' row counts: each checked against the host's f64 product (the fp16
+/// bar, 5e-4) and timed with weights from HBM. Prints CUBLAS-ALGO lines (the
+/// candidate's configuration, µs, GB/s) and a CUBLAS-BEST line per shape: how far
+/// the heuristic's first pick, which the forward pass runs, is from the fastest.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn cublas_matmul_candidates_at_prompt_rows() {
+    require_gpu();
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072)];
+    let mut seed = 0xa160;
+    for (fuel, d, qd, kvd, ff) in fuels {
+        for (name, n, k, accumulate) in [("qkv", qd + 2 * kvd, d, false), ("o", d, qd, true), ("gate_up", 2 * ff, d, false), ("down", d, ff, true)] {
+            for rows in [4usize, 128, 512, 2048] {
+                let mut times = Vec::new();
+                for c in 0..16u8 {
+                    seed += 1;
+                    let check = match gpu.matmul_check(MatmulKernel::CublasF16Candidate(c), MatmulFusion::default(), n, k, rows, accumulate, 20, seed) {
+                        Ok(check) => check,
+                        Err(e) if c > 0 && e.to_string().contains("offered fewer") => break,
+                        Err(e) => panic!("{fuel} {name} rows {rows} candidate {c}: {e}"),
+                    };
+                    println!(
+                        "CUBLAS-ALGO {fuel} {name} {n}x{k} rows {rows} candidate {c}: {:.1} us, {:.0} GB/s, rel L2 {:.2e} ({})",
+                        check.micros, check.gbs, check.rel_l2, check.plan
+                    );
+                    assert!(check.all_written, "{fuel} {name} rows {rows} candidate {c}: an output was never written");
+                    assert!(check.rel_l2 < 5e-4, "{fuel} {name} rows {rows} candidate {c}: rel L2 {:.2e}", check.rel_l2);
+                    times.push(check.micros);
+                }
+                let (best, t) = times.iter().enumerate().fold((0, f64::INFINITY), |b, (i, &t)| if t < b.1 { (i, t) } else { b });
+                println!("CUBLAS-BEST {fuel} {name} rows {rows}: first pick {:.1} us, fastest candidate {best} {t:.1} us ({:.2}x), of {}", times[0], times[0] / t, times.len());
+            }
+        }
+    }
+}
+
 /// to_f16.cu against the host's conversion (half's, to nearest even): random
 /// values over fp16's whole range, its subnormals and the edges, bit for bit,
 /// with the range flag clear; then one value past the range sets it (and only a

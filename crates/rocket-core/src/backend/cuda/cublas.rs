@@ -74,7 +74,12 @@ struct Plan {
     b: sys::cublasLtMatrixLayout_t,
     c: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
+    /// cuBLASLt's heuristic's candidates, best first (`algo` is the first).
+    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
 }
+
+/// Candidates asked of cuBLASLt's heuristic per plan.
+const CANDIDATES: usize = 16;
 
 // SAFETY: the descriptors are plain host objects, used under `Cublas::plans`' lock.
 unsafe impl Send for Plan {}
@@ -82,7 +87,8 @@ unsafe impl Send for Plan {}
 impl Plan {
     fn new(handle: sys::cublasLtHandle_t, (operands, n, k, rows, aligned): PlanKey) -> std::result::Result<Self, CublasError> {
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
-        let mut plan = Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), c: std::ptr::null_mut(), algo: unsafe { std::mem::zeroed() } };
+        let mut plan =
+            Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), c: std::ptr::null_mut(), algo: unsafe { std::mem::zeroed() }, candidates: Vec::new() };
         // Transposed A: 1 is CUBLAS_OP_T.
         let transpose: i32 = 1;
         // SAFETY: desc is live; the attribute is an i32 as cuBLASLt documents.
@@ -118,11 +124,18 @@ impl Plan {
             ] {
                 set = set.and_then(|()| lt::set_matmul_pref_attribute(pref, attr, &bytes as *const u32 as *const c_void, std::mem::size_of::<u32>()));
             }
-            let found = set.and_then(|()| lt::get_matmul_algo_heuristic(handle, desc, plan.a, plan.b, plan.c, plan.c, pref));
+            let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); CANDIDATES];
+            let mut returned: i32 = 0;
+            let found = set.and_then(|()| {
+                sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, plan.a, plan.b, plan.c, plan.c, pref, CANDIDATES as i32, results.as_mut_ptr(), &mut returned).result()
+            });
             lt::destroy_matmul_pref(pref)?;
-            found?
+            found?;
+            results.truncate(returned.max(0) as usize);
+            results
         };
-        plan.algo = heuristic.algo;
+        plan.candidates = heuristic.iter().filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).map(|r| r.algo).collect();
+        plan.algo = *plan.candidates.first().ok_or(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED))?;
         Ok(plan)
     }
 }
@@ -139,6 +152,29 @@ impl Drop for Plan {
             let _ = lt::destroy_matmul_desc(self.desc);
         }
     }
+}
+
+/// An algorithm's configuration as cuBLASLt reports it: tile, split-K count,
+/// reduction scheme, swizzle, stages and cluster shape (cuBLASLt's enum values).
+fn describe_algo(algo: &sys::cublasLtMatmulAlgo_t) -> String {
+    use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+    let get = |attr: A| {
+        let mut v: u32 = 0;
+        let mut written = 0usize;
+        // SAFETY: every attribute read is a 32-bit value per cuBLASLt's documentation.
+        let ok = unsafe { sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, &mut v as *mut u32 as *mut c_void, 4, &mut written) };
+        if ok == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS { v as i64 } else { -1 }
+    };
+    format!(
+        "algo {} tile {} splitk {} reduction {} swizzle {} stages {} cluster {}",
+        get(A::CUBLASLT_ALGO_CONFIG_ID),
+        get(A::CUBLASLT_ALGO_CONFIG_TILE_ID),
+        get(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+        get(A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+        get(A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+        get(A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+        get(A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+    )
 }
 
 /// A cuBLASLt handle, its workspace and a plan per product shape.
@@ -174,6 +210,26 @@ impl Cublas {
     /// the `operands` type, `y` f32 (added to with `accumulate`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul(&self, stream: &Stream, operands: Operands, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
+        self.matmul_with(stream, operands, w, x, y, n, k, rows, accumulate, 0).map(|_| ())
+    }
+
+    /// `matmul` on the heuristic's `candidate`-th algorithm (0: its best, what
+    /// `matmul` runs); returns the algorithm's configuration, or None (and runs
+    /// nothing) where the heuristic offered fewer.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_with(
+        &self,
+        stream: &Stream,
+        operands: Operands,
+        w: u64,
+        x: u64,
+        y: u64,
+        n: usize,
+        k: usize,
+        rows: usize,
+        accumulate: bool,
+        candidate: usize,
+    ) -> Result<Option<String>> {
         let mut plans = self.plans.lock().map_err(|_| RocketError::Internal("the cuBLASLt plans' lock is poisoned".into()))?;
         let key = (operands, n, k, rows, [alignment(w), alignment(x), alignment(y)]);
         let plan = match plans.entry(key) {
@@ -182,6 +238,7 @@ impl Cublas {
                 e.insert(Plan::new(self.handle, key).map_err(|err| lt_err(&format!("plan for {operands:?} {n}x{k} at {rows} rows"), err))?)
             }
         };
+        let Some(algo) = plan.candidates.get(candidate) else { return Ok(None) };
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
         // SAFETY: the plan's layouts describe these buffers (the caller's
         // pointers hold n·k, rows·k and rows·n elements); the workspace is ours
@@ -200,13 +257,14 @@ impl Cublas {
                 plan.c,
                 y as *mut c_void,
                 plan.c,
-                &plan.algo,
+                algo,
                 self.workspace.ptr as *mut c_void,
                 WORKSPACE_BYTES,
                 stream.raw as sys::cudaStream_t,
             )
         }
-        .map_err(|e| lt_err(&format!("matmul {n}x{k} at {rows} rows"), e))
+        .map_err(|e| lt_err(&format!("matmul {n}x{k} at {rows} rows"), e))?;
+        Ok(Some(describe_algo(algo)))
     }
 
     /// One small product of each operand type on `stream`, checked: a library that

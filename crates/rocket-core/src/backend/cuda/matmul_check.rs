@@ -29,6 +29,9 @@ pub enum MatmulKernel {
     /// cuBLASLt on fp16 operands, as the forward pass runs it with the weights'
     /// fp16 copy: x rounded by to_f16.cu (timed with it), W converted before.
     CublasF16,
+    /// `CublasF16` on the heuristic's n-th candidate algorithm (0: the one the
+    /// forward pass runs); fails where the heuristic offered fewer.
+    CublasF16Candidate(u8),
 }
 
 /// What the tensor-core GEMM folds into the product (gemm_tc.cu's fused prologue
@@ -103,7 +106,7 @@ impl CudaBackend {
             MatmulKernel::Tensor => (k % 64 == 0, "a multiple of 64"),
             MatmulKernel::Gemv => (k % 8 == 0, "a multiple of 8"),
             // The lo parts follow the hi parts: 16-byte aligned when k is a multiple of 8.
-            MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 => (k % 8 == 0, "a multiple of 8"),
+            MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) => (k % 8 == 0, "a multiple of 8"),
         };
         if !needs.0 {
             return Err(RocketError::invalid_arg("k", k, format!("must be {} for {kernel:?}", needs.1)));
@@ -134,7 +137,7 @@ impl CudaBackend {
         let plan = kernels.gemm_plan(n, k, rows);
         let scratch = GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?;
         let (cublas, x_bf16) = match kernel {
-            MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 => {
+            MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) => {
                 (Some(Cublas::new(ctx)?), Some(DeviceBuffer::alloc(ctx, 2 * rows * k * 2, "the matmul check's 16-bit inputs")?))
             }
             _ => (None, None),
@@ -142,7 +145,7 @@ impl CudaBackend {
         // The fp16 copy of every rotated weight copy, and the range flag (which
         // these inputs, within [-1, 1), must never set).
         let f16 = match kernel {
-            MatmulKernel::CublasF16 => {
+            MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) => {
                 let w16 = DeviceBuffer::alloc(ctx, w_bytes * copies, "the matmul check's fp16 weights")?;
                 let flag = DeviceBuffer::with_data(ctx, st, &[0u32], "the matmul check's range flag")?;
                 kernels.bf16_to_f16(st, weights.ptr, w16.ptr, n * k * copies, flag.ptr)?;
@@ -150,11 +153,21 @@ impl CudaBackend {
             }
             _ => None,
         };
+        // The candidate algorithm's configuration, from its first launch.
+        let algo = std::cell::RefCell::new(String::new());
         let launch = |w: u64| match (kernel, &cublas, &x_bf16) {
             (MatmulKernel::CublasF16, Some(lt), Some(xb)) => {
                 let (w16, flag) = f16.as_ref().expect("made above for CublasF16");
                 kernels.to_f16(st, x.ptr, xb.ptr, rows * k, flag.ptr)?;
                 lt.matmul(st, Operands::F16, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate)
+            }
+            (MatmulKernel::CublasF16Candidate(c), Some(lt), Some(xb)) => {
+                let (w16, flag) = f16.as_ref().expect("made above for CublasF16Candidate");
+                kernels.to_f16(st, x.ptr, xb.ptr, rows * k, flag.ptr)?;
+                let ran = lt.matmul_with(st, Operands::F16, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate, c as usize)?;
+                let ran = ran.ok_or_else(|| RocketError::invalid_arg("candidate", c, format!("cuBLASLt offered fewer algorithms for {n}x{k} at {rows} rows")))?;
+                *algo.borrow_mut() = ran;
+                Ok(())
             }
             (MatmulKernel::Cublas | MatmulKernel::CublasBf16, Some(lt), Some(xb)) => {
                 let (hi, lo) = kernels.to_bf16_split(st, x.ptr, xb.ptr, rows * k)?;
@@ -197,6 +210,7 @@ impl CudaBackend {
             MatmulKernel::Cublas => "cublaslt hi+lo".to_string(),
             MatmulKernel::CublasBf16 => "cublaslt bf16".to_string(),
             MatmulKernel::CublasF16 => "cublaslt fp16".to_string(),
+            MatmulKernel::CublasF16Candidate(_) => algo.into_inner(),
         };
         if let Some((_, flag)) = &f16 {
             let mut set = [0u32];
