@@ -156,7 +156,8 @@ impl Drop for Plan {
 
 /// An algorithm's configuration as cuBLASLt reports it: tile, split-K count,
 /// reduction scheme, swizzle, stages and cluster shape (cuBLASLt's enum values).
-fn describe_algo(algo: &sys::cublasLtMatmulAlgo_t) -> String {
+#[cfg(feature = "diagnostics")]
+pub(crate) fn describe_algo(algo: &sys::cublasLtMatmulAlgo_t) -> String {
     use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
     let get = |attr: A| {
         let mut v: u32 = 0;
@@ -214,8 +215,8 @@ impl Cublas {
     }
 
     /// `matmul` on the heuristic's `candidate`-th algorithm (0: its best, what
-    /// `matmul` runs); returns the algorithm's configuration, or None (and runs
-    /// nothing) where the heuristic offered fewer.
+    /// `matmul` runs); returns the algorithm (`describe_algo` says what it is), or
+    /// None (and runs nothing) where the heuristic offered fewer.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_with(
         &self,
@@ -229,7 +230,7 @@ impl Cublas {
         rows: usize,
         accumulate: bool,
         candidate: usize,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
         let mut plans = self.plans.lock().map_err(|_| RocketError::Internal("the cuBLASLt plans' lock is poisoned".into()))?;
         let key = (operands, n, k, rows, [alignment(w), alignment(x), alignment(y)]);
         let plan = match plans.entry(key) {
@@ -238,7 +239,7 @@ impl Cublas {
                 e.insert(Plan::new(self.handle, key).map_err(|err| lt_err(&format!("plan for {operands:?} {n}x{k} at {rows} rows"), err))?)
             }
         };
-        let Some(algo) = plan.candidates.get(candidate) else { return Ok(None) };
+        let Some(&algo) = plan.candidates.get(candidate) else { return Ok(None) };
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
         // SAFETY: the plan's layouts describe these buffers (the caller's
         // pointers hold n·k, rows·k and rows·n elements); the workspace is ours
@@ -257,14 +258,14 @@ impl Cublas {
                 plan.c,
                 y as *mut c_void,
                 plan.c,
-                algo,
+                &algo,
                 self.workspace.ptr as *mut c_void,
                 WORKSPACE_BYTES,
                 stream.raw as sys::cudaStream_t,
             )
         }
         .map_err(|e| lt_err(&format!("matmul {n}x{k} at {rows} rows"), e))?;
-        Ok(Some(describe_algo(algo)))
+        Ok(Some(algo))
     }
 
     /// One small product of each operand type on `stream`, checked: a library that

@@ -166,7 +166,7 @@ impl CudaBackend {
                 kernels.to_f16(st, x.ptr, xb.ptr, rows * k, flag.ptr)?;
                 let ran = lt.matmul_with(st, Operands::F16, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate, c as usize)?;
                 let ran = ran.ok_or_else(|| RocketError::invalid_arg("candidate", c, format!("cuBLASLt offered fewer algorithms for {n}x{k} at {rows} rows")))?;
-                *algo.borrow_mut() = ran;
+                *algo.borrow_mut() = super::cublas::describe_algo(&ran);
                 Ok(())
             }
             (MatmulKernel::Cublas | MatmulKernel::CublasBf16, Some(lt), Some(xb)) => {
