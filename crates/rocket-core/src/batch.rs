@@ -256,7 +256,9 @@ fn passes_from(mut start: usize, len: usize, pass_end: impl Fn(usize) -> usize) 
 /// until the prefix cache holds its first `shared` tokens, and where it then
 /// stands: the pass that reaches them, or its next pass where it has passed them
 /// already (`keep_prefix` keeps what waiting requests want after every pass).
-/// Pieces beside decoding requests end sooner, so these are the most it can be.
+/// Beside decoding requests its pieces end sooner and take more passes; the
+/// waiting request's own passes are counted alike (`Active::waits_left` bounds
+/// what it waits).
 fn kept_after(a: &Active<'_>, shared: usize, pass_end: impl Fn(usize) -> usize) -> (usize, usize) {
     let len = a.state.prompt_ids().len();
     let mut at = a.session.as_deref().map_or(0, |s| s.len());
@@ -320,6 +322,11 @@ struct Active<'a> {
     state: RequestState,
     sink: Sink<'a>,
     session: Option<Box<dyn Session>>,
+    /// Passes this request may still wait for another's prefill to keep blocks
+    /// it shares (`Batcher::admit`): set when it first waits, so a copy that
+    /// fails, or a prefill that keeps a longer prefix for another request,
+    /// holds it back no longer than it was worth then.
+    waits_left: Option<usize>,
 }
 
 pub struct Batcher<'a> {
@@ -377,7 +384,7 @@ impl<'a> Batcher<'a> {
         let id = self.next_id;
         self.next_id += 1;
         let state = RequestState::new(request, self.model.eos_ids);
-        self.waiting.push_back(Active { id, state, sink, session: None });
+        self.waiting.push_back(Active { id, state, sink, session: None, waits_left: None });
         Ok(id)
     }
 
@@ -616,16 +623,22 @@ impl<'a> Batcher<'a> {
 
     /// Moves waiting requests into the running batch in arrival order, up to
     /// `max_batch`, except those that do better waiting for another request's
-    /// prefill (`waits_for_shared_prefill`); later arrivals may pass them.
-    /// A request whose KV cache does not fit in device memory waits, first in
-    /// line, while running requests hold memory they will free; with none
-    /// running it fails (nothing else would free any).
+    /// prefill (`shared_prefill_wait`), for at most the passes that promised
+    /// when they first waited; later arrivals may pass them but not take the
+    /// slots they will need. A request whose KV cache does not fit in device
+    /// memory waits, first in line, while running requests hold memory they
+    /// will free; with none running it fails (nothing else would free any).
     fn admit(&mut self) {
-        let mut i = 0;
-        while self.running.len() < self.max_batch && i < self.waiting.len() {
-            if self.waits_for_shared_prefill(&self.waiting[i]) {
-                i += 1;
-                continue;
+        let (mut i, mut reserved) = (0, 0);
+        while self.running.len() + reserved < self.max_batch && i < self.waiting.len() {
+            if let Some(passes) = self.shared_prefill_wait(&self.waiting[i]) {
+                let left = self.waiting[i].waits_left.get_or_insert(passes);
+                if *left > 0 {
+                    *left -= 1;
+                    reserved += 1;
+                    i += 1;
+                    continue;
+                }
             }
             let mut a = self.waiting.remove(i).expect("a waiting request at this index");
             match self.open_session(&mut a) {
@@ -654,25 +667,27 @@ impl<'a> Batcher<'a> {
     /// `a` waits only when that does not put off its first token: the other's
     /// passes until the blocks are kept and `a`'s own after them are no more
     /// than `a`'s passes without waiting; and only when the cache can hold them.
-    fn waits_for_shared_prefill(&self, a: &Active<'a>) -> bool {
-        let Some(cache) = self.model.prefix_cache else { return false };
+    /// Returns the passes it would wait (the fewest, over the running requests).
+    fn shared_prefill_wait(&self, a: &Active<'a>) -> Option<usize> {
+        let cache = self.model.prefix_cache?;
         let cache = cache.lock().unwrap_or_else(|p| p.into_inner());
         let prompt = a.state.prompt_ids();
         let cached = cache.reusable(prompt);
         let (chunk, block, rows) = (self.prefill_chunk, self.model.prefix_block, self.shared_rows);
         let own_passes = |from: usize| passes_from(from, prompt.len(), |s| chunk_end(s, prompt.len(), chunk, block, rows));
-        self.running.iter().filter(|r| r.state.last_token().is_none()).any(|r| {
-            let Some(session) = r.session.as_deref() else { return false };
+        self.running.iter().filter(|r| r.state.last_token().is_none()).filter_map(|r| {
+            let session = r.session.as_deref()?;
             let theirs = r.state.prompt_ids();
             let shared = cache.shared_len(prompt, theirs);
             if shared <= cached {
-                return false;
+                return None;
             }
             let (waits, at) = kept_after(r, shared, |s| chunk_end(s, theirs.len(), chunk, block, rows));
             // A pass that ends at its prompt's whole blocks keeps all of them (`keep_prefix`).
             let keeps = if at == cache.aligned_len(theirs.len()) { at } else { shared };
             let bytes = keeps * (session.kv_bytes() / session.capacity().max(1));
-            waits + own_passes(shared) <= own_passes(cached) && cache.admits(bytes)
+            (waits + own_passes(shared) <= own_passes(cached) && cache.admits(bytes)).then_some(waits)
         })
+        .min()
     }
 }

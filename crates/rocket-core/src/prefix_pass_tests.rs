@@ -349,3 +349,55 @@ fn with_passes_across_blocks_a_request_waits_for_a_shared_prefill_only_where_its
         assert_eq!(tokens, want, "case {i}: tokens against the cache off");
     }
 }
+
+#[test]
+fn a_request_waiting_for_a_shared_prefill_keeps_its_slot_from_later_arrivals() {
+    // A batch of two: the long prompt, then one sharing three blocks with it (it waits
+    // one pass, then copies them), then an unrelated one queued behind it, all at once.
+    // The unrelated request may not take the slot the waiting one needs.
+    let first_steps = |e: &Engine| {
+        let long: Vec<u32> = (0..150).map(|i| (i * 23 + 7) % 500).collect();
+        let shared: Vec<u32> = long[..48].iter().copied().chain([5, 6, 7, 8, 9]).collect();
+        let other: Vec<u32> = (0..20).map(|i| (i * 13 + 1) % 500).collect();
+        let params = |n| SamplingParams { ignore_eos: true, ..SamplingParams::greedy(n) };
+        let firsts = std::rc::Rc::new(std::cell::RefCell::new([usize::MAX; 3]));
+        let outs = std::rc::Rc::new(std::cell::RefCell::new(vec![(0usize, Vec::new()); 3]));
+        let step = std::rc::Rc::new(std::cell::Cell::new(0));
+        let mut b = crate::Batcher::new(e, 2);
+        b.set_prefill_chunk(64);
+        b.set_shared_rows(16);
+        for (i, (ids, n)) in [(long, 3), (shared, 3), (other, 30)].into_iter().enumerate() {
+            let (firsts, outs, step) = (firsts.clone(), outs.clone(), step.clone());
+            let request = crate::EngineRequest { prompt: String::new(), prompt_ids: ids, params: params(n) };
+            b.add(request, Box::new(move |ev| {
+                match ev {
+                    crate::BatchEvent::Delta(_) => {
+                        let mut f = firsts.borrow_mut();
+                        f[i] = f[i].min(step.get());
+                    }
+                    crate::BatchEvent::Finished(o) => outs.borrow_mut()[i] = (o.metrics.cached_prompt_tokens, o.token_ids),
+                    _ => {}
+                }
+                true
+            }))
+            .unwrap();
+        }
+        while b.step().unwrap() > 0 {
+            step.set(step.get() + 1);
+        }
+        drop(b);
+        let f = *firsts.borrow();
+        let o = outs.borrow().clone();
+        (f, o)
+    };
+    let (e, _) = engine(16, 1 << 30);
+    let (plain, _) = engine(16, 0);
+    let (firsts, outs) = first_steps(&e);
+    assert_eq!(outs[1].0, 48, "the sharing request copies the three blocks");
+    assert_eq!(firsts[1], 1, "and gets its first token one pass in, as without waiting");
+    assert!(firsts[2] > 1, "the unrelated request waits for a free slot: {firsts:?}");
+    let (_, want) = first_steps(&plain);
+    for i in 0..3 {
+        assert_eq!(outs[i].1, want[i].1, "request {i}: tokens against the cache off");
+    }
+}
