@@ -67,14 +67,14 @@ impl Operands {
 /// One product's input type, shape and pointers' alignments: what a plan depends on.
 type PlanKey = (Operands, usize, usize, usize, [u32; 3]);
 
-/// The descriptors and the chosen algorithm of one product shape.
+/// The descriptors and the candidate algorithms of one product shape.
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     a: sys::cublasLtMatrixLayout_t,
     b: sys::cublasLtMatrixLayout_t,
     c: sys::cublasLtMatrixLayout_t,
-    algo: sys::cublasLtMatmulAlgo_t,
-    /// cuBLASLt's heuristic's candidates, best first (`algo` is the first).
+    /// cuBLASLt's heuristic's candidates, best first (never empty): the forward
+    /// pass runs the first.
     candidates: Vec<sys::cublasLtMatmulAlgo_t>,
 }
 
@@ -87,8 +87,7 @@ unsafe impl Send for Plan {}
 impl Plan {
     fn new(handle: sys::cublasLtHandle_t, (operands, n, k, rows, aligned): PlanKey) -> std::result::Result<Self, CublasError> {
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
-        let mut plan =
-            Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), c: std::ptr::null_mut(), algo: unsafe { std::mem::zeroed() }, candidates: Vec::new() };
+        let mut plan = Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), c: std::ptr::null_mut(), candidates: Vec::new() };
         // Transposed A: 1 is CUBLAS_OP_T.
         let transpose: i32 = 1;
         // SAFETY: desc is live; the attribute is an i32 as cuBLASLt documents.
@@ -135,7 +134,9 @@ impl Plan {
             results
         };
         plan.candidates = heuristic.iter().filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).map(|r| r.algo).collect();
-        plan.algo = *plan.candidates.first().ok_or(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED))?;
+        if plan.candidates.is_empty() {
+            return Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED));
+        }
         Ok(plan)
     }
 }

@@ -156,17 +156,16 @@ impl CudaBackend {
         // The candidate algorithm's configuration, from its first launch.
         let algo = std::cell::RefCell::new(String::new());
         let launch = |w: u64| match (kernel, &cublas, &x_bf16) {
-            (MatmulKernel::CublasF16, Some(lt), Some(xb)) => {
-                let (w16, flag) = f16.as_ref().expect("made above for CublasF16");
-                kernels.to_f16(st, x.ptr, xb.ptr, rows * k, flag.ptr)?;
-                lt.matmul(st, Operands::F16, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate)
-            }
-            (MatmulKernel::CublasF16Candidate(c), Some(lt), Some(xb)) => {
-                let (w16, flag) = f16.as_ref().expect("made above for CublasF16Candidate");
+            (MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_), Some(lt), Some(xb)) => {
+                let c = if let MatmulKernel::CublasF16Candidate(c) = kernel { c } else { 0 };
+                let (w16, flag) = f16.as_ref().expect("made above for the fp16 kernels");
                 kernels.to_f16(st, x.ptr, xb.ptr, rows * k, flag.ptr)?;
                 let ran = lt.matmul_with(st, Operands::F16, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate, c as usize)?;
                 let ran = ran.ok_or_else(|| RocketError::invalid_arg("candidate", c, format!("cuBLASLt offered fewer algorithms for {n}x{k} at {rows} rows")))?;
-                *algo.borrow_mut() = super::cublas::describe_algo(&ran);
+                // Once: its attribute reads would slow the timed loop's launches.
+                if algo.borrow().is_empty() {
+                    *algo.borrow_mut() = super::cublas::describe_algo(&ran);
+                }
                 Ok(())
             }
             (MatmulKernel::Cublas | MatmulKernel::CublasBf16, Some(lt), Some(xb)) => {
