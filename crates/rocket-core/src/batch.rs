@@ -675,6 +675,7 @@ impl<'a> Batcher<'a> {
         let cached = cache.reusable(prompt);
         let (chunk, block, rows) = (self.prefill_chunk, self.model.prefix_block, self.shared_rows);
         let own_passes = |from: usize| passes_from(from, prompt.len(), |s| chunk_end(s, prompt.len(), chunk, block, rows));
+        let alone = own_passes(cached);
         self.running.iter().filter(|r| r.state.last_token().is_none()).filter_map(|r| {
             let session = r.session.as_deref()?;
             let theirs = r.state.prompt_ids();
@@ -686,7 +687,7 @@ impl<'a> Batcher<'a> {
             // A pass that ends at its prompt's whole blocks keeps all of them (`keep_prefix`).
             let keeps = if at == cache.aligned_len(theirs.len()) { at } else { shared };
             let bytes = keeps * (session.kv_bytes() / session.capacity().max(1));
-            (waits + own_passes(shared) <= own_passes(cached) && cache.admits(bytes)).then_some(waits)
+            (waits + own_passes(shared) <= alone && cache.admits(bytes)).then_some(waits)
         })
         .min()
     }
