@@ -36,6 +36,8 @@
 #   algos     cuBLASLt's heuristic candidates for the fp16 products of Llama-3.2-1B and Qwen3-0.6B
 #             at 4, 128, 512 and 2,048 rows, each checked and timed (CUBLAS-ALGO lines; CUBLAS-BEST:
 #             the first pick, which the forward pass runs, against the fastest)
+#             then whether a row keeps its bits at pass lengths of 128 to 2,052 rows, under
+#             each row count's own pick and under one pinned algorithm (ROW-BITS lines)
 #   interference  `rocket serve` on Llama-3.2-1B: 8 greedy streams decode while a 16K-token prompt
 #             arrives (benches/interference.py), at prefill passes of 512, 256 and 128 tokens
 #             (INTERFERENCE_BLOCKS); the streams' p99 gap while it prefills must stay <= 3x their median
@@ -162,7 +164,7 @@ if has tests; then
     # The tests pick their paths themselves (the greedy test asserts batched == solo
     # bit for bit on the graph path with each fixed matmul kernel).
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
-        timeout 300 "$(unpacked cuda-test)" --include-ignored --test-threads=1 --nocapture --skip handoff_probe --skip cublas_matmul --skip fp16_products_redo --skip attention_outputs_past ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
+        timeout 300 "$(unpacked cuda-test)" --include-ignored --test-threads=1 --nocapture --skip handoff_probe --skip cublas_matmul --skip cublas_rows --skip fp16_products_redo --skip attention_outputs_past ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
     check "cuda tests" $?
     grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|FENCE|F16|KV-ONLY|PASS-LEN|PREFIX-REUSE|test result|FAILED|panicked" "$LOGS/cuda-test.log"
 fi
@@ -235,6 +237,10 @@ if has algos; then  # cuBLASLt's candidate algorithms per product and row count
         timeout 300 "$(unpacked cuda-test)" --include-ignored --exact --nocapture cublas_matmul_candidates_at_prompt_rows > "$LOGS/algos.log" 2>&1
     check "cublas candidates" $?
     grep -E "CUBLAS-BEST|test result|FAILED|panicked" "$LOGS/algos.log"
+    LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_FIXTURES=$PWD/tests/parity/fixtures \
+        timeout 200 "$(unpacked cuda-test)" --include-ignored --exact --nocapture cublas_rows_keep_their_bits_across_pass_lengths > "$LOGS/row-bits.log" 2>&1
+    check "cublas rows' bits across pass lengths" $?
+    grep -E "ROW-BITS-SUMMARY|test result|FAILED|panicked" "$LOGS/row-bits.log"
 fi
 if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (CUBLAS lines), then TTFT and batch 16
     LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_FIXTURES=$PWD/tests/parity/fixtures \

@@ -864,6 +864,42 @@ fn cublas_matmul_candidates_at_prompt_rows() {
     }
 }
 
+/// A row's bits on cuBLASLt's fp16 products of Llama-3.2-1B and Qwen3-0.6B at
+/// pass lengths from 128 to 2,052 rows, against 512 rows: under the heuristic's
+/// own pick per row count (what the forward pass runs: passes of 512, 1,024,
+/// 1,536 and 2,048 rows must keep a row's bits, which prefix reuse across blocks
+/// rests on), and under one algorithm for every row count (the pick for 512 rows,
+/// then for 128 against 128 rows): where a pinned algorithm keeps the bits at any
+/// row count, a chat's tail could share its last block's pass. Prints ROW-BITS lines.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn cublas_rows_keep_their_bits_across_pass_lengths() {
+    require_gpu();
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    let rows = [128usize, 132, 200, 256, 384, 512, 516, 600, 1024, 1100, 1536, 2048, 2052];
+    let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072)];
+    let mut misses = Vec::new();
+    for (fuel, d, qd, kvd, ff) in fuels {
+        for (name, n, k) in [("qkv", qd + 2 * kvd, d), ("o", d, qd), ("gate_up", 2 * ff, d), ("down", d, ff)] {
+            for (mode, reference, algo_rows) in [("own", 512, None), ("pinned512", 512, Some(512)), ("pinned128", 128, Some(128))] {
+                let runs = gpu.cublas_row_bits(n, k, reference, &rows, algo_rows, 0x0b17 + n as u64).unwrap();
+                for r in &runs {
+                    println!(
+                        "ROW-BITS {fuel} {name} {n}x{k} {mode} rows {}: {} of {} differ from {reference} rows, {:.1} us ({})",
+                        r.rows, r.differ, r.compared, r.micros, r.algo
+                    );
+                    if algo_rows.is_none() && [512, 1024, 1536, 2048].contains(&r.rows) && r.differ > 0 {
+                        misses.push(format!("{fuel} {name} at {} rows: {} differ", r.rows, r.differ));
+                    }
+                }
+                let differing: Vec<usize> = runs.iter().filter(|r| r.differ > 0).map(|r| r.rows).collect();
+                println!("ROW-BITS-SUMMARY {fuel} {name} {mode}: rows differing from {reference}: {differing:?}");
+            }
+        }
+    }
+    assert!(misses.is_empty(), "the forward pass's products change a row's bits between passes of 512 to 2,048 rows: {misses:?}");
+}
+
 /// to_f16.cu against the host's conversion (half's, to nearest even): random
 /// values over fp16's whole range, its subnormals and the edges, bit for bit,
 /// with the range flag clear; then one value past the range sets it (and only a

@@ -81,6 +81,19 @@ struct Plan {
 /// Candidates asked of cuBLASLt's heuristic per plan.
 const CANDIDATES: usize = 16;
 
+/// Which algorithm a product runs: the heuristic's `candidate`-th (0: its best)
+/// for the product at `rows` rows (None: the product's own row count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AlgoChoice {
+    pub rows: Option<usize>,
+    pub candidate: usize,
+}
+
+impl AlgoChoice {
+    /// What the forward pass runs: the heuristic's best for the product's own rows.
+    pub const FIRST: AlgoChoice = AlgoChoice { rows: None, candidate: 0 };
+}
+
 // SAFETY: the descriptors are plain host objects, used under `Cublas::plans`' lock.
 unsafe impl Send for Plan {}
 
@@ -179,6 +192,17 @@ pub(crate) fn describe_algo(algo: &sys::cublasLtMatmulAlgo_t) -> String {
     )
 }
 
+/// The plan for `key`, made at its first use.
+fn plan(plans: &mut HashMap<PlanKey, Plan>, handle: sys::cublasLtHandle_t, key: PlanKey) -> Result<&mut Plan> {
+    Ok(match plans.entry(key) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let (operands, n, k, rows, _) = key;
+            e.insert(Plan::new(handle, key).map_err(|err| lt_err(&format!("plan for {operands:?} {n}x{k} at {rows} rows"), err))?)
+        }
+    })
+}
+
 /// A cuBLASLt handle, its workspace and a plan per product shape.
 pub(crate) struct Cublas {
     handle: sys::cublasLtHandle_t,
@@ -212,12 +236,11 @@ impl Cublas {
     /// the `operands` type, `y` f32 (added to with `accumulate`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul(&self, stream: &Stream, operands: Operands, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
-        self.matmul_with(stream, operands, w, x, y, n, k, rows, accumulate, 0).map(|_| ())
+        self.matmul_with(stream, operands, w, x, y, n, k, rows, accumulate, AlgoChoice::FIRST).map(|_| ())
     }
 
-    /// `matmul` on the heuristic's `candidate`-th algorithm (0: its best, what
-    /// `matmul` runs); returns the algorithm (`describe_algo` says what it is), or
-    /// None (and runs nothing) where the heuristic offered fewer.
+    /// `matmul` on the algorithm `choice` names; returns it (`describe_algo` says
+    /// what it is), or None (and runs nothing) where the heuristic offered fewer.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_with(
         &self,
@@ -230,17 +253,13 @@ impl Cublas {
         k: usize,
         rows: usize,
         accumulate: bool,
-        candidate: usize,
+        choice: AlgoChoice,
     ) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
         let mut plans = self.plans.lock().map_err(|_| RocketError::Internal("the cuBLASLt plans' lock is poisoned".into()))?;
-        let key = (operands, n, k, rows, [alignment(w), alignment(x), alignment(y)]);
-        let plan = match plans.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(Plan::new(self.handle, key).map_err(|err| lt_err(&format!("plan for {operands:?} {n}x{k} at {rows} rows"), err))?)
-            }
-        };
-        let Some(&algo) = plan.candidates.get(candidate) else { return Ok(None) };
+        let aligned = [alignment(w), alignment(x), alignment(y)];
+        let key = |rows: usize| (operands, n, k, rows, aligned);
+        let Some(&algo) = plan(&mut plans, self.handle, key(choice.rows.unwrap_or(rows)))?.candidates.get(choice.candidate) else { return Ok(None) };
+        let plan = plan(&mut plans, self.handle, key(rows))?;
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
         // SAFETY: the plan's layouts describe these buffers (the caller's
         // pointers hold n·k, rows·k and rows·n elements); the workspace is ours

@@ -6,7 +6,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use super::cublas::{Cublas, Operands};
+use super::cublas::{AlgoChoice, Cublas, Operands};
 use super::driver::{DeviceBuffer, TimedEvent};
 use super::kernels::{GemmFusion, GemmPlan, GemmScratch};
 use super::CudaBackend;
@@ -160,7 +160,8 @@ impl CudaBackend {
                 let c = if let MatmulKernel::CublasF16Candidate(c) = kernel { c } else { 0 };
                 let (w16, flag) = f16.as_ref().expect("made above for the fp16 kernels");
                 kernels.to_f16(st, x.ptr, xb.ptr, rows * k, flag.ptr)?;
-                let ran = lt.matmul_with(st, Operands::F16, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate, c as usize)?;
+                let choice = AlgoChoice { rows: None, candidate: c as usize };
+                let ran = lt.matmul_with(st, Operands::F16, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate, choice)?;
                 let ran = ran.ok_or_else(|| RocketError::invalid_arg("candidate", c, format!("cuBLASLt offered fewer algorithms for {n}x{k} at {rows} rows")))?;
                 // Once: its attribute reads would slow the timed loop's launches.
                 if algo.borrow().is_empty() {

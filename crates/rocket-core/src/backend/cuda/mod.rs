@@ -27,6 +27,10 @@ mod poll_pacer;
 #[cfg(feature = "diagnostics")]
 mod probe;
 #[cfg(feature = "diagnostics")]
+mod row_bits;
+#[cfg(feature = "diagnostics")]
+pub use row_bits::RowBits;
+#[cfg(feature = "diagnostics")]
 pub use probe::{FenceCost, L2Latency, StreamRate};
 mod sampler;
 mod weights;

@@ -1,0 +1,99 @@
+//! Whether a row's product on cuBLASLt keeps its bits when the pass around it
+//! has another row count: the property prefix reuse's fixed pass boundaries rest
+//! on (`batch::chunk_end`). One fp16 product at several row counts, the first
+//! rows of each compared bit for bit with a reference row count's, under either
+//! the heuristic's own pick per row count or one algorithm for all.
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::cublas::{describe_algo, AlgoChoice, Cublas, Operands};
+use super::driver::{DeviceBuffer, TimedEvent};
+use super::CudaBackend;
+use crate::error::{Result, RocketError};
+use crate::sampling::splitmix64;
+
+/// One row count's outcome in [`CudaBackend::cublas_row_bits`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowBits {
+    pub rows: usize,
+    /// The algorithm that ran (`describe_algo`).
+    pub algo: String,
+    /// Outputs of the compared rows whose bits differ from the reference run's.
+    pub differ: usize,
+    /// Outputs compared: the first min(rows, reference rows) rows, every column.
+    pub compared: usize,
+    /// Mean time per launch, in microseconds, with weights coming from HBM.
+    pub micros: f64,
+}
+
+/// Timed launches rotate over weight copies of at least this many bytes in all,
+/// more than the H200's 50 MB L2.
+const ROTATION_BYTES: usize = 192 << 20;
+const TIMED_LAUNCHES: usize = 10;
+
+/// `n` fp16 values drawn from [-scale, scale).
+fn random_f16(seed: u64, n: usize, scale: f32) -> Vec<u16> {
+    (0..n)
+        .into_par_iter()
+        .map(|i| f16::from_f32(((splitmix64(seed.wrapping_add(i as u64)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale).to_bits())
+        .collect()
+}
+
+impl CudaBackend {
+    /// y = x · Wᵀ on cuBLASLt's fp16 path for a random W [n][k] and random x, at
+    /// `reference_rows` and then at each of `rows` (x's first rows): each run's
+    /// first rows compared bit for bit with the reference run's. `algo_rows`:
+    /// every run uses the heuristic's pick for that many rows; None: each its own
+    /// row count's pick (what the forward pass does).
+    pub fn cublas_row_bits(&self, n: usize, k: usize, reference_rows: usize, rows: &[usize], algo_rows: Option<usize>, seed: u64) -> Result<Vec<RowBits>> {
+        if n == 0 || k % 8 != 0 || reference_rows == 0 || rows.contains(&0) {
+            return Err(RocketError::invalid_arg("n, k, rows", format!("{n}, {k}, {reference_rows}, {rows:?}"), "n and every row count at least 1, k a multiple of 8"));
+        }
+        let max_rows = rows.iter().copied().chain([reference_rows]).max().unwrap_or(reference_rows);
+        let inner = self.lock()?;
+        let (ctx, st) = (&inner.ctx, &inner.stream);
+        let lt = Cublas::new(ctx)?;
+        let w_bytes = n * k * 2;
+        let copies = ROTATION_BYTES.div_ceil(w_bytes).max(1);
+        let weights = DeviceBuffer::alloc(ctx, w_bytes * copies, "the row-bits check's weights")?;
+        let w_host = random_f16(seed, n * k, 0.25);
+        for c in 0..copies {
+            weights.upload(st, c * w_bytes, &w_host)?;
+        }
+        let x = DeviceBuffer::with_data(ctx, st, &random_f16(seed ^ 0x9e37_79b9, max_rows * k, 1.0), "the row-bits check's inputs")?;
+        let y = DeviceBuffer::alloc(ctx, max_rows * n * 4, "the row-bits check's outputs")?;
+        let choice = AlgoChoice { rows: algo_rows, candidate: 0 };
+        // One product at `r` rows on fresh NaN outputs: its outputs and algorithm.
+        let run = |r: usize| -> Result<(Vec<f32>, String)> {
+            y.upload(st, 0, &vec![f32::NAN; r * n])?;
+            let algo = lt
+                .matmul_with(st, Operands::F16, weights.ptr, x.ptr, y.ptr, n, k, r, false, choice)?
+                .ok_or_else(|| RocketError::Internal(format!("cuBLASLt offered no algorithm for {n}x{k} at {r} rows")))?;
+            let mut got = vec![0f32; r * n];
+            y.download(st, 0, &mut got)?;
+            st.sync()?;
+            if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+                return Err(RocketError::Internal(format!("cuBLASLt {n}x{k} at {r} rows left output {i} unwritten or non-finite")));
+            }
+            Ok((got, describe_algo(&algo)))
+        };
+        let (reference, _) = run(reference_rows)?;
+        let mut out = Vec::new();
+        for &r in rows {
+            let (got, algo) = run(r)?;
+            let compared = r.min(reference_rows) * n;
+            let differ = got[..compared].iter().zip(&reference[..compared]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            let (start, end) = (TimedEvent::new()?, TimedEvent::new()?);
+            start.record(st)?;
+            for i in 0..TIMED_LAUNCHES {
+                lt.matmul_with(st, Operands::F16, weights.ptr + ((i + 1) % copies * w_bytes) as u64, x.ptr, y.ptr, n, k, r, false, choice)?;
+            }
+            end.record(st)?;
+            st.sync()?;
+            let micros = start.elapsed_ms(&end)? as f64 * 1e3 / TIMED_LAUNCHES as f64;
+            out.push(RowBits { rows: r, algo, differ, compared, micros });
+        }
+        Ok(out)
+    }
+}
