@@ -258,8 +258,16 @@ impl Cublas {
         let mut plans = self.plans.lock().map_err(|_| RocketError::Internal("the cuBLASLt plans' lock is poisoned".into()))?;
         let aligned = [alignment(w), alignment(x), alignment(y)];
         let key = |rows: usize| (operands, n, k, rows, aligned);
-        let Some(&algo) = plan(&mut plans, self.handle, key(choice.rows.unwrap_or(rows)))?.candidates.get(choice.candidate) else { return Ok(None) };
+        // Another row count's pick: its plan first (the forward pass's own pick needs one lookup).
+        let pinned = match choice.rows {
+            Some(r) if r != rows => match plan(&mut plans, self.handle, key(r))?.candidates.get(choice.candidate) {
+                Some(&algo) => Some(algo),
+                None => return Ok(None),
+            },
+            _ => None,
+        };
         let plan = plan(&mut plans, self.handle, key(rows))?;
+        let Some(algo) = pinned.or_else(|| plan.candidates.get(choice.candidate).copied()) else { return Ok(None) };
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
         // SAFETY: the plan's layouts describe these buffers (the caller's
         // pointers hold n·k, rows·k and rows·n elements); the workspace is ours

@@ -7,7 +7,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use super::cublas::{AlgoChoice, Cublas, Operands};
-use super::driver::{DeviceBuffer, TimedEvent};
+use super::driver::{Context, DeviceBuffer, Stream, TimedEvent};
 use super::kernels::{GemmFusion, GemmPlan, GemmScratch};
 use super::CudaBackend;
 use crate::error::{Result, RocketError};
@@ -72,8 +72,21 @@ const HOST_CHECK_MACS: usize = 1 << 26;
 const ROTATION_BYTES: usize = 192 << 20;
 
 /// splitmix64 draws mapped to [-1, 1).
-fn uniform(seed: u64, n: usize) -> Vec<f32> {
+pub(super) fn uniform(seed: u64, n: usize) -> Vec<f32> {
     (0..n).into_par_iter().map(|i| (splitmix64(seed.wrapping_add(i as u64)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
+}
+
+/// One device buffer holding as many copies of the weights `w` as rotate past
+/// L2 (`ROTATION_BYTES`), and how many: launch `i` of a timed loop reads copy
+/// `i % copies`.
+pub(super) fn rotated_weights<T: Copy>(ctx: &Context, st: &Stream, w: &[T], what: &str) -> Result<(DeviceBuffer, usize)> {
+    let bytes = std::mem::size_of_val(w);
+    let copies = ROTATION_BYTES.div_ceil(bytes.max(1)).max(1);
+    let weights = DeviceBuffer::alloc(ctx, bytes * copies, what)?;
+    for c in 0..copies {
+        weights.upload(st, c * bytes, w)?;
+    }
+    Ok((weights, copies))
 }
 
 impl CudaBackend {
@@ -120,11 +133,7 @@ impl CudaBackend {
         let norm_host: Option<Vec<f32>> = fusion.norm.then(|| uniform(seed ^ 0x707, k).iter().map(|v| 1.0 + 0.5 * v).collect());
 
         let w_bytes = n * k * 2;
-        let copies = ROTATION_BYTES.div_ceil(w_bytes).max(1);
-        let weights = DeviceBuffer::alloc(ctx, w_bytes * copies, "the matmul check's weights")?;
-        for c in 0..copies {
-            weights.upload(st, c * w_bytes, &w_host)?;
-        }
+        let (weights, copies) = rotated_weights(ctx, st, &w_host, "the matmul check's weights")?;
         let x = DeviceBuffer::alloc(ctx, rows * k * 4, "the matmul check's inputs")?;
         x.upload(st, 0, &x_host)?;
         let y = DeviceBuffer::alloc(ctx, rows * n_out * 4, "the matmul check's outputs")?;

@@ -9,9 +9,9 @@ use rayon::prelude::*;
 
 use super::cublas::{describe_algo, AlgoChoice, Cublas, Operands};
 use super::driver::{DeviceBuffer, TimedEvent};
+use super::matmul_check::{rotated_weights, uniform};
 use super::CudaBackend;
 use crate::error::{Result, RocketError};
-use crate::sampling::splitmix64;
 
 /// One row count's outcome in [`CudaBackend::cublas_row_bits`].
 #[derive(Debug, Clone, PartialEq)]
@@ -27,17 +27,11 @@ pub struct RowBits {
     pub micros: f64,
 }
 
-/// Timed launches rotate over weight copies of at least this many bytes in all,
-/// more than the H200's 50 MB L2.
-const ROTATION_BYTES: usize = 192 << 20;
 const TIMED_LAUNCHES: usize = 10;
 
-/// `n` fp16 values drawn from [-scale, scale).
+/// `n` fp16 values drawn from [-scale, scale) (`matmul_check::uniform`'s draws).
 fn random_f16(seed: u64, n: usize, scale: f32) -> Vec<u16> {
-    (0..n)
-        .into_par_iter()
-        .map(|i| f16::from_f32(((splitmix64(seed.wrapping_add(i as u64)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale).to_bits())
-        .collect()
+    uniform(seed, n).into_par_iter().map(|v| f16::from_f32(v * scale).to_bits()).collect()
 }
 
 impl CudaBackend {
@@ -47,20 +41,15 @@ impl CudaBackend {
     /// every run uses the heuristic's pick for that many rows; None: each its own
     /// row count's pick (what the forward pass does).
     pub fn cublas_row_bits(&self, n: usize, k: usize, reference_rows: usize, rows: &[usize], algo_rows: Option<usize>, seed: u64) -> Result<Vec<RowBits>> {
-        if n == 0 || k % 8 != 0 || reference_rows == 0 || rows.contains(&0) {
-            return Err(RocketError::invalid_arg("n, k, rows", format!("{n}, {k}, {reference_rows}, {rows:?}"), "n and every row count at least 1, k a multiple of 8"));
+        if n == 0 || k == 0 || k % 8 != 0 || reference_rows == 0 || rows.contains(&0) {
+            return Err(RocketError::invalid_arg("n, k, rows", format!("{n}, {k}, {reference_rows}, {rows:?}"), "n and every row count at least 1, k a positive multiple of 8"));
         }
         let max_rows = rows.iter().copied().chain([reference_rows]).max().unwrap_or(reference_rows);
         let inner = self.lock()?;
         let (ctx, st) = (&inner.ctx, &inner.stream);
         let lt = Cublas::new(ctx)?;
         let w_bytes = n * k * 2;
-        let copies = ROTATION_BYTES.div_ceil(w_bytes).max(1);
-        let weights = DeviceBuffer::alloc(ctx, w_bytes * copies, "the row-bits check's weights")?;
-        let w_host = random_f16(seed, n * k, 0.25);
-        for c in 0..copies {
-            weights.upload(st, c * w_bytes, &w_host)?;
-        }
+        let (weights, copies) = rotated_weights(ctx, st, &random_f16(seed, n * k, 0.25), "the row-bits check's weights")?;
         let x = DeviceBuffer::with_data(ctx, st, &random_f16(seed ^ 0x9e37_79b9, max_rows * k, 1.0), "the row-bits check's inputs")?;
         let y = DeviceBuffer::alloc(ctx, max_rows * n * 4, "the row-bits check's outputs")?;
         let choice = AlgoChoice { rows: algo_rows, candidate: 0 };
