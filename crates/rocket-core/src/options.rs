@@ -116,7 +116,8 @@ choice! {
 
 choice! {
     /// Whether a model load draws a progress bar on stderr (`progress`); never
-    /// when stderr is not a terminal. `FromStr` also takes "0" for `off`.
+    /// when stderr is not a terminal. `ROCKET_PROGRESS` also takes "0" for `off`
+    /// (`apply_env`); the keyword and the flag take the names only.
     Progress, "progress" {
         /// Once a load has taken over a second.
         Auto = "auto",
