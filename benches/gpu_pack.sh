@@ -8,6 +8,8 @@
 #                               megakernel decode across launches, against the CPU reference)
 #                               (the three built with rocket-core's `diagnostics` feature: the probes,
 #                               the matmul check and the megakernel's test entry points)
+#   cuda-devices-test.xz        crates/rocket-core/tests/cuda_devices.rs (one engine per GPU behind
+#                               the router; a fault injected on one GPU)
 #   logits-at.xz                crates/rocket-core/examples/logits_at.rs: logits at chosen positions
 #                               from either GPU path, for benches/long_context_check.py
 #   wheels/gguf-0.19.0-*.whl    the `gguf` package (gpu_run.sh's gguf step writes GGUF files with it;
@@ -39,10 +41,11 @@ for line in sys.stdin:
 cp "$(test_binary cuda)" "$OUT/cuda-test"
 cp "$(test_binary cuda_megakernel)" "$OUT/cuda-megakernel-test"
 cp "$(test_binary cuda_prod_path)" "$OUT/cuda-prod-path-test"
+cp "$(test_binary cuda_devices)" "$OUT/cuda-devices-test"
 cargo build --release --locked -p rocket-core --features diagnostics --example logits_at
 cp target/release/examples/logits_at "$OUT/logits-at"
-strip "$OUT/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/logits-at"
-xz -f -T0 "$OUT/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/logits-at"
+strip "$OUT/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/cuda-devices-test" "$OUT/logits-at"
+xz -f -T0 "$OUT/rocket" "$OUT/cuda-test" "$OUT/cuda-megakernel-test" "$OUT/cuda-prod-path-test" "$OUT/cuda-devices-test" "$OUT/logits-at"
 
 ls "$OUT"/wheels/gguf-0.19.0-*.whl > /dev/null 2>&1 || python3 -m pip download -q --no-deps gguf==0.19.0 -d "$OUT/wheels"
 

@@ -41,6 +41,14 @@
 #   interference  `rocket serve` on Llama-3.2-1B: 8 greedy streams decode while a 16K-token prompt
 #             arrives (benches/interference.py), at prefill passes of 512, 256 and 128 tokens
 #             (INTERFERENCE_BLOCKS); the streams' p99 gap while it prefills must stay <= 3x their median
+#   devices   one engine per GPU behind the router (issue 25): crates/rocket-core/tests/cuda_devices.rs,
+#             each test in a process of its own (a fault test breaks its GPU's context for the
+#             rest of the process): the one-GPU router against solo outputs and a fault on the
+#             only GPU, and with two GPUs or more every GPU serving and a fault on cuda:1 mid-run;
+#             then benches/devices.py on Llama-3.2-1B (DEVICES lines): `rocket serve --devices 0`
+#             and, with several GPUs, `--devices all`, 32 streams of 128 greedy tokens per GPU,
+#             load to ready and tokens/s, and again on batch-independent passes (graph path,
+#             GEMV) with every stream checked against its text alone
 #   tcb1      the tensor-core matmul at batch 1 (Llama-3.2-1B, Qwen3-0.6B)
 #   sampled   sampled decode (Qwen3 settings): graph path with the device sampler and with the
 #             host sampler, and the megakernel sampling in its token loop (ROCKET_LOOP_SAMPLING=1)
@@ -269,6 +277,25 @@ if has interference; then  # 8 streams decoding while a 16K-token prompt prefill
         check "interference, passes of $block" $?
         cat "$LOGS/interference-$block.txt"
     done
+fi
+if has devices; then  # one engine per GPU behind the router
+    gpus=$(nvidia-smi --list-gpus | grep -c '^GPU ')
+    tests="one_gpu_through_the_router_equals_solo a_fault_on_the_only_gpu_fails_its_requests_and_refuses_new_ones_at_once"
+    (( gpus > 1 )) && tests+=" every_gpu_serves_and_outputs_equal_solo a_fault_on_one_gpu_mid_run_leaves_the_others_serving"
+    for t in $tests; do
+        ROCKET_FIXTURES=$PWD/tests/parity/fixtures timeout 180 "$(unpacked cuda-devices-test)" --include-ignored --exact --nocapture "$t" \
+            > "$LOGS/devices-$t.log" 2>&1
+        check "devices test $t" $?
+        grep -E "DEVICES|test result|panicked" "$LOGS/devices-$t.log"
+    done
+    timeout 300 python3 benches/devices.py --rocket "$ROCKET" --model "$CK/llama-3.2-1b" --device cuda \
+        --json "$LOGS/devices.json" > "$LOGS/devices.txt" 2>&1
+    check "devices bench" $?
+    grep -E "DEVICES|FAIL|PASS" "$LOGS/devices.txt"
+    timeout 300 python3 benches/devices.py --rocket "$ROCKET" --model "$CK/llama-3.2-1b" --device cuda --check-solo \
+        --server-arg=--decode=graph --server-arg=--matmul=gemv --json "$LOGS/devices-solo.json" > "$LOGS/devices-solo.txt" 2>&1
+    check "devices bench, streams against their text alone" $?
+    grep -E "DEVICES|FAIL|PASS" "$LOGS/devices-solo.txt"
 fi
 if has tcb1; then  # the tensor-core matmul at batch 1 (every pass uses it when enabled)
     for f in llama-3.2-1b qwen3-0.6b; do

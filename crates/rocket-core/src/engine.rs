@@ -458,6 +458,14 @@ impl Engine {
         self.backend.copy_bandwidth_gbs()
     }
 
+    /// Breaks this engine's device for good, as a lost GPU would (feature
+    /// `diagnostics`; `Backend::inject_device_fault`): its next pass fails with
+    /// a device error, and so does every one after it. Returns the device's error.
+    #[cfg(feature = "diagnostics")]
+    pub fn inject_device_fault(&self) -> Result<String> {
+        self.backend.inject_device_fault()
+    }
+
     /// Wraps the backend (tests put a backend with a device loop around the CPU one).
     #[cfg(test)]
     pub(crate) fn wrap_backend(mut self, wrap: impl FnOnce(Box<dyn Backend>) -> Box<dyn Backend>) -> Self {

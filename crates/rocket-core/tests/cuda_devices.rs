@@ -123,3 +123,163 @@ fn every_gpu_serves_and_outputs_equal_solo() {
     }
     println!("DEVICES-{n} load {load_all:.2} s on {n} GPUs vs {load_one:.2} s on one; {} requests x 64 tokens in {seconds:.3} s", outs.len());
 }
+
+/// Submits `requests` through the router, each event of request i sent on as (i, event).
+fn submit_all(router: &Router, requests: Vec<EngineRequest>) -> (Vec<usize>, mpsc::Receiver<(usize, BatchEvent)>) {
+    let (tx, rx) = mpsc::channel();
+    let devices = requests
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let tx = tx.clone();
+            let sink = Box::new(move |e: BatchEvent| {
+                let _ = tx.send((i, e));
+                true
+            });
+            router.submit(r, sink).unwrap().device
+        })
+        .collect();
+    (devices, rx)
+}
+
+/// How each request ended: its output, or its error's text. Fails on a request
+/// that does not end within a minute of the last event.
+fn wait_ends(rx: &mpsc::Receiver<(usize, BatchEvent)>, n: usize, tokens_seen: &mut [usize]) -> Vec<std::result::Result<RequestOutput, String>> {
+    let mut ends: Vec<Option<std::result::Result<RequestOutput, String>>> = (0..n).map(|_| None).collect();
+    while ends.iter().any(Option::is_none) {
+        let pending: Vec<usize> = (0..n).filter(|&i| ends[i].is_none()).collect();
+        let (i, e) = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("requests {pending:?} never ended: a hang"));
+        match e {
+            BatchEvent::Delta(_) => tokens_seen[i] += 1,
+            BatchEvent::Finished(out) => ends[i] = Some(Ok(out)),
+            BatchEvent::Failed(e) => ends[i] = Some(Err(e.to_string())),
+        }
+    }
+    ends.into_iter().map(Option::unwrap).collect()
+}
+
+/// Waits until request events show `n` tokens streamed by requests on `device`.
+fn tokens_flowing(rx: &mpsc::Receiver<(usize, BatchEvent)>, devices: &[usize], device: usize, n: usize, held: &mut Vec<(usize, BatchEvent)>) {
+    let mut seen = 0;
+    while seen < n {
+        let (i, e) = rx.recv_timeout(Duration::from_secs(60)).expect("no tokens came");
+        if matches!(e, BatchEvent::Delta(_)) && devices[i] == device {
+            seen += 1;
+        }
+        held.push((i, e));
+    }
+}
+
+#[test]
+fn a_cpu_engine_cannot_be_made_to_fail_like_a_gpu() {
+    let engine = Engine::load(fixture("tiny-qwen3"), EngineOptions { device: Device::Cpu, progress: Progress::Off, ..EngineOptions::default() }).unwrap();
+    let err = engine.inject_device_fault().unwrap_err();
+    assert_eq!(err.kind(), rocket_core::ErrorKind::InvalidArgument, "{err}");
+    // And the engine still serves.
+    let out = engine.generate_ids(String::new(), random_ids(1, 5, 512), &SamplingParams::greedy(3), &mut |_| true).unwrap();
+    assert_eq!(out.token_ids.len(), 3);
+}
+
+// A fault leaves the process's context on that GPU unusable until every engine
+// on it is gone: run each fault test in a process of its own (`--exact`).
+#[test]
+#[ignore = "needs a CUDA GPU: run alone (--exact) with --include-ignored on the GPU machine"]
+fn a_fault_on_the_only_gpu_fails_its_requests_and_refuses_new_ones_at_once() {
+    require_gpus(1);
+    let router = Router::load(model(), options(), Some(&Devices::List(vec![0])), SchedulerOptions { max_batch: 8, max_queue: 16 }).unwrap();
+    let engine = router.engine().clone();
+    let n = 8;
+    let (devices, rx) = submit_all(&router, prompts(&engine, n, 900));
+    let mut held = Vec::new();
+    tokens_flowing(&rx, &devices, 0, 2 * n, &mut held);
+    let fault = engine.inject_device_fault().unwrap();
+    let t = Instant::now();
+    let mut tokens = vec![0; n];
+    for (i, e) in held {
+        if matches!(e, BatchEvent::Delta(_)) {
+            tokens[i] += 1;
+        }
+    }
+    let ends = wait_ends(&rx, n, &mut tokens);
+    let secs = t.elapsed().as_secs_f64();
+    let failed: Vec<&String> = ends.iter().filter_map(|e| e.as_ref().err()).collect();
+    assert!(!failed.is_empty(), "every request finished before the fault ({tokens:?} tokens)");
+    for e in &failed {
+        assert!(e.contains("cuda:0"), "an error that does not name the GPU: {e}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while router.healthy() {
+        assert!(Instant::now() < deadline, "cuda:0 is still in service after its fault: {:?}", router.loads());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t_refuse = Instant::now();
+    let (tx, _rx) = mpsc::channel();
+    let sink = Box::new(move |e: BatchEvent| tx.send(e).is_ok());
+    let err = router.submit(prompts(&engine, 1, 4).remove(0), sink).unwrap_err();
+    assert!(t_refuse.elapsed() < Duration::from_secs(1) && matches!(err, rocket_core::RocketError::NoDevice(_)), "{err}");
+    println!(
+        "DEVICES-FAULT-1 injected: {fault}; {} of {n} requests failed ({} finished) within {secs:.3} s, tokens before: {tokens:?}; then: {err}",
+        failed.len(),
+        n - failed.len()
+    );
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs: run alone (--exact) with --include-ignored on a multi-GPU machine"]
+fn a_fault_on_one_gpu_mid_run_leaves_the_others_serving() {
+    require_gpus(2);
+    let router = Router::load(model(), options(), Some(&Devices::All), SchedulerOptions { max_batch: 16, max_queue: 64 }).unwrap();
+    let gpus = router.len();
+    let engine = router.engine().clone();
+    let n = 8 * gpus;
+    let requests = prompts(&engine, n, 600);
+    let want = solo_outputs(&engine, &requests);
+    let (devices, rx) = submit_all(&router, requests);
+    for d in 0..gpus {
+        assert!(devices.contains(&d), "cuda:{d} got no request: {devices:?}");
+    }
+    let mut held = Vec::new();
+    tokens_flowing(&rx, &devices, 1, 8, &mut held);
+    let fault = router.scheduler(1).engine().inject_device_fault().unwrap();
+    let mut tokens = vec![0; n];
+    for (i, e) in held {
+        if matches!(e, BatchEvent::Delta(_)) {
+            tokens[i] += 1;
+        }
+    }
+    let ends = wait_ends(&rx, n, &mut tokens);
+    let mut failed = 0;
+    for (i, end) in ends.iter().enumerate() {
+        match (devices[i], end) {
+            (1, Err(e)) => {
+                failed += 1;
+                assert!(e.contains("cuda:1"), "request {i}: an error that does not name the GPU: {e}");
+            }
+            (1, Ok(_)) => {} // finished before the fault reached it
+            (d, Err(e)) => panic!("request {i} on cuda:{d}, a GPU without a fault, failed: {e}"),
+            (d, Ok(out)) => assert_eq!(out.token_ids, want[i], "request {i} on cuda:{d} differs from its solo output"),
+        }
+    }
+    assert!(failed > 0, "every request on cuda:1 finished before its fault");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while router.loads()[1].in_service {
+        assert!(Instant::now() < deadline, "cuda:1 is still in service after its fault");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(router.healthy() && router.in_service() == gpus - 1);
+    // New requests go to the GPUs left, and finish.
+    let later = prompts(&engine, 2 * gpus, 16);
+    let (later_devices, rx) = submit_all(&router, later);
+    assert!(!later_devices.contains(&1), "{later_devices:?}");
+    let mut seen = vec![0; later_devices.len()];
+    for (i, end) in wait_ends(&rx, later_devices.len(), &mut seen).into_iter().enumerate() {
+        let out = end.unwrap_or_else(|e| panic!("a request after the fault (on cuda:{}) failed: {e}", later_devices[i]));
+        assert_eq!(out.token_ids.len(), 16);
+    }
+    println!(
+        "DEVICES-FAULT-{gpus} injected on cuda:1: {fault}; {failed} of its {} requests failed, the other GPUs' {} equal solo; {} later requests served",
+        devices.iter().filter(|&&d| d == 1).count(),
+        devices.iter().filter(|&&d| d != 1).count(),
+        later_devices.len()
+    );
+}

@@ -257,6 +257,20 @@ impl CudaBackend {
         Ok(FusedF16Check { fused, separate, fused_flag, separate_flag })
     }
 
+    /// A write through a null pointer (to_f16 into address 0x100), after the
+    /// pass in flight: an illegal address is sticky, so the context, and every
+    /// later pass of this backend, fails as on a lost GPU, while other GPUs'
+    /// contexts are untouched. Returns the device's error.
+    pub fn inject_device_fault(&self) -> Result<String> {
+        let inner = self.lock()?;
+        let st = &inner.stream;
+        let launched = inner.kernels.to_f16(st, 0x100, 0x100, 4096, 0x100);
+        match launched.and_then(|()| st.sync()) {
+            Err(e) => Ok(e.to_string()),
+            Ok(()) => Err(RocketError::Internal("a write through a null pointer did not fault the device".into())),
+        }
+    }
+
     /// Which operands cuBLASLt's products take now: "fp16" (the fp16 copy is
     /// made, or will be at the first pass that needs it), "bf16 hi+lo" (a
     /// weight or a pass's activations were past fp16's range, or there was no

@@ -1014,6 +1014,11 @@ impl Backend for CudaBackend {
         }
     }
 
+    #[cfg(feature = "diagnostics")]
+    fn inject_device_fault(&self) -> Result<String> {
+        CudaBackend::inject_device_fault(self)
+    }
+
     fn decode_loop(
         &self,
         session: &mut dyn Session,
