@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rocket_core::backend::cuda::{device_count, unavailable_reason};
-use rocket_core::router::Router;
+use rocket_core::router::{Routed, Router};
 use rocket_core::{BatchEvent, DecodePath, Device, Devices, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, RequestOutput, SamplingParams, SchedulerOptions};
 
 fn require_gpus(n: usize) {
@@ -124,10 +124,11 @@ fn every_gpu_serves_and_outputs_equal_solo() {
     println!("DEVICES-{n} load {load_all:.2} s on {n} GPUs vs {load_one:.2} s on one; {} requests x 64 tokens in {seconds:.3} s", outs.len());
 }
 
-/// Submits `requests` through the router, each event of request i sent on as (i, event).
-fn submit_all(router: &Router, requests: Vec<EngineRequest>) -> (Vec<usize>, mpsc::Receiver<(usize, BatchEvent)>) {
+/// Submits `requests` through the router, each event of request i sent on as
+/// (i, event); their handles (dropping one cancels its request).
+fn submit_all(router: &Router, requests: Vec<EngineRequest>) -> (Vec<Routed>, mpsc::Receiver<(usize, BatchEvent)>) {
     let (tx, rx) = mpsc::channel();
-    let devices = requests
+    let routed = requests
         .into_iter()
         .enumerate()
         .map(|(i, r)| {
@@ -136,10 +137,10 @@ fn submit_all(router: &Router, requests: Vec<EngineRequest>) -> (Vec<usize>, mps
                 let _ = tx.send((i, e));
                 true
             });
-            router.submit(r, sink).unwrap().device
+            router.submit(r, sink).unwrap()
         })
         .collect();
-    (devices, rx)
+    (routed, rx)
 }
 
 /// How each request ended: its output, or its error's text. Fails on a request
@@ -163,8 +164,11 @@ fn tokens_flowing(rx: &mpsc::Receiver<(usize, BatchEvent)>, devices: &[usize], d
     let mut seen = 0;
     while seen < n {
         let (i, e) = rx.recv_timeout(Duration::from_secs(60)).expect("no tokens came");
-        if matches!(e, BatchEvent::Delta(_)) && devices[i] == device {
-            seen += 1;
+        match &e {
+            BatchEvent::Delta(_) if devices[i] == device => seen += 1,
+            BatchEvent::Delta(_) => {}
+            BatchEvent::Finished(out) => panic!("request {i} finished ({} tokens, {:?}) before the fault", out.token_ids.len(), out.finish_reason),
+            BatchEvent::Failed(e) => panic!("request {i} failed before the fault: {e}"),
         }
         held.push((i, e));
     }
@@ -189,7 +193,8 @@ fn a_fault_on_the_only_gpu_fails_its_requests_and_refuses_new_ones_at_once() {
     let router = Router::load(model(), options(), Some(&Devices::List(vec![0])), SchedulerOptions { max_batch: 8, max_queue: 16 }).unwrap();
     let engine = router.engine().clone();
     let n = 8;
-    let (devices, rx) = submit_all(&router, prompts(&engine, n, 900));
+    let (routed, rx) = submit_all(&router, prompts(&engine, n, 900));
+    let devices: Vec<usize> = routed.iter().map(|r| r.device).collect();
     let mut held = Vec::new();
     tokens_flowing(&rx, &devices, 0, 2 * n, &mut held);
     let fault = engine.inject_device_fault().unwrap();
@@ -234,7 +239,8 @@ fn a_fault_on_one_gpu_mid_run_leaves_the_others_serving() {
     let n = 8 * gpus;
     let requests = prompts(&engine, n, 600);
     let want = solo_outputs(&engine, &requests);
-    let (devices, rx) = submit_all(&router, requests);
+    let (routed, rx) = submit_all(&router, requests);
+    let devices: Vec<usize> = routed.iter().map(|r| r.device).collect();
     for d in 0..gpus {
         assert!(devices.contains(&d), "cuda:{d} got no request: {devices:?}");
     }
@@ -269,7 +275,8 @@ fn a_fault_on_one_gpu_mid_run_leaves_the_others_serving() {
     assert!(router.healthy() && router.in_service() == gpus - 1);
     // New requests go to the GPUs left, and finish.
     let later = prompts(&engine, 2 * gpus, 16);
-    let (later_devices, rx) = submit_all(&router, later);
+    let (later_routed, rx) = submit_all(&router, later);
+    let later_devices: Vec<usize> = later_routed.iter().map(|r| r.device).collect();
     assert!(!later_devices.contains(&1), "{later_devices:?}");
     let mut seen = vec![0; later_devices.len()];
     for (i, end) in wait_ends(&rx, later_devices.len(), &mut seen).into_iter().enumerate() {
