@@ -39,8 +39,8 @@
 #             then whether a row keeps its bits at pass lengths of 128 to 2,052 rows, under
 #             each row count's own pick and under one pinned algorithm (ROW-BITS lines)
 #   interference  `rocket serve` on Llama-3.2-1B: 8 greedy streams decode while a 16K-token prompt
-#             arrives (benches/interference.py), at prefill passes of 512, 256 and 128 tokens
-#             (INTERFERENCE_BLOCKS); the streams' p99 gap while it prefills must stay <= 3x their median
+#             arrives (benches/interference.py; prefix blocks in INTERFERENCE_BLOCKS, default
+#             512: the block no longer changes the passes); the streams' p99 gap while it prefills must stay <= 3x their median
 #   devices   one engine per GPU behind the router (issue 25): crates/rocket-core/tests/cuda_devices.rs,
 #             each test in a process of its own (a fault test breaks its GPU's context for the
 #             rest of the process): the one-GPU router against solo outputs and a fault on the
@@ -269,12 +269,12 @@ if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (C
         fi
     done
 fi
-if has interference; then  # 8 streams decoding while a 16K-token prompt prefills, per prefill pass size
-    for block in ${INTERFERENCE_BLOCKS:-512 256 128}; do
+if has interference; then  # 8 streams decoding while a 16K-token prompt prefills
+    for block in ${INTERFERENCE_BLOCKS:-512}; do
         timeout 240 python3 benches/interference.py --rocket "$ROCKET" --model "$CK/llama-3.2-1b" --device cuda \
             --streams 8 --prompt-len 16384 --max-tokens 4096 --prefix-block "$block" --json "$LOGS/interference-$block.json" \
             > "$LOGS/interference-$block.txt" 2>&1
-        check "interference, passes of $block" $?
+        check "interference, prefix block $block" $?
         cat "$LOGS/interference-$block.txt"
     done
 fi

@@ -51,6 +51,7 @@ def test_gaps_fall_in_the_phase_they_end_in_and_the_check_can_fail() -> None:
     fails = bench.evaluate(_report(bench, steady, [0.0025] * 20, passes=(steady, [0.001] * 19 + [0.2])), 3.0)
     assert len(fails) == 1 and "p99 of the gaps between passes" in fails[0], fails
     assert any("too few gaps" in f for f in bench.evaluate(_report(bench, steady, [0.001] * 3), 3.0))
+    assert not any("too few gaps" in f for f in bench.evaluate(_report(bench, steady, [0.001] * 3), 3.0, min_gaps=3))
     assert any("errors" in f for f in bench.evaluate(_report(bench, steady, steady, ["request 2: HTTP 400"]), 3.0))
     silent = _report(bench, steady, steady)
     silent["long_prompt_ttft_ms"] = None
@@ -91,19 +92,21 @@ def test_cuda_prompt_passes_are_read_from_the_backends_pass_lines() -> None:
 
 def test_a_short_cpu_run_measures_gaps_while_a_prompt_prefills(tmp_path: Path) -> None:
     out = tmp_path / "gaps.json"
-    # A smoke run of the whole tool on a tiny model: a shared CPU's gaps move with its
-    # neighbours, so the p99 limit is left wide and only the measurement is checked.
+    # A smoke run of the whole tool on the default model (SmolLM2-135M): beside decoding
+    # streams its prompt prefills in pieces of ~600 rows (the batcher's multiply-add budget),
+    # so a 2,400-token prompt takes about four passes; a tiny fixture's whole prompt fits one.
+    # A shared CPU's gaps move with its neighbours, so the p99 limit is left wide and only
+    # the measurement is checked.
     cmd = [sys.executable, str(BENCHES / "interference.py"), "--rocket", f"{sys.executable} -m rocket",
-           "--model", str(FIXTURES / "tiny-qwen3"), "--device", "cpu", "--streams", "3", "--max-tokens", "400",
-           "--prompt-len", "600", "--vocab", "400", "--prefix-block", "32", "--p99-over-median-max", "1e6",
-           "--json", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+           "--device", "cpu", "--streams", "2", "--max-tokens", "150", "--prompt-len", "2400", "--vocab", "400",
+           "--p99-over-median-max", "1e6", "--min-gaps", "3", "--json", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "interference: PASS" in r.stdout, r.stdout + r.stderr
     report = json.loads(out.read_text())
     assert report["errors"] == [] and report["long_prompt_ttft_ms"] > 0
-    # Passes of 32 tokens: about 19 for the prompt, each a gap in every running stream.
-    assert report["phases"]["during"]["count"] >= 5, report
-    assert report["phases"]["before"]["count"] >= 3 * 31, report
-    # The server's passes: one gap per pass whatever the streams' text, about 19 while it prefills.
-    assert report["pass_phases"]["during"]["count"] >= 15, report
+    # Each of the prompt's passes is a gap in every running stream; the streams decode
+    # one token per pass before it arrives.
+    assert report["phases"]["during"]["count"] >= 2 * 2, report
+    assert report["phases"]["before"]["count"] >= 2 * 31, report
+    assert report["pass_phases"]["during"]["count"] >= 3, report
     assert report["pass_phases"]["before"]["count"] >= 20, report

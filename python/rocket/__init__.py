@@ -138,8 +138,9 @@ class LLM:
       prompt) skips their prefill, with bitwise the same output (least recently used dropped
       first; see :meth:`prefix_cache_stats` and ``metrics["cached_prompt_tokens"]``)
     - ``prefix_block``: the prefix cache's block in tokens (512): prompts are cached and
-      reused in whole blocks from their start; prefill passes (512 tokens) split at
-      every block unless it is a multiple of 512
+      reused in whole blocks from their start (on the GPU, prompts of at least 512
+      tokens, and a prompt that reuses them still computes at least its last 512);
+      prefill passes do not depend on it
     """
 
     def __init__(

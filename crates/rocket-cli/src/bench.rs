@@ -48,7 +48,9 @@ pub struct BenchArgs {
     /// prefix cache, then the TTFT of a second one, the same N tokens followed
     /// by --prompt-len new ones (its first length), with its whole blocks reused, against the same
     /// prompt with the cache emptied (e.g. --prefix-reuse 4000 --prompt-len 100:
-    /// a chat turn over a 4,000-token conversation)
+    /// a chat turn over a 4,000-token conversation). On the GPU a reuse leaves the
+    /// second request at least 512 tokens to compute, and a first prompt shorter
+    /// than that is not cached
     #[arg(long, value_name = "N")]
     prefix_reuse: Option<usize>,
 }
@@ -182,7 +184,11 @@ fn prefix_case(engine: &Engine, shared: usize, new: usize, vocab: usize, samplin
     }
     engine.clear_prefix_cache();
     if reused == 0 {
-        note!("bench: nothing was reused: --prefix-reuse {shared} is less than one prefix block ({} tokens)", engine.prefix_cache_limits().1);
+        note!(
+            "bench: nothing was reused: the cache keeps whole blocks of {} tokens of prompts of at least {rest} tokens, and a request reusing them computes at least {rest} itself (--prefix-reuse {shared}, --prompt-len {new})",
+            engine.prefix_cache_limits().1,
+            rest = engine.prefix_reuse_rest()
+        );
     }
     let ms = |(m, s): (f64, f64)| (m * 1e3, s * 1e3);
     Ok(PrefixRow { shared, new, reused, ttft: ms(stats(&with)), ttft_no_reuse: ms(stats(&without)) })

@@ -26,10 +26,6 @@ pub struct BatchModel<'a> {
     pub(crate) vocab_size: usize,
     /// Context limit: prompt + max_tokens must fit in it.
     pub(crate) max_seq_len: usize,
-    /// Prefill passes never cross a multiple of this many prompt tokens (the
-    /// prefix cache's block), whether or not the cache is on, so outputs do not
-    /// depend on it (see `prefix_cache`).
-    pub(crate) prefix_block: usize,
     /// Where prompt KV is kept for later requests; None when disabled.
     pub(crate) prefix_cache: Option<&'a Mutex<KvPrefixCache>>,
     /// What a prompt row costs, which sizes a prompt's piece beside decoding
@@ -85,14 +81,13 @@ enum Picked {
 pub const LOOP_STEPS: usize = 128;
 
 /// Prompt tokens one request feeds per pass by default: a long prompt is
-/// prefilled over several passes, so the others keep decoding meanwhile and a
-/// pass's activations stay bounded. Passes of 2,048 measured 13-24% faster at 4K
-/// prompts on the H100 (benches/NOTES.md); they stay off until the GPU checks
-/// (prefix reuse across blocks, the production path, long contexts) have run on them.
-pub const PREFILL_CHUNK: usize = 512;
+/// prefilled over several passes, so a pass's activations stay bounded (beside
+/// decoding requests its pieces are cut shorter still: `INTERACTIVE_PIECE_MACS`).
+/// Passes of 2,048 measured 13-24% faster than passes of 512 at 4K prompts on the
+/// H100, and about as fast at 16K (benches/NOTES.md).
+pub const PREFILL_CHUNK: usize = 2048;
 
-/// The prefix cache's block by default (`EngineOptions::prefix_block`): a multiple
-/// of `PASS_SHARED_ROWS`, so prompt passes may run across blocks (`chunk_end`).
+/// The prefix cache's block by default (`EngineOptions::prefix_block`).
 pub const PREFIX_BLOCK: usize = 512;
 
 /// Multiply-adds of one prompt row, over the whole model.
@@ -166,37 +161,33 @@ fn end(mut a: Active<'_>, after: After) {
     }
 }
 
-/// Prompt passes of this many rows or a whole multiple of it, up to 2,048 (what was
-/// measured), give each row the same bits whatever their length: on the H100 (cuda
-/// test `a_prompt_rows_bits_do_not_depend_on_its_pass_length`: a 2,048-row prompt in
-/// one pass and cut into passes of 512, 1,024 and 1,536 rows, every fuel, the same
-/// last-row logits bit for bit), where cuBLASLt picks its algorithm per row count;
-/// passes of 64 or 128 rows did not keep them (Llama-3.2-1B, Qwen3-0.6B). The count
-/// is the pass's, all requests' rows together: a prompt's piece that shares its pass
-/// with other rows (decode steps, another prompt) keeps no such promise. The CPU
-/// backend's rows never depend on their pass.
+/// Prompt passes of at least this many rows give each row the same bits whatever
+/// their length, on the GPU (`Backend::pass_shared_rows`), where cuBLASLt picks its
+/// algorithm per row count: the cuda tests `cublas_rows_keep_their_bits_across_pass_lengths`
+/// (each product at 512 to 2,559 rows, the longest pass `chunk_end` makes) and
+/// `a_prompt_rows_bits_do_not_depend_on_its_pass_length` (a 2,560-row prompt in one
+/// pass and cut anywhere into passes of 512 rows or more, every fuel, the same
+/// last-row logits bit for bit). Passes of 64 or 128 rows did not
+/// keep them (Llama-3.2-1B, Qwen3-0.6B). The count is the pass's, all requests'
+/// rows together: a prompt's piece that shares its pass with other rows (decode
+/// steps, another prompt) keeps no such promise.
 pub const PASS_SHARED_ROWS: usize = 512;
 
-/// Where a prefill pass starting at prompt position `start` ends, with passes of
-/// at most `chunk` tokens and the prefix cache's `block`. Every pass boundary is a
-/// fixed position of the prompt, so a request that starts from a cached prefix (a
-/// multiple of the block) runs the passes the same request run from position 0
-/// runs after that prefix, but for its first, which may start later:
-/// - chunk and block whole multiples of `shared` (`PASS_SHARED_ROWS`): passes end
-///   at the chunk's multiples, at the end of the prompt's whole blocks (what a
-///   later prompt may reuse) and at its end. A reusing request's first pass ends
-///   where the full prefill's pass holding that position ends, and is at least
-///   `shared` rows long, which gives its rows the same bits.
-/// - otherwise: passes also end at every multiple of the block, so reuse leaves
-///   every pass as it was.
-pub(crate) fn chunk_end(start: usize, prompt_len: usize, chunk: usize, block: usize, shared: usize) -> usize {
-    let next = |n: usize| (start / n + 1) * n;
-    let whole = prompt_len / block * block;
-    let stop = if start < whole { whole } else { prompt_len };
-    if chunk % shared == 0 && block % shared == 0 {
-        next(chunk).min(stop)
+/// Where a prefill pass starting at prompt position `start` ends: `chunk` tokens
+/// on (at least `shared`, the backend's `pass_shared_rows`), or at the prompt's
+/// end, which the pass also takes where fewer than `shared` tokens would be left
+/// for a last pass (it then runs up to `chunk + shared - 1` rows). So every pass
+/// of a prompt of `shared` tokens or more has at least `shared` rows, which give
+/// each row the same bits whatever the pass's length: a request that reuses a
+/// cached prefix (which leaves it `shared` tokens or more to compute:
+/// `PrefixCache::shared_len`) gets the bits of the same request without reuse,
+/// wherever either's passes begin.
+pub(crate) fn chunk_end(start: usize, prompt_len: usize, chunk: usize, shared: usize) -> usize {
+    let end = start.saturating_add(chunk.max(shared)).min(prompt_len);
+    if prompt_len - end < shared {
+        prompt_len
     } else {
-        next(chunk).min(next(block)).min(stop)
+        end
     }
 }
 
@@ -210,13 +201,12 @@ pub(crate) fn piece_end(
     start: usize,
     prompt_len: usize,
     chunk: usize,
-    block: usize,
     shared: usize,
     beside_decode: bool,
     cost: RowCost,
     budget_macs: u64,
 ) -> usize {
-    let end = chunk_end(start, prompt_len, chunk, block, shared);
+    let end = chunk_end(start, prompt_len, chunk, shared);
     if !beside_decode {
         return end;
     }
@@ -229,14 +219,15 @@ pub(crate) fn piece_end(
 
 /// The lengths of `prompt`'s prefix that waiting requests would copy from the
 /// prefix cache if it held them: each one's whole blocks in common with
-/// `prompt`, where that is more than the cache offers it now.
-fn wanted_by_waiting(cache: &KvPrefixCache, waiting: &VecDeque<Active<'_>>, prompt: &[u32]) -> Vec<usize> {
+/// `prompt` (leaving them `rest` tokens to compute), where that is more than
+/// the cache offers them now.
+fn wanted_by_waiting(cache: &KvPrefixCache, waiting: &VecDeque<Active<'_>>, prompt: &[u32], rest: usize) -> Vec<usize> {
     waiting
         .iter()
         .filter_map(|w| {
             let theirs = w.state.prompt_ids();
-            let shared = cache.shared_len(theirs, prompt);
-            (shared > cache.reusable(theirs)).then_some(shared)
+            let shared = cache.shared_len(theirs, prompt, rest);
+            (shared > cache.reusable(theirs, rest)).then_some(shared)
         })
         .collect()
 }
@@ -272,21 +263,26 @@ fn kept_after(a: &Active<'_>, shared: usize, pass_end: impl Fn(usize) -> usize) 
     }
 }
 
-/// After a prefill pass: when `a`'s session now holds exactly its prompt's
-/// whole blocks (a pass ends there), or has passed whole blocks a waiting
-/// request shares with it (`wanted`; a pass may end past them), a copy of them
-/// joins the prefix cache (unless an entry already covers them). Failures only
-/// cost the reuse.
-fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>, waiting: &VecDeque<Active<'_>>) {
+/// After a prefill pass: when `a`'s session has passed its prompt's whole
+/// blocks, or whole blocks a waiting request shares with it (`wanted`), a copy
+/// of them joins the prefix cache (unless an entry already covers them). A
+/// prompt shorter than `shared` rows (the backend's `pass_shared_rows`) is never kept: its one
+/// pass was too short to give its rows the bits a longer pass would. Failures
+/// only cost the reuse.
+fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>, waiting: &VecDeque<Active<'_>>, shared: usize) {
     let Some(cache) = model.prefix_cache else { return };
     let session = a.session.as_deref_mut().expect("running requests hold a session");
     let prompt = a.state.prompt_ids();
+    if prompt.len() < shared {
+        return;
+    }
     let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
     let done = session.len();
-    let keep = if done == cache.aligned_len(prompt.len()) {
-        done
+    let whole = cache.aligned_len(prompt.len());
+    let keep = if done >= whole {
+        whole
     } else {
-        wanted_by_waiting(&cache, waiting, prompt).into_iter().filter(|&w| w <= done).max().unwrap_or(0)
+        wanted_by_waiting(&cache, waiting, prompt, shared).into_iter().filter(|&w| w <= done).max().unwrap_or(0)
     };
     if keep == 0 || cache.covers(&prompt[..keep]) {
         return;
@@ -333,7 +329,7 @@ pub struct Batcher<'a> {
     model: BatchModel<'a>,
     max_batch: usize,
     prefill_chunk: usize,
-    /// `PASS_SHARED_ROWS`; tests on small fixtures set it lower.
+    /// The backend's `pass_shared_rows`; tests set it.
     shared_rows: usize,
     piece_macs: u64,
     next_id: RequestId,
@@ -344,11 +340,12 @@ pub struct Batcher<'a> {
 impl<'a> Batcher<'a> {
     /// At most `max_batch` requests run in one pass; the rest wait their turn.
     pub fn new(model: impl Into<BatchModel<'a>>, max_batch: usize) -> Self {
+        let model = model.into();
         Batcher {
-            model: model.into(),
+            model,
             max_batch: max_batch.max(1),
             prefill_chunk: PREFILL_CHUNK,
-            shared_rows: PASS_SHARED_ROWS,
+            shared_rows: model.backend.pass_shared_rows().get(),
             piece_macs: INTERACTIVE_PIECE_MACS,
             next_id: 0,
             waiting: VecDeque::new(),
@@ -363,8 +360,8 @@ impl<'a> Batcher<'a> {
         self.prefill_chunk = tokens.max(1);
     }
 
-    /// The pass length from which prompt rows keep their bits (`chunk_end`): a test
-    /// on a fixture of a few hundred positions lets passes cross blocks with it.
+    /// The pass length from which prompt rows keep their bits (`chunk_end`), as a
+    /// GPU backend's `pass_shared_rows` would say, on the CPU backend.
     #[cfg(test)]
     pub(crate) fn set_shared_rows(&mut self, rows: usize) {
         self.shared_rows = rows.max(1);
@@ -446,7 +443,7 @@ impl<'a> Batcher<'a> {
         let mut prefilling = Vec::with_capacity(self.running.len());
         let mut requests = Vec::with_capacity(if device_sampling { self.running.len() } else { 0 });
         let mut prompt_rows = 0usize; // for the "pass done" event
-        let (chunk, block) = (self.prefill_chunk, self.model.prefix_block);
+        let chunk = self.prefill_chunk;
         // Requests past their prompt decode in this pass: prompts beside them come in
         // pieces whose attention their step can afford.
         let beside_decode = self.running.iter().any(|a| a.state.last_token().is_some());
@@ -461,7 +458,7 @@ impl<'a> Batcher<'a> {
             let tokens = match state.last_token() {
                 None => {
                     let prompt = state.prompt_ids();
-                    let end = piece_end(session.len(), prompt.len(), chunk, block, self.shared_rows, beside_decode, row_cost, budget);
+                    let end = piece_end(session.len(), prompt.len(), chunk, self.shared_rows, beside_decode, row_cost, budget);
                     prompt_rows += end - session.len();
                     picks.push(end == prompt.len());
                     &prompt[session.len()..end]
@@ -502,7 +499,7 @@ impl<'a> Batcher<'a> {
         };
         let model = self.model;
         for (a, _) in self.running.iter_mut().zip(&prefilling).filter(|(_, p)| **p) {
-            keep_prefix(&model, a, &self.waiting);
+            keep_prefix(&model, a, &self.waiting, self.shared_rows);
         }
         let vocab = self.model.vocab_size;
         let tokenizer = self.model.tokenizer;
@@ -603,7 +600,7 @@ impl<'a> Batcher<'a> {
                 }
             }
         };
-        if let Some(hit) = cache.lookup(a.state.prompt_ids()) {
+        if let Some(hit) = cache.lookup(a.state.prompt_ids(), self.shared_rows) {
             match backend.copy_prefix(hit.value.as_mut(), session.as_mut(), hit.tokens) {
                 Ok(()) => a.state.reused_prefix(hit.tokens),
                 Err(e) => {
@@ -672,20 +669,22 @@ impl<'a> Batcher<'a> {
         let cache = self.model.prefix_cache?;
         let cache = cache.lock().unwrap_or_else(|p| p.into_inner());
         let prompt = a.state.prompt_ids();
-        let cached = cache.reusable(prompt);
-        let (chunk, block, rows) = (self.prefill_chunk, self.model.prefix_block, self.shared_rows);
-        let own_passes = |from: usize| passes_from(from, prompt.len(), |s| chunk_end(s, prompt.len(), chunk, block, rows));
+        let (chunk, rows) = (self.prefill_chunk, self.shared_rows);
+        let cached = cache.reusable(prompt, rows);
+        let own_passes = |from: usize| passes_from(from, prompt.len(), |s| chunk_end(s, prompt.len(), chunk, rows));
         let alone = own_passes(cached);
         self.running.iter().filter(|r| r.state.last_token().is_none()).filter_map(|r| {
             let session = r.session.as_deref()?;
             let theirs = r.state.prompt_ids();
-            let shared = cache.shared_len(prompt, theirs);
-            if shared <= cached {
+            let shared = cache.shared_len(prompt, theirs, rows);
+            // A prompt shorter than the backend's `pass_shared_rows` is never kept (`keep_prefix`).
+            if shared <= cached || theirs.len() < rows {
                 return None;
             }
-            let (waits, at) = kept_after(r, shared, |s| chunk_end(s, theirs.len(), chunk, block, rows));
-            // A pass that ends at its prompt's whole blocks keeps all of them (`keep_prefix`).
-            let keeps = if at == cache.aligned_len(theirs.len()) { at } else { shared };
+            let (waits, at) = kept_after(r, shared, |s| chunk_end(s, theirs.len(), chunk, rows));
+            // A pass that passes its prompt's whole blocks keeps all of them (`keep_prefix`).
+            let whole = cache.aligned_len(theirs.len());
+            let keeps = if at >= whole { whole } else { shared };
             let bytes = keeps * (session.kv_bytes() / session.capacity().max(1));
             (waits + own_passes(shared) <= alone && cache.admits(bytes)).then_some(waits)
         })

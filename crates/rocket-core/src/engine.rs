@@ -40,11 +40,11 @@ pub struct EngineOptions {
     /// Default [`DEFAULT_PREFIX_CACHE_BYTES`] (1 GiB).
     pub prefix_cache_bytes: usize,
     /// The prefix cache's block in tokens: prompts are cached and reused in
-    /// whole blocks from their start, and prefill passes are cut so that outputs
-    /// are the same bit for bit with or without reuse (`batch::chunk_end`). A
-    /// multiple of 512 lets passes run across blocks; a smaller block reuses more
-    /// of a diverging prompt but cuts long prefills into passes of a block each.
-    /// Default [`PREFIX_BLOCK`] (512).
+    /// whole blocks from their start, leaving a request at least the backend's
+    /// `pass_shared_rows` tokens to compute, so outputs are the same bit for bit
+    /// with or without reuse (`batch::chunk_end`). Prefill passes do not depend on
+    /// it: a smaller block reuses more of a prompt that diverges mid-block, at the
+    /// cost of more, smaller cache entries' lookups. Default [`PREFIX_BLOCK`] (512).
     pub prefix_block: usize,
 }
 
@@ -372,7 +372,6 @@ impl Engine {
             eos_ids: &self.info.eos_token_ids,
             vocab_size: self.info.spec.vocab_size,
             max_seq_len: self.info.max_seq_len,
-            prefix_block: self.prefix_block,
             prefix_cache: self.prefix_cache.as_ref(),
             row_cost: crate::batch::RowCost { matmul_macs: self.info.spec.layer_matmul_macs(), pair_macs: 2 * (self.info.spec.q_dim() * self.info.spec.num_layers) as u64 },
         }
@@ -386,6 +385,14 @@ impl Engine {
     /// The prefix cache's byte budget (0: disabled) and block in tokens.
     pub fn prefix_cache_limits(&self) -> (usize, usize) {
         (self.prefix_cache.as_ref().map_or(0, |c| c.lock().unwrap_or_else(|p| p.into_inner()).max_bytes()), self.prefix_block)
+    }
+
+    /// The fewest prompt tokens a request computes itself when it reuses a cached
+    /// prefix, and the shortest prompt that is cached: prompt passes of this many
+    /// rows or more give each row the same bits (the backend's `pass_shared_rows`;
+    /// 512 on the GPU, 1 on the CPU).
+    pub fn prefix_reuse_rest(&self) -> usize {
+        self.backend.pass_shared_rows().get()
     }
 
     /// Drops every cached prefix (the memory returns to the backend).

@@ -4,16 +4,15 @@
 //! block-aligned prefix, insert, least-recently-used eviction by bytes); the
 //! batcher copies KV in and out of them (`Backend::copy_prefix`).
 //!
-//! The block rule, which makes reuse bitwise invisible on every backend: KV is
-//! cached and reused only in whole blocks of `block` tokens counted from the
-//! start of the prompt, and prefill passes end at fixed positions of the prompt
-//! (`batch::chunk_end`): a request that reuses `k * block` tokens computes the
-//! passes that the same request without reuse computes after position
-//! `k * block`, its first one possibly shorter but then at least
-//! `batch::PASS_SHARED_ROWS` rows, and the copied KV is what those earlier
-//! passes wrote. The CPU backend's per-row math would allow any split; the GPU's
-//! products round differently with a pass's row count below that, so the rule is
-//! what keeps the two runs equal there.
+//! The rule that makes reuse bitwise invisible on every backend: KV is cached
+//! and reused only in whole blocks of `block` tokens counted from the start of
+//! the prompt, computed in prefill passes of at least the backend's
+//! `pass_shared_rows` (S) rows, and a request reusing a prefix still computes at
+//! least S tokens (`rest` below), in passes of at least S rows (`batch::chunk_end`).
+//! A row's bits do not depend on the length of a pass of S rows or more, so
+//! both runs give every row the same bits, however their passes were cut. The
+//! CPU backend's per-row math allows any split (S = 1); the GPU's products round
+//! differently with a pass's row count below S.
 //! Only prompt KV written by prefill is cached: generated tokens' KV comes from
 //! one-row decode steps, which a later prefill of the same tokens would not
 //! reproduce bit for bit on the GPU.
@@ -115,11 +114,12 @@ impl<V> PrefixCache<V> {
     }
 
     /// The longest cached prefix of `prompt` in whole blocks, leaving at least
-    /// one prompt token to compute (its logits give the first token). Counts a
-    /// lookup, and a hit when found; the entry becomes the most recently used.
-    pub fn lookup(&mut self, prompt: &[u32]) -> Option<Hit<'_, V>> {
+    /// `rest` prompt tokens to compute (at least one: its logits give the first
+    /// token; the batcher leaves the backend's `pass_shared_rows`). Counts a lookup, and
+    /// a hit when found; the entry becomes the most recently used.
+    pub fn lookup(&mut self, prompt: &[u32], rest: usize) -> Option<Hit<'_, V>> {
         self.stats.lookups += 1;
-        let (i, tokens) = self.best(prompt)?;
+        let (i, tokens) = self.best(prompt, rest)?;
         self.stats.hits += 1;
         self.stats.tokens_reused += tokens as u64;
         let now = self.tick();
@@ -130,22 +130,22 @@ impl<V> PrefixCache<V> {
 
     /// How many tokens `lookup` would reuse for `prompt` now (0: none), without
     /// counting a lookup or touching the entry.
-    pub fn reusable(&self, prompt: &[u32]) -> usize {
-        self.best(prompt).map_or(0, |(_, tokens)| tokens)
+    pub fn reusable(&self, prompt: &[u32], rest: usize) -> usize {
+        self.best(prompt, rest).map_or(0, |(_, tokens)| tokens)
     }
 
     /// The whole blocks `prompt` may reuse from a prefix of `tokens` (another
-    /// prompt's), leaving at least one prompt token to compute.
-    pub fn shared_len(&self, prompt: &[u32], tokens: &[u32]) -> usize {
-        let limit = self.aligned_len(prompt.len().saturating_sub(1));
+    /// prompt's), leaving at least `rest` prompt tokens (and one) to compute.
+    pub fn shared_len(&self, prompt: &[u32], tokens: &[u32], rest: usize) -> usize {
+        let limit = self.aligned_len(prompt.len().saturating_sub(rest.max(1)));
         self.aligned_len(tokens.iter().zip(prompt).take(limit).take_while(|(a, b)| a == b).count())
     }
 
     /// The entry with the longest reusable prefix of `prompt`, and its length.
-    fn best(&self, prompt: &[u32]) -> Option<(usize, usize)> {
+    fn best(&self, prompt: &[u32], rest: usize) -> Option<(usize, usize)> {
         let mut best: Option<(usize, usize)> = None;
         for (i, e) in self.entries.iter().enumerate() {
-            let reusable = self.shared_len(prompt, &e.tokens);
+            let reusable = self.shared_len(prompt, &e.tokens, rest);
             if reusable > 0 && best.is_none_or(|(_, n)| reusable > n) {
                 best = Some((i, reusable));
             }
@@ -225,40 +225,48 @@ mod tests {
     #[test]
     fn lookup_finds_the_longest_whole_block_prefix_and_leaves_a_token_to_compute() {
         let mut c = PrefixCache::new(1000, 4);
-        assert!(c.lookup(&ids(0..20)).is_none());
+        assert!(c.lookup(&ids(0..20), 1).is_none());
         assert!(c.insert(ids(0..12), "a", 10));
         // Diverging inside the third block: only the two whole blocks before it.
         let mut p = ids(0..20);
         p[9] = 99;
-        assert_eq!(c.lookup(&p).map(|h| (*h.value, h.tokens)), Some(("a", 8)));
+        assert_eq!(c.lookup(&p, 1).map(|h| (*h.value, h.tokens)), Some(("a", 8)));
         // Longer prompt with the whole entry as prefix: all of it.
-        assert_eq!(c.lookup(&ids(0..20)).map(|h| h.tokens), Some(12));
+        assert_eq!(c.lookup(&ids(0..20), 1).map(|h| h.tokens), Some(12));
         // The same 12 tokens as the prompt: one token must still be computed,
         // so only the blocks before the last token.
-        assert_eq!(c.lookup(&ids(0..12)).map(|h| h.tokens), Some(8));
-        assert_eq!(c.lookup(&ids(0..13)).map(|h| h.tokens), Some(12));
+        assert_eq!(c.lookup(&ids(0..12), 1).map(|h| h.tokens), Some(8));
+        assert_eq!(c.lookup(&ids(0..13), 1).map(|h| h.tokens), Some(12));
         // Diverging in the first block, or shorter than a block: nothing.
-        assert!(c.lookup(&[0, 1, 7, 3, 4, 5, 6]).is_none());
-        assert!(c.lookup(&ids(0..4)).is_none());
+        assert!(c.lookup(&[0, 1, 7, 3, 4, 5, 6], 1).is_none());
+        assert!(c.lookup(&ids(0..4), 1).is_none());
         // The longer of two matching entries wins.
         assert!(c.insert(ids(0..4).into_iter().chain([50, 51, 52, 53]).collect(), "b", 10));
-        assert_eq!(c.lookup(&[0, 1, 2, 3, 50, 51, 52, 53, 9]).map(|h| (*h.value, h.tokens)), Some(("b", 8)));
-        assert_eq!(c.lookup(&ids(0..30)).map(|h| (*h.value, h.tokens)), Some(("a", 12)));
+        assert_eq!(c.lookup(&[0, 1, 2, 3, 50, 51, 52, 53, 9], 1).map(|h| (*h.value, h.tokens)), Some(("b", 8)));
+        assert_eq!(c.lookup(&ids(0..30), 1).map(|h| (*h.value, h.tokens)), Some(("a", 12)));
         let s = c.stats();
         assert_eq!((s.lookups, s.hits, s.tokens_reused), (9, 6, 8 + 12 + 8 + 12 + 8 + 12));
         assert_eq!((s.entries, s.bytes, s.inserts), (2, 20, 2));
         // `reusable` answers as `lookup` would, without counting anything.
         for prompt in [ids(0..13), ids(0..12), ids(0..4), vec![0, 1, 2, 3, 50, 51, 52, 53, 9], ids(0..30)] {
-            let want = c.lookup(&prompt).map_or(0, |h| h.tokens);
+            let want = c.lookup(&prompt, 1).map_or(0, |h| h.tokens);
             let counted = c.stats();
-            assert_eq!(c.reusable(&prompt), want, "{prompt:?}");
+            assert_eq!(c.reusable(&prompt, 1), want, "{prompt:?}");
             assert_eq!(c.stats(), counted);
         }
         // Between two prompts: their common whole blocks, leaving the first one token.
-        assert_eq!(c.shared_len(&ids(0..13), &ids(0..100)), 12);
-        assert_eq!(c.shared_len(&ids(0..12), &ids(0..100)), 8);
-        assert_eq!(c.shared_len(&ids(0..30), &ids(0..7)), 4);
-        assert_eq!(c.shared_len(&[9, 1, 2, 3, 4], &ids(0..100)), 0);
+        assert_eq!(c.shared_len(&ids(0..13), &ids(0..100), 1), 12);
+        assert_eq!(c.shared_len(&ids(0..12), &ids(0..100), 1), 8);
+        assert_eq!(c.shared_len(&ids(0..30), &ids(0..7), 1), 4);
+        assert_eq!(c.shared_len(&[9, 1, 2, 3, 4], &ids(0..100), 1), 0);
+        // Leaving `rest` tokens: the whole blocks before the prompt's last `rest`.
+        assert_eq!(c.shared_len(&ids(0..20), &ids(0..100), 5), 12);
+        assert_eq!(c.shared_len(&ids(0..20), &ids(0..100), 8), 12);
+        assert_eq!(c.shared_len(&ids(0..20), &ids(0..100), 9), 8);
+        assert_eq!(c.shared_len(&ids(0..20), &ids(0..100), 20), 0);
+        assert_eq!(c.reusable(&ids(0..20), 9), 8);
+        assert_eq!(c.lookup(&ids(0..20), 9).map(|h| h.tokens), Some(8));
+        assert!(c.lookup(&ids(0..20), 17).is_none());
     }
 
     #[test]
@@ -272,7 +280,7 @@ mod tests {
         // A longer prompt of the same chain replaces the shorter entry.
         assert!(c.insert(ids(0..16), 3, 20));
         assert_eq!((c.stats().entries, c.stats().bytes), (1, 20));
-        assert_eq!(c.lookup(&ids(0..17)).map(|h| (*h.value, h.tokens)), Some((3, 16)));
+        assert_eq!(c.lookup(&ids(0..17), 1).map(|h| (*h.value, h.tokens)), Some((3, 16)));
     }
 
     #[test]
@@ -282,16 +290,16 @@ mod tests {
         assert!(c.insert(vec![2, 2], 'b', 10));
         assert!(c.insert(vec![3, 3], 'c', 10));
         // Using `a` makes `b` the least recently used.
-        assert!(c.lookup(&[1, 1, 0]).is_some());
+        assert!(c.lookup(&[1, 1, 0], 1).is_some());
         assert!(c.insert(vec![4, 4], 'd', 10));
-        assert!(c.lookup(&[2, 2, 0]).is_none(), "b was evicted");
+        assert!(c.lookup(&[2, 2, 0], 1).is_none(), "b was evicted");
         for p in [[1, 1, 0], [3, 3, 0], [4, 4, 0]] {
-            assert!(c.lookup(&p).is_some(), "{p:?}");
+            assert!(c.lookup(&p, 1).is_some(), "{p:?}");
         }
         // `covers` touches too: `a` after it is newer than `c` and `d`.
         assert!(c.covers(&[1, 1]));
         assert!(c.insert(vec![5, 5], 'e', 20));
-        assert!(c.lookup(&[1, 1, 0]).is_some() && c.lookup(&[3, 3, 0]).is_none() && c.lookup(&[4, 4, 0]).is_none());
+        assert!(c.lookup(&[1, 1, 0], 1).is_some() && c.lookup(&[3, 3, 0], 1).is_none() && c.lookup(&[4, 4, 0], 1).is_none());
         let s = c.stats();
         assert_eq!((s.entries, s.bytes, s.evictions), (2, 30, 3));
         assert!(!c.make_room(0), "an empty entry is never kept");
@@ -299,7 +307,7 @@ mod tests {
         assert!(!c.insert(vec![6, 6], 'f', 31));
         assert_eq!(c.stats().entries, 2);
         // Room for 20 more: `e` goes (`a` was looked up after it was kept).
-        assert!(c.make_room(20) && c.stats().entries == 1 && c.lookup(&[1, 1, 0]).is_some());
+        assert!(c.make_room(20) && c.stats().entries == 1 && c.lookup(&[1, 1, 0], 1).is_some());
         assert!(!c.make_room(31) && c.stats().entries == 1);
         assert!(c.evict_one() && !c.evict_one());
         assert_eq!(c.stats().bytes, 0);
@@ -309,7 +317,7 @@ mod tests {
     fn a_zero_budget_keeps_nothing() {
         let mut c = PrefixCache::new(0, 4);
         assert!(!c.insert(ids(0..4), (), 1));
-        assert!(c.lookup(&ids(0..9)).is_none());
+        assert!(c.lookup(&ids(0..9), 1).is_none());
         assert_eq!(c.stats().entries, 0);
     }
 }

@@ -1,9 +1,9 @@
 //! Prefill passes as the batcher cuts them, checked on the passes themselves by
 //! a backend that records every chunk's (first position, rows): the CPU
 //! backend's per-row math would hide where a prompt is cut, the GPU's would not.
-//! - The block rule of prefix reuse (see `prefix_cache`): a request reusing a
-//!   cached prefix runs exactly the passes the same request runs without reuse
-//!   after that prefix.
+//! - The rule of prefix reuse (see `prefix_cache`): every pass of a prompt, with
+//!   or without reuse, has at least the rows that keep a row's bits, and a reused
+//!   prefix leaves at least that many tokens to compute.
 //! - Pieces beside decoding requests (`batch::piece_end`): a prompt that arrives
 //!   while another request decodes comes in pieces its attention budget allows.
 
@@ -57,12 +57,14 @@ fn spans(p: &Passes) -> Vec<(usize, usize)> {
     p.lock().unwrap().iter().map(|&(start, rows, _)| (start, rows)).collect()
 }
 
-/// `ids` alone through a batcher of one, in prefill passes of at most `chunk` tokens.
+/// `ids` alone through a batcher of one, in prefill passes of at most `chunk`
+/// tokens (the CPU backend's rows keep their bits in passes of any length).
 fn run_alone(e: &Engine, ids: &[u32], chunk: usize, params: &SamplingParams) -> crate::output::RequestOutput {
-    run_alone_with(e, ids, chunk, crate::batch::PASS_SHARED_ROWS, params)
+    run_alone_with(e, ids, chunk, 1, params)
 }
 
-/// `run_alone` with passes of `shared` rows taken to keep their rows' bits (`chunk_end`).
+/// `run_alone` with passes of `shared` rows taken to keep their rows' bits, as a
+/// GPU backend says (`chunk_end`).
 fn run_alone_with(e: &Engine, ids: &[u32], chunk: usize, shared: usize, params: &SamplingParams) -> crate::output::RequestOutput {
     let out = std::cell::RefCell::new(None);
     let mut b = crate::Batcher::new(e, 1);
@@ -95,62 +97,75 @@ fn engine(block: usize, cache_bytes: usize) -> (Engine, Passes) {
 }
 
 #[test]
-fn pass_boundaries_are_fixed_positions_of_the_prompt() {
-    // Chunk 512, block 512 (the defaults): plain chunks from 0.
-    assert_eq!(chunk_end(0, 1300, 512, 512, 512), 512);
-    assert_eq!(chunk_end(1024, 1300, 512, 512, 512), 1300);
-    // Block 8 inside chunks of 20: every multiple of either.
-    let ends: Vec<usize> = std::iter::successors(Some(0), |&s| (s < 45).then(|| chunk_end(s, 45, 20, 8, 512))).skip(1).collect();
-    assert_eq!(ends, [8, 16, 20, 24, 32, 40, 45]);
-    // Starting at a block boundary joins the same sequence.
-    assert_eq!(chunk_end(16, 45, 20, 8, 512), 20);
-    assert_eq!(chunk_end(24, 45, 20, 8, 512), 32);
-    // Chunk and block whole multiples of the rows that keep their bits (512): passes
-    // cross blocks, ending at the chunk's multiples and at the prompt's last whole block
-    // (then its tail alone).
-    let ends = |start: usize, len: usize, chunk: usize, block: usize| -> Vec<usize> {
-        std::iter::successors(Some(start), |&s| (s < len).then(|| chunk_end(s, len, chunk, block, 512))).skip(1).collect()
+fn passes_take_whole_chunks_and_leave_no_last_pass_shorter_than_the_shared_rows() {
+    let ends = |start: usize, len: usize, chunk: usize, shared: usize| -> Vec<usize> {
+        std::iter::successors(Some(start), |&s| (s < len).then(|| chunk_end(s, len, chunk, shared))).skip(1).collect()
     };
-    assert_eq!(ends(0, 4100, 2048, 512), [2048, 4096, 4100]);
-    assert_eq!(ends(1536, 4100, 2048, 512), [2048, 4096, 4100]); // a cached 1,536: the same ends
-    assert_eq!(ends(0, 3000, 2048, 512), [2048, 2560, 3000]);
-    assert_eq!(ends(0, 1000, 2048, 512), [512, 1000]);
-    assert_eq!(ends(0, 5000, 2048, 1024), [2048, 4096, 5000]);
-    // A block under 512 ends passes as before: a chat turn after 3,968 cached at block 128.
-    assert_eq!(ends(3968, 4100, 2048, 128), [4096, 4100]);
-    assert_eq!(ends(0, 700, 2048, 128), [128, 256, 384, 512, 640, 700]);
+    // Chunk 2,048 and 512 shared rows (the defaults on the GPU): the 4 rows past 4,096
+    // join the pass before them, which a chat turn after 3,584 cached tokens runs alone.
+    assert_eq!(ends(0, 4100, 2048, 512), [2048, 4100]);
+    assert_eq!(ends(3584, 4100, 2048, 512), [4100]);
+    assert_eq!(ends(0, 4700, 2048, 512), [2048, 4096, 4700]);
+    assert_eq!(ends(0, 2559, 2048, 512), [2559]);
+    assert_eq!(ends(0, 2560, 2048, 512), [2048, 2560]);
+    assert_eq!(ends(0, 300, 2048, 512), [300]); // shorter than the shared rows: one pass
+    // A chunk under the shared rows takes the shared rows.
+    assert_eq!(ends(0, 1300, 256, 512), [512, 1300]);
+    // One shared row (the CPU): plain chunks, the last one short.
+    assert_eq!(ends(0, 45, 20, 1), [20, 40, 45]);
+    assert_eq!(ends(16, 45, 20, 1), [36, 45]);
 }
 
 #[test]
-fn a_reused_prefix_ends_its_first_pass_where_the_full_prefill_does() {
-    // Block 64, chunk 256: a full prefill of 230 tokens runs [0, 192) (its whole blocks)
-    // and the tail [192, 230); reusing 128 cached tokens it runs [128, 192) and the same tail.
+fn a_reused_prefix_leaves_at_least_the_shared_rows_to_compute_in_one_pass_or_more() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
     let first: Vec<u32> = (0..130).map(|i| (i * 13 + 5) % 500).collect();
-    let second: Vec<u32> = first.iter().copied().chain((0..100).map(|i| (i * 7 + 1) % 500)).collect();
-    // (Passes of 64 rows or more share their rows' bits here: the CPU backend's never differ.)
+    let then = |shared: usize, n: u32| first[..shared].iter().copied().chain((0..n).map(|i| (i * 7 + 1) % 500)).collect::<Vec<u32>>();
+    // Block 64, chunk 64, passes of 64 rows or more taken to keep their rows' bits:
+    // the first prompt runs [0, 64) and [64, 130) and keeps its two blocks.
     let (cached, with) = engine(64, 1 << 30);
     let (plain, without) = engine(64, 0);
-    let run = |e: &Engine, ids: &[u32]| run_alone_with(e, ids, 256, 64, &params);
+    let run = |e: &Engine, ids: &[u32]| run_alone_with(e, ids, 64, 64, &params);
+    let prefill = |p: &Passes, len: usize| spans(p).into_iter().filter(|&(start, _)| start < len).collect::<Vec<_>>();
     run(&cached, &first);
-    with.lock().unwrap().clear();
-    let got = run(&cached, &second);
-    assert_eq!(got.metrics.cached_prompt_tokens, 128);
-    let want = run(&plain, &second);
-    assert_eq!(got.token_ids, want.token_ids);
-    let prefill = |p: &Passes| spans(p).into_iter().filter(|&(start, _)| start < second.len()).collect::<Vec<_>>();
-    assert_eq!(prefill(&without), [(0, 192), (192, 38)]);
-    assert_eq!(prefill(&with), [(128, 64), (192, 38)]);
+    // (the prompt, the tokens it reuses, its passes with and without reuse)
+    let cases = [
+        // 230 tokens: the two cached blocks, then 102 rows in one pass (38 would be too few for a second).
+        (then(130, 100), 128, vec![(128, 102)], vec![(0, 64), (64, 64), (128, 102)]),
+        // 150 tokens: reusing both blocks would leave 22 rows; one block leaves 86.
+        (then(130, 20), 64, vec![(64, 86)], vec![(0, 64), (64, 86)]),
+        // Diverging in the second block: one block, then whole chunks.
+        (then(100, 153), 64, vec![(64, 64), (128, 125)], vec![(0, 64), (64, 64), (128, 125)]),
+    ];
+    for (i, (second, reused, passes_with, passes_without)) in cases.into_iter().enumerate() {
+        with.lock().unwrap().clear();
+        without.lock().unwrap().clear();
+        let got = run(&cached, &second);
+        assert_eq!(got.metrics.cached_prompt_tokens, reused, "case {i}");
+        let want = run(&plain, &second);
+        assert_eq!(got.token_ids, want.token_ids, "case {i}");
+        assert_eq!(prefill(&with, second.len()), passes_with, "case {i}: with reuse");
+        assert_eq!(prefill(&without, second.len()), passes_without, "case {i}: without");
+    }
+    // A prompt shorter than the shared rows ran in a shorter pass: it is never kept
+    // (here in blocks of 16, of which it has three).
+    let (small_blocks, _) = engine(16, 1 << 30);
+    let run16 = |ids: &[u32]| run_alone_with(&small_blocks, ids, 64, 64, &params).metrics.cached_prompt_tokens;
+    run16(&first[..63]);
+    assert_eq!(run16(&then(63, 100)), 0);
+    small_blocks.clear_prefix_cache();
+    run16(&first[..64]);
+    assert_eq!(run16(&then(63, 100)), 48);
 }
 
 #[test]
-fn a_reused_prefix_leaves_the_passes_after_it_as_they_were() {
+fn a_reused_prefix_gives_the_tokens_of_a_full_prefill() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
     let first: Vec<u32> = (0..40).map(|i| (i * 13 + 5) % 500).collect();
     let second: Vec<u32> = first.iter().copied().chain((0..30).map(|i| (i * 7 + 1) % 500)).collect();
     for (block, chunk) in [(8, 512), (8, 20), (16, 6)] {
         let (cached, with) = engine(block, 1 << 30);
-        let (plain, without) = engine(block, 0);
+        let (plain, _) = engine(block, 0);
         let run = |e: &Engine, ids: &[u32], chunk: usize| run_alone(e, ids, chunk, &params);
         run(&cached, &first, chunk);
         with.lock().unwrap().clear();
@@ -158,13 +173,10 @@ fn a_reused_prefix_leaves_the_passes_after_it_as_they_were() {
         let reused = got.metrics.cached_prompt_tokens;
         assert_eq!(reused, 40 / block * block, "block {block}");
         let want = run(&plain, &second, chunk);
-        assert_eq!(got.token_ids, want.token_ids);
-        // Prefill passes only (decode steps start at the prompt's end).
-        let prefill = |p: &Passes| spans(p).into_iter().filter(|&(start, _)| start < second.len()).collect::<Vec<_>>();
-        let all = prefill(&without);
-        let after: Vec<(usize, usize)> = all.iter().copied().filter(|&(start, _)| start >= reused).collect();
-        assert!(all.iter().any(|&(start, rows)| start < reused && start + rows == reused), "a full prefill splits at {reused}: {all:?}");
-        assert_eq!(prefill(&with), after, "block {block}, chunk {chunk}: passes after the reused prefix");
+        assert_eq!(got.token_ids, want.token_ids, "block {block}, chunk {chunk}");
+        // Its passes: chunks from the reused prefix on.
+        let starts: Vec<usize> = spans(&with).into_iter().filter(|&(start, _)| start < second.len()).map(|(start, _)| start).collect();
+        assert_eq!(starts, (reused..second.len()).step_by(chunk).collect::<Vec<_>>(), "block {block}, chunk {chunk}");
     }
 }
 
@@ -177,28 +189,27 @@ fn pieces_beside_decoding_requests_follow_the_budget() {
     assert_eq!(spec.layer_matmul_macs(), llama.matmul_macs);
     assert_eq!(llama.matmul_macs, 973_078_528);
     let budget = crate::batch::INTERACTIVE_PIECE_MACS;
-    let piece = |start: usize| piece_end(start, 20_000, 512, 512, 512, true, llama, budget) - start;
+    let piece = |start: usize| piece_end(start, 20_000, 512, 512, true, llama, budget) - start;
     assert_eq!([0, 512, 1024, 4096, 16_384].map(piece), [128, 128, 64, 64, 64]);
     // A small model (SmolLM2-135M's shape) keeps whole chunks further in.
     let smol = RowCost { matmul_macs: 30 * (576 * (2 * 576 + 2 * 192) + 3 * 576 * 1536), pair_macs: 2 * 576 * 30 };
-    let small = |start: usize| piece_end(start, 20_000, 512, 512, 512, true, smol, budget) - start;
+    let small = |start: usize| piece_end(start, 20_000, 512, 512, true, smol, budget) - start;
     assert_eq!([0, 1024, 4096, 16_384].map(small), [512, 512, 320, 64]);
     for cost in [llama, smol] {
         for start in (0..19_968).step_by(512) {
-            let rows = piece_end(start, 20_000, 512, 512, 512, true, cost, budget) - start;
+            let rows = piece_end(start, 20_000, 512, 512, true, cost, budget) - start;
             assert_eq!(rows % PIECE_ROWS, 0, "at {start}");
             // Within budget, unless it is the smallest piece; and the next size up is not.
             assert!(rows == PIECE_ROWS || cost.piece(start, rows) <= budget as u128, "at {start}: {rows} rows");
             assert!(rows == 512 || cost.piece(start, rows + PIECE_ROWS) > budget as u128, "at {start}: {rows} rows");
         }
     }
-    // Alone, whole chunks; beside decoding, still never across a chunk, a block under
-    // 512 rows, or the prompt's end.
-    assert_eq!(piece_end(8192, 20_000, 2048, 512, 512, false, llama, budget), 10_240);
-    let across = piece_end(0, 20_000, 2048, 512, 512, true, smol, budget);
+    // Alone, whole chunks; beside decoding, still never across a chunk or the prompt's end.
+    assert_eq!(piece_end(8192, 20_000, 2048, 512, false, llama, budget), 10_240);
+    let across = piece_end(0, 20_000, 2048, 512, true, smol, budget);
     assert!(across > 512 && across % PIECE_ROWS == 0 && smol.piece(0, across) <= budget as u128, "{across}");
-    assert_eq!(piece_end(0, 20_000, 512, 128, 512, true, smol, budget), 128);
-    assert_eq!(piece_end(16_384, 16_400, 512, 512, 512, true, llama, budget), 16_400);
+    assert_eq!(piece_end(0, 20_000, 2048, 512, true, smol, budget), 832);
+    assert_eq!(piece_end(16_384, 16_400, 512, 512, true, llama, budget), 16_400);
 }
 
 type Finished = std::rc::Rc<std::cell::RefCell<Vec<(&'static str, Vec<u32>)>>>;
@@ -284,8 +295,8 @@ fn prompt_pieces_change_no_token_and_a_kv_only_pass_fills_the_cache_alike() {
 }
 
 /// `long` from step 0 and `later` from step `at` through one batcher (chunk 64,
-/// block 16, passes of 16 rows or more taken to keep their bits, so passes cross
-/// blocks): `later`'s reused prompt tokens, the step of its first token, and its tokens.
+/// passes of 16 rows or more taken to keep their bits): `later`'s reused prompt
+/// tokens, the step of its first token, and its tokens.
 fn arriving(e: &Engine, long: &[u32], later: &[u32], at: usize) -> (usize, usize, Vec<u32>) {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
     let first_step = std::rc::Rc::new(std::cell::Cell::new(None));
@@ -318,28 +329,28 @@ fn arriving(e: &Engine, long: &[u32], later: &[u32], at: usize) -> (usize, usize
 }
 
 #[test]
-fn with_passes_across_blocks_a_request_waits_for_a_shared_prefill_only_where_its_first_token_comes_no_later() {
+fn a_request_waits_for_a_shared_prefill_only_where_its_first_token_comes_no_later() {
     let (e, _) = engine(16, 1 << 30);
     let (plain, _) = engine(16, 0);
-    // The long prompt's passes: [0, 64), [64, 128), [128, 144) (its whole blocks), [144, 150).
+    // The long prompt's passes: [0, 64), [64, 128), [128, 150); the last keeps its 144 tokens' blocks.
     let long: Vec<u32> = (0..150).map(|i| (i * 23 + 7) % 500).collect();
     let later = |shared: usize, new: usize| long[..shared].iter().copied().chain((0..new as u32).map(|i| (i * 11 + 3) % 500)).collect::<Vec<u32>>();
     // (the later prompt, the step it arrives at, the tokens it reuses, the step of its first token)
     let cases = [
-        // Two blocks in common: the long prefill keeps them after its first pass
-        // (64 rows) and the later request copies them and prefills its 5 tokens
-        // (two passes, as [0, 32) and [32, 37) without waiting).
-        (later(32, 5), 0, 32, 1),
-        // One block in common and 40 new tokens: waiting (one pass) and then
-        // [16, 48) and [48, 56) is a pass more than [0, 48) and [48, 56).
-        (later(16, 40), 0, 0, 1),
-        // The same one step later, the block passed: its next pass keeps it, too late.
-        (later(16, 40), 1, 0, 2),
-        // Seven blocks in common, the long prefill at 64: kept after [64, 128), then
-        // one pass of 5 tokens, against three without waiting.
-        (later(112, 5), 1, 112, 2),
-        // Three blocks, passed: the pass to 144 keeps every whole block of the long prompt.
-        (later(48, 5), 2, 48, 3),
+        // Seven blocks in common and 40 new tokens: the long prefill keeps them after
+        // two passes, then one pass of 40 rows: three passes, as [0, 64), [64, 128),
+        // [128, 152) without waiting.
+        (later(112, 40), 0, 112, 2),
+        // One block in common: waiting one pass, then [16, 56), is a pass more than [0, 56).
+        (later(16, 40), 0, 0, 0),
+        // Four blocks, passed (the long prefill at 64): its next pass keeps them, and
+        // [64, 128), [128, 164) take as many passes as [0, 64), [64, 128), [128, 164).
+        (later(64, 100), 1, 64, 3),
+        // Three blocks, passed: reusing two (53 - 16 leaves 37) takes a pass to keep
+        // them and [32, 53), against [0, 53) alone.
+        (later(48, 5), 2, 0, 2),
+        // After the long prefill: its whole 144 tokens' blocks, then one pass of 20.
+        (later(144, 20), 3, 144, 3),
     ];
     for (i, (prompt, at, reused, first)) in cases.into_iter().enumerate() {
         e.clear_prefix_cache();
@@ -351,13 +362,25 @@ fn with_passes_across_blocks_a_request_waits_for_a_shared_prefill_only_where_its
 }
 
 #[test]
+fn a_request_does_not_wait_for_a_prompt_too_short_to_be_cached() {
+    // Blocks of 4 tokens: the later prompt shares three blocks with a 15-token prompt,
+    // which is shorter than the 16 shared rows and so never cached. Waiting for it
+    // would cost a pass and copy nothing: the later prompt runs [0, 64), [64, 80) at once.
+    let (e, _) = engine(4, 1 << 30);
+    let long: Vec<u32> = (0..15).map(|i| (i * 23 + 7) % 500).collect();
+    let later: Vec<u32> = long[..12].iter().copied().chain((0..68).map(|i| (i * 11 + 3) % 500)).collect();
+    let (reused, first, _) = arriving(&e, &long, &later, 0);
+    assert_eq!((reused, first), (0, 1), "reused tokens, first token's step");
+}
+
+#[test]
 fn a_request_waiting_for_a_shared_prefill_keeps_its_slot_from_later_arrivals() {
-    // A batch of two: the long prompt, then one sharing three blocks with it (it waits
-    // one pass, then copies them), then an unrelated one queued behind it, all at once.
+    // A batch of two: the long prompt, then one sharing seven blocks with it (it waits
+    // two passes, then copies them), then an unrelated one queued behind it, all at once.
     // The unrelated request may not take the slot the waiting one needs.
     let first_steps = |e: &Engine| {
         let long: Vec<u32> = (0..150).map(|i| (i * 23 + 7) % 500).collect();
-        let shared: Vec<u32> = long[..48].iter().copied().chain([5, 6, 7, 8, 9]).collect();
+        let shared: Vec<u32> = long[..112].iter().copied().chain((0..40).map(|i| (i * 11 + 3) % 500)).collect();
         let other: Vec<u32> = (0..20).map(|i| (i * 13 + 1) % 500).collect();
         let params = |n| SamplingParams { ignore_eos: true, ..SamplingParams::greedy(n) };
         let firsts = std::rc::Rc::new(std::cell::RefCell::new([usize::MAX; 3]));
@@ -393,9 +416,9 @@ fn a_request_waiting_for_a_shared_prefill_keeps_its_slot_from_later_arrivals() {
     let (e, _) = engine(16, 1 << 30);
     let (plain, _) = engine(16, 0);
     let (firsts, outs) = first_steps(&e);
-    assert_eq!(outs[1].0, 48, "the sharing request copies the three blocks");
-    assert_eq!(firsts[1], 1, "and gets its first token one pass in, as without waiting");
-    assert!(firsts[2] > 1, "the unrelated request waits for a free slot: {firsts:?}");
+    assert_eq!(outs[1].0, 112, "the sharing request copies the seven blocks");
+    assert_eq!(firsts[1], 2, "and gets its first token three passes in, as without waiting");
+    assert!(firsts[2] > 2, "the unrelated request waits for a free slot: {firsts:?}");
     let (_, want) = first_steps(&plain);
     for i in 0..3 {
         assert_eq!(outs[i].1, want[i].1, "request {i}: tokens against the cache off");

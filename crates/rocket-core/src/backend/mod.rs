@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod cuda;
 
 use std::any::Any;
+use std::num::NonZeroUsize;
 
 use crate::error::{Result, RocketError};
 use crate::output::TokenLogprob;
@@ -79,6 +80,13 @@ pub trait Backend: Send + Sync {
     /// at all, so callers need not prepare one that would come back `None`.
     fn loops_sampling(&self, _params: &SamplingParams) -> bool {
         false
+    }
+    /// Prompt passes of at least this many rows give each row the same bits
+    /// whatever their length (1: every pass does, as on the CPU, whose rows never
+    /// depend on their pass). The batcher cuts prompts so that reuse of a cached
+    /// prefix keeps every row's bits (`batch::chunk_end`).
+    fn pass_shared_rows(&self) -> NonZeroUsize {
+        NonZeroUsize::MIN
     }
     /// How a decode step of `batch` sequences sampled with `params` runs, in
     /// words, for benchmarks.

@@ -1036,6 +1036,9 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn pass_shared_rows(&self) -> std::num::NonZeroUsize {
+        std::num::NonZeroUsize::new(crate::batch::PASS_SHARED_ROWS).expect("PASS_SHARED_ROWS is at least 1")
+    }
     fn loops_sampling(&self, params: &SamplingParams) -> bool {
         self.lock().is_ok_and(|i| i.megakernel.as_ref().is_some_and(|mk| mk.in_service() && self.loops(mk, params)))
     }
