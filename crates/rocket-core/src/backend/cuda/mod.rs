@@ -983,8 +983,8 @@ impl Backend for CudaBackend {
     /// One device-to-device copy: the cache is position-major
     /// ([capacity][layers][k|v][kv_dim]), so the first `len` positions of every
     /// layer are one contiguous range whatever the capacity. Synchronised before
-    /// returning, so `src` may be freed (evicted) at once. Compile-checked only:
-    /// no GPU has run it yet (tests/cuda.rs `prefix_reuse_*` are its checks).
+    /// returning, so `src` may be freed (evicted) at once (tests/cuda.rs
+    /// `prefix_reuse_*` check it on both decode paths).
     fn copy_prefix(&self, src: &mut dyn Session, dst: &mut dyn Session, len: usize) -> Result<()> {
         check_copy(src, dst, len)?;
         let bytes = len * self.spec.num_layers * 2 * self.spec.kv_dim() * 2;
