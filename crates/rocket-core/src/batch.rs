@@ -498,9 +498,6 @@ impl<'a> Batcher<'a> {
             }
         };
         let model = self.model;
-        for (a, _) in self.running.iter_mut().zip(&prefilling).filter(|(_, p)| **p) {
-            keep_prefix(&model, a, &self.waiting, self.shared_rows);
-        }
         let vocab = self.model.vocab_size;
         let tokenizer = self.model.tokenizer;
         // Rows whose token the host picks (from the logits row: logprobs, or a
@@ -514,17 +511,21 @@ impl<'a> Batcher<'a> {
         };
         let mut still_running = Vec::with_capacity(self.running.len());
         for (i, mut a) in self.running.drain(..).enumerate() {
-            if !picks[i] {
-                still_running.push(a);
-                continue;
+            let after = picks[i].then(|| {
+                let accepted = match &picked {
+                    Picked::Tokens(t) => a.state.accept_picked(tokenizer, t[i], None),
+                    Picked::Logits(_) => a.state.accept_with(tokenizer, host_picks[i].take().expect("picked above")),
+                };
+                after_token(&mut a.sink, accepted)
+            });
+            // The prompt's KV goes into the prefix cache after its first token is
+            // with the sink: the copy need not delay it.
+            if prefilling[i] {
+                keep_prefix(&model, &mut a, &self.waiting, self.shared_rows);
             }
-            let accepted = match &picked {
-                Picked::Tokens(t) => a.state.accept_picked(tokenizer, t[i], None),
-                Picked::Logits(_) => a.state.accept_with(tokenizer, host_picks[i].take().expect("picked above")),
-            };
-            match after_token(&mut a.sink, accepted) {
-                After::Running => still_running.push(a),
-                after => end(a, after),
+            match after {
+                None | Some(After::Running) => still_running.push(a),
+                Some(after) => end(a, after),
             }
         }
         self.running = still_running;

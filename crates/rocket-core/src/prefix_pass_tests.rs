@@ -424,3 +424,35 @@ fn a_request_waiting_for_a_shared_prefill_keeps_its_slot_from_later_arrivals() {
         assert_eq!(outs[i].1, want[i].1, "request {i}: tokens against the cache off");
     }
 }
+
+#[test]
+fn a_prompts_first_token_reaches_its_sink_before_its_kv_is_kept() {
+    // Block 16, nothing shared: a 64-token prompt's four blocks are kept after its
+    // prefill, by a copy of its KV that must not delay its first token.
+    let (e, _) = engine(16, 1 << 30);
+    let ids: Vec<u32> = (0..64).map(|i| 3 + (i * 7) % 500).collect();
+    let kept_at_first_token = std::cell::Cell::new(None);
+    let mut b = crate::Batcher::new(&e, 1);
+    b.set_shared_rows(16);
+    b.add(crate::EngineRequest { prompt: String::new(), prompt_ids: ids, params: SamplingParams::greedy(3) }, Box::new(|ev| {
+        if matches!(ev, crate::BatchEvent::Delta(_)) && kept_at_first_token.get().is_none() {
+            kept_at_first_token.set(Some(e.prefix_cache_stats().inserts));
+        }
+        true
+    }))
+    .unwrap();
+    b.run_to_completion().unwrap();
+    drop(b);
+    assert_eq!(kept_at_first_token.get(), Some(0), "the prompt's KV was copied into the cache before its first token");
+    let stats = e.prefix_cache_stats();
+    assert_eq!((stats.inserts, stats.entries), (1, 1), "{stats:?}");
+}
+
+#[test]
+fn a_request_ended_by_its_first_token_still_keeps_its_prompt() {
+    let (e, _) = engine(16, 1 << 30);
+    let ids: Vec<u32> = (0..48).map(|i| 5 + (i * 11) % 500).collect();
+    let out = run_alone_with(&e, &ids, 2048, 16, &SamplingParams::greedy(1));
+    assert_eq!(out.token_ids.len(), 1);
+    assert_eq!(e.prefix_cache_stats().inserts, 1, "{:?}", e.prefix_cache_stats());
+}
