@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import random
 import subprocess
 import sys
@@ -67,7 +68,10 @@ def completion(port: int, ids: list[int], max_tokens: int, timeout: float) -> tu
 
 
 def gpu_count() -> int | None:
-    """GPUs on this host (nvidia-smi), or None where it cannot tell."""
+    """GPUs the servers can see (CUDA_VISIBLE_DEVICES, else nvidia-smi), or None where it cannot tell."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
     try:
         out = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
@@ -85,6 +89,7 @@ def run_server(a: argparse.Namespace, devices: str | None) -> dict[str, Any]:
     """Starts a server on `devices` and runs `--streams-per-gpu` streams per GPU at once; its report."""
     a.max_batch, a.max_queue = a.max_batch_per_gpu, max(a.streams_per_gpu, a.max_batch_per_gpu) + 1
     a.server_args = ["--prefix-cache-bytes", "0"] + (["--devices", devices] if devices else []) + a.server_arg
+    a.ready_poll = 0.01  # start_server's readiness poll: the load time's resolution
     t0 = time.monotonic()
     proc, port, _log = start_server(a)
     ready_s = time.monotonic() - t0
@@ -103,23 +108,33 @@ def run_server(a: argparse.Namespace, devices: str | None) -> dict[str, Any]:
                     report["errors"].append(f"solo request {i}: {err}")
                 solo.append(text)
         results: list[tuple[str | None, str, int]] = [(None, "", 0)] * streams
+        ended = [0.0] * streams
         ran: dict[str, int] = {n: 0 for n in names}
 
         def run(i: int) -> None:
             results[i] = completion(port, prompts[i], a.max_tokens, a.request_timeout)
+            ended[i] = time.monotonic()
 
         threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(streams)]
         start = time.monotonic()
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
-            _, h = get_json("127.0.0.1", port, "/health")
+            try:
+                _, h = get_json("127.0.0.1", port, "/health")
+            except OSError as e:
+                report["errors"].append(f"/health while the streams ran: {e}")
+                h = None
             for d in (h or {}).get("devices", []):
                 ran[d["device"]] = max(ran.get(d["device"], 0), int(d.get("running", 0)))
             time.sleep(0.05)
-        seconds = time.monotonic() - start
+        for t in threads:
+            t.join()
+        # From the first request to the last stream's end (each thread's own time, not the poll's).
+        seconds = max(ended) - start
         tokens = sum(r[2] for r in results)
-        report.update(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds, most_running=ran, solo_checked=len(solo))
+        report.update(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
+                      most_running=ran, solo_checked=len(solo))
         for i, (err, text, n) in enumerate(results):
             if err:
                 report["errors"].append(f"stream {i}: {err}")
@@ -138,7 +153,7 @@ def evaluate(report: dict[str, Any], min_speedup: float, max_load_ratio: float) 
         idle = [d for d, n in run.get("most_running", {}).items() if n == 0 and len(run["most_running"]) > 1]
         if idle:
             fails.append(f"FAIL: --devices {run['devices']}: {', '.join(idle)} never ran a stream")
-    if len(report["runs"]) == 2:
+    if len(report["runs"]) == 2 and report["runs"][0]["tokens_per_s"] > 0:
         one, all_ = report["runs"]
         pairs = all_["gpus"] / 2
         if report["speedup"] < min_speedup * pairs:
@@ -179,14 +194,16 @@ def main() -> int:
     if gpu and (host_gpus is None or host_gpus > 1):
         report["runs"].append(run_server(a, "all"))
         if report["runs"][1]["gpus"] < 2:
-            report["runs"].pop()
+            seen = report["runs"].pop()["gpus"]
+            if host_gpus is not None:  # the host has several: `--devices all` should have used them
+                report["runs"][0]["errors"].append(f"--devices all served on {seen} GPU(s) of the {host_gpus} this host has")
     one = report["runs"][0]
     print(f"DEVICES --devices {one['devices']}: load to ready {one['load_to_ready_s']:.2f} s; {one['streams']} streams x "
           f"{a.max_tokens} tokens in {one['seconds']:.2f} s: {one['tokens_per_s']:.0f} tokens/s"
           + (f"; {one['solo_checked']} checked against their text alone" if a.check_solo else ""))
     if len(report["runs"]) == 2:
         all_ = report["runs"][1]
-        report["speedup"] = all_["tokens_per_s"] / one["tokens_per_s"]
+        report["speedup"] = all_["tokens_per_s"] / one["tokens_per_s"] if one["tokens_per_s"] > 0 else 0.0
         report["load_ratio"] = all_["load_to_ready_s"] / one["load_to_ready_s"]
         print(f"DEVICES --devices all ({all_['gpus']} GPUs): load to ready {all_['load_to_ready_s']:.2f} s "
               f"({report['load_ratio']:.2f}x); {all_['streams']} streams in {all_['seconds']:.2f} s: "

@@ -189,8 +189,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report here")
     a = p.parse_args()
-    if a.streams < 1 or a.prompt_len < 1 or a.max_tokens <= a.warmup_tokens:
-        p.error("need --streams >= 1, --prompt-len >= 1 and --max-tokens > --warmup-tokens")
+    if a.streams < 1 or a.prompt_len < 1 or a.max_tokens <= a.warmup_tokens or a.min_gaps < 1:
+        p.error("need --streams >= 1, --prompt-len >= 1, --min-gaps >= 1 and --max-tokens > --warmup-tokens")
 
     # The readers share one GIL: at its default 5 ms switch interval one thread can hold
     # another's chunk back that long, and the chunk gaps would count the client's wait.

@@ -75,3 +75,11 @@ def test_a_short_cpu_run_serves_every_stream_as_it_runs_alone(tmp_path: Path) ->
     assert run["errors"] == [] and run["streams"] == 4 and run["solo_checked"] == 4, run
     assert run["tokens"] == 4 * 12 and run["tokens_per_s"] > 0 and run["load_to_ready_s"] > 0, run
     assert "DEVICES --devices cpu" in r.stdout, r.stdout
+
+
+def test_the_gpus_counted_are_those_the_servers_see(monkeypatch: Any) -> None:
+    bench = _module()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    assert bench.gpu_count() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert bench.gpu_count() == 0

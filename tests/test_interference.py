@@ -1,6 +1,6 @@
 """The long-prompt interference bench (benches/interference.py): its gap phases and
 check on made-up timelines (the check must be able to fail), and a short run of the
-whole tool against `rocket serve` on the CPU with a tiny fixture."""
+whole tool against `rocket serve` on the CPU with the default model (SmolLM2-135M)."""
 
 from __future__ import annotations
 

@@ -509,20 +509,27 @@ impl<'a> Batcher<'a> {
                 states.par_iter().enumerate().map(|(i, state)| picks[i].then(|| state.pick_on_host(&l[i * vocab..(i + 1) * vocab]))).collect()
             }
         };
+        // Every token to its sink first, then the pass's prompts into the prefix
+        // cache (a copy of their KV each): the copies delay no token of this pass.
+        let afters: Vec<Option<After>> = self
+            .running
+            .iter_mut()
+            .enumerate()
+            .map(|(i, a)| {
+                picks[i].then(|| {
+                    let accepted = match &picked {
+                        Picked::Tokens(t) => a.state.accept_picked(tokenizer, t[i], None),
+                        Picked::Logits(_) => a.state.accept_with(tokenizer, host_picks[i].take().expect("picked above")),
+                    };
+                    after_token(&mut a.sink, accepted)
+                })
+            })
+            .collect();
+        for (a, _) in self.running.iter_mut().zip(&prefilling).filter(|(_, p)| **p) {
+            keep_prefix(&model, a, &self.waiting, self.shared_rows);
+        }
         let mut still_running = Vec::with_capacity(self.running.len());
-        for (i, mut a) in self.running.drain(..).enumerate() {
-            let after = picks[i].then(|| {
-                let accepted = match &picked {
-                    Picked::Tokens(t) => a.state.accept_picked(tokenizer, t[i], None),
-                    Picked::Logits(_) => a.state.accept_with(tokenizer, host_picks[i].take().expect("picked above")),
-                };
-                after_token(&mut a.sink, accepted)
-            });
-            // The prompt's KV goes into the prefix cache after its first token is
-            // with the sink: the copy need not delay it.
-            if prefilling[i] {
-                keep_prefix(&model, &mut a, &self.waiting, self.shared_rows);
-            }
+        for (a, after) in self.running.drain(..).zip(afters) {
             match after {
                 None | Some(After::Running) => still_running.push(a),
                 Some(after) => end(a, after),

@@ -426,26 +426,32 @@ fn a_request_waiting_for_a_shared_prefill_keeps_its_slot_from_later_arrivals() {
 }
 
 #[test]
-fn a_prompts_first_token_reaches_its_sink_before_its_kv_is_kept() {
-    // Block 16, nothing shared: a 64-token prompt's four blocks are kept after its
-    // prefill, by a copy of its KV that must not delay its first token.
-    let (e, _) = engine(16, 1 << 30);
-    let ids: Vec<u32> = (0..64).map(|i| 3 + (i * 7) % 500).collect();
-    let kept_at_first_token = std::cell::Cell::new(None);
-    let mut b = crate::Batcher::new(&e, 1);
+fn the_first_tokens_of_a_pass_reach_their_sinks_before_any_prompt_is_kept() {
+    // Block 16, nothing shared: two 64-token prompts prefill in one pass; each one's
+    // four blocks are kept after it, by copies of their KV that must delay neither
+    // request's first token.
+    let (e, passes) = engine(16, 1 << 30);
+    let kept_at_first_token = [std::cell::Cell::new(None), std::cell::Cell::new(None)];
+    let mut b = crate::Batcher::new(&e, 2);
     b.set_shared_rows(16);
-    b.add(crate::EngineRequest { prompt: String::new(), prompt_ids: ids, params: SamplingParams::greedy(3) }, Box::new(|ev| {
-        if matches!(ev, crate::BatchEvent::Delta(_)) && kept_at_first_token.get().is_none() {
-            kept_at_first_token.set(Some(e.prefix_cache_stats().inserts));
-        }
-        true
-    }))
-    .unwrap();
+    for (r, kept) in kept_at_first_token.iter().enumerate() {
+        let ids: Vec<u32> = (0..64).map(|i| 3 + (i * 7 + 101 * r as u32) % 500).collect();
+        let e = &e;
+        b.add(crate::EngineRequest { prompt: String::new(), prompt_ids: ids, params: SamplingParams::greedy(3) }, Box::new(move |ev| {
+            if matches!(ev, crate::BatchEvent::Delta(_)) && kept.get().is_none() {
+                kept.set(Some(e.prefix_cache_stats().inserts));
+            }
+            true
+        }))
+        .unwrap();
+    }
     b.run_to_completion().unwrap();
     drop(b);
-    assert_eq!(kept_at_first_token.get(), Some(0), "the prompt's KV was copied into the cache before its first token");
+    assert_eq!(spans(&passes)[..2], [(0, 64), (0, 64)], "both prompts in the first pass");
+    let kept: Vec<_> = kept_at_first_token.iter().map(|k| k.get()).collect();
+    assert_eq!(kept, [Some(0), Some(0)], "a prompt's KV was copied into the cache before a first token of its pass");
     let stats = e.prefix_cache_stats();
-    assert_eq!((stats.inserts, stats.entries), (1, 1), "{stats:?}");
+    assert_eq!((stats.inserts, stats.entries), (2, 2), "{stats:?}");
 }
 
 #[test]

@@ -1,7 +1,10 @@
 //! One engine per GPU behind the router (`Router::load` with `Devices`), on real
 //! GPUs. The tests are ignored unless run with `--include-ignored` on a GPU
 //! machine: `cargo test -p rocket-core --features cuda --test cuda_devices --
-//! --include-ignored` (the two-GPU test fails, saying so, on a machine with one).
+//! --include-ignored` (the two-GPU tests fail, saying so, on a machine with one).
+//! They take turns (`one_at_a_time`): a fault test breaks its GPU's context,
+//! which every engine on that GPU in the process shares until the last is
+//! gone; `benches/gpu_run.sh devices` runs each in a process of its own.
 //! Checkpoint: ROCKET_DEVICES_MODEL, else the committed tiny Qwen3 fixture.
 #![cfg(feature = "cuda")]
 
@@ -15,6 +18,12 @@ use common::*;
 use rocket_core::backend::cuda::{device_count, unavailable_reason};
 use rocket_core::router::{Routed, Router};
 use rocket_core::{BatchEvent, DecodePath, Device, Devices, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, RequestOutput, SamplingParams, SchedulerOptions};
+
+/// Held for a whole test: the tests of this file take turns on the GPUs.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static GPUS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    GPUS.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn require_gpus(n: usize) {
     if let Some(why) = unavailable_reason() {
@@ -84,6 +93,7 @@ fn solo_outputs(engine: &Engine, requests: &[EngineRequest]) -> Vec<Vec<u32>> {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn one_gpu_through_the_router_equals_solo() {
+    let _turn = one_at_a_time();
     require_gpus(1);
     let router = Router::load(model(), options(), Some(&Devices::List(vec![0])), SchedulerOptions { max_batch: 16, max_queue: 64 }).unwrap();
     assert_eq!((router.len(), router.name(0)), (1, "cuda:0"));
@@ -101,6 +111,7 @@ fn one_gpu_through_the_router_equals_solo() {
 #[test]
 #[ignore = "needs two CUDA GPUs: run with --include-ignored on a multi-GPU machine"]
 fn every_gpu_serves_and_outputs_equal_solo() {
+    let _turn = one_at_a_time();
     require_gpus(2);
     let t = Instant::now();
     let one = Router::load(model(), options(), Some(&Devices::List(vec![0])), SchedulerOptions::default()).unwrap();
@@ -184,11 +195,10 @@ fn a_cpu_engine_cannot_be_made_to_fail_like_a_gpu() {
     assert_eq!(out.token_ids.len(), 3);
 }
 
-// A fault leaves the process's context on that GPU unusable until every engine
-// on it is gone: run each fault test in a process of its own (`--exact`).
 #[test]
 #[ignore = "needs a CUDA GPU: run alone (--exact) with --include-ignored on the GPU machine"]
 fn a_fault_on_the_only_gpu_fails_its_requests_and_refuses_new_ones_at_once() {
+    let _turn = one_at_a_time();
     require_gpus(1);
     let router = Router::load(model(), options(), Some(&Devices::List(vec![0])), SchedulerOptions { max_batch: 8, max_queue: 16 }).unwrap();
     let engine = router.engine().clone();
@@ -232,6 +242,7 @@ fn a_fault_on_the_only_gpu_fails_its_requests_and_refuses_new_ones_at_once() {
 #[test]
 #[ignore = "needs two CUDA GPUs: run alone (--exact) with --include-ignored on a multi-GPU machine"]
 fn a_fault_on_one_gpu_mid_run_leaves_the_others_serving() {
+    let _turn = one_at_a_time();
     require_gpus(2);
     let router = Router::load(model(), options(), Some(&Devices::All), SchedulerOptions { max_batch: 16, max_queue: 64 }).unwrap();
     let gpus = router.len();

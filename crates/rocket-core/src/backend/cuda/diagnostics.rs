@@ -257,17 +257,23 @@ impl CudaBackend {
         Ok(FusedF16Check { fused, separate, fused_flag, separate_flag })
     }
 
-    /// A write through a null pointer (to_f16 into address 0x100), after the
+    /// An access through a null pointer (to_f16 on address 0x100), after the
     /// pass in flight: an illegal address is sticky, so the context, and every
-    /// later pass of this backend, fails as on a lost GPU, while other GPUs'
-    /// contexts are untouched. Returns the device's error.
+    /// later pass of this backend, fails as on a lost GPU (other GPUs' contexts
+    /// are their own; the several-GPU test checks that they serve on). Returns
+    /// the device's error, once a second sync shows that it stuck.
     pub fn inject_device_fault(&self) -> Result<String> {
         let inner = self.lock()?;
         let st = &inner.stream;
         let launched = inner.kernels.to_f16(st, 0x100, 0x100, 4096, 0x100);
-        match launched.and_then(|()| st.sync()) {
-            Err(e) => Ok(e.to_string()),
-            Ok(()) => Err(RocketError::Internal("a write through a null pointer did not fault the device".into())),
+        let fault = match launched.and_then(|()| st.sync()) {
+            Err(e) if e.to_string().contains("ILLEGAL_ADDRESS") => e.to_string(),
+            Err(e) => return Err(RocketError::Internal(format!("the injected fault gave another error: {e}"))),
+            Ok(()) => return Err(RocketError::Internal("an access through a null pointer did not fault the device".into())),
+        };
+        match st.sync() {
+            Err(_) => Ok(fault),
+            Ok(()) => Err(RocketError::Internal(format!("the device recovered from the injected fault ({fault})"))),
         }
     }
 
