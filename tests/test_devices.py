@@ -4,27 +4,19 @@ CPU with a tiny fixture (one engine: the one-GPU half of the bench)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-BENCHES = Path(__file__).resolve().parents[1] / "benches"
+from bench_module import BENCHES, load_bench
+
 FIXTURES = Path(__file__).resolve().parent / "parity" / "fixtures"
 
 
 def _module() -> Any:
-    sys.path.insert(0, str(BENCHES))  # it imports soak's server start
-    try:
-        spec = importlib.util.spec_from_file_location("devices", BENCHES / "devices.py")
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(BENCHES))
+    return load_bench("devices")
 
 
 def _run(gpus: int, tokens_per_s: float, ready_s: float, running: list[int] | None = None, errors: list[str] | None = None) -> dict[str, Any]:

@@ -4,27 +4,19 @@ whole tool against `rocket serve` on the CPU with the default model (SmolLM2-135
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-BENCHES = Path(__file__).resolve().parents[1] / "benches"
+from bench_module import BENCHES, load_bench
+
 FIXTURES = Path(__file__).resolve().parent / "parity" / "fixtures"
 
 
 def _module() -> Any:
-    sys.path.insert(0, str(BENCHES))  # it imports soak's server start
-    try:
-        spec = importlib.util.spec_from_file_location("interference", BENCHES / "interference.py")
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(BENCHES))
+    return load_bench("interference")
 
 
 def _report(bench: Any, before: list[float], during: list[float], errors: list[str] | None = None,

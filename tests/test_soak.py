@@ -5,7 +5,6 @@ must be able to fail)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,16 +12,13 @@ from typing import Any
 
 import pytest
 
-SOAK = Path(__file__).resolve().parents[1] / "benches" / "soak.py"
+from bench_module import BENCHES, load_bench
+
+SOAK = BENCHES / "soak.py"
 
 
 def _soak_module() -> Any:
-    spec = importlib.util.spec_from_file_location("soak", SOAK)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("soak")
 
 
 def _report(rss: list[tuple[float, int]], first_p99: float = 0.05, last_p99: float = 0.05) -> dict[str, Any]:

@@ -54,36 +54,16 @@ fn prompts(engine: &Engine, n: usize, max_tokens: usize) -> Vec<EngineRequest> {
         .collect()
 }
 
-/// Submits every request at once through the router; outputs in order, and the device each ran on.
+/// Submits every request at once through the router; outputs in order, the
+/// device each ran on, and the seconds until the last ended.
 fn run_all(router: &Router, requests: Vec<EngineRequest>) -> (Vec<RequestOutput>, Vec<usize>, f64) {
     let start = Instant::now();
-    let (tx, rx) = mpsc::channel();
-    let n = requests.len();
-    let routed: Vec<_> = requests
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let tx = tx.clone();
-            let sink = Box::new(move |e: BatchEvent| {
-                if !matches!(e, BatchEvent::Delta(_)) {
-                    let _ = tx.send((i, e));
-                }
-                true
-            });
-            router.submit(r, sink).unwrap()
-        })
-        .collect();
-    let mut outs: Vec<Option<RequestOutput>> = (0..n).map(|_| None).collect();
-    for _ in 0..n {
-        let (i, e) = rx.recv_timeout(Duration::from_secs(300)).expect("a request never ended");
-        match e {
-            BatchEvent::Finished(out) => outs[i] = Some(out),
-            BatchEvent::Failed(e) => panic!("request {i}: {e}"),
-            BatchEvent::Delta(_) => unreachable!(),
-        }
-    }
+    let (routed, rx) = submit_all(router, requests);
+    let mut tokens = vec![0; routed.len()];
+    let ends = wait_ends(&rx, routed.len(), &mut tokens);
     let seconds = start.elapsed().as_secs_f64();
-    (outs.into_iter().map(Option::unwrap).collect(), routed.iter().map(|r| r.device).collect(), seconds)
+    let outs = ends.into_iter().enumerate().map(|(i, end)| end.unwrap_or_else(|e| panic!("request {i}: {e}"))).collect();
+    (outs, routed.iter().map(|r| r.device).collect(), seconds)
 }
 
 fn solo_outputs(engine: &Engine, requests: &[EngineRequest]) -> Vec<Vec<u32>> {

@@ -60,13 +60,6 @@ pub trait Backend: Send + Sync {
     /// step's raw logits) when `req.sampling`'s params ask for them; the
     /// session keeps exactly the tokens it saw.
     /// `None`: this backend or model has no device loop (nothing was run).
-    /// Breaks the device for good, as a lost GPU would (feature `diagnostics`,
-    /// for tests of what serving does when a GPU fails): every later pass
-    /// fails with a device error. Returns the error the device gave.
-    #[cfg(feature = "diagnostics")]
-    fn inject_device_fault(&self) -> Result<String> {
-        Err(RocketError::invalid_arg("device", self.name(), "only a GPU backend can be made to fail like a lost GPU"))
-    }
     fn decode_loop(
         &self,
         _session: &mut dyn Session,
@@ -80,6 +73,13 @@ pub trait Backend: Send + Sync {
     /// at all, so callers need not prepare one that would come back `None`.
     fn loops_sampling(&self, _params: &SamplingParams) -> bool {
         false
+    }
+    /// Breaks the device for good, as a lost GPU would (feature `diagnostics`,
+    /// for tests of what serving does when a GPU fails): every later pass
+    /// fails with a device error. Returns the error the device gave.
+    #[cfg(feature = "diagnostics")]
+    fn inject_device_fault(&self) -> Result<String> {
+        Err(RocketError::invalid_arg("device", self.name(), "only a GPU backend can be made to fail like a lost GPU"))
     }
     /// Prompt passes of at least this many rows give each row the same bits
     /// whatever their length (1: every pass does, as on the CPU, whose rows never
