@@ -137,9 +137,9 @@ class LLM:
       that starts with the same whole blocks of tokens (a chat's next turn, a shared system
       prompt) skips their prefill, with bitwise the same output (least recently used dropped
       first; see :meth:`prefix_cache_stats` and ``metrics["cached_prompt_tokens"]``)
-    - ``prefix_block``: the prefix cache's block in tokens (512): prompts are cached and
+    - ``prefix_block``: the prefix cache's block in tokens (128): prompts are cached and
       reused in whole blocks from their start (on the GPU, prompts of at least 512
-      tokens, and a prompt that reuses them still computes at least its last 512);
+      tokens, and a prompt that reuses them still computes at least its last 128);
       prefill passes do not depend on it
     """
 

@@ -184,10 +184,12 @@ fn prefix_case(engine: &Engine, shared: usize, new: usize, vocab: usize, samplin
     }
     engine.clear_prefix_cache();
     if reused == 0 {
+        let rows = engine.prefix_reuse_rows();
         note!(
-            "bench: nothing was reused: the cache keeps whole blocks of {} tokens of prompts of at least {rest} tokens, and a request reusing them computes at least {rest} itself (--prefix-reuse {shared}, --prompt-len {new})",
+            "bench: nothing was reused: the cache keeps whole blocks of {} tokens of prompts of at least {} tokens, and a request reusing them computes at least {} itself (--prefix-reuse {shared}, --prompt-len {new})",
             engine.prefix_cache_limits().1,
-            rest = engine.prefix_reuse_rest()
+            rows.first,
+            rows.later
         );
     }
     let ms = |(m, s): (f64, f64)| (m * 1e3, s * 1e3);

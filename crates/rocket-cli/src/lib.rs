@@ -118,7 +118,7 @@ pub(crate) struct ModelArgs {
     /// Memory the prefix cache may hold: KV of earlier prompts, reused by prompts that start with the same whole blocks (bytes, or with K/M/G; 0 disables) [default: 1G]
     #[arg(long, value_name = "BYTES", value_parser = |v: &str| rocket_core::options::parse_bytes("--prefix-cache-bytes", v))]
     prefix_cache_bytes: Option<usize>,
-    /// Prefix cache block in tokens: prompts are cached and reused in whole blocks (on the GPU, prompts of at least 512 tokens, leaving at least 512 to compute); prefill passes do not depend on it [default: 512]
+    /// Prefix cache block in tokens: prompts are cached and reused in whole blocks (on the GPU, prompts of at least 512 tokens, leaving at least 128 to compute); prefill passes do not depend on it [default: 128]
     #[arg(long, value_name = "TOKENS", value_parser = |v: &str| rocket_core::options::parse_prefix_block("--prefix-block", v))]
     prefix_block: Option<usize>,
 }

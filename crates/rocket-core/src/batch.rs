@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use crate::backend::{Backend, Chunk, Logits, LoopRequest, Session};
+use crate::backend::{Backend, Chunk, Logits, LoopRequest, Session, SharedRows};
 use crate::error::{Result, RocketError};
 use crate::output::{RequestOutput, StreamDelta};
 use crate::prefix_cache::PrefixCache;
@@ -87,8 +87,10 @@ pub const LOOP_STEPS: usize = 128;
 /// H100, and about as fast at 16K (benches/NOTES.md).
 pub const PREFILL_CHUNK: usize = 2048;
 
-/// The prefix cache's block by default (`EngineOptions::prefix_block`).
-pub const PREFIX_BLOCK: usize = 512;
+/// The prefix cache's block by default (`EngineOptions::prefix_block`): a chat's
+/// next turn reuses its conversation up to the last whole block that leaves
+/// `LATER_PASS_SHARED_ROWS` tokens to compute, so a block that size wastes the least.
+pub const PREFIX_BLOCK: usize = 128;
 
 /// Multiply-adds of one prompt row, over the whole model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,21 +169,29 @@ fn end(mut a: Active<'_>, after: After) {
 /// (each product at 512 to 2,559 rows, the longest pass `chunk_end` makes) and
 /// `a_prompt_rows_bits_do_not_depend_on_its_pass_length` (a 2,560-row prompt in one
 /// pass and cut anywhere into passes of 512 rows or more, every fuel, the same
-/// last-row logits bit for bit). Passes of 64 or 128 rows did not
-/// keep them (Llama-3.2-1B, Qwen3-0.6B). The count is the pass's, all requests'
-/// rows together: a prompt's piece that shares its pass with other rows (decode
-/// steps, another prompt) keeps no such promise.
+/// last-row logits bit for bit). A pass of prompts' first rows alone runs each
+/// product on its own row count's pick, whose rows at 128 rows did not keep
+/// them (Llama-3.2-1B's down product: split-K), so a prompt shorter than this is
+/// never cached. The count is the pass's, all requests' rows together.
 pub const PASS_SHARED_ROWS: usize = 512;
 
+/// A prompt pass that continues a session (after a reused prefix) gives each
+/// row the same bits from this many rows: below `PASS_SHARED_ROWS` it runs each
+/// product on cuBLASLt's pick for `PASS_SHARED_ROWS` rows, which kept every row's
+/// bits at every count the row-bits test ran, 128 to 2,559 (Llama-3.2-1B,
+/// Qwen3-0.6B). So a reuse leaves at least this many prompt tokens to compute.
+pub const LATER_PASS_SHARED_ROWS: usize = 128;
+
 /// Where a prefill pass starting at prompt position `start` ends: `chunk` tokens
-/// on (at least `shared`, the backend's `pass_shared_rows`), or at the prompt's
-/// end, which the pass also takes where fewer than `shared` tokens would be left
-/// for a last pass (it then runs up to `chunk + shared - 1` rows). So every pass
-/// of a prompt of `shared` tokens or more has at least `shared` rows, which give
-/// each row the same bits whatever the pass's length: a request that reuses a
-/// cached prefix (which leaves it `shared` tokens or more to compute:
-/// `PrefixCache::shared_len`) gets the bits of the same request without reuse,
-/// wherever either's passes begin.
+/// on (at least `shared`, the backend's `pass_shared_rows().first`), or at the
+/// prompt's end, which the pass also takes where fewer than `shared` tokens would
+/// be left for a last pass (it then runs up to `chunk + shared - 1` rows). So
+/// every pass of a prompt of `shared` tokens or more has at least `shared` rows,
+/// and a pass after a reused prefix (which leaves `pass_shared_rows().later`
+/// tokens or more to compute: `PrefixCache::shared_len`) at least `later`: rows
+/// that keep their bits whatever the pass's length, so a request that reuses a
+/// cached prefix gets the bits of the same request without reuse, wherever
+/// either's passes begin.
 pub(crate) fn chunk_end(start: usize, prompt_len: usize, chunk: usize, shared: usize) -> usize {
     let end = start.saturating_add(chunk.max(shared)).min(prompt_len);
     if prompt_len - end < shared {
@@ -266,14 +276,14 @@ fn kept_after(a: &Active<'_>, shared: usize, pass_end: impl Fn(usize) -> usize) 
 /// After a prefill pass: when `a`'s session has passed its prompt's whole
 /// blocks, or whole blocks a waiting request shares with it (`wanted`), a copy
 /// of them joins the prefix cache (unless an entry already covers them). A
-/// prompt shorter than `shared` rows (the backend's `pass_shared_rows`) is never kept: its one
-/// pass was too short to give its rows the bits a longer pass would. Failures
+/// prompt shorter than `shared.first` rows (the backend's `pass_shared_rows`) is never kept:
+/// its one pass was too short to give its rows the bits a longer pass would. Failures
 /// only cost the reuse.
-fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>, waiting: &VecDeque<Active<'_>>, shared: usize) {
+fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>, waiting: &VecDeque<Active<'_>>, shared: SharedRows) {
     let Some(cache) = model.prefix_cache else { return };
     let session = a.session.as_deref_mut().expect("running requests hold a session");
     let prompt = a.state.prompt_ids();
-    if prompt.len() < shared {
+    if prompt.len() < shared.first.get() {
         return;
     }
     let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -282,7 +292,7 @@ fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>, waiting: &VecDeque<Ac
     let keep = if done >= whole {
         whole
     } else {
-        wanted_by_waiting(&cache, waiting, prompt, shared).into_iter().filter(|&w| w <= done).max().unwrap_or(0)
+        wanted_by_waiting(&cache, waiting, prompt, shared.later.get()).into_iter().filter(|&w| w <= done).max().unwrap_or(0)
     };
     if keep == 0 || cache.covers(&prompt[..keep]) {
         return;
@@ -330,7 +340,7 @@ pub struct Batcher<'a> {
     max_batch: usize,
     prefill_chunk: usize,
     /// The backend's `pass_shared_rows`; tests set it.
-    shared_rows: usize,
+    shared_rows: SharedRows,
     piece_macs: u64,
     next_id: RequestId,
     waiting: VecDeque<Active<'a>>,
@@ -345,7 +355,7 @@ impl<'a> Batcher<'a> {
             model,
             max_batch: max_batch.max(1),
             prefill_chunk: PREFILL_CHUNK,
-            shared_rows: model.backend.pass_shared_rows().get(),
+            shared_rows: model.backend.pass_shared_rows(),
             piece_macs: INTERACTIVE_PIECE_MACS,
             next_id: 0,
             waiting: VecDeque::new(),
@@ -360,11 +370,13 @@ impl<'a> Batcher<'a> {
         self.prefill_chunk = tokens.max(1);
     }
 
-    /// The pass length from which prompt rows keep their bits (`chunk_end`), as a
-    /// GPU backend's `pass_shared_rows` would say, on the CPU backend.
+    /// The pass lengths from which prompt rows keep their bits (`chunk_end`), as a
+    /// GPU backend's `pass_shared_rows` would say, on the CPU backend: `first`
+    /// for a prompt's first pass, `later` for one after a reused prefix.
     #[cfg(test)]
-    pub(crate) fn set_shared_rows(&mut self, rows: usize) {
-        self.shared_rows = rows.max(1);
+    pub(crate) fn set_shared_rows(&mut self, first: usize, later: usize) {
+        let rows = |n: usize| std::num::NonZeroUsize::new(n).unwrap_or(std::num::NonZeroUsize::MIN);
+        self.shared_rows = SharedRows { first: rows(first), later: rows(later) };
     }
 
     /// Multiply-adds a prompt's piece may cost while other requests decode in
@@ -458,7 +470,7 @@ impl<'a> Batcher<'a> {
             let tokens = match state.last_token() {
                 None => {
                     let prompt = state.prompt_ids();
-                    let end = piece_end(session.len(), prompt.len(), chunk, self.shared_rows, beside_decode, row_cost, budget);
+                    let end = piece_end(session.len(), prompt.len(), chunk, self.shared_rows.first.get(), beside_decode, row_cost, budget);
                     prompt_rows += end - session.len();
                     picks.push(end == prompt.len());
                     &prompt[session.len()..end]
@@ -608,7 +620,7 @@ impl<'a> Batcher<'a> {
                 }
             }
         };
-        if let Some(hit) = cache.lookup(a.state.prompt_ids(), self.shared_rows) {
+        if let Some(hit) = cache.lookup(a.state.prompt_ids(), self.shared_rows.later.get()) {
             match backend.copy_prefix(hit.value.as_mut(), session.as_mut(), hit.tokens) {
                 Ok(()) => a.state.reused_prefix(hit.tokens),
                 Err(e) => {
@@ -677,19 +689,19 @@ impl<'a> Batcher<'a> {
         let cache = self.model.prefix_cache?;
         let cache = cache.lock().unwrap_or_else(|p| p.into_inner());
         let prompt = a.state.prompt_ids();
-        let (chunk, rows) = (self.prefill_chunk, self.shared_rows);
-        let cached = cache.reusable(prompt, rows);
-        let own_passes = |from: usize| passes_from(from, prompt.len(), |s| chunk_end(s, prompt.len(), chunk, rows));
+        let (chunk, first, rest) = (self.prefill_chunk, self.shared_rows.first.get(), self.shared_rows.later.get());
+        let cached = cache.reusable(prompt, rest);
+        let own_passes = |from: usize| passes_from(from, prompt.len(), |s| chunk_end(s, prompt.len(), chunk, first));
         let alone = own_passes(cached);
         self.running.iter().filter(|r| r.state.last_token().is_none()).filter_map(|r| {
             let session = r.session.as_deref()?;
             let theirs = r.state.prompt_ids();
-            let shared = cache.shared_len(prompt, theirs, rows);
-            // A prompt shorter than the backend's `pass_shared_rows` is never kept (`keep_prefix`).
-            if shared <= cached || theirs.len() < rows {
+            let shared = cache.shared_len(prompt, theirs, rest);
+            // A prompt shorter than the backend's `pass_shared_rows().first` is never kept (`keep_prefix`).
+            if shared <= cached || theirs.len() < first {
                 return None;
             }
-            let (waits, at) = kept_after(r, shared, |s| chunk_end(s, theirs.len(), chunk, rows));
+            let (waits, at) = kept_after(r, shared, |s| chunk_end(s, theirs.len(), chunk, first));
             // A pass that passes its prompt's whole blocks keeps all of them (`keep_prefix`).
             let whole = cache.aligned_len(theirs.len());
             let keeps = if at >= whole { whole } else { shared };

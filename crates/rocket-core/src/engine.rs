@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, Chunk, Device, Logits};
+use crate::backend::{Backend, Chunk, Device, Logits, SharedRows};
 use crate::batch::{BatchEvent, BatchModel, Batcher, KvPrefixCache, PREFIX_BLOCK};
 use crate::error::{Result, RocketError};
 use crate::model::{Format, GenerationConfig, ModelSource, ModelSpec, ModelWeights};
@@ -41,10 +41,11 @@ pub struct EngineOptions {
     pub prefix_cache_bytes: usize,
     /// The prefix cache's block in tokens: prompts are cached and reused in
     /// whole blocks from their start, leaving a request at least the backend's
-    /// `pass_shared_rows` tokens to compute, so outputs are the same bit for bit
-    /// with or without reuse (`batch::chunk_end`). Prefill passes do not depend on
-    /// it: a smaller block reuses more of a prompt that diverges mid-block, at the
-    /// cost of more, smaller cache entries' lookups. Default [`PREFIX_BLOCK`] (512).
+    /// `pass_shared_rows().later` tokens to compute, so outputs are the same bit
+    /// for bit with or without reuse (`batch::chunk_end`). Prefill passes do not
+    /// depend on it: a smaller block reuses more of a prompt that diverges
+    /// mid-block or that grows by a chat turn, at the cost of more, smaller cache
+    /// entries' lookups. Default [`PREFIX_BLOCK`] (128).
     pub prefix_block: usize,
 }
 
@@ -387,12 +388,12 @@ impl Engine {
         (self.prefix_cache.as_ref().map_or(0, |c| c.lock().unwrap_or_else(|p| p.into_inner()).max_bytes()), self.prefix_block)
     }
 
-    /// The fewest prompt tokens a request computes itself when it reuses a cached
-    /// prefix, and the shortest prompt that is cached: prompt passes of this many
-    /// rows or more give each row the same bits (the backend's `pass_shared_rows`;
-    /// 512 on the GPU, 1 on the CPU).
-    pub fn prefix_reuse_rest(&self) -> usize {
-        self.backend.pass_shared_rows().get()
+    /// The shortest prompt that is cached (`first`) and the fewest prompt tokens a
+    /// request computes itself when it reuses a cached prefix (`later`): prompt
+    /// passes of that many rows or more give each row the same bits (the backend's
+    /// `pass_shared_rows`; 512 and 128 on the GPU, 1 and 1 on the CPU).
+    pub fn prefix_reuse_rows(&self) -> SharedRows {
+        self.backend.pass_shared_rows()
     }
 
     /// Drops every cached prefix (the memory returns to the backend).

@@ -47,7 +47,7 @@ mod device_memory_tests;
 #[cfg(test)]
 mod prefix_pass_tests;
 
-pub use backend::{BackendCounters, Device};
+pub use backend::{BackendCounters, Device, SharedRows};
 pub use batch::{BatchEvent, BatchModel, Batcher, RequestId};
 pub use engine::{Engine, EngineOptions, ModelInfo, DEFAULT_PREFIX_CACHE_BYTES};
 pub use prefix_cache::PrefixCacheStats;

@@ -6,13 +6,13 @@
 //!
 //! The rule that makes reuse bitwise invisible on every backend: KV is cached
 //! and reused only in whole blocks of `block` tokens counted from the start of
-//! the prompt, computed in prefill passes of at least the backend's
-//! `pass_shared_rows` (S) rows, and a request reusing a prefix still computes at
-//! least S tokens (`rest` below), in passes of at least S rows (`batch::chunk_end`).
-//! A row's bits do not depend on the length of a pass of S rows or more, so
-//! both runs give every row the same bits, however their passes were cut. The
-//! CPU backend's per-row math allows any split (S = 1); the GPU's products round
-//! differently with a pass's row count below S.
+//! the prompt, of prompts whose first pass had at least the backend's
+//! `pass_shared_rows().first` rows, and a request reusing a prefix still computes
+//! at least `pass_shared_rows().later` tokens (`rest` below), in passes of at least
+//! that many rows (`batch::chunk_end`). A row's bits do not depend on the length
+//! of such passes, so both runs give every row the same bits, however their
+//! passes were cut. The CPU backend's per-row math allows any split (1 and 1);
+//! the GPU's products round differently in shorter passes.
 //! Only prompt KV written by prefill is cached: generated tokens' KV comes from
 //! one-row decode steps, which a later prefill of the same tokens would not
 //! reproduce bit for bit on the GPU.
@@ -115,7 +115,7 @@ impl<V> PrefixCache<V> {
 
     /// The longest cached prefix of `prompt` in whole blocks, leaving at least
     /// `rest` prompt tokens to compute (at least one: its logits give the first
-    /// token; the batcher leaves the backend's `pass_shared_rows`). Counts a lookup, and
+    /// token; the batcher leaves the backend's `pass_shared_rows().later`). Counts a lookup, and
     /// a hit when found; the entry becomes the most recently used.
     pub fn lookup(&mut self, prompt: &[u32], rest: usize) -> Option<Hit<'_, V>> {
         self.stats.lookups += 1;

@@ -60,16 +60,16 @@ fn spans(p: &Passes) -> Vec<(usize, usize)> {
 /// `ids` alone through a batcher of one, in prefill passes of at most `chunk`
 /// tokens (the CPU backend's rows keep their bits in passes of any length).
 fn run_alone(e: &Engine, ids: &[u32], chunk: usize, params: &SamplingParams) -> crate::output::RequestOutput {
-    run_alone_with(e, ids, chunk, 1, params)
+    run_alone_with(e, ids, chunk, (1, 1), params)
 }
 
-/// `run_alone` with passes of `shared` rows taken to keep their rows' bits, as a
-/// GPU backend says (`chunk_end`).
-fn run_alone_with(e: &Engine, ids: &[u32], chunk: usize, shared: usize, params: &SamplingParams) -> crate::output::RequestOutput {
+/// `run_alone` with a prompt's first passes of `shared.0` rows and later passes
+/// of `shared.1` taken to keep their rows' bits, as a GPU backend says (`chunk_end`).
+fn run_alone_with(e: &Engine, ids: &[u32], chunk: usize, shared: (usize, usize), params: &SamplingParams) -> crate::output::RequestOutput {
     let out = std::cell::RefCell::new(None);
     let mut b = crate::Batcher::new(e, 1);
     b.set_prefill_chunk(chunk);
-    b.set_shared_rows(shared);
+    b.set_shared_rows(shared.0, shared.1);
     b.add(crate::EngineRequest { prompt: String::new(), prompt_ids: ids.to_vec(), params: params.clone() }, Box::new(|ev| {
         if let crate::BatchEvent::Finished(o) = ev {
             *out.borrow_mut() = Some(o);
@@ -125,7 +125,7 @@ fn a_reused_prefix_leaves_at_least_the_shared_rows_to_compute_in_one_pass_or_mor
     // the first prompt runs [0, 64) and [64, 130) and keeps its two blocks.
     let (cached, with) = engine(64, 1 << 30);
     let (plain, without) = engine(64, 0);
-    let run = |e: &Engine, ids: &[u32]| run_alone_with(e, ids, 64, 64, &params);
+    let run = |e: &Engine, ids: &[u32]| run_alone_with(e, ids, 64, (64, 64), &params);
     let prefill = |p: &Passes, len: usize| spans(p).into_iter().filter(|&(start, _)| start < len).collect::<Vec<_>>();
     run(&cached, &first);
     // (the prompt, the tokens it reuses, its passes with and without reuse)
@@ -150,12 +150,40 @@ fn a_reused_prefix_leaves_at_least_the_shared_rows_to_compute_in_one_pass_or_mor
     // A prompt shorter than the shared rows ran in a shorter pass: it is never kept
     // (here in blocks of 16, of which it has three).
     let (small_blocks, _) = engine(16, 1 << 30);
-    let run16 = |ids: &[u32]| run_alone_with(&small_blocks, ids, 64, 64, &params).metrics.cached_prompt_tokens;
+    let run16 = |ids: &[u32]| run_alone_with(&small_blocks, ids, 64, (64, 64), &params).metrics.cached_prompt_tokens;
     run16(&first[..63]);
     assert_eq!(run16(&then(63, 100)), 0);
     small_blocks.clear_prefix_cache();
     run16(&first[..64]);
     assert_eq!(run16(&then(63, 100)), 48);
+}
+
+#[test]
+fn a_reuse_leaves_the_later_passes_rows_and_prompts_under_the_first_passes_rows_stay_uncached() {
+    // As on the GPU: a prompt's first pass keeps its rows' bits from 64 rows (so a
+    // shorter prompt is never kept), a pass after a reused prefix from 16.
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
+    let first: Vec<u32> = (0..130).map(|i| (i * 13 + 5) % 500).collect();
+    let then = |shared: usize, n: u32| first[..shared].iter().copied().chain((0..n).map(|i| (i * 7 + 1) % 500)).collect::<Vec<u32>>();
+    let (cached, with) = engine(16, 1 << 30);
+    let (plain, _) = engine(16, 0);
+    let run = |e: &Engine, ids: &[u32]| run_alone_with(e, ids, 64, (64, 16), &params);
+    run(&cached, &first);
+    // 150 tokens: eight cached blocks leave 22 rows, one pass (16 would do; 64 would
+    // allow five blocks only).
+    with.lock().unwrap().clear();
+    let second = then(130, 20);
+    let got = run(&cached, &second);
+    assert_eq!(got.metrics.cached_prompt_tokens, 128);
+    assert_eq!(spans(&with).into_iter().filter(|&(start, _)| start < second.len()).collect::<Vec<_>>(), [(128, 22)]);
+    assert_eq!(got.token_ids, run(&plain, &second).token_ids);
+    // 63 tokens ran in one pass of 63 rows, under the first pass's 64: not kept.
+    cached.clear_prefix_cache();
+    run(&cached, &first[..63]);
+    assert_eq!(run(&cached, &then(63, 100)).metrics.cached_prompt_tokens, 0);
+    cached.clear_prefix_cache();
+    run(&cached, &first[..64]);
+    assert_eq!(run(&cached, &then(63, 100)).metrics.cached_prompt_tokens, 48);
 }
 
 #[test]
@@ -304,7 +332,7 @@ fn arriving(e: &Engine, long: &[u32], later: &[u32], at: usize) -> (usize, usize
     let step = std::rc::Rc::new(std::cell::Cell::new(0));
     let mut b = crate::Batcher::new(e, 4);
     b.set_prefill_chunk(64);
-    b.set_shared_rows(16);
+    b.set_shared_rows(16, 16);
     let request = |ids: &[u32]| crate::EngineRequest { prompt: String::new(), prompt_ids: ids.to_vec(), params: params.clone() };
     b.add(request(long), Box::new(|_| true)).unwrap();
     while b.pending() > 0 || step.get() <= at {
@@ -388,7 +416,7 @@ fn a_request_waiting_for_a_shared_prefill_keeps_its_slot_from_later_arrivals() {
         let step = std::rc::Rc::new(std::cell::Cell::new(0));
         let mut b = crate::Batcher::new(e, 2);
         b.set_prefill_chunk(64);
-        b.set_shared_rows(16);
+        b.set_shared_rows(16, 16);
         for (i, (ids, n)) in [(long, 3), (shared, 3), (other, 30)].into_iter().enumerate() {
             let (firsts, outs, step) = (firsts.clone(), outs.clone(), step.clone());
             let request = crate::EngineRequest { prompt: String::new(), prompt_ids: ids, params: params(n) };
@@ -433,7 +461,7 @@ fn the_first_tokens_of_a_pass_reach_their_sinks_before_any_prompt_is_kept() {
     let (e, passes) = engine(16, 1 << 30);
     let kept_at_first_token = [std::cell::Cell::new(None), std::cell::Cell::new(None)];
     let mut b = crate::Batcher::new(&e, 2);
-    b.set_shared_rows(16);
+    b.set_shared_rows(16, 16);
     for (r, kept) in kept_at_first_token.iter().enumerate() {
         let ids: Vec<u32> = (0..64).map(|i| 3 + (i * 7 + 101 * r as u32) % 500).collect();
         let e = &e;
@@ -458,7 +486,7 @@ fn the_first_tokens_of_a_pass_reach_their_sinks_before_any_prompt_is_kept() {
 fn a_request_ended_by_its_first_token_still_keeps_its_prompt() {
     let (e, _) = engine(16, 1 << 30);
     let ids: Vec<u32> = (0..48).map(|i| 5 + (i * 11) % 500).collect();
-    let out = run_alone_with(&e, &ids, 2048, 16, &SamplingParams::greedy(1));
+    let out = run_alone_with(&e, &ids, 2048, (16, 16), &SamplingParams::greedy(1));
     assert_eq!(out.token_ids.len(), 1);
     assert_eq!(e.prefix_cache_stats().inserts, 1, "{:?}", e.prefix_cache_stats());
 }

@@ -81,12 +81,12 @@ pub trait Backend: Send + Sync {
     fn inject_device_fault(&self) -> Result<String> {
         Err(RocketError::invalid_arg("device", self.name(), "only a GPU backend can be made to fail like a lost GPU"))
     }
-    /// Prompt passes of at least this many rows give each row the same bits
-    /// whatever their length (1: every pass does, as on the CPU, whose rows never
-    /// depend on their pass). The batcher cuts prompts so that reuse of a cached
-    /// prefix keeps every row's bits (`batch::chunk_end`).
-    fn pass_shared_rows(&self) -> NonZeroUsize {
-        NonZeroUsize::MIN
+    /// From how many rows a prompt pass gives each row the same bits whatever its
+    /// length (`SharedRows::ANY`: every pass does, as on the CPU, whose rows never
+    /// depend on their pass). The batcher cuts prompts and caps reuse of a cached
+    /// prefix so that every row keeps its bits (`batch::chunk_end`).
+    fn pass_shared_rows(&self) -> SharedRows {
+        SharedRows::ANY
     }
     /// How a decode step of `batch` sequences sampled with `params` runs, in
     /// words, for benchmarks.
@@ -115,6 +115,23 @@ pub trait Backend: Send + Sync {
     fn copy_prefix(&self, _src: &mut dyn Session, _dst: &mut dyn Session, _len: usize) -> Result<()> {
         Err(RocketError::Internal(format!("the {} backend cannot copy a KV cache", self.name())))
     }
+}
+
+/// The shortest prompt passes whose rows get the same bits as in a pass of any
+/// other length (`Backend::pass_shared_rows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedRows {
+    /// A pass of prompts' first rows alone (every chunk from position 0): a
+    /// prompt shorter than this is never cached, its one pass too short.
+    pub first: NonZeroUsize,
+    /// A pass that continues a session (after a reused prefix, or beside rows
+    /// that do): a reuse leaves at least this many prompt tokens to compute.
+    pub later: NonZeroUsize,
+}
+
+impl SharedRows {
+    /// Every pass keeps every row's bits.
+    pub const ANY: SharedRows = SharedRows { first: NonZeroUsize::MIN, later: NonZeroUsize::MIN };
 }
 
 /// Checks a `copy_prefix` of `len` positions from `src` into `dst`.

@@ -322,9 +322,12 @@ impl Cublas {
     /// y (+)= (hi + lo) · Wᵀ: the product on the activations' bf16 hi and lo
     /// parts (`matmul` twice, the second accumulating).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn matmul_split(&self, stream: &Stream, w: u64, hi: u64, lo: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
-        self.matmul(stream, Operands::Bf16, w, hi, y, n, k, rows, accumulate)?;
-        self.matmul(stream, Operands::Bf16, w, lo, y, n, k, rows, true)
+    pub(crate) fn matmul_split(&self, stream: &Stream, w: u64, hi: u64, lo: u64, y: u64, n: usize, k: usize, rows: usize, choice: AlgoChoice, accumulate: bool) -> Result<()> {
+        for (x, accumulate) in [(hi, accumulate), (lo, true)] {
+            self.matmul_with(stream, Operands::Bf16, w, x, y, n, k, rows, accumulate, choice)?
+                .ok_or_else(|| RocketError::Internal(format!("cuBLASLt offered no algorithm for {n}x{k} at {choice:?}")))?;
+        }
+        Ok(())
     }
 }
 

@@ -181,7 +181,7 @@ impl CudaBackend {
             (MatmulKernel::Cublas | MatmulKernel::CublasBf16, Some(lt), Some(xb)) => {
                 let (hi, lo) = kernels.to_bf16_split(st, x.ptr, xb.ptr, rows * k)?;
                 match kernel {
-                    MatmulKernel::Cublas => lt.matmul_split(st, w, hi, lo, y.ptr, n, k, rows, accumulate),
+                    MatmulKernel::Cublas => lt.matmul_split(st, w, hi, lo, y.ptr, n, k, rows, AlgoChoice::FIRST, accumulate),
                     _ => lt.matmul(st, Operands::Bf16, w, hi, y.ptr, n, k, rows, accumulate),
                 }
             }

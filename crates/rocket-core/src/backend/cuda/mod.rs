@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::{check_chunks, check_copy, own_session, Backend, BackendCounters, Chunk, Logits, LoopOutcome, LoopRequest, SampleRequest, Session};
+use crate::batch::{LATER_PASS_SHARED_ROWS, PASS_SHARED_ROWS};
 use crate::error::{Result, RocketError};
 use crate::megakernel::{MegakernelError, Profile};
 use crate::model::{ModelSpec, ModelWeights};
@@ -48,6 +49,7 @@ use crate::output::TokenLogprob;
 use crate::options::{DecodePath, GpuOptions, MatmulPath, SamplerPlacement};
 use crate::progress::LoadProgress;
 use crate::sampling::SamplingParams;
+use cublas::AlgoChoice;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
 use f16_weights::F16Weights;
 use kernels::{argmax_state_bytes, prefill_group_tiles, prefill_partial_floats, prefill_splits, GemmFusion, GemmPlan, GemmScratch, Kernels, PREFILL_TILE};
@@ -439,6 +441,25 @@ struct PassShape {
     /// Whether the layer products may take their matrices' fp16 copies: a prompt
     /// pass, or a decode pass of `CUBLAS_MIN_ROWS` rows or more.
     fp16: bool,
+    /// Which of cuBLASLt's algorithms the products run (`pass_algo`).
+    algo: AlgoChoice,
+}
+
+/// The cuBLASLt algorithm a pass's products run. A prompt pass that continues a
+/// session (after a reused prefix, or beside decoding rows) must give its rows
+/// the bits a pass of any other length gives them: below `PASS_SHARED_ROWS` rows it
+/// takes cuBLASLt's pick for `PASS_SHARED_ROWS` rows, whose rows keep their bits at
+/// every count from `LATER_PASS_SHARED_ROWS` up, where a count's own pick need not
+/// (Llama-3.2-1B's down product splits K at 128 rows). A pass of prompts' first
+/// rows alone keeps its own count's pick, faster there, and such prompts are not
+/// cached below `PASS_SHARED_ROWS`; a decode pass too (a decode row's bits are
+/// its batch size's, as they were).
+fn pass_algo(decode: bool, continues: bool, rows: usize) -> AlgoChoice {
+    if !decode && continues && rows < PASS_SHARED_ROWS {
+        AlgoChoice { rows: Some(PASS_SHARED_ROWS), candidate: 0 }
+    } else {
+        AlgoChoice::FIRST
+    }
 }
 
 impl CudaBackend {
@@ -579,6 +600,7 @@ impl CudaBackend {
             gather_last: !decode && logits == Logits::Last,
             argmax,
             fp16: fp16_offered(decode, rows),
+            algo: pass_algo(decode, chunks.iter().any(|c| !c.session.is_empty()), rows),
         };
 
         let mut guard = self.lock()?;
@@ -770,7 +792,7 @@ impl CudaBackend {
                 let l = f.layers[li];
                 (l.qkv, l.o, l.gate_up, l.down)
             });
-            self.normed_matmul(k, st, sc, l.attn_norm, [l.qkv, qkv16], sc.qkv.ptr, qd + 2 * kvd, t, false)?;
+            self.normed_matmul(k, st, sc, l.attn_norm, [l.qkv, qkv16], sc.qkv.ptr, qd + 2 * kvd, t, p.algo, false)?;
             k.rope_kv(st, sc.qkv.ptr, w.inv_freq, l.q_norm, l.k_norm, eps, meta, s.num_heads, s.num_kv_heads, li, nl, t)?;
             if p.split_rows > 0 {
                 k.attention(
@@ -814,11 +836,11 @@ impl CudaBackend {
                 }
             }
             if o_operand.is_some() {
-                f16_matmul(k, st, sc, o16, sc.x.ptr, d, qd, t, true, |_, _| Ok(()))?;
+                f16_matmul(k, st, sc, o16, sc.x.ptr, d, qd, t, p.algo, true, |_, _| Ok(()))?;
             } else {
-                self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, true)?;
+                self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, p.algo, true)?;
             }
-            self.mlp(k, st, sc, l.mlp_norm, [l.gate_up, gate_up16], [l.down, down16], t)?;
+            self.mlp(k, st, sc, l.mlp_norm, [l.gate_up, gate_up16], [l.down, down16], t, p.algo)?;
         }
         // A pass that only fills KV (a prompt piece whose token is not due) runs no LM head.
         if p.out_rows == 0 {
@@ -829,7 +851,7 @@ impl CudaBackend {
         // shares its pass. (Fused, the LM head also measured slower: 152 vs 141 µs.)
         let map = if p.gather_last { row_map } else { 0 };
         k.rms_norm(st, sc.x.ptr, w.final_norm, sc.normed.ptr, d, eps, map, p.out_rows)?;
-        self.matmul(k, st, sc, [w.lm_head, 0], sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, false)?;
+        self.matmul(k, st, sc, [w.lm_head, 0], sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, p.algo, false)?;
         if p.argmax {
             k.argmax(st, sc.logits.ptr, sc.argmax.ptr, s.vocab_size, p.out_rows, sc.argmax_state.ptr)?;
         }
@@ -841,12 +863,13 @@ impl CudaBackend {
     /// y (+)= x · Wᵀ for `rows` input rows: cuBLASLt (on x rounded to fp16 with
     /// W's fp16 copy, else on x's bf16 hi and lo parts, in the scratch's `bf16`),
     /// or the tensor-core GEMM where the matmul mode picks it for `rows` and the
-    /// width allows, else the GEMV. `w` is W in bf16 and its fp16 copy (0: none).
+    /// width allows, else the GEMV. `w` is W in bf16 and its fp16 copy (0: none);
+    /// `algo`: which of cuBLASLt's algorithms (`pass_algo`).
     #[allow(clippy::too_many_arguments)]
-    fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: [u64; 2], x: u64, y: u64, n: usize, width: usize, rows: usize, accumulate: bool) -> Result<()> {
+    fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: [u64; 2], x: u64, y: u64, n: usize, width: usize, rows: usize, algo: AlgoChoice, accumulate: bool) -> Result<()> {
         let [w, w16] = w;
         if self.f16_product(k, rows, n, width, w16) {
-            return f16_matmul(k, st, sc, w16, y, n, width, rows, accumulate, |xb, flag| k.to_f16(st, x, xb, rows * width, flag));
+            return f16_matmul(k, st, sc, w16, y, n, width, rows, algo, accumulate, |xb, flag| k.to_f16(st, x, xb, rows * width, flag));
         }
         let kernel = matmul_kernel(self.options.matmul, cublas_offer(k, w16 != 0), rows, n, width);
         if kernel == ProductKernel::Cublas {
@@ -854,7 +877,7 @@ impl CudaBackend {
                 return Err(RocketError::Internal("a cuBLASLt product without cuBLASLt or its input buffers".into()));
             };
             let (hi, lo) = k.to_bf16_split(st, x, xb.ptr, rows * width)?;
-            return lt.matmul_split(st, w, hi, lo, y, n, width, rows, accumulate);
+            return lt.matmul_split(st, w, hi, lo, y, n, width, rows, algo, accumulate);
         }
         if kernel == ProductKernel::Tensor && k.gemm_tc_fits(width) {
             k.gemm_tc(st, w, x, y, n, width, rows, accumulate, &sc.gemm, GemmFusion::default())
@@ -868,7 +891,7 @@ impl CudaBackend {
     /// tensor-core launch with the norm and SiLU fused where the matmul mode and
     /// shapes allow (gemm_tc.cu), else rms_norm, the matmul and silu_mul.
     #[allow(clippy::too_many_arguments)]
-    fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: [u64; 2], y: u64, n: usize, rows: usize, silu: bool) -> Result<()> {
+    fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: [u64; 2], y: u64, n: usize, rows: usize, algo: AlgoChoice, silu: bool) -> Result<()> {
         let (d, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps as f32);
         let on_tensor_cores = matmul_kernel(self.options.matmul, cublas_offer(k, w[1] != 0), rows, n, d) == ProductKernel::Tensor;
         let fits = on_tensor_cores && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
@@ -878,10 +901,10 @@ impl CudaBackend {
         let product_out = if silu { sc.gu.ptr } else { y };
         if self.options.fuse && self.f16_product(k, rows, n, d, w[1]) {
             // The norm writes the product's fp16 operand itself.
-            f16_matmul(k, st, sc, w[1], product_out, n, d, rows, false, |xb, flag| k.rms_norm_f16(st, sc.x.ptr, norm_w, xb, d, eps, rows, flag))?;
+            f16_matmul(k, st, sc, w[1], product_out, n, d, rows, algo, false, |xb, flag| k.rms_norm_f16(st, sc.x.ptr, norm_w, xb, d, eps, rows, flag))?;
         } else {
             k.rms_norm(st, sc.x.ptr, norm_w, sc.h.ptr, d, eps, 0, rows)?;
-            self.matmul(k, st, sc, w, sc.h.ptr, product_out, n, d, rows, false)?;
+            self.matmul(k, st, sc, w, sc.h.ptr, product_out, n, d, rows, algo, false)?;
         }
         if silu {
             k.silu_mul(st, sc.gu.ptr, y, n / 2, rows)?;
@@ -893,15 +916,15 @@ impl CudaBackend {
     /// products take cuBLASLt's fp16 operands (and `fuse` is on), SiLU·mul writes
     /// the down-projection's fp16 operand itself; else `normed_matmul` and `matmul`.
     #[allow(clippy::too_many_arguments)]
-    fn mlp(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, gate_up: [u64; 2], down: [u64; 2], rows: usize) -> Result<()> {
+    fn mlp(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, gate_up: [u64; 2], down: [u64; 2], rows: usize, algo: AlgoChoice) -> Result<()> {
         let (d, ff) = (self.spec.hidden_size, self.spec.intermediate_size);
         let fp16_act = self.options.fuse && self.f16_product(k, rows, 2 * ff, d, gate_up[1]) && self.f16_product(k, rows, d, ff, down[1]);
         if !fp16_act {
-            self.normed_matmul(k, st, sc, norm_w, gate_up, sc.act.ptr, 2 * ff, rows, true)?;
-            return self.matmul(k, st, sc, down, sc.act.ptr, sc.x.ptr, d, ff, rows, true);
+            self.normed_matmul(k, st, sc, norm_w, gate_up, sc.act.ptr, 2 * ff, rows, algo, true)?;
+            return self.matmul(k, st, sc, down, sc.act.ptr, sc.x.ptr, d, ff, rows, algo, true);
         }
-        self.normed_matmul(k, st, sc, norm_w, gate_up, sc.gu.ptr, 2 * ff, rows, false)?;
-        f16_matmul(k, st, sc, down[1], sc.x.ptr, d, ff, rows, true, |xb, flag| k.silu_mul_f16(st, sc.gu.ptr, xb, ff, rows, flag))
+        self.normed_matmul(k, st, sc, norm_w, gate_up, sc.gu.ptr, 2 * ff, rows, algo, false)?;
+        f16_matmul(k, st, sc, down[1], sc.x.ptr, d, ff, rows, algo, true, |xb, flag| k.silu_mul_f16(st, sc.gu.ptr, xb, ff, rows, flag))
     }
 
     /// Whether a product of `rows` rows by an n x width matrix runs on cuBLASLt
@@ -925,6 +948,7 @@ fn f16_matmul(
     n: usize,
     width: usize,
     rows: usize,
+    algo: AlgoChoice,
     accumulate: bool,
     write_operand: impl FnOnce(u64, u64) -> Result<()>,
 ) -> Result<()> {
@@ -932,7 +956,9 @@ fn f16_matmul(
         return Err(RocketError::Internal("an fp16 cuBLASLt product without cuBLASLt, its operand buffer or its range flag".into()));
     };
     write_operand(xb.ptr, flag.ptr)?;
-    lt.matmul(st, cublas::Operands::F16, w16, xb.ptr, y, n, width, rows, accumulate)
+    lt.matmul_with(st, cublas::Operands::F16, w16, xb.ptr, y, n, width, rows, accumulate, algo)?
+        .map(|_| ())
+        .ok_or_else(|| RocketError::Internal(format!("cuBLASLt offered no algorithm for {n}x{width} at {algo:?}")))
 }
 
 /// The fp16 copy of the layers' matrices for cuBLASLt, or None (logged) where a
@@ -1036,8 +1062,9 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn pass_shared_rows(&self) -> std::num::NonZeroUsize {
-        std::num::NonZeroUsize::new(crate::batch::PASS_SHARED_ROWS).expect("PASS_SHARED_ROWS is at least 1")
+    fn pass_shared_rows(&self) -> crate::backend::SharedRows {
+        let rows = |n: usize| std::num::NonZeroUsize::new(n).expect("the shared row counts are at least 1");
+        crate::backend::SharedRows { first: rows(PASS_SHARED_ROWS), later: rows(LATER_PASS_SHARED_ROWS) }
     }
     fn loops_sampling(&self, params: &SamplingParams) -> bool {
         self.lock().is_ok_and(|i| i.megakernel.as_ref().is_some_and(|mk| mk.in_service() && self.loops(mk, params)))
@@ -1239,6 +1266,19 @@ mod tests {
         assert!(fp16_offered(true, CUBLAS_MIN_ROWS));
         for rows in [2, 33, 100, 4096] {
             assert!(fp16_offered(false, rows), "a prompt pass of {rows} rows");
+        }
+    }
+
+    #[test]
+    fn only_later_prompt_passes_under_the_shared_rows_take_the_pinned_algorithm() {
+        let pinned = AlgoChoice { rows: Some(PASS_SHARED_ROWS), candidate: 0 };
+        for rows in [LATER_PASS_SHARED_ROWS, 132, 200, PASS_SHARED_ROWS - 1] {
+            assert_eq!(pass_algo(false, true, rows), pinned, "a later prompt pass of {rows} rows");
+            assert_eq!(pass_algo(false, false, rows), AlgoChoice::FIRST, "a first pass of {rows} rows");
+            assert_eq!(pass_algo(true, true, rows), AlgoChoice::FIRST, "a decode pass of {rows} rows");
+        }
+        for rows in [PASS_SHARED_ROWS, 2048, 2559] {
+            assert_eq!(pass_algo(false, true, rows), AlgoChoice::FIRST, "a later prompt pass of {rows} rows");
         }
     }
 
