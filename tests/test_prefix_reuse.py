@@ -47,7 +47,7 @@ def test_a_chat_turn_reuses_the_last_and_outputs_are_unchanged() -> None:
 def test_the_default_budget_and_bad_values() -> None:
     default = rocket.LLM(FIXTURES / "tiny-llama", device="cpu", progress="off")
     assert default.prefix_cache_stats()["max_bytes"] == 1 << 30
-    assert default.prefix_cache_stats()["block"] == 512
+    assert default.prefix_cache_stats()["block"] == 128
     with pytest.raises(rocket.InvalidArgumentError, match="prefix_block"):
         rocket.LLM(FIXTURES / "tiny-llama", device="cpu", prefix_block=0)
     with pytest.raises(rocket.InvalidArgumentError, match="prefix_cache_bytes"):

@@ -175,11 +175,12 @@ fn end(mut a: Active<'_>, after: After) {
 /// never cached. The count is the pass's, all requests' rows together.
 pub const PASS_SHARED_ROWS: usize = 512;
 
-/// A prompt pass that continues a session (after a reused prefix) gives each
-/// row the same bits from this many rows: below `PASS_SHARED_ROWS` it runs each
-/// product on cuBLASLt's pick for `PASS_SHARED_ROWS` rows, which kept every row's
-/// bits at every count the row-bits test ran, 128 to 2,559 (Llama-3.2-1B,
-/// Qwen3-0.6B). So a reuse leaves at least this many prompt tokens to compute.
+/// A pass of prompt pieces that continues a session (after a reused prefix; no
+/// decode rows beside it) gives each row the same bits from this many rows: below
+/// `PASS_SHARED_ROWS` it runs each product on cuBLASLt's pick for `PASS_SHARED_ROWS`
+/// rows, which kept every row's bits at every count the row-bits test ran, 33 to
+/// 2,559 (Llama-3.2-1B, Qwen3-0.6B; asserted from this count). So a reuse leaves
+/// at least this many prompt tokens to compute.
 pub const LATER_PASS_SHARED_ROWS: usize = 128;
 
 /// Where a prefill pass starting at prompt position `start` ends: `chunk` tokens

@@ -124,8 +124,8 @@ pub struct SharedRows {
     /// A pass of prompts' first rows alone (every chunk from position 0): a
     /// prompt shorter than this is never cached, its one pass too short.
     pub first: NonZeroUsize,
-    /// A pass that continues a session (after a reused prefix, or beside rows
-    /// that do): a reuse leaves at least this many prompt tokens to compute.
+    /// A pass of prompt pieces that continues a session (after a reused
+    /// prefix): a reuse leaves at least this many prompt tokens to compute.
     pub later: NonZeroUsize,
 }
 
