@@ -139,7 +139,7 @@ class LLM:
       first; see :meth:`prefix_cache_stats` and ``metrics["cached_prompt_tokens"]``)
     - ``prefix_block``: the prefix cache's block in tokens (128): prompts are cached and
       reused in whole blocks from their start (on the GPU, prompts of at least 512
-      tokens, and a prompt that reuses them still computes at least its last 128);
+      tokens, which still compute at least their last 128 when they reuse one);
       prefill passes do not depend on it
     """
 

@@ -49,8 +49,8 @@ pub struct BenchArgs {
     /// by --prompt-len new ones (its first length), with its whole blocks reused, against the same
     /// prompt with the cache emptied (e.g. --prefix-reuse 4000 --prompt-len 100:
     /// a chat turn over a 4,000-token conversation). On the GPU a reuse leaves the
-    /// second request at least 512 tokens to compute, and a first prompt shorter
-    /// than that is not cached
+    /// second request at least 128 tokens to compute, and a prompt shorter than
+    /// 512 tokens is neither cached nor reuses a cached one
     #[arg(long, value_name = "N")]
     prefix_reuse: Option<usize>,
 }

@@ -89,7 +89,9 @@ pub const PREFILL_CHUNK: usize = 2048;
 
 /// The prefix cache's block by default (`EngineOptions::prefix_block`): a chat's
 /// next turn reuses its conversation up to the last whole block that leaves
-/// `LATER_PASS_SHARED_ROWS` tokens to compute, so a block that size wastes the least.
+/// `LATER_PASS_SHARED_ROWS` tokens to compute, so it computes those and up to a
+/// block more; smaller blocks would save a little more at the cost of more
+/// entries' lookups.
 pub const PREFIX_BLOCK: usize = 128;
 
 /// Multiply-adds of one prompt row, over the whole model.
@@ -172,7 +174,9 @@ fn end(mut a: Active<'_>, after: After) {
 /// last-row logits bit for bit). A pass of prompts' first rows alone runs each
 /// product on its own row count's pick, whose rows at 128 rows did not keep
 /// them (Llama-3.2-1B's down product: split-K), so a prompt shorter than this is
-/// never cached. The count is the pass's, all requests' rows together.
+/// never cached and reuses nothing. The count is the pass's, all requests' rows
+/// together: a prompt's piece that shares its pass with decode rows keeps no
+/// such promise.
 pub const PASS_SHARED_ROWS: usize = 512;
 
 /// A pass of prompt pieces that continues a session (after a reused prefix; no
@@ -230,13 +234,14 @@ pub(crate) fn piece_end(
 
 /// The lengths of `prompt`'s prefix that waiting requests would copy from the
 /// prefix cache if it held them: each one's whole blocks in common with
-/// `prompt` (leaving them `rest` tokens to compute), where that is more than
-/// the cache offers them now.
-fn wanted_by_waiting(cache: &KvPrefixCache, waiting: &VecDeque<Active<'_>>, prompt: &[u32], rest: usize) -> Vec<usize> {
+/// `prompt` (leaving them the tokens `SharedRows::reuse_rest` says), where that
+/// is more than the cache offers them now.
+fn wanted_by_waiting(cache: &KvPrefixCache, waiting: &VecDeque<Active<'_>>, prompt: &[u32], shared_rows: SharedRows) -> Vec<usize> {
     waiting
         .iter()
         .filter_map(|w| {
             let theirs = w.state.prompt_ids();
+            let rest = shared_rows.reuse_rest(theirs.len())?;
             let shared = cache.shared_len(theirs, prompt, rest);
             (shared > cache.reusable(theirs, rest)).then_some(shared)
         })
@@ -293,7 +298,7 @@ fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>, waiting: &VecDeque<Ac
     let keep = if done >= whole {
         whole
     } else {
-        wanted_by_waiting(&cache, waiting, prompt, shared.later.get()).into_iter().filter(|&w| w <= done).max().unwrap_or(0)
+        wanted_by_waiting(&cache, waiting, prompt, shared).into_iter().filter(|&w| w <= done).max().unwrap_or(0)
     };
     if keep == 0 || cache.covers(&prompt[..keep]) {
         return;
@@ -621,7 +626,9 @@ impl<'a> Batcher<'a> {
                 }
             }
         };
-        if let Some(hit) = cache.lookup(a.state.prompt_ids(), self.shared_rows.later.get()) {
+        let prompt = a.state.prompt_ids();
+        let hit = self.shared_rows.reuse_rest(prompt.len()).and_then(|rest| cache.lookup(prompt, rest));
+        if let Some(hit) = hit {
             match backend.copy_prefix(hit.value.as_mut(), session.as_mut(), hit.tokens) {
                 Ok(()) => a.state.reused_prefix(hit.tokens),
                 Err(e) => {
@@ -690,7 +697,8 @@ impl<'a> Batcher<'a> {
         let cache = self.model.prefix_cache?;
         let cache = cache.lock().unwrap_or_else(|p| p.into_inner());
         let prompt = a.state.prompt_ids();
-        let (chunk, first, rest) = (self.prefill_chunk, self.shared_rows.first.get(), self.shared_rows.later.get());
+        let rest = self.shared_rows.reuse_rest(prompt.len())?;
+        let (chunk, first) = (self.prefill_chunk, self.shared_rows.first.get());
         let cached = cache.reusable(prompt, rest);
         let own_passes = |from: usize| passes_from(from, prompt.len(), |s| chunk_end(s, prompt.len(), chunk, first));
         let alone = own_passes(cached);

@@ -388,8 +388,8 @@ impl Engine {
         (self.prefix_cache.as_ref().map_or(0, |c| c.lock().unwrap_or_else(|p| p.into_inner()).max_bytes()), self.prefix_block)
     }
 
-    /// The shortest prompt that is cached (`first`) and the fewest prompt tokens a
-    /// request computes itself when it reuses a cached prefix (`later`): prompt
+    /// The shortest prompt that is cached or reuses a cached prefix (`first`) and the
+    /// fewest prompt tokens a request computes itself when it reuses one (`later`): prompt
     /// passes of that many rows or more give each row the same bits (the backend's
     /// `pass_shared_rows`; 512 and 128 on the GPU, 1 and 1 on the CPU).
     pub fn prefix_reuse_rows(&self) -> SharedRows {

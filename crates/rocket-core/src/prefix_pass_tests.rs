@@ -159,7 +159,7 @@ fn a_reused_prefix_leaves_at_least_the_shared_rows_to_compute_in_one_pass_or_mor
 }
 
 #[test]
-fn a_reuse_leaves_the_later_passes_rows_and_prompts_under_the_first_passes_rows_stay_uncached() {
+fn a_reuse_leaves_the_later_passes_rows_and_prompts_under_the_first_passes_rows_neither_cache_nor_reuse() {
     // As on the GPU: a prompt's first pass keeps its rows' bits from 64 rows (so a
     // shorter prompt is never kept), a pass after a reused prefix from 16.
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
@@ -177,6 +177,10 @@ fn a_reuse_leaves_the_later_passes_rows_and_prompts_under_the_first_passes_rows_
     assert_eq!(got.metrics.cached_prompt_tokens, 128);
     assert_eq!(spans(&with).into_iter().filter(|&(start, _)| start < second.len()).collect::<Vec<_>>(), [(128, 22)]);
     assert_eq!(got.token_ids, run(&plain, &second).token_ids);
+    // A 50-token prompt runs alone as one first pass of 50 rows, whose bits later
+    // passes would not give: it reuses none of the 48 tokens it shares.
+    assert_eq!(run(&cached, &then(48, 2)).metrics.cached_prompt_tokens, 0);
+    assert_eq!(run(&cached, &then(48, 16)).metrics.cached_prompt_tokens, 48);
     // 63 tokens ran in one pass of 63 rows, under the first pass's 64: not kept.
     cached.clear_prefix_cache();
     run(&cached, &first[..63]);

@@ -132,6 +132,14 @@ pub struct SharedRows {
 impl SharedRows {
     /// Every pass keeps every row's bits.
     pub const ANY: SharedRows = SharedRows { first: NonZeroUsize::MIN, later: NonZeroUsize::MIN };
+
+    /// The fewest tokens a prompt of `prompt_len` computes itself when it reuses a
+    /// cached prefix (`later`), or None where it may reuse none: shorter than
+    /// `first`, it runs alone as one first pass under `first` rows, whose rows'
+    /// bits a reuse (later passes) would not reproduce.
+    pub fn reuse_rest(&self, prompt_len: usize) -> Option<usize> {
+        (prompt_len >= self.first.get()).then_some(self.later.get())
+    }
 }
 
 /// Checks a `copy_prefix` of `len` positions from `src` into `dst`.

@@ -35,6 +35,9 @@ use cudarc::cublaslt::sys;
 use super::driver::{Context, DeviceBuffer, Stream};
 use crate::error::{Result, RocketError};
 
+/// Whether `Cublas::matmul_pinned` has said it fell back (once per process).
+static PINNED_REFUSAL_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// cuBLASLt's recommended workspace on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
 
@@ -92,6 +95,14 @@ pub(crate) struct AlgoChoice {
 impl AlgoChoice {
     /// What the forward pass runs: the heuristic's best for the product's own rows.
     pub const FIRST: AlgoChoice = AlgoChoice { rows: None, candidate: 0 };
+
+    /// The row count a product of `rows` rows picks its kernel for (cuBLASLt or
+    /// another, `matmul_kernel`): a pass pinned to a longer pass's algorithms
+    /// takes that pass's kernels too (on the bf16 hi+lo products, cuBLASLt's
+    /// share depends on the rows), so its rows get that pass's bits.
+    pub(crate) fn kernel_rows(self, rows: usize) -> usize {
+        self.rows.map_or(rows, |r| r.max(rows))
+    }
 }
 
 // SAFETY: the descriptors are plain host objects, used under `Cublas::plans`' lock.
@@ -323,11 +334,35 @@ impl Cublas {
     /// parts (`matmul` twice, the second accumulating).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_split(&self, stream: &Stream, w: u64, hi: u64, lo: u64, y: u64, n: usize, k: usize, rows: usize, choice: AlgoChoice, accumulate: bool) -> Result<()> {
-        for (x, accumulate) in [(hi, accumulate), (lo, true)] {
-            self.matmul_with(stream, Operands::Bf16, w, x, y, n, k, rows, accumulate, choice)?
-                .ok_or_else(|| RocketError::Internal(format!("cuBLASLt offered no algorithm for {n}x{k} at {choice:?}")))?;
+        self.matmul_pinned(stream, Operands::Bf16, w, hi, y, n, k, rows, accumulate, choice)?;
+        self.matmul_pinned(stream, Operands::Bf16, w, lo, y, n, k, rows, true, choice)
+    }
+
+    /// `matmul` on the algorithm `choice` pins, for the forward pass: where
+    /// cuBLASLt refuses it at this row count (as it refused a split-K pick of 128
+    /// rows at 2,048) or offers fewer candidates, the product runs on its own row
+    /// count's pick instead, said once per process: the pass runs, but its rows
+    /// may then lose the bits prefix reuse rests on. A refusal comes before
+    /// anything is queued, so nothing runs twice.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_pinned(&self, stream: &Stream, operands: Operands, w: u64, x: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool, choice: AlgoChoice) -> Result<()> {
+        if choice != AlgoChoice::FIRST {
+            let why = match self.matmul_with(stream, operands, w, x, y, n, k, rows, accumulate, choice) {
+                Ok(Some(_)) => return Ok(()),
+                Ok(None) => "fewer candidates".to_string(),
+                Err(RocketError::Device(e)) => e,
+                Err(e) => return Err(e),
+            };
+            if !PINNED_REFUSAL_SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    product = format!("{operands:?} {n}x{k} at {rows} rows"),
+                    ?choice,
+                    why,
+                    "cuBLASLt refused the pinned algorithm: this product runs on its own pick, and a prefix reuse may then change outputs"
+                );
+            }
         }
-        Ok(())
+        self.matmul(stream, operands, w, x, y, n, k, rows, accumulate)
     }
 }
 

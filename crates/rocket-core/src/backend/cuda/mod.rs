@@ -761,7 +761,7 @@ impl CudaBackend {
         // The layers' matrices get an fp16 copy at such a pass unless it is off for good
         // or the pass is offered none (record_pass gives it the copies alike).
         let offer = cublas_offer(&inner.kernels, p.fp16 && !matches!(inner.f16, F16Copy::Off));
-        let on_cublas = |&(n, k): &(usize, usize)| matmul_kernel(self.options.matmul, offer, p.rows, n, k) == ProductKernel::Cublas;
+        let on_cublas = |&(n, k): &(usize, usize)| matmul_kernel(self.options.matmul, offer, p.algo.kernel_rows(p.rows), n, k) == ProductKernel::Cublas;
         Scratch::matmul_shapes(&self.spec)[..4].iter().any(on_cublas)
     }
 
@@ -819,7 +819,7 @@ impl CudaBackend {
             // from the attention itself (`fuse`: the bits `to_f16` would give, which the
             // fp16 range test checks against the unfused pass).
             let o_operand = f16_flag
-                .filter(|_| self.options.fuse && p.prefill_tiles > 0 && p.split_rows == 0 && self.f16_product(k, t, d, qd, o16))
+                .filter(|_| self.options.fuse && p.prefill_tiles > 0 && p.split_rows == 0 && self.f16_product(k, p.algo.kernel_rows(t), d, qd, o16))
                 .and_then(|flag| sc.bf16.as_ref().map(|b| (b.ptr, flag)));
             if p.prefill_tiles > 0 {
                 // A pass within one split per tile reads and writes no partial.
@@ -853,7 +853,9 @@ impl CudaBackend {
         // shares its pass. (Fused, the LM head also measured slower: 152 vs 141 µs.)
         let map = if p.gather_last { row_map } else { 0 };
         k.rms_norm(st, sc.x.ptr, w.final_norm, sc.normed.ptr, d, eps, map, p.out_rows)?;
-        self.matmul(k, st, sc, [w.lm_head, 0], sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, p.algo, false)?;
+        // The LM head's rows are the output rows, not the pass's: its own pick (a pinned
+        // pass's kernel rows would move a one-row head off the GEMV).
+        self.matmul(k, st, sc, [w.lm_head, 0], sc.normed.ptr, sc.logits.ptr, s.vocab_size, d, p.out_rows, AlgoChoice::FIRST, false)?;
         if p.argmax {
             k.argmax(st, sc.logits.ptr, sc.argmax.ptr, s.vocab_size, p.out_rows, sc.argmax_state.ptr)?;
         }
@@ -870,10 +872,10 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: [u64; 2], x: u64, y: u64, n: usize, width: usize, rows: usize, algo: AlgoChoice, accumulate: bool) -> Result<()> {
         let [w, w16] = w;
-        if self.f16_product(k, rows, n, width, w16) {
+        if self.f16_product(k, algo.kernel_rows(rows), n, width, w16) {
             return f16_matmul(k, st, sc, w16, y, n, width, rows, algo, accumulate, |xb, flag| k.to_f16(st, x, xb, rows * width, flag));
         }
-        let kernel = matmul_kernel(self.options.matmul, cublas_offer(k, w16 != 0), rows, n, width);
+        let kernel = matmul_kernel(self.options.matmul, cublas_offer(k, w16 != 0), algo.kernel_rows(rows), n, width);
         if kernel == ProductKernel::Cublas {
             let (Some(lt), Some(xb)) = (&k.cublas, &sc.bf16) else {
                 return Err(RocketError::Internal("a cuBLASLt product without cuBLASLt or its input buffers".into()));
@@ -895,13 +897,13 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: [u64; 2], y: u64, n: usize, rows: usize, algo: AlgoChoice, silu: bool) -> Result<()> {
         let (d, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps as f32);
-        let on_tensor_cores = matmul_kernel(self.options.matmul, cublas_offer(k, w[1] != 0), rows, n, d) == ProductKernel::Tensor;
+        let on_tensor_cores = matmul_kernel(self.options.matmul, cublas_offer(k, w[1] != 0), algo.kernel_rows(rows), n, d) == ProductKernel::Tensor;
         let fits = on_tensor_cores && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
         if self.options.fuse && fits {
             return k.gemm_tc(st, w[0], sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
         }
         let product_out = if silu { sc.gu.ptr } else { y };
-        if self.options.fuse && self.f16_product(k, rows, n, d, w[1]) {
+        if self.options.fuse && self.f16_product(k, algo.kernel_rows(rows), n, d, w[1]) {
             // The norm writes the product's fp16 operand itself.
             f16_matmul(k, st, sc, w[1], product_out, n, d, rows, algo, false, |xb, flag| k.rms_norm_f16(st, sc.x.ptr, norm_w, xb, d, eps, rows, flag))?;
         } else {
@@ -920,7 +922,8 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn mlp(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, gate_up: [u64; 2], down: [u64; 2], rows: usize, algo: AlgoChoice) -> Result<()> {
         let (d, ff) = (self.spec.hidden_size, self.spec.intermediate_size);
-        let fp16_act = self.options.fuse && self.f16_product(k, rows, 2 * ff, d, gate_up[1]) && self.f16_product(k, rows, d, ff, down[1]);
+        let kernel_rows = algo.kernel_rows(rows);
+        let fp16_act = self.options.fuse && self.f16_product(k, kernel_rows, 2 * ff, d, gate_up[1]) && self.f16_product(k, kernel_rows, d, ff, down[1]);
         if !fp16_act {
             self.normed_matmul(k, st, sc, norm_w, gate_up, sc.act.ptr, 2 * ff, rows, algo, true)?;
             return self.matmul(k, st, sc, down, sc.act.ptr, sc.x.ptr, d, ff, rows, algo, true);
@@ -929,9 +932,9 @@ impl CudaBackend {
         f16_matmul(k, st, sc, down[1], sc.x.ptr, d, ff, rows, algo, true, |xb, flag| k.silu_mul_f16(st, sc.gu.ptr, xb, ff, rows, flag))
     }
 
-    /// Whether a product of `rows` rows by an n x width matrix runs on cuBLASLt
-    /// with fp16 operands: the library takes it and the matrix has an fp16 copy
-    /// (`w16`, 0: none).
+    /// Whether a product of `rows` rows (`AlgoChoice::kernel_rows`) by an n x width
+    /// matrix runs on cuBLASLt with fp16 operands: the library takes it and the
+    /// matrix has an fp16 copy (`w16`, 0: none).
     fn f16_product(&self, k: &Kernels, rows: usize, n: usize, width: usize, w16: u64) -> bool {
         w16 != 0 && matmul_kernel(self.options.matmul, cublas_offer(k, w16 != 0), rows, n, width) == ProductKernel::Cublas
     }
@@ -958,9 +961,7 @@ fn f16_matmul(
         return Err(RocketError::Internal("an fp16 cuBLASLt product without cuBLASLt, its operand buffer or its range flag".into()));
     };
     write_operand(xb.ptr, flag.ptr)?;
-    lt.matmul_with(st, cublas::Operands::F16, w16, xb.ptr, y, n, width, rows, accumulate, algo)?
-        .map(|_| ())
-        .ok_or_else(|| RocketError::Internal(format!("cuBLASLt offered no algorithm for {n}x{width} at {algo:?}")))
+    lt.matmul_pinned(st, cublas::Operands::F16, w16, xb.ptr, y, n, width, rows, accumulate, algo)
 }
 
 /// The fp16 copy of the layers' matrices for cuBLASLt, or None (logged) where a
