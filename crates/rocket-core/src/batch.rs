@@ -289,7 +289,7 @@ fn keep_prefix(model: &BatchModel<'_>, a: &mut Active<'_>, waiting: &VecDeque<Ac
     let Some(cache) = model.prefix_cache else { return };
     let session = a.session.as_deref_mut().expect("running requests hold a session");
     let prompt = a.state.prompt_ids();
-    if prompt.len() < shared.first.get() {
+    if !shared.shares(prompt.len()) {
         return;
     }
     let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -381,8 +381,7 @@ impl<'a> Batcher<'a> {
     /// for a prompt's first pass, `later` for one after a reused prefix.
     #[cfg(test)]
     pub(crate) fn set_shared_rows(&mut self, first: usize, later: usize) {
-        let rows = |n: usize| std::num::NonZeroUsize::new(n).unwrap_or(std::num::NonZeroUsize::MIN);
-        self.shared_rows = SharedRows { first: rows(first), later: rows(later) };
+        self.shared_rows = SharedRows::new(first.max(1), later.max(1));
     }
 
     /// Multiply-adds a prompt's piece may cost while other requests decode in
@@ -706,8 +705,8 @@ impl<'a> Batcher<'a> {
             let session = r.session.as_deref()?;
             let theirs = r.state.prompt_ids();
             let shared = cache.shared_len(prompt, theirs, rest);
-            // A prompt shorter than the backend's `pass_shared_rows().first` is never kept (`keep_prefix`).
-            if shared <= cached || theirs.len() < first {
+            // A prompt too short to share is never kept (`keep_prefix`).
+            if shared <= cached || !self.shared_rows.shares(theirs.len()) {
                 return None;
             }
             let (waits, at) = kept_after(r, shared, |s| chunk_end(s, theirs.len(), chunk, first));

@@ -82,6 +82,19 @@ fn run_alone_with(e: &Engine, ids: &[u32], chunk: usize, shared: (usize, usize),
     out.into_inner().unwrap()
 }
 
+/// The passes' (start, rows) of a prompt of `len` tokens (not its decode steps').
+fn prefill_spans(p: &Passes, len: usize) -> Vec<(usize, usize)> {
+    spans(p).into_iter().filter(|&(start, _)| start < len).collect()
+}
+
+/// A first prompt of 130 tokens, and a later prompt: its first `shared` tokens and
+/// then `n` others.
+fn first_and_then() -> (Vec<u32>, impl Fn(usize, u32) -> Vec<u32>) {
+    let first: Vec<u32> = (0..130).map(|i| (i * 13 + 5) % 500).collect();
+    let prefix = first.clone();
+    (first, move |shared: usize, n: u32| prefix[..shared].iter().copied().chain((0..n).map(|i| (i * 7 + 1) % 500)).collect())
+}
+
 fn engine(block: usize, cache_bytes: usize) -> (Engine, Passes) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
     let opts = EngineOptions {
@@ -119,14 +132,12 @@ fn passes_take_whole_chunks_and_leave_no_last_pass_shorter_than_the_shared_rows(
 #[test]
 fn a_reused_prefix_leaves_at_least_the_shared_rows_to_compute_in_one_pass_or_more() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
-    let first: Vec<u32> = (0..130).map(|i| (i * 13 + 5) % 500).collect();
-    let then = |shared: usize, n: u32| first[..shared].iter().copied().chain((0..n).map(|i| (i * 7 + 1) % 500)).collect::<Vec<u32>>();
+    let (first, then) = first_and_then();
     // Block 64, chunk 64, passes of 64 rows or more taken to keep their rows' bits:
     // the first prompt runs [0, 64) and [64, 130) and keeps its two blocks.
     let (cached, with) = engine(64, 1 << 30);
     let (plain, without) = engine(64, 0);
     let run = |e: &Engine, ids: &[u32]| run_alone_with(e, ids, 64, (64, 64), &params);
-    let prefill = |p: &Passes, len: usize| spans(p).into_iter().filter(|&(start, _)| start < len).collect::<Vec<_>>();
     run(&cached, &first);
     // (the prompt, the tokens it reuses, its passes with and without reuse)
     let cases = [
@@ -144,8 +155,8 @@ fn a_reused_prefix_leaves_at_least_the_shared_rows_to_compute_in_one_pass_or_mor
         assert_eq!(got.metrics.cached_prompt_tokens, reused, "case {i}");
         let want = run(&plain, &second);
         assert_eq!(got.token_ids, want.token_ids, "case {i}");
-        assert_eq!(prefill(&with, second.len()), passes_with, "case {i}: with reuse");
-        assert_eq!(prefill(&without, second.len()), passes_without, "case {i}: without");
+        assert_eq!(prefill_spans(&with, second.len()), passes_with, "case {i}: with reuse");
+        assert_eq!(prefill_spans(&without, second.len()), passes_without, "case {i}: without");
     }
     // A prompt shorter than the shared rows ran in a shorter pass: it is never kept
     // (here in blocks of 16, of which it has three).
@@ -163,8 +174,7 @@ fn a_reuse_leaves_the_later_passes_rows_and_prompts_under_the_first_passes_rows_
     // As on the GPU: a prompt's first pass keeps its rows' bits from 64 rows (so a
     // shorter prompt is never kept), a pass after a reused prefix from 16.
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
-    let first: Vec<u32> = (0..130).map(|i| (i * 13 + 5) % 500).collect();
-    let then = |shared: usize, n: u32| first[..shared].iter().copied().chain((0..n).map(|i| (i * 7 + 1) % 500)).collect::<Vec<u32>>();
+    let (first, then) = first_and_then();
     let (cached, with) = engine(16, 1 << 30);
     let (plain, _) = engine(16, 0);
     let run = |e: &Engine, ids: &[u32]| run_alone_with(e, ids, 64, (64, 16), &params);
@@ -175,7 +185,7 @@ fn a_reuse_leaves_the_later_passes_rows_and_prompts_under_the_first_passes_rows_
     let second = then(130, 20);
     let got = run(&cached, &second);
     assert_eq!(got.metrics.cached_prompt_tokens, 128);
-    assert_eq!(spans(&with).into_iter().filter(|&(start, _)| start < second.len()).collect::<Vec<_>>(), [(128, 22)]);
+    assert_eq!(prefill_spans(&with, second.len()), [(128, 22)]);
     assert_eq!(got.token_ids, run(&plain, &second).token_ids);
     // A 50-token prompt runs alone as one first pass of 50 rows, whose bits later
     // passes would not give: it reuses none of the 48 tokens it shares.
@@ -207,7 +217,7 @@ fn a_reused_prefix_gives_the_tokens_of_a_full_prefill() {
         let want = run(&plain, &second, chunk);
         assert_eq!(got.token_ids, want.token_ids, "block {block}, chunk {chunk}");
         // Its passes: chunks from the reused prefix on.
-        let starts: Vec<usize> = spans(&with).into_iter().filter(|&(start, _)| start < second.len()).map(|(start, _)| start).collect();
+        let starts: Vec<usize> = prefill_spans(&with, second.len()).into_iter().map(|(start, _)| start).collect();
         assert_eq!(starts, (reused..second.len()).step_by(chunk).collect::<Vec<_>>(), "block {block}, chunk {chunk}");
     }
 }

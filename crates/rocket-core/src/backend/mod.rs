@@ -131,14 +131,28 @@ pub struct SharedRows {
 
 impl SharedRows {
     /// Every pass keeps every row's bits.
-    pub const ANY: SharedRows = SharedRows { first: NonZeroUsize::MIN, later: NonZeroUsize::MIN };
+    pub const ANY: SharedRows = SharedRows::new(1, 1);
+
+    /// `first` and `later` rows; panics on 0.
+    pub const fn new(first: usize, later: usize) -> SharedRows {
+        match (NonZeroUsize::new(first), NonZeroUsize::new(later)) {
+            (Some(first), Some(later)) => SharedRows { first, later },
+            _ => panic!("shared row counts are at least 1"),
+        }
+    }
+
+    /// Whether a prompt of `prompt_len` takes part in prefix reuse at all (is
+    /// cached, reuses a cached prefix): shorter than `first`, it runs alone as one
+    /// first pass under `first` rows, whose rows' bits later passes would not
+    /// reproduce.
+    pub fn shares(&self, prompt_len: usize) -> bool {
+        prompt_len >= self.first.get()
+    }
 
     /// The fewest tokens a prompt of `prompt_len` computes itself when it reuses a
-    /// cached prefix (`later`), or None where it may reuse none: shorter than
-    /// `first`, it runs alone as one first pass under `first` rows, whose rows'
-    /// bits a reuse (later passes) would not reproduce.
+    /// cached prefix (`later`), or None where it takes no part (`shares`).
     pub fn reuse_rest(&self, prompt_len: usize) -> Option<usize> {
-        (prompt_len >= self.first.get()).then_some(self.later.get())
+        self.shares(prompt_len).then_some(self.later.get())
     }
 }
 

@@ -819,7 +819,7 @@ impl CudaBackend {
             // from the attention itself (`fuse`: the bits `to_f16` would give, which the
             // fp16 range test checks against the unfused pass).
             let o_operand = f16_flag
-                .filter(|_| self.options.fuse && p.prefill_tiles > 0 && p.split_rows == 0 && self.f16_product(k, p.algo.kernel_rows(t), d, qd, o16))
+                .filter(|_| self.options.fuse && p.prefill_tiles > 0 && p.split_rows == 0 && self.f16_product(k, t, p.algo, d, qd, o16))
                 .and_then(|flag| sc.bf16.as_ref().map(|b| (b.ptr, flag)));
             if p.prefill_tiles > 0 {
                 // A pass within one split per tile reads and writes no partial.
@@ -872,10 +872,10 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: [u64; 2], x: u64, y: u64, n: usize, width: usize, rows: usize, algo: AlgoChoice, accumulate: bool) -> Result<()> {
         let [w, w16] = w;
-        if self.f16_product(k, algo.kernel_rows(rows), n, width, w16) {
+        if self.f16_product(k, rows, algo, n, width, w16) {
             return f16_matmul(k, st, sc, w16, y, n, width, rows, algo, accumulate, |xb, flag| k.to_f16(st, x, xb, rows * width, flag));
         }
-        let kernel = matmul_kernel(self.options.matmul, cublas_offer(k, w16 != 0), algo.kernel_rows(rows), n, width);
+        let kernel = self.product_kernel(k, w16 != 0, rows, algo, n, width);
         if kernel == ProductKernel::Cublas {
             let (Some(lt), Some(xb)) = (&k.cublas, &sc.bf16) else {
                 return Err(RocketError::Internal("a cuBLASLt product without cuBLASLt or its input buffers".into()));
@@ -897,13 +897,13 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn normed_matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, w: [u64; 2], y: u64, n: usize, rows: usize, algo: AlgoChoice, silu: bool) -> Result<()> {
         let (d, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps as f32);
-        let on_tensor_cores = matmul_kernel(self.options.matmul, cublas_offer(k, w[1] != 0), algo.kernel_rows(rows), n, d) == ProductKernel::Tensor;
+        let on_tensor_cores = self.product_kernel(k, w[1] != 0, rows, algo, n, d) == ProductKernel::Tensor;
         let fits = on_tensor_cores && k.gemm_tc_fits(d) && (!silu || GemmFusion::silu_fits(n));
         if self.options.fuse && fits {
             return k.gemm_tc(st, w[0], sc.x.ptr, y, n, d, rows, false, &sc.gemm, GemmFusion { norm: Some((norm_w, eps)), silu });
         }
         let product_out = if silu { sc.gu.ptr } else { y };
-        if self.options.fuse && self.f16_product(k, algo.kernel_rows(rows), n, d, w[1]) {
+        if self.options.fuse && self.f16_product(k, rows, algo, n, d, w[1]) {
             // The norm writes the product's fp16 operand itself.
             f16_matmul(k, st, sc, w[1], product_out, n, d, rows, algo, false, |xb, flag| k.rms_norm_f16(st, sc.x.ptr, norm_w, xb, d, eps, rows, flag))?;
         } else {
@@ -922,8 +922,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn mlp(&self, k: &Kernels, st: &Stream, sc: &Scratch, norm_w: u64, gate_up: [u64; 2], down: [u64; 2], rows: usize, algo: AlgoChoice) -> Result<()> {
         let (d, ff) = (self.spec.hidden_size, self.spec.intermediate_size);
-        let kernel_rows = algo.kernel_rows(rows);
-        let fp16_act = self.options.fuse && self.f16_product(k, kernel_rows, 2 * ff, d, gate_up[1]) && self.f16_product(k, kernel_rows, d, ff, down[1]);
+        let fp16_act = self.options.fuse && self.f16_product(k, rows, algo, 2 * ff, d, gate_up[1]) && self.f16_product(k, rows, algo, d, ff, down[1]);
         if !fp16_act {
             self.normed_matmul(k, st, sc, norm_w, gate_up, sc.act.ptr, 2 * ff, rows, algo, true)?;
             return self.matmul(k, st, sc, down, sc.act.ptr, sc.x.ptr, d, ff, rows, algo, true);
@@ -932,11 +931,17 @@ impl CudaBackend {
         f16_matmul(k, st, sc, down[1], sc.x.ptr, d, ff, rows, algo, true, |xb, flag| k.silu_mul_f16(st, sc.gu.ptr, xb, ff, rows, flag))
     }
 
-    /// Whether a product of `rows` rows (`AlgoChoice::kernel_rows`) by an n x width
-    /// matrix runs on cuBLASLt with fp16 operands: the library takes it and the
-    /// matrix has an fp16 copy (`w16`, 0: none).
-    fn f16_product(&self, k: &Kernels, rows: usize, n: usize, width: usize, w16: u64) -> bool {
-        w16 != 0 && matmul_kernel(self.options.matmul, cublas_offer(k, w16 != 0), rows, n, width) == ProductKernel::Cublas
+    /// The kernel for a product of `rows` rows by an n x width matrix with or
+    /// without an fp16 copy, picked for `algo`'s row count (`AlgoChoice::kernel_rows`).
+    fn product_kernel(&self, k: &Kernels, has_f16: bool, rows: usize, algo: AlgoChoice, n: usize, width: usize) -> ProductKernel {
+        matmul_kernel(self.options.matmul, cublas_offer(k, has_f16), algo.kernel_rows(rows), n, width)
+    }
+
+    /// Whether a product of `rows` rows by an n x width matrix runs on cuBLASLt
+    /// with fp16 operands: the library takes it (`product_kernel`) and the matrix
+    /// has an fp16 copy (`w16`, 0: none).
+    fn f16_product(&self, k: &Kernels, rows: usize, algo: AlgoChoice, n: usize, width: usize, w16: u64) -> bool {
+        w16 != 0 && self.product_kernel(k, true, rows, algo, n, width) == ProductKernel::Cublas
     }
 }
 
@@ -1066,8 +1071,7 @@ impl Backend for CudaBackend {
     }
 
     fn pass_shared_rows(&self) -> crate::backend::SharedRows {
-        let rows = |n: usize| std::num::NonZeroUsize::new(n).expect("the shared row counts are at least 1");
-        crate::backend::SharedRows { first: rows(PASS_SHARED_ROWS), later: rows(LATER_PASS_SHARED_ROWS) }
+        crate::backend::SharedRows::new(PASS_SHARED_ROWS, LATER_PASS_SHARED_ROWS)
     }
     fn loops_sampling(&self, params: &SamplingParams) -> bool {
         self.lock().is_ok_and(|i| i.megakernel.as_ref().is_some_and(|mk| mk.in_service() && self.loops(mk, params)))
