@@ -33,6 +33,9 @@
 #             `--matmul tensor` and `cublas` (Llama-3.2-1B, Qwen3-0.6B; CUBLAS_BENCH_MATMULS picks a subset,
 #             set empty for the checks alone),
 #             and `cublas` with the baseline build (.device-carry/base/rocket.xz) where one is carried
+#   f16gemm   rocket's fp16 GEMM (gemm_f16.cu, the products of passes of 33-256 rows) at every fuel's
+#             four products against the host, timed beside cuBLASLt's fp16 products (F16GEMM lines), and a
+#             row's bits at 33-200 rows against 256 (F16GEMM-ROW-BITS)
 #   algos     cuBLASLt's heuristic candidates for the fp16 products of Llama-3.2-1B and Qwen3-0.6B
 #             at 4, 128, 512 and 2,048 rows, each checked and timed (CUBLAS-ALGO lines; CUBLAS-BEST:
 #             the first pick, which the forward pass runs, against the fastest)
@@ -80,7 +83,7 @@
 #             one), summarised by benches/ncu_step.py; PROFILE_SHAPES="B P G PASS|..." picks
 #             other runs (batch, prompt length, gen length, which pass from the end)
 #   ttftab    TTFT at 128/1K/4K (Llama also 16K) of this build, the baseline build's
-#             (.device-carry/base/rocket.xz) and every .device-carry/variants/NAME.xz (rows
+#             (.device-carry/base/rocket.xz, where one is carried) and every .device-carry/variants/NAME.xz (rows
 #             ttftab-NAME), interleaved per fuel, two rounds
 #   ab        the megakernel of this build against a baseline build's (.device-carry/base/
 #             rocket.xz, packed by hand), interleaved per fuel, batch 1 (and the baseline's
@@ -172,7 +175,7 @@ if has tests; then
     # The tests pick their paths themselves (the greedy test asserts batched == solo
     # bit for bit on the graph path with each fixed matmul kernel).
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
-        timeout 300 "$(unpacked cuda-test)" --include-ignored --test-threads=1 --nocapture --skip handoff_probe --skip cublas_matmul --skip cublas_rows --skip fp16_products_redo --skip attention_outputs_past ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
+        timeout 300 "$(unpacked cuda-test)" --include-ignored --test-threads=1 --nocapture --skip handoff_probe --skip cublas_matmul --skip cublas_rows --skip f16_gemm --skip fp16_products_redo --skip attention_outputs_past ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
     check "cuda tests" $?
     grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|FENCE|F16|KV-ONLY|PASS-LEN|PREFIX-REUSE|test result|FAILED|panicked" "$LOGS/cuda-test.log"
 fi
@@ -250,6 +253,16 @@ if has algos; then  # cuBLASLt's candidate algorithms per product and row count
     check "cublas rows' bits across pass lengths" $?
     grep -E "ROW-BITS-SUMMARY|test result|FAILED|panicked" "$LOGS/row-bits.log"
 fi
+if has f16gemm; then  # rocket's fp16 GEMM against the host and beside cuBLASLt's fp16 products (F16GEMM lines)
+    LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_FIXTURES=$PWD/tests/parity/fixtures \
+        timeout 300 "$(unpacked cuda-test)" --include-ignored --exact --nocapture \
+        f16_gemm_matches_the_host_and_keeps_a_rows_bits > "$LOGS/f16gemm.log" 2>&1
+    check "fp16 GEMM checks" $?
+    grep -E "F16GEMM-LAYER|test result|FAILED|panicked" "$LOGS/f16gemm.log"
+    grep -E "^F16GEMM " "$LOGS/f16gemm.log" | grep -E "rows (33|128|256) "
+    grep -c "F16GEMM-ROW-BITS.*: 0 of" "$LOGS/f16gemm.log" | sed 's/^/F16GEMM-ROW-BITS equal: /'
+fi
+
 if has cublas; then  # cuBLASLt against rocket's tensor-core GEMM: its checks (CUBLAS lines), then TTFT and batch 16
     LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_FIXTURES=$PWD/tests/parity/fixtures \
         ROCKET_GPU_CHECKPOINTS=$CK/qwen3-0.6b,$CK/llama-3.2-1b timeout 300 "$(unpacked cuda-test)" --include-ignored --exact --nocapture \
@@ -376,23 +389,23 @@ if has ttft || has chat; then  # issue 22's chat case: 4,000 cached prompt token
         done
     done
 fi
-if has ttftab && [[ ! -f $CARRY/base/rocket.xz ]]; then
-    check "ttftab: no baseline build at $CARRY/base/rocket.xz" 1
-elif has ttftab; then  # TTFT of this build, the baseline build's (.device-carry/base/rocket.xz) and the variants', interleaved
-    base_rocket=$(unpacked base/rocket)
+if has ttftab; then  # TTFT of this build, the baseline build's (.device-carry/base/rocket.xz, where carried) and the variants', interleaved
+    base_rocket=
+    [[ -f $CARRY/base/rocket.xz ]] && base_rocket=$(unpacked base/rocket)
     unpack_variants
     for round in 1 2; do
         for f in $FUELS; do
             lens=128,1024,4096
             [[ $f == llama-3.2-1b ]] && lens=$lens,16384
-            ROCKET_BIN=$base_rocket bench "ttftab-base$round-$f" auto 1 "$lens" 2 3 "$f"
+            [[ -n $base_rocket ]] && ROCKET_BIN=$base_rocket bench "ttftab-base$round-$f" auto 1 "$lens" 2 3 "$f"
             bench "ttftab-new$round-$f" auto 1 "$lens" 2 3 "$f"
             for v in "$BIN"/variants/*; do
                 [[ -x $v ]] && ROCKET_BIN=$v bench "ttftab-$(basename "$v")$round-$f" auto 1 "$lens" 2 3 "$f"
             done
         done
     done
-    builds=(base new)
+    builds=(new)
+    [[ -n $base_rocket ]] && builds=(base new)
     for v in "$BIN"/variants/*; do [[ -x $v ]] && builds+=("$(basename "$v")"); done
     for f in $FUELS; do
         for b in "${builds[@]/%/1}" "${builds[@]/%/2}"; do

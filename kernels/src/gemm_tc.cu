@@ -46,6 +46,7 @@
 // shared memory Layout<MT>::BYTES, grid = (ceil(n / 128), ceil(rows / (16 MT)), splits),
 // block = 256. With splits > 1: ws holds grid.x * grid.y * splits * (16 MT * 129)
 // floats (partials, then row sums of squares) and counters grid.x * grid.y zeroed words.
+#pragma once
 #include "common.cuh"
 
 namespace gemm_tc {

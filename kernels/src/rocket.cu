@@ -4,6 +4,7 @@
 #include "rms_norm.cu"
 #include "gemv.cu"
 #include "gemm_tc.cu"
+#include "gemm_f16.cu"
 #include "rope_kv.cu"
 #include "attention.cu"
 #include "attention_prefill.cu"

@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, FusedF16, HandoffMode, MatmulFusion, MatmulKernel};
+use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, FusedF16, HandoffMode, MatmulFusion, MatmulKernel, RowBitsKernel};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
 use rocket_core::progress::LoadProgress;
 use rocket_core::weights::Tensor;
@@ -904,7 +904,7 @@ fn cublas_rows_keep_their_bits_across_pass_lengths() {
     for (fuel, d, qd, kvd, ff) in fuels {
         for (name, n, k) in [("qkv", qd + 2 * kvd, d), ("o", d, qd), ("gate_up", 2 * ff, d), ("down", d, ff)] {
             for (mode, reference, algo_rows) in [("own", 512, None), ("pinned512", 512, Some(512)), ("pinned128", 128, Some(128))] {
-                let runs = gpu.cublas_row_bits(n, k, reference, &rows, algo_rows, 0x0b17 + n as u64).unwrap();
+                let runs = gpu.product_row_bits(RowBitsKernel::Cublas { algo_rows }, n, k, reference, &rows, 0x0b17 + n as u64).unwrap();
                 for r in &runs {
                     if let Some(why) = &r.refused {
                         println!("ROW-BITS {fuel} {name} {n}x{k} {mode} rows {}: refused ({why})", r.rows);
@@ -933,6 +933,54 @@ fn cublas_rows_keep_their_bits_across_pass_lengths() {
         }
     }
     assert!(misses.is_empty(), "the forward pass's products change a row's bits between passes of 512 to 2,559 rows, or later passes of 128 to 511: {misses:?}");
+}
+
+/// rocket's fp16 GEMM (gemm_f16.cu), which multiplies the forward pass's fp16
+/// products of 33-256 rows: every fuel's four layer products at 33-256 rows
+/// against the host's f64 product (fp16 operands, the bar cuBLASLt's fp16 products
+/// meet, 5e-4), timed beside cuBLASLt's at the same shape (F16GEMM lines), then a
+/// row's bits at 33-200 rows against its bits at 256 (the split of K never
+/// depends on the rows, so they must all agree).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn f16_gemm_matches_the_host_and_keeps_a_rows_bits() {
+    require_gpu();
+    let gpu = cuda_backend(&fixture("tiny-qwen3"));
+    let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072), ("smollm2-135m", 576, 576, 192, 1536)];
+    let mut seed = 0xf16_6e44;
+    let mut misses = Vec::new();
+    for (fuel, d, qd, kvd, ff) in fuels {
+        let mut sums = [(0f64, 0f64); 3];
+        for (name, n, k, accumulate) in [("qkv", qd + 2 * kvd, d, false), ("o", d, qd, true), ("gate_up", 2 * ff, d, false), ("down", d, ff, true)] {
+            for rows in [33usize, 64, 72, 128, 200, 256] {
+                seed += 1;
+                let check = |kernel| gpu.matmul_check(kernel, MatmulFusion::default(), n, k, rows, accumulate, 10, seed).unwrap();
+                let (g, c) = (check(MatmulKernel::F16Gemm), check(MatmulKernel::CublasF16));
+                println!(
+                    "F16GEMM {fuel} {name} {n}x{k} rows {rows} ({}): rel L2 {:.2e}, {:.1} us ({:.0} GB/s); cuBLASLt fp16 rel L2 {:.2e}, {:.1} us",
+                    g.plan, g.rel_l2, g.micros, g.gbs, c.rel_l2, c.micros
+                );
+                if let Some(j) = [33, 128, 256].iter().position(|&r| r == rows) {
+                    sums[j].0 += g.micros;
+                    sums[j].1 += c.micros;
+                }
+                if !g.all_written || g.rel_l2.is_nan() || g.rel_l2 > 5e-4 {
+                    misses.push(format!("{fuel} {name} rows {rows}: written {}, rel L2 {:.2e}", g.all_written, g.rel_l2));
+                }
+            }
+            let rows = [33usize, 40, 64, 65, 100, 128, 129, 200];
+            for r in gpu.product_row_bits(RowBitsKernel::F16Gemm, n, k, 256, &rows, 0x0b17 + n as u64).unwrap() {
+                println!("F16GEMM-ROW-BITS {fuel} {name} {n}x{k} rows {}: {} of {} differ from 256 rows, {:.1} us ({})", r.rows, r.differ, r.compared, r.micros, r.algo);
+                if r.differ > 0 {
+                    misses.push(format!("{fuel} {name} at {} rows: {} outputs differ from 256 rows", r.rows, r.differ));
+                }
+            }
+        }
+        for (rows, (g, c)) in [33, 128, 256].iter().zip(sums) {
+            println!("F16GEMM-LAYER {fuel} rows {rows}: four products {g:.1} us, cuBLASLt fp16 {c:.1} us ({:.2}x)", c / g);
+        }
+    }
+    assert!(misses.is_empty(), "the fp16 GEMM: {misses:?}");
 }
 
 /// to_f16.cu against the host's conversion (half's, to nearest even): random

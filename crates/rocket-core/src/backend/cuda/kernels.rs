@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use super::cublas::Cublas;
 use super::driver::{Arg, Context, DeviceBuffer, Function, Module, Stream};
+use super::gemm_f16::{gemm_f16_smem_bytes, F16GemmPlan, GEMM_F16_MT, GEMM_F16_THREADS};
 use crate::error::{Result, RocketError};
 
 /// Machine code for Hopper (sm_90a): loads without a JIT.
@@ -126,6 +127,22 @@ fn load_gemm_tc(module: &Module, ctx: &Context) -> std::result::Result<[Function
     })
 }
 
+/// The fp16 GEMM's instantiations, allowed their shared memory, or why this GPU
+/// cannot run them.
+fn load_gemm_f16(module: &Module, ctx: &Context) -> std::result::Result<[Function; GEMM_F16_MT.len()], String> {
+    let load = |mt: usize| -> Result<Function> {
+        let func = module.function(&format!("gemm_f16_m{mt}"))?;
+        func.set_max_dynamic_smem(gemm_f16_smem_bytes(mt))?;
+        Ok(func)
+    };
+    let all = || -> Result<[Function; GEMM_F16_MT.len()]> { Ok([load(GEMM_F16_MT[0])?, load(GEMM_F16_MT[1])?]) };
+    all().map_err(|e| {
+        let why = format!("the fp16 GEMM cannot be set up on {}: {e}", ctx.name);
+        tracing::info!("{why}; cuBLASLt takes its products");
+        why
+    })
+}
+
 /// gemm_tc's split-K partials and arrival counters. The counters are zeroed here,
 /// once; every launch leaves them zero, so they must never be poisoned.
 pub(crate) struct GemmScratch {
@@ -144,7 +161,11 @@ impl GemmScratch {
     }
 
     fn holds(&self, plan: &GemmPlan) -> bool {
-        plan.workspace_floats() * 4 <= self.workspace.bytes && plan.counters() * 4 <= self.counters.bytes
+        self.holds_words(plan.workspace_floats(), plan.counters())
+    }
+
+    fn holds_words(&self, workspace_floats: usize, counters: usize) -> bool {
+        workspace_floats * 4 <= self.workspace.bytes && counters * 4 <= self.counters.bytes
     }
 }
 
@@ -177,6 +198,9 @@ pub(crate) struct Kernels {
     /// The tensor-core GEMM, or why this GPU cannot run it (its ring needs more
     /// shared memory per block than, e.g., a ~100 KiB consumer part allows).
     gemm_tc: std::result::Result<[Function; GEMM_TC_MT.len()], String>,
+    /// The fp16 GEMM (gemm_f16.cu), or why this GPU cannot run it (then cuBLASLt
+    /// takes its products).
+    gemm_f16: std::result::Result<[Function; GEMM_F16_MT.len()], String>,
     sms: usize,
     embed: Function,
     rms_norm: Function,
@@ -238,8 +262,10 @@ impl Kernels {
         let prefill_smem = prefill_smem_bytes(head_dim, wgmma);
         let gemv = [f("gemv_bf16_t1")?, f("gemv_bf16_t2")?, f("gemv_bf16_t4")?, f("gemv_bf16_t8")?, f("gemv_bf16_t16")?];
         let gemm_tc = load_gemm_tc(&module, ctx);
+        let gemm_f16 = load_gemm_f16(&module, ctx);
         Ok(Kernels {
             gemm_tc,
+            gemm_f16,
             sms: ctx.sm_count.max(1) as usize,
             embed: f("embed_gather")?,
             rms_norm: f("rms_norm")?,
@@ -384,6 +410,38 @@ impl Kernels {
             Arg::I32(fusion.silu as i32),
         ];
         self.go(&functions[i], s, grid, GEMM_THREADS, gemm_tc_smem_bytes(plan.mt) as u32, &args)
+    }
+
+    /// Whether `gemm_f16` runs on this GPU and takes an n x k matrix.
+    pub(crate) fn gemm_f16_fits(&self, n: usize, k: usize) -> bool {
+        self.gemm_f16.is_ok() && F16GemmPlan::fits(n, k)
+    }
+
+    /// The plan `gemm_f16` follows for this product on this GPU.
+    pub(crate) fn gemm_f16_plan(&self, n: usize, k: usize, rows: usize) -> F16GemmPlan {
+        F16GemmPlan::new(n, k, rows, self.sms)
+    }
+
+    /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ for fp16 x and W (the weights'
+    /// fp16 copy), f32 accumulation (gemm_f16.cu); `gemm_f16_fits(n, k)` must
+    /// hold, and `scratch` must hold what `gemm_f16_plan(n, k, rows)` needs.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_f16(&self, s: &Stream, w16: u64, x16: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool, scratch: &GemmScratch) -> Result<()> {
+        let functions = self.gemm_f16.as_ref().map_err(|why| RocketError::Device(why.clone()))?;
+        if rows == 0 {
+            return Ok(());
+        }
+        if !F16GemmPlan::fits(n, k) {
+            return Err(RocketError::Internal(format!("gemm_f16 needs n % 8 == 0 and k % 64 == 0, got {n} x {k}")));
+        }
+        let plan = self.gemm_f16_plan(n, k, rows);
+        if !scratch.holds_words(plan.workspace_floats(), plan.counters()) {
+            return Err(RocketError::Internal(format!("gemm_f16 scratch too small for {plan:?} ({n} x {k}, {rows} rows)")));
+        }
+        let grid = (plan.tiles_n as u32, plan.tiles_m as u32, plan.splits as u32);
+        let mut args = matmul_args(w16, x16, y, n, k, rows, accumulate).to_vec();
+        args.extend([Arg::Ptr(scratch.workspace.ptr), Arg::Ptr(scratch.counters.ptr)]);
+        self.go(&functions[plan.instantiation()], s, grid, GEMM_F16_THREADS, gemm_f16_smem_bytes(plan.mt) as u32, &args)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -32,6 +32,9 @@ pub enum MatmulKernel {
     /// `CublasF16` on the heuristic's n-th candidate algorithm (0: the one the
     /// forward pass runs); fails where the heuristic offered fewer.
     CublasF16Candidate(u8),
+    /// rocket's fp16 GEMM (gemm_f16.cu) on the operands `CublasF16` takes (x
+    /// rounded by to_f16.cu, timed with it).
+    F16Gemm,
 }
 
 /// What the tensor-core GEMM folds into the product (gemm_tc.cu's fused prologue
@@ -120,6 +123,7 @@ impl CudaBackend {
             MatmulKernel::Gemv => (k % 8 == 0, "a multiple of 8"),
             // The lo parts follow the hi parts: 16-byte aligned when k is a multiple of 8.
             MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) => (k % 8 == 0, "a multiple of 8"),
+            MatmulKernel::F16Gemm => (k % 64 == 0 && n % 8 == 0, "a multiple of 64 (and n of 8)"),
         };
         if !needs.0 {
             return Err(RocketError::invalid_arg("k", k, format!("must be {} for {kernel:?}", needs.1)));
@@ -144,17 +148,22 @@ impl CudaBackend {
         }
         let gemm_fusion = GemmFusion { norm: fusion.norm.then_some((norm.ptr, NORM_EPS)), silu: fusion.silu };
         let plan = kernels.gemm_plan(n, k, rows);
-        let scratch = GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?;
+        let f16_plan = kernels.gemm_f16_plan(n, k, rows);
+        let scratch = match kernel {
+            MatmulKernel::F16Gemm => GemmScratch::alloc(ctx, st, f16_plan.workspace_floats(), f16_plan.counters())?,
+            _ => GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?,
+        };
         let (cublas, x_bf16) = match kernel {
             MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) => {
                 (Some(Cublas::new(ctx)?), Some(DeviceBuffer::alloc(ctx, 2 * rows * k * 2, "the matmul check's 16-bit inputs")?))
             }
+            MatmulKernel::F16Gemm => (None, Some(DeviceBuffer::alloc(ctx, rows * k * 2, "the matmul check's fp16 inputs")?)),
             _ => (None, None),
         };
         // The fp16 copy of every rotated weight copy, and the range flag (which
         // these inputs, within [-1, 1), must never set).
         let f16 = match kernel {
-            MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) => {
+            MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) | MatmulKernel::F16Gemm => {
                 let w16 = DeviceBuffer::alloc(ctx, w_bytes * copies, "the matmul check's fp16 weights")?;
                 let flag = DeviceBuffer::with_data(ctx, st, &[0u32], "the matmul check's range flag")?;
                 kernels.bf16_to_f16(st, weights.ptr, w16.ptr, n * k * copies, flag.ptr)?;
@@ -177,6 +186,11 @@ impl CudaBackend {
                     *algo.borrow_mut() = super::cublas::describe_algo(&ran);
                 }
                 Ok(())
+            }
+            (MatmulKernel::F16Gemm, None, Some(xb)) => {
+                let (w16, flag) = f16.as_ref().expect("made above for the fp16 kernels");
+                kernels.to_f16(st, x.ptr, xb.ptr, rows * k, flag.ptr)?;
+                kernels.gemm_f16(st, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate, &scratch)
             }
             (MatmulKernel::Cublas | MatmulKernel::CublasBf16, Some(lt), Some(xb)) => {
                 let (hi, lo) = kernels.to_bf16_split(st, x.ptr, xb.ptr, rows * k)?;
@@ -220,6 +234,7 @@ impl CudaBackend {
             MatmulKernel::CublasBf16 => "cublaslt bf16".to_string(),
             MatmulKernel::CublasF16 => "cublaslt fp16".to_string(),
             MatmulKernel::CublasF16Candidate(_) => algo.into_inner(),
+            MatmulKernel::F16Gemm => format!("gemm_f16 {f16_plan}"),
         };
         if let Some((_, flag)) = &f16 {
             let mut set = [0u32];

@@ -13,6 +13,7 @@ mod diagnostics;
 pub use diagnostics::{FusedF16, FusedF16Check, SampledLoop};
 mod driver;
 mod f16_weights;
+mod gemm_f16;
 #[cfg(feature = "diagnostics")]
 mod handoff_probe;
 #[cfg(feature = "diagnostics")]
@@ -29,7 +30,7 @@ mod probe;
 #[cfg(feature = "diagnostics")]
 mod row_bits;
 #[cfg(feature = "diagnostics")]
-pub use row_bits::RowBits;
+pub use row_bits::{RowBits, RowBitsKernel};
 #[cfg(feature = "diagnostics")]
 pub use probe::{FenceCost, L2Latency, StreamRate};
 mod sampler;
@@ -52,6 +53,7 @@ use crate::sampling::SamplingParams;
 use cublas::AlgoChoice;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
 use f16_weights::F16Weights;
+use gemm_f16::{F16GemmPlan, GEMM_F16_IN_FORWARD, GEMM_F16_MAX_ROWS};
 use kernels::{argmax_state_bytes, prefill_group_tiles, prefill_partial_floats, prefill_splits, GemmFusion, GemmPlan, GemmScratch, Kernels, PREFILL_TILE};
 use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
 use sampler::DeviceSampler;
@@ -323,7 +325,11 @@ impl Scratch {
         let f = |n: usize| n * 4;
         let a = |n: usize, what: &str| DeviceBuffer::alloc(ctx, n, what);
         let what = "activations";
-        let (ws_floats, counters) = GemmPlan::scratch_needs(&Self::matmul_shapes(s), rows, ctx.sm_count as usize);
+        let shapes = Self::matmul_shapes(s);
+        let sms = ctx.sm_count as usize;
+        let (tc_floats, tc_counters) = GemmPlan::scratch_needs(&shapes, rows, sms);
+        let (f16_floats, f16_counters) = F16GemmPlan::scratch_needs(&shapes, rows, sms);
+        let (ws_floats, counters) = (tc_floats.max(f16_floats), tc_counters.max(f16_counters));
         Ok(Scratch {
             gemm: GemmScratch::alloc(ctx, st, ws_floats, counters)?,
             rows,
@@ -838,7 +844,7 @@ impl CudaBackend {
                 }
             }
             if o_operand.is_some() {
-                f16_matmul(k, st, sc, o16, sc.x.ptr, d, qd, t, p.algo, true, |_, _| Ok(()))?;
+                self.f16_matmul(k, st, sc, o16, sc.x.ptr, d, qd, t, p.algo, true, |_, _| Ok(()))?;
             } else {
                 self.matmul(k, st, sc, [l.o, o16], sc.attn.ptr, sc.x.ptr, d, qd, t, p.algo, true)?;
             }
@@ -873,7 +879,7 @@ impl CudaBackend {
     fn matmul(&self, k: &Kernels, st: &Stream, sc: &Scratch, w: [u64; 2], x: u64, y: u64, n: usize, width: usize, rows: usize, algo: AlgoChoice, accumulate: bool) -> Result<()> {
         let [w, w16] = w;
         if self.f16_product(k, rows, algo, n, width, w16) {
-            return f16_matmul(k, st, sc, w16, y, n, width, rows, algo, accumulate, |xb, flag| k.to_f16(st, x, xb, rows * width, flag));
+            return self.f16_matmul(k, st, sc, w16, y, n, width, rows, algo, accumulate, |xb, flag| k.to_f16(st, x, xb, rows * width, flag));
         }
         let kernel = self.product_kernel(k, w16 != 0, rows, algo, n, width);
         if kernel == ProductKernel::Cublas {
@@ -905,7 +911,7 @@ impl CudaBackend {
         let product_out = if silu { sc.gu.ptr } else { y };
         if self.options.fuse && self.f16_product(k, rows, algo, n, d, w[1]) {
             // The norm writes the product's fp16 operand itself.
-            f16_matmul(k, st, sc, w[1], product_out, n, d, rows, algo, false, |xb, flag| k.rms_norm_f16(st, sc.x.ptr, norm_w, xb, d, eps, rows, flag))?;
+            self.f16_matmul(k, st, sc, w[1], product_out, n, d, rows, algo, false, |xb, flag| k.rms_norm_f16(st, sc.x.ptr, norm_w, xb, d, eps, rows, flag))?;
         } else {
             k.rms_norm(st, sc.x.ptr, norm_w, sc.h.ptr, d, eps, 0, rows)?;
             self.matmul(k, st, sc, w, sc.h.ptr, product_out, n, d, rows, algo, false)?;
@@ -928,7 +934,7 @@ impl CudaBackend {
             return self.matmul(k, st, sc, down, sc.act.ptr, sc.x.ptr, d, ff, rows, algo, true);
         }
         self.normed_matmul(k, st, sc, norm_w, gate_up, sc.gu.ptr, 2 * ff, rows, algo, false)?;
-        f16_matmul(k, st, sc, down[1], sc.x.ptr, d, ff, rows, algo, true, |xb, flag| k.silu_mul_f16(st, sc.gu.ptr, xb, ff, rows, flag))
+        self.f16_matmul(k, st, sc, down[1], sc.x.ptr, d, ff, rows, algo, true, |xb, flag| k.silu_mul_f16(st, sc.gu.ptr, xb, ff, rows, flag))
     }
 
     /// The kernel for a product of `rows` rows by an n x width matrix with or
@@ -943,30 +949,45 @@ impl CudaBackend {
     fn f16_product(&self, k: &Kernels, rows: usize, algo: AlgoChoice, n: usize, width: usize, w16: u64) -> bool {
         w16 != 0 && self.product_kernel(k, true, rows, algo, n, width) == ProductKernel::Cublas
     }
-}
 
-/// y (+)= x · W16ᵀ on cuBLASLt's fp16 operands (`w16`: W's fp16 copy), where
-/// `write_operand(xb, flag)` writes x in fp16 to the operand buffer xb (the
-/// scratch's `bf16`), setting the range flag for a value past fp16's range.
-#[allow(clippy::too_many_arguments)]
-fn f16_matmul(
-    k: &Kernels,
-    st: &Stream,
-    sc: &Scratch,
-    w16: u64,
-    y: u64,
-    n: usize,
-    width: usize,
-    rows: usize,
-    algo: AlgoChoice,
-    accumulate: bool,
-    write_operand: impl FnOnce(u64, u64) -> Result<()>,
-) -> Result<()> {
-    let (Some(lt), Some(xb), Some(flag)) = (&k.cublas, &sc.bf16, &sc.f16_overflow) else {
-        return Err(RocketError::Internal("an fp16 cuBLASLt product without cuBLASLt, its operand buffer or its range flag".into()));
-    };
-    write_operand(xb.ptr, flag.ptr)?;
-    lt.matmul_pinned(st, cublas::Operands::F16, w16, xb.ptr, y, n, width, rows, accumulate, algo)
+    /// y (+)= x · W16ᵀ on fp16 operands (`w16`: W's fp16 copy), where
+    /// `write_operand(xb, flag)` writes x in fp16 to the operand buffer xb (the
+    /// scratch's `bf16`), setting the range flag for a value past fp16's range.
+    /// Under `auto`, a pass on its own algorithm of up to `GEMM_F16_MAX_ROWS` rows
+    /// multiplies on rocket's fp16 GEMM (`f16_gemm_takes`), every other on cuBLASLt.
+    #[allow(clippy::too_many_arguments)]
+    fn f16_matmul(
+        &self,
+        k: &Kernels,
+        st: &Stream,
+        sc: &Scratch,
+        w16: u64,
+        y: u64,
+        n: usize,
+        width: usize,
+        rows: usize,
+        algo: AlgoChoice,
+        accumulate: bool,
+        write_operand: impl FnOnce(u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        let (Some(lt), Some(xb), Some(flag)) = (&k.cublas, &sc.bf16, &sc.f16_overflow) else {
+            return Err(RocketError::Internal("an fp16 product without cuBLASLt, its operand buffer or its range flag".into()));
+        };
+        write_operand(xb.ptr, flag.ptr)?;
+        if self.f16_gemm_takes(k, rows, algo, n, width) {
+            return k.gemm_f16(st, w16, xb.ptr, y, n, width, rows, accumulate, &sc.gemm);
+        }
+        lt.matmul_pinned(st, cublas::Operands::F16, w16, xb.ptr, y, n, width, rows, accumulate, algo)
+    }
+
+    /// Whether an fp16 product of `rows` rows by an n x width matrix runs on
+    /// rocket's fp16 GEMM instead of cuBLASLt: under `auto` (`MatmulPath::Cublas`
+    /// asks for the library), in a pass on its own algorithm (a pass pinned to the
+    /// 512-row pick keeps the bits that pick gives) of up to `GEMM_F16_MAX_ROWS`
+    /// rows, where cuBLASLt's picks sit at a per-call floor well under the copy bandwidth.
+    fn f16_gemm_takes(&self, k: &Kernels, rows: usize, algo: AlgoChoice, n: usize, width: usize) -> bool {
+        GEMM_F16_IN_FORWARD && self.options.matmul == MatmulPath::Auto && algo == AlgoChoice::FIRST && rows <= GEMM_F16_MAX_ROWS && k.gemm_f16_fits(n, width)
+    }
 }
 
 /// The fp16 copy of the layers' matrices for cuBLASLt, or None (logged) where a

@@ -1,19 +1,31 @@
-//! Whether a row's product on cuBLASLt keeps its bits when the pass around it
-//! has another row count: the property prefix reuse's fixed pass boundaries rest
-//! on (`batch::chunk_end`). One fp16 product at several row counts, the first
-//! rows of each compared bit for bit with a reference row count's, under either
-//! the heuristic's own pick per row count or one algorithm for all.
+//! Whether a row's fp16 product keeps its bits when the pass around it has
+//! another row count: the property prefix reuse's fixed pass boundaries rest on
+//! (`batch::chunk_end`). One product at several row counts, the first rows of
+//! each compared bit for bit with a reference row count's, on cuBLASLt (under
+//! either the heuristic's own pick per row count or one algorithm for all) or on
+//! rocket's fp16 GEMM (gemm_f16.cu).
 
 use half::f16;
 use rayon::prelude::*;
 
 use super::cublas::{describe_algo, AlgoChoice, Cublas, Operands};
 use super::driver::{DeviceBuffer, TimedEvent};
+use super::kernels::GemmScratch;
 use super::matmul_check::{rotated_weights, uniform};
 use super::CudaBackend;
 use crate::error::{Result, RocketError};
 
-/// One row count's outcome in [`CudaBackend::cublas_row_bits`].
+/// Which kernel [`CudaBackend::product_row_bits`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowBitsKernel {
+    /// cuBLASLt: every run on the heuristic's pick for that many rows, or
+    /// (None) each on its own row count's pick (what the forward pass does).
+    Cublas { algo_rows: Option<usize> },
+    /// rocket's fp16 GEMM (gemm_f16.cu), at any row count.
+    F16Gemm,
+}
+
+/// One row count's outcome in [`CudaBackend::product_row_bits`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowBits {
     pub rows: usize,
@@ -38,37 +50,63 @@ fn random_f16(seed: u64, n: usize, scale: f32) -> Vec<u16> {
 }
 
 impl CudaBackend {
-    /// y = x · Wᵀ on cuBLASLt's fp16 path for a random W [n][k] and random x, at
+    /// y = x · Wᵀ on fp16 operands for a random W [n][k] and random x on `kernel`, at
     /// `reference_rows` and then at each of `rows` (x's first rows): each run's
-    /// first rows compared bit for bit with the reference run's. `algo_rows`:
-    /// every run uses the heuristic's pick for that many rows; None: each its own
-    /// row count's pick (what the forward pass does).
-    pub fn cublas_row_bits(&self, n: usize, k: usize, reference_rows: usize, rows: &[usize], algo_rows: Option<usize>, seed: u64) -> Result<Vec<RowBits>> {
+    /// first rows compared bit for bit with the reference run's.
+    pub fn product_row_bits(&self, kernel: RowBitsKernel, n: usize, k: usize, reference_rows: usize, rows: &[usize], seed: u64) -> Result<Vec<RowBits>> {
         if n == 0 || k == 0 || k % 8 != 0 || reference_rows == 0 || rows.contains(&0) {
             return Err(RocketError::invalid_arg("n, k, rows", format!("{n}, {k}, {reference_rows}, {rows:?}"), "n and every row count at least 1, k a positive multiple of 8"));
         }
         let max_rows = rows.iter().copied().chain([reference_rows]).max().unwrap_or(reference_rows);
         let inner = self.lock()?;
-        let (ctx, st) = (&inner.ctx, &inner.stream);
-        let lt = Cublas::new(ctx)?;
+        let (ctx, st, kernels) = (&inner.ctx, &inner.stream, &inner.kernels);
+        let algo_rows = match kernel {
+            RowBitsKernel::Cublas { algo_rows } => algo_rows,
+            RowBitsKernel::F16Gemm => None,
+        };
+        let lt = match kernel {
+            RowBitsKernel::Cublas { .. } => Some(Cublas::new(ctx)?),
+            RowBitsKernel::F16Gemm if !kernels.gemm_f16_fits(n, k) => {
+                return Err(RocketError::invalid_arg("n, k", format!("{n}, {k}"), "the fp16 GEMM takes n % 8 == 0 and k % 64 == 0 (on a GPU that runs it)"));
+            }
+            RowBitsKernel::F16Gemm => None,
+        };
         let w_bytes = n * k * 2;
         let (weights, copies) = rotated_weights(ctx, st, &random_f16(seed, n * k, 0.25), "the row-bits check's weights")?;
         let x = DeviceBuffer::with_data(ctx, st, &random_f16(seed ^ 0x9e37_79b9, max_rows * k, 1.0), "the row-bits check's inputs")?;
         let y = DeviceBuffer::alloc(ctx, max_rows * n * 4, "the row-bits check's outputs")?;
         let choice = AlgoChoice { rows: algo_rows, candidate: 0 };
+        // The fp16 GEMM's split-K scratch, for the largest plan of these row counts.
+        let plans = rows.iter().chain([&reference_rows]).map(|&r| kernels.gemm_f16_plan(n, k, r));
+        let (ws, counters) = plans.fold((0, 0), |(w, c), p| (w.max(p.workspace_floats()), c.max(p.counters())));
+        let scratch = if lt.is_none() { Some(GemmScratch::alloc(ctx, st, ws, counters)?) } else { None };
+        // One launch at `r` rows on the weights at `w`: what ran (cuBLASLt's algorithm, or the GEMM's plan).
+        let launch = |w: u64, r: usize| -> Result<String> {
+            match (&lt, &scratch) {
+                (Some(lt), _) => {
+                    let algo = lt
+                        .matmul_with(st, Operands::F16, w, x.ptr, y.ptr, n, k, r, false, choice)?
+                        .ok_or_else(|| RocketError::Internal(format!("cuBLASLt offered no algorithm for {n}x{k} at {r} rows")))?;
+                    Ok(describe_algo(&algo))
+                }
+                (None, Some(scratch)) => {
+                    kernels.gemm_f16(st, w, x.ptr, y.ptr, n, k, r, false, scratch)?;
+                    Ok(format!("gemm_f16 {}", kernels.gemm_f16_plan(n, k, r)))
+                }
+                (None, None) => Err(RocketError::Internal("the fp16 GEMM's row-bits run without its scratch".into())),
+            }
+        };
         // One product at `r` rows on fresh NaN outputs: its outputs and algorithm.
         let run = |r: usize| -> Result<(Vec<f32>, String)> {
             y.upload(st, 0, &vec![f32::NAN; r * n])?;
-            let algo = lt
-                .matmul_with(st, Operands::F16, weights.ptr, x.ptr, y.ptr, n, k, r, false, choice)?
-                .ok_or_else(|| RocketError::Internal(format!("cuBLASLt offered no algorithm for {n}x{k} at {r} rows")))?;
+            let algo = launch(weights.ptr, r)?;
             let mut got = vec![0f32; r * n];
             y.download(st, 0, &mut got)?;
             st.sync()?;
             if let Some(i) = got.iter().position(|v| !v.is_finite()) {
-                return Err(RocketError::Internal(format!("cuBLASLt {n}x{k} at {r} rows left output {i} unwritten or non-finite")));
+                return Err(RocketError::Internal(format!("{kernel:?} {n}x{k} at {r} rows left output {i} unwritten or non-finite")));
             }
-            Ok((got, describe_algo(&algo)))
+            Ok((got, algo))
         };
         let (reference, _) = run(reference_rows)?;
         let mut out = Vec::new();
@@ -88,7 +126,7 @@ impl CudaBackend {
             let (start, end) = (TimedEvent::new()?, TimedEvent::new()?);
             start.record(st)?;
             for i in 0..TIMED_LAUNCHES {
-                lt.matmul_with(st, Operands::F16, weights.ptr + ((i + 1) % copies * w_bytes) as u64, x.ptr, y.ptr, n, k, r, false, choice)?;
+                launch(weights.ptr + ((i + 1) % copies * w_bytes) as u64, r)?;
             }
             end.record(st)?;
             st.sync()?;

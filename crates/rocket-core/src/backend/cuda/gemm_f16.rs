@@ -1,0 +1,171 @@
+//! How rocket's fp16 GEMM (kernels/src/gemm_f16.cu) covers one product: the
+//! instantiation, the grid and the split of K, and the shared memory and scratch
+//! that takes. The launch itself is `Kernels::gemm_f16`.
+
+/// Input rows per CTA (32 MT) of each instantiation (gemm_f16.cu `GEMM_F16(MT)`), in this order.
+pub(crate) const GEMM_F16_MT: [usize; 2] = [2, 4];
+/// Weight rows per CTA, k per ring block and block size of gemm_f16.cu.
+const TILE_N: usize = 128;
+const KB: usize = 64;
+pub(crate) const GEMM_F16_THREADS: u32 = 256;
+/// gemm_f16.cu's `MAX_SPLITS`.
+const MAX_SPLITS: usize = 16;
+/// Shared memory one CTA may take on Hopper (gemm_f16.cu's ring is as deep as that allows, at most 8).
+const SMEM_LIMIT: usize = 227 << 10;
+
+/// The passes the fp16 GEMM multiplies, in place of cuBLASLt's fp16 products:
+/// those of `CUBLAS_F16_PROMPT_MIN_ROWS` rows up to this many on the pass's own
+/// algorithm (`AlgoChoice::FIRST`). Longer passes have enough tiles for cuBLASLt's
+/// picks to stream the weights near the copy bandwidth; a pass that continues a
+/// cached prefix keeps the 512-row pick it shares bits with (mod.rs `pass_algo`).
+pub(crate) const GEMM_F16_MAX_ROWS: usize = 256;
+
+/// Whether the forward pass takes the fp16 GEMM at all: off until its checks and
+/// timings on a GPU (`gpu_run.sh f16gemm`, TTFT against cuBLASLt) have passed.
+/// The GPU tests run the kernel directly either way.
+pub(crate) const GEMM_F16_IN_FORWARD: bool = false;
+
+/// Dynamic shared memory of `gemm_f16_m{mt}` (gemm_f16.cu `Layout<MT>::BYTES`): a
+/// ring of weight + input blocks.
+pub(crate) const fn gemm_f16_smem_bytes(mt: usize) -> usize {
+    let stage = TILE_N * KB * 2 + 32 * mt * KB * 2;
+    let stages = if SMEM_LIMIT / stage > 8 { 8 } else { SMEM_LIMIT / stage };
+    stages * stage
+}
+
+/// The split depends only on (n, k) and the SM count, never on the rows, and no
+/// MMA mixes rows, so a row's result is the same bits whatever else is in the pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct F16GemmPlan {
+    pub mt: usize,
+    pub tiles_n: usize,
+    pub tiles_m: usize,
+    pub splits: usize,
+}
+
+impl F16GemmPlan {
+    pub(crate) fn new(n: usize, k: usize, rows: usize, sms: usize) -> Self {
+        let mt = if rows <= 64 { 2 } else { 4 };
+        let tiles_n = n.div_ceil(TILE_N);
+        F16GemmPlan { mt, tiles_n, tiles_m: rows.div_ceil(32 * mt), splits: Self::splits_for(tiles_n, k / KB, sms) }
+    }
+
+    /// The index of the plan's instantiation in `GEMM_F16_MT`.
+    pub(crate) fn instantiation(&self) -> usize {
+        GEMM_F16_MT.iter().position(|&mt| mt == self.mt).expect("plans pick instantiated shapes")
+    }
+
+    /// The split that minimises the busiest SM's k blocks, counting a split's
+    /// partial written and read back as one more block, with at least two blocks
+    /// per split (the smaller split on ties).
+    fn splits_for(tiles_n: usize, blocks: usize, sms: usize) -> usize {
+        let most = (blocks / 2).clamp(1, MAX_SPLITS);
+        let cost = |s: usize| {
+            let per_cta = blocks as f64 / s as f64 + if s > 1 { 1.0 } else { 0.0 };
+            (tiles_n * s).div_ceil(sms.max(1)) as f64 * per_cta
+        };
+        (1..=most).fold(1, |best, s| if cost(s) < cost(best) { s } else { best })
+    }
+
+    /// Floats of split-K partials the launch writes (0 without a split).
+    pub(crate) fn workspace_floats(&self) -> usize {
+        if self.splits > 1 { self.tiles_n * self.tiles_m * self.splits * 32 * self.mt * TILE_N } else { 0 }
+    }
+
+    /// Arrival counters the launch uses (0 without a split).
+    pub(crate) fn counters(&self) -> usize {
+        if self.splits > 1 { self.tiles_n * self.tiles_m } else { 0 }
+    }
+
+    /// Whether the kernel takes a product of an n x k matrix (gemm_f16.cu's contract).
+    pub(crate) fn fits(n: usize, k: usize) -> bool {
+        n % 8 == 0 && k % KB == 0 && k > 0 && n > 0
+    }
+
+    /// The most workspace floats and counters any pass of up to `rows` rows
+    /// (at most `GEMM_F16_MAX_ROWS`) needs for the products `shapes` ((n, k) pairs).
+    pub(crate) fn scratch_needs(shapes: &[(usize, usize)], rows: usize, sms: usize) -> (usize, usize) {
+        let rows = rows.clamp(1, GEMM_F16_MAX_ROWS);
+        shapes.iter().fold((0, 0), |(ws, c), &(n, k)| {
+            let p = F16GemmPlan::new(n, k, rows, sms);
+            (ws.max(p.workspace_floats()), c.max(p.counters()))
+        })
+    }
+}
+
+impl std::fmt::Display for F16GemmPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "m{} {}x{} tiles, split {}", self.mt, self.tiles_n, self.tiles_m, self.splits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H100_SMS: usize = 132;
+    /// (n, k) of Llama-3.2-1B's qkv, o, gate|up and down; Qwen3-0.6B's; SmolLM2-135M's.
+    const SHAPES: [(usize, usize); 12] = [
+        (3072, 2048),
+        (2048, 2048),
+        (16384, 2048),
+        (2048, 8192),
+        (4096, 1024),
+        (1024, 2048),
+        (6144, 1024),
+        (1024, 3072),
+        (960, 576),
+        (576, 576),
+        (3072, 576),
+        (576, 1536),
+    ];
+
+    #[test]
+    fn splits_fill_the_gpu_and_never_depend_on_rows() {
+        let llama: Vec<usize> = SHAPES[..4].iter().map(|&(n, k)| F16GemmPlan::new(n, k, 128, H100_SMS).splits).collect();
+        // 24 weight tiles x 5 = 120 CTAs, 16 x 8 = 128, 128 tiles unsplit, 16 x 8.
+        assert_eq!(llama, [5, 8, 1, 8]);
+        for &(n, k) in &SHAPES {
+            let solo = F16GemmPlan::new(n, k, 1, H100_SMS);
+            for rows in [33, 64, 65, 128, 200, 256] {
+                assert_eq!(F16GemmPlan::new(n, k, rows, H100_SMS).splits, solo.splits, "{n}x{k} at {rows} rows");
+            }
+            assert!(k / KB / solo.splits >= 2, "{n}x{k}: fewer than two k blocks a split");
+        }
+    }
+
+    #[test]
+    fn tiles_cover_every_row_and_the_scratch_fits_every_pass() {
+        for rows in [1usize, 33, 64, 65, 100, 128, 129, 200, 256] {
+            let (ws, counters) = F16GemmPlan::scratch_needs(&SHAPES, GEMM_F16_MAX_ROWS, H100_SMS);
+            for &(n, k) in &SHAPES {
+                let p = F16GemmPlan::new(n, k, rows, H100_SMS);
+                assert!(p.tiles_n * TILE_N >= n && p.tiles_m * 32 * p.mt >= rows, "{n}x{k} at {rows} rows: {p:?}");
+                assert!(p.workspace_floats() <= ws && p.counters() <= counters, "{n}x{k} at {rows} rows: {p:?}");
+                assert_eq!(GEMM_F16_MT[p.instantiation()], p.mt);
+            }
+        }
+        // A 128-row pass is one row tile: every weight streams once.
+        assert_eq!(F16GemmPlan::new(2048, 2048, 128, H100_SMS).tiles_m, 1);
+    }
+
+    #[test]
+    fn shared_memory_fits_hopper_and_kernel_layout() {
+        let src = include_str!("../../../../../kernels/src/gemm_f16.cu");
+        for mt in GEMM_F16_MT {
+            assert!(gemm_f16_smem_bytes(mt) <= SMEM_LIMIT, "m{mt}: {} bytes", gemm_f16_smem_bytes(mt));
+            assert!(src.contains(&format!("GEMM_F16({mt})")), "gemm_f16.cu instantiates m{mt}");
+        }
+        // 7 stages of 32 KiB at 128 rows, 8 of 24 KiB at 64.
+        assert_eq!((gemm_f16_smem_bytes(4), gemm_f16_smem_bytes(2)), ((7 * 32) << 10, (8 * 24) << 10));
+        for (name, value) in [("TILE_N", TILE_N), ("KB", KB), ("THREADS", GEMM_F16_THREADS as usize), ("MAX_SPLITS", MAX_SPLITS)] {
+            assert!(src.contains(&format!("constexpr int {name} = {value};")), "gemm_f16.cu's {name}");
+        }
+    }
+
+    #[test]
+    fn only_whole_k_blocks_and_8_column_tiles_fit() {
+        assert!(F16GemmPlan::fits(960, 576) && F16GemmPlan::fits(2048, 8192));
+        assert!(!F16GemmPlan::fits(2048, 100) && !F16GemmPlan::fits(1004, 2048) && !F16GemmPlan::fits(0, 64));
+    }
+}
