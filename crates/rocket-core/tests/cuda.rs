@@ -774,6 +774,12 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
     }
 }
 
+/// A layer's four products for a fuel of hidden size d, q_dim qd, kv_dim kvd and
+/// intermediate size ff: (name, weight rows n, k, whether the product adds to y).
+fn layer_products(d: usize, qd: usize, kvd: usize, ff: usize) -> [(&'static str, usize, usize, bool); 4] {
+    [("qkv", qd + 2 * kvd, d, false), ("o", d, qd, true), ("gate_up", 2 * ff, d, false), ("down", d, ff, true)]
+}
+
 /// The cuBLASLt matmul path (`MatmulPath::Cublas`): every fuel's products at
 /// decode-batch and prefill row counts against the host's f64 product, on fp16
 /// operands (each input rounded to fp16, ~1.4e-4 relative: 5e-4), on the inputs'
@@ -792,7 +798,7 @@ fn cublas_matmul_matches_the_host_and_the_reference() {
     let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072), ("smollm2-135m", 576, 576, 192, 1536)];
     let mut seed = 0xc0b1a5;
     for (fuel, d, qd, kvd, ff) in fuels {
-        for (name, n, k, accumulate) in [("qkv", qd + 2 * kvd, d, false), ("o", d, qd, true), ("gate_up", 2 * ff, d, false), ("down", d, ff, true)] {
+        for (name, n, k, accumulate) in layer_products(d, qd, kvd, ff) {
             // 32-96 rows: where cuBLASLt starts to pay (a chat turn's or an interleaved
             // prompt piece's pass sits there; CUBLAS_MIN_ROWS).
             for rows in [2usize, 17, 32, 48, 64, 72, 96, 128, 512, 4096] {
@@ -859,7 +865,7 @@ fn cublas_matmul_candidates_at_prompt_rows() {
     let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072)];
     let mut seed = 0xa160;
     for (fuel, d, qd, kvd, ff) in fuels {
-        for (name, n, k, accumulate) in [("qkv", qd + 2 * kvd, d, false), ("o", d, qd, true), ("gate_up", 2 * ff, d, false), ("down", d, ff, true)] {
+        for (name, n, k, accumulate) in layer_products(d, qd, kvd, ff) {
             for rows in [4usize, 128, 512, 2048] {
                 let mut times = Vec::new();
                 for c in 0..16u8 {
@@ -902,7 +908,7 @@ fn cublas_rows_keep_their_bits_across_pass_lengths() {
     let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072)];
     let mut misses = Vec::new();
     for (fuel, d, qd, kvd, ff) in fuels {
-        for (name, n, k) in [("qkv", qd + 2 * kvd, d), ("o", d, qd), ("gate_up", 2 * ff, d), ("down", d, ff)] {
+        for (name, n, k, _) in layer_products(d, qd, kvd, ff) {
             for (mode, reference, algo_rows) in [("own", 512, None), ("pinned512", 512, Some(512)), ("pinned128", 128, Some(128))] {
                 let runs = gpu.product_row_bits(RowBitsKernel::Cublas { algo_rows }, n, k, reference, &rows, 0x0b17 + n as u64).unwrap();
                 for r in &runs {
@@ -951,7 +957,7 @@ fn f16_gemm_matches_the_host_and_keeps_a_rows_bits() {
     let mut misses = Vec::new();
     for (fuel, d, qd, kvd, ff) in fuels {
         let mut sums = [(0f64, 0f64); 3];
-        for (name, n, k, accumulate) in [("qkv", qd + 2 * kvd, d, false), ("o", d, qd, true), ("gate_up", 2 * ff, d, false), ("down", d, ff, true)] {
+        for (name, n, k, accumulate) in layer_products(d, qd, kvd, ff) {
             for rows in [33usize, 64, 72, 128, 200, 256] {
                 seed += 1;
                 let check = |kernel| gpu.matmul_check(kernel, MatmulFusion::default(), n, k, rows, accumulate, 10, seed).unwrap();

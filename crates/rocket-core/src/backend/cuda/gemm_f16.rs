@@ -2,6 +2,8 @@
 //! instantiation, the grid and the split of K, and the shared memory and scratch
 //! that takes. The launch itself is `Kernels::gemm_f16`.
 
+use super::split_k::split_k;
+
 /// Input rows per CTA (32 MT) of each instantiation (gemm_f16.cu `GEMM_F16(MT)`), in this order.
 pub(crate) const GEMM_F16_MT: [usize; 2] = [2, 4];
 /// Weight rows per CTA, k per ring block and block size of gemm_f16.cu.
@@ -47,24 +49,12 @@ impl F16GemmPlan {
     pub(crate) fn new(n: usize, k: usize, rows: usize, sms: usize) -> Self {
         let mt = if rows <= 64 { 2 } else { 4 };
         let tiles_n = n.div_ceil(TILE_N);
-        F16GemmPlan { mt, tiles_n, tiles_m: rows.div_ceil(32 * mt), splits: Self::splits_for(tiles_n, k / KB, sms) }
+        F16GemmPlan { mt, tiles_n, tiles_m: rows.div_ceil(32 * mt), splits: split_k(tiles_n, k / KB, sms, MAX_SPLITS) }
     }
 
     /// The index of the plan's instantiation in `GEMM_F16_MT`.
     pub(crate) fn instantiation(&self) -> usize {
         GEMM_F16_MT.iter().position(|&mt| mt == self.mt).expect("plans pick instantiated shapes")
-    }
-
-    /// The split that minimises the busiest SM's k blocks, counting a split's
-    /// partial written and read back as one more block, with at least two blocks
-    /// per split (the smaller split on ties).
-    fn splits_for(tiles_n: usize, blocks: usize, sms: usize) -> usize {
-        let most = (blocks / 2).clamp(1, MAX_SPLITS);
-        let cost = |s: usize| {
-            let per_cta = blocks as f64 / s as f64 + if s > 1 { 1.0 } else { 0.0 };
-            (tiles_n * s).div_ceil(sms.max(1)) as f64 * per_cta
-        };
-        (1..=most).fold(1, |best, s| if cost(s) < cost(best) { s } else { best })
     }
 
     /// Floats of split-K partials the launch writes (0 without a split).

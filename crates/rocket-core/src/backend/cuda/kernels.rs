@@ -6,6 +6,7 @@ use std::time::Instant;
 use super::cublas::Cublas;
 use super::driver::{Arg, Context, DeviceBuffer, Function, Module, Stream};
 use super::gemm_f16::{gemm_f16_smem_bytes, F16GemmPlan, GEMM_F16_MT, GEMM_F16_THREADS};
+use super::split_k::split_k;
 use crate::error::{Result, RocketError};
 
 /// Machine code for Hopper (sm_90a): loads without a JIT.
@@ -68,21 +69,10 @@ impl GemmPlan {
         };
         let tiles_n = n.div_ceil(GEMM_TILE_N);
         let tiles_m = rows.div_ceil(16 * mt);
-        let splits = if rows <= GEMM_SPLIT_MAX_ROWS { Self::splits_for(tiles_n, k / GEMM_KB, sms) } else { 1 };
+        // An SM runs ceil(tiles·s / sms) CTAs; a split's batch-16 partial is 16 KiB, as
+        // much as one k block of 128 rows.
+        let splits = if rows <= GEMM_SPLIT_MAX_ROWS { split_k(tiles_n, k / GEMM_KB, sms, GEMM_MAX_SPLITS) } else { 1 };
         GemmPlan { mt, tiles_n, tiles_m, splits }
-    }
-
-    /// The split that minimises the busiest SM's bytes, with at least two k blocks
-    /// per split (the smaller split on ties). An SM runs ceil(tiles·s / sms) CTAs,
-    /// each streaming blocks/s k blocks of weights plus, when split, its batch-16
-    /// partial written and read back (16 KiB: as much as one k block of 128 rows).
-    fn splits_for(tiles_n: usize, blocks: usize, sms: usize) -> usize {
-        let most = (blocks / 2).clamp(1, GEMM_MAX_SPLITS);
-        let cost = |s: usize| {
-            let per_cta = blocks as f64 / s as f64 + if s > 1 { 1.0 } else { 0.0 };
-            (tiles_n * s).div_ceil(sms.max(1)) as f64 * per_cta
-        };
-        (1..=most).fold(1, |best, s| if cost(s) < cost(best) { s } else { best })
     }
 
     /// Floats of split-K partials the launch writes (0 without a split): each

@@ -34,6 +34,7 @@ pub use row_bits::{RowBits, RowBitsKernel};
 #[cfg(feature = "diagnostics")]
 pub use probe::{FenceCost, L2Latency, StreamRate};
 mod sampler;
+mod split_k;
 mod weights;
 
 use std::collections::HashMap;
@@ -328,7 +329,7 @@ impl Scratch {
         let shapes = Self::matmul_shapes(s);
         let sms = ctx.sm_count as usize;
         let (tc_floats, tc_counters) = GemmPlan::scratch_needs(&shapes, rows, sms);
-        let (f16_floats, f16_counters) = F16GemmPlan::scratch_needs(&shapes, rows, sms);
+        let (f16_floats, f16_counters) = if GEMM_F16_IN_FORWARD { F16GemmPlan::scratch_needs(&shapes, rows, sms) } else { (0, 0) };
         let (ws_floats, counters) = (tc_floats.max(f16_floats), tc_counters.max(f16_counters));
         Ok(Scratch {
             gemm: GemmScratch::alloc(ctx, st, ws_floats, counters)?,
