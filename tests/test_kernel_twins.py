@@ -25,6 +25,7 @@ def _run(script: str, *args: str) -> str:
     [
         ("rope_kv_twin.py", ("--mutants",)),
         ("attention_prefill_wg_layout.py", ("--mutants",)),
+        ("gemm_f16_layout.py", ("--mutants",)),
         ("attention_prefill_twin.py", ("--quick", "--mutants")),
     ],
 )
@@ -32,6 +33,7 @@ def test_twin_passes_and_catches_its_mutants(script: str, args: tuple[str, ...])
     out = _run(script, *args)
     lines = out.splitlines()
     assert lines and lines[-1] == "OK", out[-2000:]
+    assert not [line for line in lines if line.startswith("WARNING")], f"{script}: its kernel changed since the twin was checked against it"
     caught = [line for line in lines if line.startswith("mutants: ")]
     assert len(caught) == 1, out[-2000:]
     n, total = caught[0].split()[1].split("/")

@@ -1,25 +1,37 @@
 // gemm_f16_mMT: y[t][n] (+)= sum_k W[n][k] * x[t][k] for an fp16 weight W [n][k]
 // (the layers' fp16 copy, f16_weights.rs) and fp16 input rows x [rows][k] (written
 // by to_f16.cu or the norm and SiLU·mul kernels' fp16 outputs), f32 accumulation on
-// mma.sync m16n8k16: the layer products of passes of 33-256 rows, where cuBLASLt's
-// own picks sit at a per-call floor and stream the weights at ~1.3 TB/s. Inputs
-// and weights are the operands cuBLASLt's fp16 products take, so the two paths
-// round alike (to f32 sums in another order).
+// Hopper's warpgroup MMA (wgmma, sm_90a only): the layer products of passes of
+// 33-256 rows, where cuBLASLt's own picks sit at a per-call floor and stream the
+// weights at ~1.3 TB/s. Inputs and weights are the operands cuBLASLt's fp16
+// products take, so the two paths round alike (to f32 sums in another order).
 //
-// Tiling: a CTA of 8 warps owns TILE_N = 128 weight rows and 32 MT input rows; warp
-// w takes input rows 16 MT (w >> 2) .. + 16 MT and weight rows 32 (w & 3) .. + 32,
-// so one k step of 16 is MT ldmatrix.x4 of inputs, 2 of weights and 4 MT MMAs. The
-// k blocks (64 wide: one 128-byte row per weight or input row) stream through a
-// cp.async ring in shared memory, `Layout<MT>::STAGES` deep (six or seven blocks
-// of 16 KiB of weights in flight per SM), and every weight byte is read once per
-// 32 MT input rows. Shared tiles are 128-byte rows whose 16-byte chunks are
-// XOR-swizzled by the row (common.cuh `swizzled`), so ldmatrix is conflict-free.
+// Why wgmma: at 128 rows a product does 128 FLOP per weight byte, which the SM's
+// tensor cores fed by mma.sync (ldmatrix into registers, a warp's MMAs waiting
+// on them) could not sustain at the copy bandwidth; a wgmma reads both operands
+// from shared memory through descriptors, once per warpgroup.
+//
+// Tiling: a CTA of two warpgroups owns TILE_N = 128 weight rows and 32 MT input
+// rows; warpgroup g multiplies weight rows 64 g .. + 64 (the wgmma's M, A operand)
+// by all the CTA's input rows (its N = 32 MT, B operand), both K-major, as
+// m64n{32 MT}k16, four per k block. The k blocks (64 wide: one 128-byte row per
+// weight or input row) stream through a cp.async ring in shared memory,
+// `Layout<MT>::STAGES` deep (six or seven blocks of 16 KiB of weights in flight per
+// SM), and every weight byte is read once per 32 MT input rows. Shared tiles are
+// 128-byte rows whose 16-byte chunks are XOR-swizzled by the row (common.cuh
+// `swizzled`): wgmma's 128-byte swizzle, on a ring aligned to 1,024 bytes by hand.
+// cp.async writes through the generic proxy and wgmma reads through the async one,
+// so each thread fences the proxies after its copies land and before the barrier
+// that publishes them; a block's products are waited for before the barrier after
+// which its slot is refilled.
 //
 // Split K, as gemm_tc.cu: split s of a tile takes k blocks [s kb / S, (s + 1) kb / S),
 // writes its partial tile to ws, and the split that arrives last sums the partials in
-// split order and writes y (the counter it resets is zero for the next launch). The
-// host picks S from (n, k) and the SM count alone, and a row's MMAs never see another
-// row, so a row's result is the same bits whatever other rows share the pass.
+// split order and writes y (the counter it resets is zero for the next launch); it
+// loads a split's whole partial at once, so the sum waits on S round trips to L2,
+// not S x words. The host picks S from (n, k) and the SM count alone, and an
+// element's products never see another row, so a row's result is the same bits
+// whatever other rows share the pass.
 //
 // With programmatic dependent launch (common.cuh) the first blocks' weights are
 // requested before pdl_wait(), the inputs after it.
@@ -31,19 +43,21 @@
 #pragma once
 #include "common.cuh"
 #include "gemm_tc.cu"
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#include "wgmma.cuh"
 
 namespace gemm_f16 {
 
 using gemm_tc::cp_async16;
 using gemm_tc::cp_async_commit;
 using gemm_tc::cp_async_wait;
-using gemm_tc::ldmatrix_x4;
 using gemm_tc::smem_addr;
 
-constexpr int TILE_N = 128;  // weight rows per CTA: 4 warps x 32
+constexpr int TILE_N = 128;  // weight rows per CTA: 2 warpgroups x 64
 constexpr int KB = 64;       // k per block: one 128-byte fp16 row per weight or input row
 constexpr int THREADS = 256;
 constexpr int MAX_SPLITS = 16;
+constexpr int ALIGN = 1024;  // the 128-byte swizzle's period: the ring is aligned to it by hand
 
 template <int MT>
 struct Layout {
@@ -52,17 +66,24 @@ struct Layout {
     static constexpr int X_BYTES = M * KB * 2;           // one block of inputs (swizzled)
     static constexpr int STAGE_BYTES = W_BYTES + X_BYTES;
     // As deep as one CTA per SM allows.
-    static constexpr int STAGES = (227 * 1024) / STAGE_BYTES > 8 ? 8 : (227 * 1024) / STAGE_BYTES;
-    static constexpr int BYTES = STAGES * STAGE_BYTES;
+    static constexpr int STAGES = (227 * 1024 - ALIGN) / STAGE_BYTES > 8 ? 8 : (227 * 1024 - ALIGN) / STAGE_BYTES;
+    static constexpr int BYTES = STAGES * STAGE_BYTES + ALIGN;
     static_assert(BYTES <= 227 * 1024, "one CTA per SM must fit");
+    static_assert(W_BYTES % ALIGN == 0 && STAGE_BYTES % ALIGN == 0, "every tile starts a swizzle period");
 };
 
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// d += a b: 64 weight rows x 64 or 128 input rows x 16, a and b K-major in shared memory.
+__device__ __forceinline__ void wgmma_f16(float (&d)[8][4], uint64_t a, uint64_t b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " WG_ACC32 ", %32, %33, 1, 1, 1, 0, 0;\n"
+                 : WG_OUT32(d, 0)
+                 : "l"(a), "l"(b)
+                 : "memory");
+}
+__device__ __forceinline__ void wgmma_f16(float (&d)[16][4], uint64_t a, uint64_t b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_ACC64 ", %64, %65, 1, 1, 1, 0, 0;\n"
+                 : WG_OUT32(d, 0), WG_OUT32(d, 8)
+                 : "l"(a), "l"(b)
+                 : "memory");
 }
 
 // Where this thread's 16-byte copies of every k block come from and go to: weight
@@ -108,27 +129,22 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const uint1
                                      unsigned* __restrict__ counters) {
     using L = Layout<MT>;
     constexpr int STAGES = L::STAGES;
+    constexpr int NF = 4 * MT;  // n8 fragments of the wgmma's N (the CTA's 32 MT input rows)
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int wm = warp >> 2, wn = warp & 3;  // the warp's 16 MT input rows and 32 weight rows
+    const int wg = warp >> 2, w4 = warp & 3;  // the warpgroup's 64 weight rows; the warp's 16 of them
     const int n0 = blockIdx.x * TILE_N, m0 = blockIdx.y * L::M;
     const int splits = gridDim.z, split = blockIdx.z;
     const int blocks = k / KB;
     const int kb0 = split * blocks / splits, count = (split + 1) * blocks / splits - kb0;
-    // Input tiles wholly past `rows` multiply nothing that is stored.
-    const int live_mt = min(MT, max(0, (rows - m0 - 16 * MT * wm + 15) / 16));
 
-    float acc[MT][4][4];
+    float acc[NF][4];
 #pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    for (int f = 0; f < NF; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
 
     const Copies<MT> copies(W, x, n0, m0, n, k, rows);
-    const uint32_t ring = smem_addr(smem);
+    const uint32_t ring = (smem_addr(smem) + (ALIGN - 1)) & ~(uint32_t)(ALIGN - 1);
     // Group s holds block s's inputs; group 0 also every weight requested before
     // pdl_wait, so the first wait covers them all.
 #pragma unroll
@@ -142,16 +158,11 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const uint1
         cp_async_commit();  // empty groups keep the count uniform
     }
 
-    // ldmatrix row addresses of this lane: weight rows 32 wn + 16 h + (lane & 7) + 8 (lane >> 4)
-    // at chunk offset (lane >> 3) & 1 (b0, b1 of n tiles 2h and 2h + 1); input rows
-    // 16 MT wm + 16 mt + (lane & 15) at chunk offset lane >> 4 (a0-a3).
-    const int w_row = 32 * wn + (lane & 7) + ((lane >> 4) << 3), w_chunk = (lane >> 3) & 1;
-    const int x_row = 16 * MT * wm + (lane & 15), x_chunk = lane >> 4;
-
     for (int i = 0; i < count; i++) {
-        // Block i has landed once every thread is here; every warp has also finished
-        // block i - 1, whose ring slot is refilled below.
+        // Block i has landed once every thread is here; every warpgroup has also
+        // waited for its products of block i - 1, whose ring slot is refilled below.
         cp_async_wait<STAGES - 2>();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
         if (i + STAGES - 1 < count) {
             const uint32_t slot = ring + ((i + STAGES - 1) % STAGES) * L::STAGE_BYTES;
@@ -159,37 +170,26 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const uint1
             copies.load_x(slot, kb0 + i + STAGES - 1);
         }
         cp_async_commit();
-        const uint32_t w_tile = ring + (i % STAGES) * L::STAGE_BYTES;
-        const uint32_t x_tile = w_tile + L::W_BYTES;
+        const uint32_t w_tile = ring + (i % STAGES) * L::STAGE_BYTES + wg * 64 * 128;
+        const uint32_t x_tile = ring + (i % STAGES) * L::STAGE_BYTES + L::W_BYTES;
+        wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < KB / 16; kk++) {
-            uint32_t b[2][4];  // per 16 weight rows h: b0, b1 of rows 0-7, then of rows 8-15
-#pragma unroll
-            for (int h = 0; h < 2; h++) ldmatrix_x4(b[h], w_tile + swizzled(w_row + 16 * h, 2 * kk + w_chunk));
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                if (mt < live_mt) {
-                    uint32_t a[4];
-                    ldmatrix_x4(a, x_tile + swizzled(x_row + 16 * mt, 2 * kk + x_chunk));
-#pragma unroll
-                    for (int j = 0; j < 4; j++) mma_f16(acc[mt][j], a, b[j >> 1][2 * (j & 1)], b[j >> 1][2 * (j & 1) + 1]);
-                }
-            }
-        }
+        for (int kk = 0; kk < KB / 16; kk++)  // 32 bytes of k a step within the 128-byte rows
+            wgmma_f16(acc, wg_desc(w_tile + 32 * kk, 16, 1024), wg_desc(x_tile + 32 * kk, 16, 1024));
+        wg_commit();
+        wg_wait_all();
+        wg_pin(acc);
     }
     cp_async_wait<0>();
 
-    // acc[mt][j][e] is y[m0 + 16 MT wm + 16 mt + g + 8 (e >> 1)][n0 + 32 wn + 8 j + 2 t + (e & 1)].
+    // acc[f][e] is y[m0 + 8 f + 2 t + (e & 1)][n0 + 64 wg + 16 w4 + g + 8 (e >> 1)]
+    // (a warp's 16 rows of the wgmma's M are weight rows, its N input rows).
     if (splits > 1) {
         const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-        constexpr int WORDS = MT * 4;  // float4s per thread
         // [tile][split][word][thread]: a warp's stores and loads of one word are contiguous.
-        float4* mine = reinterpret_cast<float4*>(ws) + (size_t)(tile * splits + split) * WORDS * THREADS + threadIdx.x;
+        float4* mine = reinterpret_cast<float4*>(ws) + (size_t)(tile * splits + split) * NF * THREADS + threadIdx.x;
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                __stcg(mine + (mt * 4 + j) * THREADS, make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]));
+        for (int f = 0; f < NF; f++) __stcg(mine + f * THREADS, make_float4(acc[f][0], acc[f][1], acc[f][2], acc[f][3]));
         __threadfence();
         __syncthreads();
         __shared__ int last;
@@ -200,40 +200,31 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const uint1
         __syncthreads();
         if (!last) return;
         __threadfence();
-        const float4* part = reinterpret_cast<const float4*>(ws) + (size_t)tile * splits * WORDS * THREADS + threadIdx.x;
+        const float4* part = reinterpret_cast<const float4*>(ws) + (size_t)tile * splits * NF * THREADS + threadIdx.x;
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            if (mt >= live_mt) continue;
+        for (int f = 0; f < NF; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
+        for (int s = 0; s < splits; s++) {  // in split order, whichever arrived last
+            float4 p[NF];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-                for (int s = 0; s < splits; s++) {  // in split order, whichever arrived last
-                    const float4 p = __ldcg(part + (size_t)(s * WORDS + mt * 4 + j) * THREADS);
-                    sum.x += p.x; sum.y += p.y; sum.z += p.z; sum.w += p.w;
-                }
-                acc[mt][j][0] = sum.x; acc[mt][j][1] = sum.y; acc[mt][j][2] = sum.z; acc[mt][j][3] = sum.w;
+            for (int f = 0; f < NF; f++) p[f] = __ldcg(part + (size_t)(s * NF + f) * THREADS);
+#pragma unroll
+            for (int f = 0; f < NF; f++) {
+                acc[f][0] += p[f].x; acc[f][1] += p[f].y; acc[f][2] += p[f].z; acc[f][3] += p[f].w;
             }
         }
     }
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        if (mt >= live_mt) continue;
+    for (int h = 0; h < 2; h++) {
+        const int col = n0 + 64 * wg + 16 * w4 + g + 8 * h;
+        if (col >= n) continue;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int m = m0 + 16 * MT * wm + 16 * mt + g + 8 * h;
-            if (m >= rows) continue;
+        for (int f = 0; f < NF; f++) {
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int col = n0 + 32 * wn + 8 * j + 2 * t;
-                if (col >= n) continue;  // n % 8 == 0: an 8-column tile is wholly in or out
-                float2* out = reinterpret_cast<float2*>(y + (size_t)m * n + col);
-                float2 v = make_float2(acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
-                if (accumulate) {
-                    const float2 old = *out;
-                    v.x += old.x;
-                    v.y += old.y;
-                }
-                *out = v;
+            for (int e = 0; e < 2; e++) {
+                const int m = m0 + 8 * f + 2 * t + e;
+                if (m >= rows) continue;
+                float* out = y + (size_t)m * n + col;
+                *out = accumulate ? *out + acc[f][2 * h + e] : acc[f][2 * h + e];
             }
         }
     }
@@ -250,3 +241,5 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const uint1
     }
 GEMM_F16(2)
 GEMM_F16(4)
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -24,7 +24,7 @@ import pathlib
 import sys
 
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill_wg.cu"
-KERNEL_SHA256 = "44fa4f9bb9ef2855afa9409cbb29a1162a8b0daa4a80728dc3383526a933d8cc"
+KERNEL_SHA256 = "2222a183f0bf850747539b210f3dc37185eb72a909b211f64d83dc0b4ac96220"
 
 T = 64  # PREFILL_TILE: query rows per CTA and key positions per tile
 THREADS = 128  # PREFILL_THREADS

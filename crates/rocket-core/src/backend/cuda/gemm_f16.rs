@@ -27,12 +27,16 @@ pub(crate) const GEMM_F16_MAX_ROWS: usize = 256;
 /// The GPU tests run the kernel directly either way.
 pub(crate) const GEMM_F16_IN_FORWARD: bool = false;
 
+/// The 1,024 bytes the kernel may skip to align its ring to the swizzle's period (gemm_f16.cu `ALIGN`).
+const ALIGN: usize = 1024;
+
 /// Dynamic shared memory of `gemm_f16_m{mt}` (gemm_f16.cu `Layout<MT>::BYTES`): a
-/// ring of weight + input blocks.
+/// ring of weight + input blocks, and the slack that aligns it.
 pub(crate) const fn gemm_f16_smem_bytes(mt: usize) -> usize {
     let stage = TILE_N * KB * 2 + 32 * mt * KB * 2;
-    let stages = if SMEM_LIMIT / stage > 8 { 8 } else { SMEM_LIMIT / stage };
-    stages * stage
+    let fit = (SMEM_LIMIT - ALIGN) / stage;
+    let stages = if fit > 8 { 8 } else { fit };
+    stages * stage + ALIGN
 }
 
 /// The split depends only on (n, k) and the SM count, never on the rows, and no
@@ -146,9 +150,9 @@ mod tests {
             assert!(gemm_f16_smem_bytes(mt) <= SMEM_LIMIT, "m{mt}: {} bytes", gemm_f16_smem_bytes(mt));
             assert!(src.contains(&format!("GEMM_F16({mt})")), "gemm_f16.cu instantiates m{mt}");
         }
-        // 7 stages of 32 KiB at 128 rows, 8 of 24 KiB at 64.
-        assert_eq!((gemm_f16_smem_bytes(4), gemm_f16_smem_bytes(2)), ((7 * 32) << 10, (8 * 24) << 10));
-        for (name, value) in [("TILE_N", TILE_N), ("KB", KB), ("THREADS", GEMM_F16_THREADS as usize), ("MAX_SPLITS", MAX_SPLITS)] {
+        // 7 stages of 32 KiB at 128 rows, 8 of 24 KiB at 64, and the alignment's slack.
+        assert_eq!((gemm_f16_smem_bytes(4), gemm_f16_smem_bytes(2)), (((7 * 32) << 10) + 1024, ((8 * 24) << 10) + 1024));
+        for (name, value) in [("TILE_N", TILE_N), ("KB", KB), ("THREADS", GEMM_F16_THREADS as usize), ("MAX_SPLITS", MAX_SPLITS), ("ALIGN", ALIGN)] {
             assert!(src.contains(&format!("constexpr int {name} = {value};")), "gemm_f16.cu's {name}");
         }
     }

@@ -118,8 +118,13 @@ fn load_gemm_tc(module: &Module, ctx: &Context) -> std::result::Result<[Function
 }
 
 /// The fp16 GEMM's instantiations, allowed their shared memory, or why this GPU
-/// cannot run them.
-fn load_gemm_f16(module: &Module, ctx: &Context) -> std::result::Result<[Function; GEMM_F16_MT.len()], String> {
+/// cannot run them: they multiply on warpgroup MMAs, in the sm_90a cubin alone.
+fn load_gemm_f16(module: &Module, ctx: &Context, cubin: bool) -> std::result::Result<[Function; GEMM_F16_MT.len()], String> {
+    if !cubin {
+        let why = format!("the fp16 GEMM runs on Hopper's warpgroup MMA (sm_90a), which {} lacks", ctx.name);
+        tracing::info!("{why}; cuBLASLt takes its products");
+        return Err(why);
+    }
     let load = |mt: usize| -> Result<Function> {
         let func = module.function(&format!("gemm_f16_m{mt}"))?;
         func.set_max_dynamic_smem(gemm_f16_smem_bytes(mt))?;
@@ -188,8 +193,8 @@ pub(crate) struct Kernels {
     /// The tensor-core GEMM, or why this GPU cannot run it (its ring needs more
     /// shared memory per block than, e.g., a ~100 KiB consumer part allows).
     gemm_tc: std::result::Result<[Function; GEMM_TC_MT.len()], String>,
-    /// The fp16 GEMM (gemm_f16.cu), or why this GPU cannot run it (then cuBLASLt
-    /// takes its products).
+    /// The fp16 GEMM (gemm_f16.cu, sm_90a only), or why this GPU cannot run it
+    /// (then cuBLASLt takes its products).
     gemm_f16: std::result::Result<[Function; GEMM_F16_MT.len()], String>,
     sms: usize,
     embed: Function,
@@ -252,7 +257,7 @@ impl Kernels {
         let prefill_smem = prefill_smem_bytes(head_dim, wgmma);
         let gemv = [f("gemv_bf16_t1")?, f("gemv_bf16_t2")?, f("gemv_bf16_t4")?, f("gemv_bf16_t8")?, f("gemv_bf16_t16")?];
         let gemm_tc = load_gemm_tc(&module, ctx);
-        let gemm_f16 = load_gemm_f16(&module, ctx);
+        let gemm_f16 = load_gemm_f16(&module, ctx, cubin);
         Ok(Kernels {
             gemm_tc,
             gemm_f16,
