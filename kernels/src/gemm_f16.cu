@@ -25,21 +25,24 @@
 // that publishes them; a block's products are waited for before the barrier after
 // which its slot is refilled.
 //
-// Split K, as gemm_tc.cu: split s of a tile takes k blocks [s kb / S, (s + 1) kb / S),
-// writes its partial tile to ws, and the split that arrives last sums the partials in
-// split order and writes y (the counter it resets is zero for the next launch); it
-// loads a split's whole partial at once, so the sum waits on S round trips to L2,
-// not S x words. The host picks S from (n, k) and the SM count alone, and an
-// element's products never see another row, so a row's result is the same bits
-// whatever other rows share the pass.
+// Split K within a thread block cluster: the host launches the S splits of a
+// tile as one cluster (1, 1, S), S <= 8 (the portable cluster size), so they run
+// at once on one GPC. Split s takes k blocks [s kb / S, (s + 1) kb / S) and leaves
+// its partial tile in its own shared memory (the ring, drained); after a cluster
+// barrier each split sums slice s of the tile over the S partials, read through
+// distributed shared memory in split order, and writes y; a second barrier keeps
+// every partial alive until the last reader is done. The partials never leave the
+// GPC: at 128 rows a tile's partial (64 KiB) is as large as the weights a split
+// reads, and a sum through L2 by one CTA cost more than the products. The host
+// picks S from (n, k) and the SM count alone, and an element's products never see
+// another row, so a row's result is the same bits whatever other rows share the pass.
 //
 // With programmatic dependent launch (common.cuh) the first blocks' weights are
 // requested before pdl_wait(), the inputs after it.
 //
-// Contract: k % 64 == 0, n % 8 == 0, W and x 16-byte aligned, y 8-byte aligned,
-// splits <= min(16, k / 64), dynamic shared memory Layout<MT>::BYTES, grid =
-// (ceil(n / 128), ceil(rows / (32 MT)), splits), block = 256. With splits > 1: ws holds grid.x * grid.y *
-// splits * 32 MT * 128 floats and counters grid.x * grid.y zeroed words.
+// Contract: k % 64 == 0, n % 8 == 0, W and x 16-byte aligned, y 4-byte aligned,
+// splits <= min(8, k / 64), dynamic shared memory Layout<MT>::BYTES, grid =
+// (ceil(n / 128), ceil(rows / (32 MT)), splits), cluster (1, 1, splits), block = 256.
 #pragma once
 #include "common.cuh"
 #include "gemm_tc.cu"
@@ -56,7 +59,7 @@ using gemm_tc::smem_addr;
 constexpr int TILE_N = 128;  // weight rows per CTA: 2 warpgroups x 64
 constexpr int KB = 64;       // k per block: one 128-byte fp16 row per weight or input row
 constexpr int THREADS = 256;
-constexpr int MAX_SPLITS = 16;
+constexpr int MAX_SPLITS = 8;  // the portable cluster size
 constexpr int ALIGN = 1024;  // the 128-byte swizzle's period: the ring is aligned to it by hand
 
 template <int MT>
@@ -70,6 +73,7 @@ struct Layout {
     static constexpr int BYTES = STAGES * STAGE_BYTES + ALIGN;
     static_assert(BYTES <= 227 * 1024, "one CTA per SM must fit");
     static_assert(W_BYTES % ALIGN == 0 && STAGE_BYTES % ALIGN == 0, "every tile starts a swizzle period");
+    static_assert(4 * MT * THREADS * 16 <= STAGES * STAGE_BYTES, "a partial tile fits the drained ring");
 };
 
 // d += a b: 64 weight rows x 64 or 128 input rows x 16, a and b K-major in shared memory.
@@ -123,17 +127,44 @@ struct Copies {
     }
 };
 
+// Every thread of every CTA of the cluster has arrived; shared-memory writes before
+// it are visible to the cluster's reads after it.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The float4 at shared address `addr` of the cluster's CTA `rank`.
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, int rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+    return v;
+}
+
+// y (+)= accumulator word f of thread i (acc[f][0..3] of thread i of the CTA):
+// input rows m0 + 8 f + 2 t + (e & 1), weight rows n0 + 64 wg + 16 w4 + g + 8 (e >> 1).
+__device__ __forceinline__ void store4(float* __restrict__ y, int n, int rows, int accumulate, int m0, int n0, int i, int f,
+                                       float v0, float v1, float v2, float v3) {
+    const int warp = i >> 5, lane = i & 31, g = lane >> 2, t = lane & 3;
+    const float v[4] = {v0, v1, v2, v3};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int m = m0 + 8 * f + 2 * t + (e & 1), col = n0 + 64 * (warp >> 2) + 16 * (warp & 3) + g + 8 * (e >> 1);
+        if (m >= rows || col >= n) continue;
+        float* out = y + (size_t)m * n + col;
+        *out = accumulate ? *out + v[e] : v[e];
+    }
+}
+
 template <int MT>
 __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const uint16_t* __restrict__ x, float* __restrict__ y,
-                                     int n, int k, int rows, int accumulate, float* __restrict__ ws,
-                                     unsigned* __restrict__ counters) {
+                                     int n, int k, int rows, int accumulate) {
     using L = Layout<MT>;
     constexpr int STAGES = L::STAGES;
     constexpr int NF = 4 * MT;  // n8 fragments of the wgmma's N (the CTA's 32 MT input rows)
     extern __shared__ __align__(128) unsigned char smem[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int wg = warp >> 2, w4 = warp & 3;  // the warpgroup's 64 weight rows; the warp's 16 of them
+    const int wg = threadIdx.x >> 7;  // the warpgroup: weight rows 64 wg .. + 64 of the tile
     const int n0 = blockIdx.x * TILE_N, m0 = blockIdx.y * L::M;
     const int splits = gridDim.z, split = blockIdx.z;
     const int blocks = k / KB;
@@ -184,50 +215,34 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const uint1
 
     // acc[f][e] is y[m0 + 8 f + 2 t + (e & 1)][n0 + 64 wg + 16 w4 + g + 8 (e >> 1)]
     // (a warp's 16 rows of the wgmma's M are weight rows, its N input rows).
-    if (splits > 1) {
-        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-        // [tile][split][word][thread]: a warp's stores and loads of one word are contiguous.
-        float4* mine = reinterpret_cast<float4*>(ws) + (size_t)(tile * splits + split) * NF * THREADS + threadIdx.x;
+    if (splits == 1) {
 #pragma unroll
-        for (int f = 0; f < NF; f++) __stcg(mine + f * THREADS, make_float4(acc[f][0], acc[f][1], acc[f][2], acc[f][3]));
-        __threadfence();
-        __syncthreads();
-        __shared__ int last;
-        if (threadIdx.x == 0) {
-            last = atomicAdd(&counters[tile], 1u) == (unsigned)(splits - 1);
-            if (last) counters[tile] = 0;  // every split has arrived: ready for the next launch
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        const float4* part = reinterpret_cast<const float4*>(ws) + (size_t)tile * splits * NF * THREADS + threadIdx.x;
+        for (int f = 0; f < NF; f++) store4(y, n, rows, accumulate, m0, n0, threadIdx.x, f, acc[f][0], acc[f][1], acc[f][2], acc[f][3]);
+        return;
+    }
+    // The partial, word f of thread i at float4 f * THREADS + i of the drained ring.
+    __syncthreads();  // no thread still waits on a copy into the ring
+    float4* part = reinterpret_cast<float4*>(smem + (ring - smem_addr(smem)));
 #pragma unroll
-        for (int f = 0; f < NF; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
-        for (int s = 0; s < splits; s++) {  // in split order, whichever arrived last
-            float4 p[NF];
+    for (int f = 0; f < NF; f++) part[f * THREADS + threadIdx.x] = make_float4(acc[f][0], acc[f][1], acc[f][2], acc[f][3]);
+    cluster_sync();  // every split's partial is in its shared memory
+    constexpr int WORDS = NF * THREADS;
+    const uint32_t part_addr = ring;
+    for (int w = split * WORDS / splits + threadIdx.x; w < (split + 1) * WORDS / splits; w += THREADS) {
+        float4 p[MAX_SPLITS];
 #pragma unroll
-            for (int f = 0; f < NF; f++) p[f] = __ldcg(part + (size_t)(s * NF + f) * THREADS);
+        for (int s = 0; s < MAX_SPLITS; s++)
+            if (s < splits) p[s] = ld_cluster_f4(part_addr + w * 16, s);
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-            for (int f = 0; f < NF; f++) {
-                acc[f][0] += p[f].x; acc[f][1] += p[f].y; acc[f][2] += p[f].z; acc[f][3] += p[f].w;
+        for (int s = 0; s < MAX_SPLITS; s++) {  // in split order
+            if (s < splits) {
+                sum.x += p[s].x; sum.y += p[s].y; sum.z += p[s].z; sum.w += p[s].w;
             }
         }
+        store4(y, n, rows, accumulate, m0, n0, w % THREADS, w / THREADS, sum.x, sum.y, sum.z, sum.w);
     }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int col = n0 + 64 * wg + 16 * w4 + g + 8 * h;
-        if (col >= n) continue;
-#pragma unroll
-        for (int f = 0; f < NF; f++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int m = m0 + 8 * f + 2 * t + e;
-                if (m >= rows) continue;
-                float* out = y + (size_t)m * n + col;
-                *out = accumulate ? *out + acc[f][2 * h + e] : acc[f][2 * h + e];
-            }
-        }
-    }
+    cluster_sync();  // no split leaves while another still reads its partial
 }
 
 }  // namespace gemm_f16
@@ -235,9 +250,8 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const uint1
 #define GEMM_F16(MT)                                                                                             \
     ROCKET_KERNEL void __launch_bounds__(256, 1) gemm_f16_m##MT(const uint16_t* __restrict__ W,                       \
                                                              const uint16_t* __restrict__ x, float* y, int n,      \
-                                                             int k, int rows, int accumulate, float* ws,           \
-                                                             unsigned* counters) {                                 \
-        gemm_f16::body<MT>(W, x, y, n, k, rows, accumulate, ws, counters);                                        \
+                                                             int k, int rows, int accumulate) {                    \
+        gemm_f16::body<MT>(W, x, y, n, k, rows, accumulate);                                                      \
     }
 GEMM_F16(2)
 GEMM_F16(4)

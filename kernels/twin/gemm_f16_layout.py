@@ -14,11 +14,13 @@ allocation the host grants (gemm_f16.rs computes the same bytes), and that the
 kernel's output map sends each accumulator register (the wgmma D fragment: warp w
 of a warpgroup holds rows 16 w .., lane l rows l / 4 and + 8, columns 2 (l % 4) and
 + 1 of each 8-column group) to one (input row, weight row) of the tile, every one
-exactly once, as it does the split-K partials' words.
+exactly once. Split K: each split's partial lies in its drained ring, the splits'
+slices of the tile's words cover it once at every cluster size 2-8, and the sum of a
+word stores to the elements the thread that wrote it holds.
 
 `--mutants` requires deliberate mistakes (no warpgroup offset on A, a 512-byte stride
 offset, a 16-byte k-step, inputs staged without the swizzle, the ring used unaligned,
-the output's row and column halves swapped, ...) to fail. Keep it in step with the
+the output's row and column halves swapped, split slices that skip a word, ...) to fail. Keep it in step with the
 kernel: the kernel's hash is checked, as the other twins do.
 
 Usage: python3 kernels/twin/gemm_f16_layout.py [--mutants]
@@ -30,7 +32,7 @@ import pathlib
 import sys
 
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "gemm_f16.cu"
-KERNEL_SHA256 = "fbc8b435710167322ec06626257fd4b98f0331f25c2a1f40b2ab4bede634736d"
+KERNEL_SHA256 = "952a8808d9d8b24dea29f868820710ad5a830540b0f9555f7c5840c200e86b63"
 
 TILE_N, KB, THREADS, ALIGN = 128, 64, 256, 1024
 SMEM_LIMIT = 227 * 1024
@@ -114,9 +116,18 @@ class Kernel:
         h, ee = e >> 1, e & 1
         return 8 * f + 2 * t + ee, 64 * wg + 16 * w4 + g + 8 * h
 
-    def partial_word(self, tile, split, splits, f, tid):
-        """float4 index of thread tid's word f in ws ([tile][split][word][thread])."""
-        return (tile * splits + split) * self.NF * THREADS + f * THREADS + tid
+    def partial_word(self, f, tid):
+        """float4 index in the drained ring of thread tid's accumulator word f."""
+        return f * THREADS + tid
+
+    def slice(self, split, splits):
+        """The partial's words split `split` of `splits` sums."""
+        words = self.NF * THREADS
+        return split * words // splits, (split + 1) * words // splits
+
+    def word_owner(self, w):
+        """store4's (thread, word) for summed word w."""
+        return w % THREADS, w // THREADS
 
 
 def check(kern):
@@ -170,11 +181,17 @@ def check(kern):
                 seen.add((m, n))
     assert len(seen) == M * TILE_N, "an output never stored"
 
-    # Split-K partials: every split's words apart, inside the workspace gemm_f16.rs sizes.
-    tiles, splits = 3, 5
-    words = {kern.partial_word(tile, s, splits, f, tid) for tile in range(tiles) for s in range(splits) for f in range(kern.NF) for tid in range(THREADS)}
-    assert len(words) == tiles * splits * kern.NF * THREADS, "partial words collide"
-    assert max(words) * 4 + 4 <= tiles * splits * M * TILE_N, "partials past the workspace"
+    # Split K: the partials' words apart and inside the drained ring; every word in
+    # one split's slice; a summed word stored where its writer's registers belong.
+    words = {kern.partial_word(f, tid): (tid, f) for f in range(kern.NF) for tid in range(THREADS)}
+    assert len(words) == kern.NF * THREADS, "partial words collide"
+    assert min(words) >= 0 and (max(words) + 1) * 16 <= kern.STAGES * kern.STAGE_BYTES, "partials past the ring"
+    for splits in range(2, 9):
+        owned = [w for s in range(splits) for w in range(*kern.slice(s, splits))]
+        assert sorted(owned) == sorted(words), f"{splits} splits' slices do not cover the tile once"
+    for w, (tid, f) in words.items():
+        i, ff = kern.word_owner(w)
+        assert [kern.out(i, ff, e) for e in range(4)] == [kern.out(tid, f, e) for e in range(4)], f"summed word {w} stored at another thread's elements"
 
 
 def mutants():
@@ -227,9 +244,18 @@ def mutants():
             a, _ = Kernel.descs(self, i, wg, kk)
             return a, desc(self.slot(i) + 32 * kk, 16, 1024)
 
-    class PartialsBySplitLast(Kernel):
-        def partial_word(self, tile, split, splits, f, tid):
-            return (tile * self.NF + f) * THREADS + tid + split
+    class PartialsOverlap(Kernel):
+        def partial_word(self, f, tid):
+            return f * 32 + tid
+
+    class SliceGap(Kernel):
+        def slice(self, split, splits):
+            lo, hi = Kernel.slice(self, split, splits)
+            return lo, hi - (split == splits - 1)
+
+    class OwnerSwapped(Kernel):
+        def word_owner(self, w):
+            return w // self.NF, w % self.NF
 
     return [
         ("no_wg_offset", "both warpgroups read weight rows 0-63", NoWarpgroupOffset),
@@ -242,7 +268,9 @@ def mutants():
         ("halves_swapped", "a register's row half and column pair swapped in the store", HalvesSwapped),
         ("warp_rows_off", "warps 8 weight rows apart instead of 16", WarpRowsOff),
         ("b_reads_weights", "the B descriptor pointed at the weight tile", BReadsWeights),
-        ("partials_overlap", "split-K partials laid out without the split's stride", PartialsBySplitLast),
+        ("partials_overlap", "partial words laid out with a warp's stride for a CTA's", PartialsOverlap),
+        ("slice_gap", "the last split's slice one word short", SliceGap),
+        ("owner_swapped", "a summed word stored as word-major instead of thread-major", OwnerSwapped),
     ]
 
 

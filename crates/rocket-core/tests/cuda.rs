@@ -941,8 +941,8 @@ fn cublas_rows_keep_their_bits_across_pass_lengths() {
     assert!(misses.is_empty(), "the forward pass's products change a row's bits between passes of 512 to 2,559 rows, or later passes of 128 to 511: {misses:?}");
 }
 
-/// rocket's fp16 GEMM (gemm_f16.cu), which multiplies the forward pass's fp16
-/// products of 33-256 rows: every fuel's four layer products at 33-256 rows
+/// rocket's fp16 GEMM (gemm_f16.cu), written for the forward pass's fp16
+/// products of 33-256 rows (taken there while `GEMM_F16_IN_FORWARD` is on): every fuel's four layer products at 33-256 rows
 /// against the host's f64 product (fp16 operands, the bar cuBLASLt's fp16 products
 /// meet, 5e-4), timed beside cuBLASLt's at the same shape (F16GEMM lines), then a
 /// row's bits at 33-200 rows against its bits at 256 (the split of K never

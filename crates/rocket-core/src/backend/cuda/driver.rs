@@ -402,6 +402,14 @@ impl Function {
     /// before it touches anything an earlier kernel writes. Graph capture
     /// records it as a programmatic edge.
     pub(crate) fn launch_ex(&self, stream: &Stream, grid: (u32, u32, u32), block: u32, smem: u32, early: bool, args: &[Arg]) -> Result<()> {
+        self.launch_in_clusters(stream, grid, 1, block, smem, early, args)
+    }
+
+    /// `launch_ex` with the grid's z dimension in thread block clusters of
+    /// `cluster_z` CTAs (sm_90; it must divide grid.2): a cluster's CTAs run at
+    /// once on one GPC and may read each other's shared memory.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_in_clusters(&self, stream: &Stream, grid: (u32, u32, u32), cluster_z: u32, block: u32, smem: u32, early: bool, args: &[Arg]) -> Result<()> {
         let mut storage: Vec<[u8; 8]> = args
             .iter()
             .map(|a| {
@@ -417,16 +425,32 @@ impl Function {
             })
             .collect();
         let mut params: Vec<*mut c_void> = storage.iter_mut().map(|b| b.as_mut_ptr() as *mut c_void).collect();
-        if !early {
+        if !early && cluster_z <= 1 {
             // SAFETY: the argument list matches the kernel's signature (each kernels.rs
             // launcher mirrors its .cu contract); buffers outlive the stream's work.
             return unsafe { result::launch_kernel(self.raw, grid, (block, 1, 1), smem, stream.raw, &mut params) }
                 .map_err(|e| device_err("cuLaunchKernel", e));
         }
-        // SAFETY: plain-old-data attribute; zero is a valid bit pattern for every field.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        if cluster_z > 1 && grid.2 % cluster_z != 0 {
+            return Err(RocketError::Internal(format!("clusters of {cluster_z} do not tile a grid {grid:?}")));
+        }
+        let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::with_capacity(2);
+        if early {
+            // SAFETY: plain-old-data attribute; zero is a valid bit pattern for every field.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            attrs.push(attr);
+        }
+        if cluster_z > 1 {
+            // SAFETY: as above.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attr.value.clusterDim.x = 1;
+            attr.value.clusterDim.y = 1;
+            attr.value.clusterDim.z = cluster_z;
+            attrs.push(attr);
+        }
         let config = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -436,13 +460,13 @@ impl Function {
             blockDimZ: 1,
             sharedMemBytes: smem,
             hStream: stream.raw,
-            attrs: &mut attr,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
         };
-        // SAFETY: as for launch_kernel above; `config` and `attr` outlive the call.
+        // SAFETY: as for launch_kernel above; `config` and `attrs` outlive the call.
         unsafe { sys::cuLaunchKernelEx(&config, self.raw, params.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
-            .map_err(|e| device_err("cuLaunchKernelEx (programmatic dependent launch)", e))
+            .map_err(|e| device_err("cuLaunchKernelEx (programmatic dependent launch or clusters)", e))
     }
 }
 

@@ -419,9 +419,10 @@ impl Kernels {
 
     /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ for fp16 x and W (the weights'
     /// fp16 copy), f32 accumulation (gemm_f16.cu); `gemm_f16_fits(n, k)` must
-    /// hold, and `scratch` must hold what `gemm_f16_plan(n, k, rows)` needs.
+    /// hold. A split tile's splits run as one thread block cluster and sum their
+    /// partials in shared memory: no scratch.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemm_f16(&self, s: &Stream, w16: u64, x16: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool, scratch: &GemmScratch) -> Result<()> {
+    pub(crate) fn gemm_f16(&self, s: &Stream, w16: u64, x16: u64, y: u64, n: usize, k: usize, rows: usize, accumulate: bool) -> Result<()> {
         let functions = self.gemm_f16.as_ref().map_err(|why| RocketError::Device(why.clone()))?;
         if rows == 0 {
             return Ok(());
@@ -430,13 +431,10 @@ impl Kernels {
             return Err(RocketError::Internal(format!("gemm_f16 needs n % 8 == 0 and k % 64 == 0, got {n} x {k}")));
         }
         let plan = self.gemm_f16_plan(n, k, rows);
-        if !scratch.holds_words(plan.workspace_floats(), plan.counters()) {
-            return Err(RocketError::Internal(format!("gemm_f16 scratch too small for {plan:?} ({n} x {k}, {rows} rows)")));
-        }
         let grid = (plan.tiles_n as u32, plan.tiles_m as u32, plan.splits as u32);
-        let mut args = matmul_args(w16, x16, y, n, k, rows, accumulate).to_vec();
-        args.extend([Arg::Ptr(scratch.workspace.ptr), Arg::Ptr(scratch.counters.ptr)]);
-        self.go(&functions[plan.instantiation()], s, grid, GEMM_F16_THREADS, gemm_f16_smem_bytes(plan.mt) as u32, &args)
+        let args = matmul_args(w16, x16, y, n, k, rows, accumulate);
+        let smem = gemm_f16_smem_bytes(plan.mt) as u32;
+        functions[plan.instantiation()].launch_in_clusters(s, grid, plan.splits as u32, GEMM_F16_THREADS, smem, self.pdl, &args)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -149,10 +149,7 @@ impl CudaBackend {
         let gemm_fusion = GemmFusion { norm: fusion.norm.then_some((norm.ptr, NORM_EPS)), silu: fusion.silu };
         let plan = kernels.gemm_plan(n, k, rows);
         let f16_plan = kernels.gemm_f16_plan(n, k, rows);
-        let scratch = match kernel {
-            MatmulKernel::F16Gemm => GemmScratch::alloc(ctx, st, f16_plan.workspace_floats(), f16_plan.counters())?,
-            _ => GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?,
-        };
+        let scratch = GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?;
         let (cublas, x_bf16) = match kernel {
             MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) => {
                 (Some(Cublas::new(ctx)?), Some(DeviceBuffer::alloc(ctx, 2 * rows * k * 2, "the matmul check's 16-bit inputs")?))
@@ -190,7 +187,7 @@ impl CudaBackend {
             (MatmulKernel::F16Gemm, None, Some(xb)) => {
                 let (w16, flag) = f16.as_ref().expect("made above for the fp16 kernels");
                 kernels.to_f16(st, x.ptr, xb.ptr, rows * k, flag.ptr)?;
-                kernels.gemm_f16(st, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate, &scratch)
+                kernels.gemm_f16(st, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate)
             }
             (MatmulKernel::Cublas | MatmulKernel::CublasBf16, Some(lt), Some(xb)) => {
                 let (hi, lo) = kernels.to_bf16_split(st, x.ptr, xb.ptr, rows * k)?;

@@ -54,7 +54,7 @@ use crate::sampling::SamplingParams;
 use cublas::AlgoChoice;
 use driver::{Context, DeviceBuffer, Graph, PinnedBuffer, Stream};
 use f16_weights::F16Weights;
-use gemm_f16::{F16GemmPlan, GEMM_F16_IN_FORWARD, GEMM_F16_MAX_ROWS};
+use gemm_f16::{GEMM_F16_IN_FORWARD, GEMM_F16_MAX_ROWS};
 use kernels::{argmax_state_bytes, prefill_group_tiles, prefill_partial_floats, prefill_splits, GemmFusion, GemmPlan, GemmScratch, Kernels, PREFILL_TILE};
 use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
 use sampler::DeviceSampler;
@@ -328,9 +328,7 @@ impl Scratch {
         let what = "activations";
         let shapes = Self::matmul_shapes(s);
         let sms = ctx.sm_count as usize;
-        let (tc_floats, tc_counters) = GemmPlan::scratch_needs(&shapes, rows, sms);
-        let (f16_floats, f16_counters) = if GEMM_F16_IN_FORWARD { F16GemmPlan::scratch_needs(&shapes, rows, sms) } else { (0, 0) };
-        let (ws_floats, counters) = (tc_floats.max(f16_floats), tc_counters.max(f16_counters));
+        let (ws_floats, counters) = GemmPlan::scratch_needs(&shapes, rows, sms);
         Ok(Scratch {
             gemm: GemmScratch::alloc(ctx, st, ws_floats, counters)?,
             rows,
@@ -976,7 +974,7 @@ impl CudaBackend {
         };
         write_operand(xb.ptr, flag.ptr)?;
         if self.f16_gemm_takes(k, rows, algo, n, width) {
-            return k.gemm_f16(st, w16, xb.ptr, y, n, width, rows, accumulate, &sc.gemm);
+            return k.gemm_f16(st, w16, xb.ptr, y, n, width, rows, accumulate);
         }
         lt.matmul_pinned(st, cublas::Operands::F16, w16, xb.ptr, y, n, width, rows, accumulate, algo)
     }

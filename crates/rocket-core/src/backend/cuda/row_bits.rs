@@ -10,7 +10,6 @@ use rayon::prelude::*;
 
 use super::cublas::{describe_algo, AlgoChoice, Cublas, Operands};
 use super::driver::{DeviceBuffer, TimedEvent};
-use super::kernels::GemmScratch;
 use super::matmul_check::{rotated_weights, uniform};
 use super::CudaBackend;
 use crate::error::{Result, RocketError};
@@ -76,24 +75,19 @@ impl CudaBackend {
         let x = DeviceBuffer::with_data(ctx, st, &random_f16(seed ^ 0x9e37_79b9, max_rows * k, 1.0), "the row-bits check's inputs")?;
         let y = DeviceBuffer::alloc(ctx, max_rows * n * 4, "the row-bits check's outputs")?;
         let choice = AlgoChoice { rows: algo_rows, candidate: 0 };
-        // The fp16 GEMM's split-K scratch, for the largest plan of these row counts.
-        let plans = rows.iter().chain([&reference_rows]).map(|&r| kernels.gemm_f16_plan(n, k, r));
-        let (ws, counters) = plans.fold((0, 0), |(w, c), p| (w.max(p.workspace_floats()), c.max(p.counters())));
-        let scratch = if lt.is_none() { Some(GemmScratch::alloc(ctx, st, ws, counters)?) } else { None };
         // One launch at `r` rows on the weights at `w`: what ran (cuBLASLt's algorithm, or the GEMM's plan).
         let launch = |w: u64, r: usize| -> Result<String> {
-            match (&lt, &scratch) {
-                (Some(lt), _) => {
+            match &lt {
+                Some(lt) => {
                     let algo = lt
                         .matmul_with(st, Operands::F16, w, x.ptr, y.ptr, n, k, r, false, choice)?
                         .ok_or_else(|| RocketError::Internal(format!("cuBLASLt offered no algorithm for {n}x{k} at {r} rows")))?;
                     Ok(describe_algo(&algo))
                 }
-                (None, Some(scratch)) => {
-                    kernels.gemm_f16(st, w, x.ptr, y.ptr, n, k, r, false, scratch)?;
+                None => {
+                    kernels.gemm_f16(st, w, x.ptr, y.ptr, n, k, r, false)?;
                     Ok(format!("gemm_f16 {}", kernels.gemm_f16_plan(n, k, r)))
                 }
-                (None, None) => Err(RocketError::Internal("the fp16 GEMM's row-bits run without its scratch".into())),
             }
         };
         // One product at `r` rows on fresh NaN outputs: its outputs and algorithm.
