@@ -176,18 +176,7 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const uint1
 
     const Copies<MT> copies(W, x, n0, m0, n, k, rows);
     const uint32_t ring = (smem_addr(smem) + (ALIGN - 1)) & ~(uint32_t)(ALIGN - 1);
-    // Group s holds block s's inputs; group 0 also every weight requested before
-    // pdl_wait, so the first wait covers them all.
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++)
-        if (s < count) copies.load_w(ring + s * L::STAGE_BYTES, kb0 + s);
-    pdl_wait();
-    pdl_launch_dependents();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < count) copies.load_x(ring + s * L::STAGE_BYTES, kb0 + s);
-        cp_async_commit();  // empty groups keep the count uniform
-    }
+    gemm_tc::fill_ring<STAGES, L::STAGE_BYTES>(copies, ring, count, kb0);
 
     for (int i = 0; i < count; i++) {
         // Block i has landed once every thread is here; every warpgroup has also

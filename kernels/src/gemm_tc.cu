@@ -82,6 +82,25 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING)); }
 
+// The ring's first STAGES - 1 k blocks from k block kb0 (of `count`): the weights
+// before pdl_wait(), as they never depend on the previous kernel, the inputs it
+// writes after. Group s holds block s's inputs and group 0 also every weight
+// requested before, so the first wait for block 0 covers all STAGES - 1 weight
+// blocks (the ring fills before the first MMA); empty groups keep the count uniform.
+template <int STAGES, int STAGE_BYTES, class Copies>
+__device__ __forceinline__ void fill_ring(const Copies& copies, uint32_t ring, int count, int kb0) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < count) copies.load_w(ring + s * STAGE_BYTES, kb0 + s);
+    pdl_wait();
+    pdl_launch_dependents();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < count) copies.load_x(ring + s * STAGE_BYTES, kb0 + s);
+        cp_async_commit();
+    }
+}
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -210,20 +229,7 @@ __device__ __forceinline__ void body(const uint16_t* __restrict__ W, const float
 
     const Copies<MT> copies(W, x, n0, m0, n, k, rows, silu != 0, norm_w);
     const uint32_t ring = smem_addr(smem);
-    // The weights of the first blocks stream before the previous kernel is done;
-    // the inputs it writes are requested after. Group s holds block s's inputs and
-    // group 0 also every weight requested here, so the first wait below covers all
-    // STAGES - 1 weight blocks (the ring fills before the first MMA), later ones as before.
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++)
-        if (s < count) copies.load_w(ring + s * L::STAGE_BYTES, kb0 + s);
-    pdl_wait();
-    pdl_launch_dependents();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < count) copies.load_x(ring + s * L::STAGE_BYTES, kb0 + s);
-        cp_async_commit();  // empty groups keep the count uniform
-    }
+    fill_ring<STAGES, L::STAGE_BYTES>(copies, ring, count, kb0);
     float ss[MT];  // this thread's share of its rows' sums of squares (norm_w only)
 #pragma unroll
     for (int i = 0; i < MT; i++) ss[i] = 0.0f;

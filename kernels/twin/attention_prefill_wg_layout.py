@@ -23,44 +23,13 @@ import hashlib
 import pathlib
 import sys
 
+from wgmma_layout import desc, read_kmajor, read_mnmajor, swizzled
+
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "attention_prefill_wg.cu"
 KERNEL_SHA256 = "2222a183f0bf850747539b210f3dc37185eb72a909b211f64d83dc0b4ac96220"
 
 T = 64  # PREFILL_TILE: query rows per CTA and key positions per tile
 THREADS = 128  # PREFILL_THREADS
-
-
-def swizzled(r, c):
-    """common.cuh swizzled: byte offset of 16-byte chunk c of row r in a 128-byte-row tile."""
-    return r * 128 + ((c ^ (r & 7)) << 4)
-
-
-def swizzle128(addr):
-    """Swizzle<3,4,3>: byte-address bits 4-6 XOR bits 7-9."""
-    return addr ^ (((addr >> 7) & 7) << 4)
-
-
-def desc(addr, lbo, sbo):
-    """wg_desc: start address, leading and stride byte offsets in 16-byte units, 128B swizzle."""
-    return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1 << 62)
-
-
-def decode(d):
-    assert d >> 62 == 1, "not the 128-byte swizzle"
-    assert (d >> 49) & 7 == 0, "base offset set"
-    return (d & 0x3FFF) << 4, ((d >> 16) & 0x3FFF) << 4, ((d >> 32) & 0x3FFF) << 4
-
-
-def read_kmajor(d, row, kk):
-    """Byte address of element (row, kk) of a K-major operand: ((8,m),(T,2k)):((8T,SBO),(1,T))."""
-    start, _lbo, sbo = decode(d)
-    return swizzle128(start + (row % 8) * 128 + (row // 8) * sbo + kk * 2)
-
-
-def read_mnmajor(d, kk, n):
-    """Byte address of element (kk, n) of an MN-major operand: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))."""
-    start, lbo, sbo = decode(d)
-    return swizzle128(start + (n % 8) * 2 + ((n // 8) % 8) * 16 + (n // 64) * lbo + (kk % 8) * 128 + (kk // 8) * sbo)
 
 
 class Kernel:

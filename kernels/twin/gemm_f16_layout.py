@@ -31,40 +31,15 @@ import hashlib
 import pathlib
 import sys
 
+from wgmma_layout import desc, read_kmajor, swizzled
+
 KERNEL = pathlib.Path(__file__).resolve().parents[1] / "src" / "gemm_f16.cu"
-KERNEL_SHA256 = "952a8808d9d8b24dea29f868820710ad5a830540b0f9555f7c5840c200e86b63"
+KERNEL_SHA256 = "70360010d1e1aa32cdc56f0facdb1b7a83eece50740afc48457e41464ba5afff"
 
 TILE_N, KB, THREADS, ALIGN = 128, 64, 256, 1024
 SMEM_LIMIT = 227 * 1024
 # Where the dynamic buffer may start: the kernel's static word comes first.
 SMEM_BASES = (0, 16, 1008)
-
-
-def swizzled(r, c):
-    """common.cuh swizzled: byte offset of 16-byte chunk c of row r in a 128-byte-row tile."""
-    return r * 128 + ((c ^ (r & 7)) << 4)
-
-
-def swizzle128(addr):
-    """Swizzle<3,4,3>: byte-address bits 4-6 XOR bits 7-9."""
-    return addr ^ (((addr >> 7) & 7) << 4)
-
-
-def desc(addr, lbo, sbo):
-    """wgmma.cuh wg_desc: start address, leading and stride byte offsets in 16-byte units, 128B swizzle."""
-    return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1 << 62)
-
-
-def decode(d):
-    assert d >> 62 == 1, "not the 128-byte swizzle"
-    assert (d >> 49) & 7 == 0, "base offset set"
-    return (d & 0x3FFF) << 4, ((d >> 16) & 0x3FFF) << 4, ((d >> 32) & 0x3FFF) << 4
-
-
-def read_kmajor(d, row, q):
-    """Byte address of element (row, q) of a K-major operand: ((8,m),(T,2k)):((8T,SBO),(1,T))."""
-    start, _lbo, sbo = decode(d)
-    return swizzle128(start + (row % 8) * 128 + (row // 8) * sbo + q * 2)
 
 
 def d_fragment(warp4, lane, i):

@@ -101,15 +101,7 @@ impl GemmPlan {
 /// The tensor-core GEMM's instantiations, allowed their shared memory, or why this
 /// GPU cannot run them (then every matmul uses the GEMV, with a warning).
 fn load_gemm_tc(module: &Module, ctx: &Context) -> std::result::Result<[Function; GEMM_TC_MT.len()], String> {
-    let load = |mt: usize| -> Result<Function> {
-        let func = module.function(&format!("gemm_tc_m{mt}"))?;
-        func.set_max_dynamic_smem(gemm_tc_smem_bytes(mt))?;
-        Ok(func)
-    };
-    let all = || -> Result<[Function; GEMM_TC_MT.len()]> {
-        Ok([load(GEMM_TC_MT[0])?, load(GEMM_TC_MT[1])?, load(GEMM_TC_MT[2])?, load(GEMM_TC_MT[3])?])
-    };
-    all().map_err(|e| {
+    load_instantiations(module, "gemm_tc", GEMM_TC_MT, gemm_tc_smem_bytes).map_err(|e| {
         let bytes = GEMM_TC_MT.iter().map(|&mt| gemm_tc_smem_bytes(mt)).max().unwrap_or(0);
         let why = format!("the tensor-core GEMM cannot be set up on {} (it needs up to {bytes} bytes of shared memory per block): {e}", ctx.name);
         tracing::warn!("{why}; every matmul uses the GEMV");
@@ -117,22 +109,29 @@ fn load_gemm_tc(module: &Module, ctx: &Context) -> std::result::Result<[Function
     })
 }
 
+/// `{name}_m{mt}` for every instantiation in `mts`, each allowed `smem(mt)` bytes
+/// of dynamic shared memory.
+fn load_instantiations<const N: usize>(module: &Module, name: &str, mts: [usize; N], smem: fn(usize) -> usize) -> Result<[Function; N]> {
+    let functions = mts
+        .iter()
+        .map(|&mt| {
+            let func = module.function(&format!("{name}_m{mt}"))?;
+            func.set_max_dynamic_smem(smem(mt))?;
+            Ok(func)
+        })
+        .collect::<Result<Vec<Function>>>()?;
+    functions.try_into().map_err(|_| RocketError::Internal(format!("{name}: not one function per instantiation")))
+}
+
 /// The fp16 GEMM's instantiations, allowed their shared memory, or why this GPU
 /// cannot run them: they multiply on warpgroup MMAs, in the sm_90a cubin alone.
 fn load_gemm_f16(module: &Module, ctx: &Context, cubin: bool) -> std::result::Result<[Function; GEMM_F16_MT.len()], String> {
-    if !cubin {
-        let why = format!("the fp16 GEMM runs on Hopper's warpgroup MMA (sm_90a), which {} lacks", ctx.name);
-        tracing::info!("{why}; cuBLASLt takes its products");
-        return Err(why);
-    }
-    let load = |mt: usize| -> Result<Function> {
-        let func = module.function(&format!("gemm_f16_m{mt}"))?;
-        func.set_max_dynamic_smem(gemm_f16_smem_bytes(mt))?;
-        Ok(func)
+    let loaded = if cubin {
+        load_instantiations(module, "gemm_f16", GEMM_F16_MT, gemm_f16_smem_bytes).map_err(|e| format!("the fp16 GEMM cannot be set up on {}: {e}", ctx.name))
+    } else {
+        Err(format!("the fp16 GEMM runs on Hopper's warpgroup MMA (sm_90a), which {} lacks", ctx.name))
     };
-    let all = || -> Result<[Function; GEMM_F16_MT.len()]> { Ok([load(GEMM_F16_MT[0])?, load(GEMM_F16_MT[1])?]) };
-    all().map_err(|e| {
-        let why = format!("the fp16 GEMM cannot be set up on {}: {e}", ctx.name);
+    loaded.map_err(|why| {
         tracing::info!("{why}; cuBLASLt takes its products");
         why
     })
@@ -156,11 +155,7 @@ impl GemmScratch {
     }
 
     fn holds(&self, plan: &GemmPlan) -> bool {
-        self.holds_words(plan.workspace_floats(), plan.counters())
-    }
-
-    fn holds_words(&self, workspace_floats: usize, counters: usize) -> bool {
-        workspace_floats * 4 <= self.workspace.bytes && counters * 4 <= self.counters.bytes
+        plan.workspace_floats() * 4 <= self.workspace.bytes && plan.counters() * 4 <= self.counters.bytes
     }
 }
 

@@ -326,9 +326,7 @@ impl Scratch {
         let f = |n: usize| n * 4;
         let a = |n: usize, what: &str| DeviceBuffer::alloc(ctx, n, what);
         let what = "activations";
-        let shapes = Self::matmul_shapes(s);
-        let sms = ctx.sm_count as usize;
-        let (ws_floats, counters) = GemmPlan::scratch_needs(&shapes, rows, sms);
+        let (ws_floats, counters) = GemmPlan::scratch_needs(&Self::matmul_shapes(s), rows, ctx.sm_count as usize);
         Ok(Scratch {
             gemm: GemmScratch::alloc(ctx, st, ws_floats, counters)?,
             rows,
