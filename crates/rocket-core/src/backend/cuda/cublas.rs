@@ -79,10 +79,29 @@ struct Plan {
     /// cuBLASLt's heuristic's candidates, best first (never empty): the forward
     /// pass runs the first.
     candidates: Vec<sys::cublasLtMatmulAlgo_t>,
+    /// The first candidate split K ways for a short pass (`SHORT_PASS_SPLIT_K`):
+    /// None until asked, then Some(None) where the rule keeps it whole or
+    /// cuBLASLt refused the split.
+    split: Option<Option<sys::cublasLtMatmulAlgo_t>>,
 }
 
 /// Candidates asked of cuBLASLt's heuristic per plan.
 const CANDIDATES: usize = 16;
+
+/// The reduction (cuBLASLt's `CUBLASLT_REDUCTION_SCHEME_*`) under which the
+/// fp16 products of short passes split K, or None: their own picks unsplit.
+/// At 33-511 rows the heuristic's first pick rarely splits, and a product with
+/// few output tiles then streams its weights from a few SMs.
+const SHORT_PASS_SPLIT_K: Option<u32> = None;
+/// The passes `SHORT_PASS_SPLIT_K` covers: from cuBLASLt's first fp16 pass up to
+/// the passes whose rows keep their bits across pass lengths (from 512 rows every
+/// row count's own pick is unsplit and gives a row the same bits).
+const SHORT_PASS_ROWS: std::ops::Range<usize> = 33..512;
+/// The output tile cuBLASLt's short-pass picks cover (weight rows x input rows)
+/// and its k block, for the split rule (`split_k`'s cost model).
+const SPLIT_TILE: usize = 128;
+const SPLIT_KB: usize = 64;
+const SPLIT_MAX: usize = 8;
 
 /// Which algorithm a product runs: the heuristic's `candidate`-th (0: its best)
 /// for the product at `rows` rows (None: the product's own row count).
@@ -111,7 +130,7 @@ unsafe impl Send for Plan {}
 impl Plan {
     fn new(handle: sys::cublasLtHandle_t, (operands, n, k, rows, aligned): PlanKey) -> std::result::Result<Self, CublasError> {
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
-        let mut plan = Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), c: std::ptr::null_mut(), candidates: Vec::new() };
+        let mut plan = Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), c: std::ptr::null_mut(), candidates: Vec::new(), split: None };
         // Transposed A: 1 is CUBLAS_OP_T.
         let transpose: i32 = 1;
         // SAFETY: desc is live; the attribute is an i32 as cuBLASLt documents.
@@ -163,6 +182,54 @@ impl Plan {
         }
         Ok(plan)
     }
+}
+
+impl Plan {
+    /// `algo` made to split K `splits` ways under the reduction `scheme`, checked
+    /// by cuBLASLt for this plan's shapes and the workspace; or why it refused.
+    fn split_algo(&self, handle: sys::cublasLtHandle_t, mut algo: sys::cublasLtMatmulAlgo_t, splits: u32, scheme: u32) -> std::result::Result<sys::cublasLtMatmulAlgo_t, String> {
+        use sys::cublasLtMatmulAlgoCapAttributes_t as Cap;
+        use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+        let cap = |attr: Cap| -> u32 {
+            let (mut v, mut written) = (0u32, 0usize);
+            // SAFETY: both capabilities read are 32-bit values per cuBLASLt's documentation.
+            let ok = unsafe { sys::cublasLtMatmulAlgoCapGetAttribute(&algo, attr, &mut v as *mut u32 as *mut c_void, 4, &mut written) };
+            if ok == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS { v } else { 0 }
+        };
+        if splits > 1 && cap(Cap::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) == 0 {
+            return Err("no split-K support".into());
+        }
+        let mask = cap(Cap::CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
+        if splits > 1 && mask & scheme == 0 {
+            return Err(format!("reduction scheme {scheme} not in the algorithm's mask {mask}"));
+        }
+        let scheme = if splits > 1 { scheme } else { 0 };
+        for (attr, v) in [(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, splits), (A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme)] {
+            // SAFETY: both attributes are 32-bit values per cuBLASLt's documentation.
+            let set = unsafe { sys::cublasLtMatmulAlgoConfigSetAttribute(&mut algo, attr, &v as *const u32 as *const c_void, 4) };
+            if set != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(format!("{attr:?} = {v}: {set:?}"));
+            }
+        }
+        // SAFETY: zero is a valid bit pattern for the plain-old-data result.
+        let mut checked: sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        // SAFETY: the plan's descriptors are live.
+        let status = unsafe { sys::cublasLtMatmulAlgoCheck(handle, self.desc, self.a, self.b, self.c, self.c, &algo, &mut checked) };
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(format!("check: {status:?}"));
+        }
+        if checked.workspaceSize > WORKSPACE_BYTES {
+            return Err(format!("needs {} bytes of workspace", checked.workspaceSize));
+        }
+        Ok(algo)
+    }
+}
+
+/// How many ways a short pass's product of `rows` rows by an n x k matrix splits
+/// K on `sms` SMs: `split_k`'s cost model over cuBLASLt's output tiles.
+fn short_pass_splits(n: usize, k: usize, rows: usize, sms: usize) -> u32 {
+    let tiles = n.div_ceil(SPLIT_TILE) * rows.div_ceil(SPLIT_TILE);
+    super::split_k::split_k(tiles, k / SPLIT_KB, sms, SPLIT_MAX) as u32
 }
 
 impl Drop for Plan {
@@ -219,6 +286,8 @@ pub(crate) struct Cublas {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuffer,
     plans: Mutex<HashMap<PlanKey, Plan>>,
+    /// The GPU's SM count (the short passes' split rule).
+    sms: usize,
 }
 
 // SAFETY: cuBLASLt handles may be used from any thread, one call at a time;
@@ -240,7 +309,7 @@ impl Cublas {
         }
         let handle = lt::create_handle().map_err(|e| lt_err("create", e))?;
         let workspace = DeviceBuffer::alloc(ctx, WORKSPACE_BYTES, "the cuBLASLt workspace")?;
-        Ok(Cublas { handle, workspace, plans: Mutex::new(HashMap::new()) })
+        Ok(Cublas { handle, workspace, plans: Mutex::new(HashMap::new()), sms: ctx.sm_count.max(1) as usize })
     }
 
     /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ on `stream`: `w` and `x` both of
@@ -278,7 +347,25 @@ impl Cublas {
             _ => None,
         };
         let plan = plan(&mut plans, self.handle, key(rows))?;
-        let Some(algo) = pinned.or_else(|| plan.candidates.get(choice.candidate).copied()) else { return Ok(None) };
+        let split = match SHORT_PASS_SPLIT_K {
+            Some(scheme) if choice == AlgoChoice::FIRST && operands == Operands::F16 && SHORT_PASS_ROWS.contains(&rows) => {
+                if plan.split.is_none() {
+                    let splits = short_pass_splits(n, k, rows, self.sms);
+                    let made = (splits > 1).then(|| plan.split_algo(self.handle, plan.candidates[0], splits, scheme));
+                    plan.split = Some(match made {
+                        Some(Ok(algo)) => Some(algo),
+                        Some(Err(why)) => {
+                            tracing::debug!(n, k, rows, splits, why, "cuBLASLt refused a short pass's split K: the product runs unsplit");
+                            None
+                        }
+                        None => None,
+                    });
+                }
+                plan.split.flatten()
+            }
+            _ => None,
+        };
+        let Some(algo) = pinned.or(split).or_else(|| plan.candidates.get(choice.candidate).copied()) else { return Ok(None) };
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
         // SAFETY: the plan's layouts describe these buffers (the caller's
         // pointers hold n·k, rows·k and rows·n elements); the workspace is ours
@@ -305,6 +392,61 @@ impl Cublas {
         }
         .map_err(|e| lt_err(&format!("matmul {n}x{k} at {rows} rows"), e))?;
         Ok(Some(algo))
+    }
+
+    /// `matmul` on fp16 operands with the heuristic's `candidate`-th algorithm
+    /// made to split K `splits` ways under the reduction `scheme` (cuBLASLt's
+    /// `CUBLASLT_REDUCTION_SCHEME_*` value): what splitting would buy the short
+    /// prompts' products, whose picks rarely split. Returns the algorithm that ran,
+    /// or why cuBLASLt refused it (and runs nothing).
+    #[cfg(feature = "diagnostics")]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_split_k(
+        &self,
+        stream: &Stream,
+        w: u64,
+        x: u64,
+        y: u64,
+        n: usize,
+        k: usize,
+        rows: usize,
+        accumulate: bool,
+        candidate: usize,
+        splits: u32,
+        scheme: u32,
+    ) -> Result<std::result::Result<sys::cublasLtMatmulAlgo_t, String>> {
+        let mut plans = self.plans.lock().map_err(|_| RocketError::Internal("the cuBLASLt plans' lock is poisoned".into()))?;
+        let key = (Operands::F16, n, k, rows, [alignment(w), alignment(x), alignment(y)]);
+        let plan = plan(&mut plans, self.handle, key)?;
+        let Some(&algo) = plan.candidates.get(candidate) else { return Ok(Err("fewer candidates".into())) };
+        let algo = match plan.split_algo(self.handle, algo, splits, scheme) {
+            Ok(algo) => algo,
+            Err(why) => return Ok(Err(why)),
+        };
+        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
+        // SAFETY: as in `matmul_with`.
+        unsafe {
+            lt::matmul(
+                self.handle,
+                plan.desc,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                w as *const c_void,
+                plan.a,
+                x as *const c_void,
+                plan.b,
+                y as *const c_void,
+                plan.c,
+                y as *mut c_void,
+                plan.c,
+                &algo,
+                self.workspace.ptr as *mut c_void,
+                WORKSPACE_BYTES,
+                stream.raw as sys::cudaStream_t,
+            )
+        }
+        .map_err(|e| lt_err(&format!("split-K matmul {n}x{k} at {rows} rows"), e))?;
+        Ok(Ok(algo))
     }
 
     /// One small product of each operand type on `stream`, checked: a library that
@@ -381,6 +523,19 @@ impl Drop for Cublas {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_passes_split_the_products_with_few_output_tiles() {
+        // Llama-3.2-1B's qkv, o, gate|up and down at 128 rows on 132 SMs: 24, 16, 128 and 16 tiles.
+        let llama = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)].map(|(n, k)| short_pass_splits(n, k, 128, 132));
+        assert_eq!(llama, [5, 8, 1, 8]);
+        // More rows, more tiles: fewer splits, and none once the tiles fill the GPU.
+        assert_eq!(short_pass_splits(2048, 2048, 511, 132), 2);
+        assert_eq!(short_pass_splits(16384, 2048, 511, 132), 1);
+        // Never fewer than two k blocks a split.
+        assert_eq!(short_pass_splits(576, 192, 64, 132), 1);
+        assert!(SHORT_PASS_ROWS.end <= 512, "from 512 rows a row's bits must not depend on the pass length");
+    }
 
     #[test]
     fn alignment_is_the_largest_power_of_two_up_to_256() {

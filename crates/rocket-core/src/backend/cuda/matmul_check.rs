@@ -32,6 +32,10 @@ pub enum MatmulKernel {
     /// `CublasF16` on the heuristic's n-th candidate algorithm (0: the one the
     /// forward pass runs); fails where the heuristic offered fewer.
     CublasF16Candidate(u8),
+    /// `CublasF16Candidate(candidate)` made to split K `splits` ways under the
+    /// reduction `scheme` (cuBLASLt's `CUBLASLT_REDUCTION_SCHEME_*` value); fails,
+    /// saying why, where cuBLASLt refuses that configuration.
+    CublasF16SplitK { candidate: u8, splits: u8, scheme: u8 },
     /// rocket's fp16 GEMM (gemm_f16.cu) on the operands `CublasF16` takes (x
     /// rounded by to_f16.cu, timed with it).
     F16Gemm,
@@ -62,6 +66,8 @@ pub struct MatmulCheck {
     /// Whether every output was written: the output starts as NaN without
     /// `accumulate` (with it, the starting values are finite and this is always true).
     pub all_written: bool,
+    /// Whether the launch after the timed ones gave the first launch's bits.
+    pub repeatable: bool,
     /// Mean time per launch, in microseconds, with weights coming from HBM.
     pub micros: f64,
     /// Weight, input and output bytes moved per launch over that time, in GB/s.
@@ -122,7 +128,9 @@ impl CudaBackend {
             MatmulKernel::Tensor => (k % 64 == 0, "a multiple of 64"),
             MatmulKernel::Gemv => (k % 8 == 0, "a multiple of 8"),
             // The lo parts follow the hi parts: 16-byte aligned when k is a multiple of 8.
-            MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) => (k % 8 == 0, "a multiple of 8"),
+            MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) | MatmulKernel::CublasF16SplitK { .. } => {
+                (k % 8 == 0, "a multiple of 8")
+            }
             MatmulKernel::F16Gemm => (k % 64 == 0 && n % 8 == 0, "a multiple of 64 (and n of 8)"),
         };
         if !needs.0 {
@@ -151,7 +159,7 @@ impl CudaBackend {
         let f16_plan = kernels.gemm_f16_plan(n, k, rows);
         let scratch = GemmScratch::alloc(ctx, st, plan.workspace_floats(), plan.counters())?;
         let (cublas, x_bf16) = match kernel {
-            MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) => {
+            MatmulKernel::Cublas | MatmulKernel::CublasBf16 | MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) | MatmulKernel::CublasF16SplitK { .. } => {
                 (Some(Cublas::new(ctx)?), Some(DeviceBuffer::alloc(ctx, 2 * rows * k * 2, "the matmul check's 16-bit inputs")?))
             }
             MatmulKernel::F16Gemm => (None, Some(DeviceBuffer::alloc(ctx, rows * k * 2, "the matmul check's fp16 inputs")?)),
@@ -160,7 +168,7 @@ impl CudaBackend {
         // The fp16 copy of every rotated weight copy, and the range flag (which
         // these inputs, within [-1, 1), must never set).
         let f16 = match kernel {
-            MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) | MatmulKernel::F16Gemm => {
+            MatmulKernel::CublasF16 | MatmulKernel::CublasF16Candidate(_) | MatmulKernel::CublasF16SplitK { .. } | MatmulKernel::F16Gemm => {
                 let w16 = DeviceBuffer::alloc(ctx, w_bytes * copies, "the matmul check's fp16 weights")?;
                 let flag = DeviceBuffer::with_data(ctx, st, &[0u32], "the matmul check's range flag")?;
                 kernels.bf16_to_f16(st, weights.ptr, w16.ptr, n * k * copies, flag.ptr)?;
@@ -179,6 +187,17 @@ impl CudaBackend {
                 let ran = lt.matmul_with(st, Operands::F16, w16.ptr + (w - weights.ptr), xb.ptr, y.ptr, n, k, rows, accumulate, choice)?;
                 let ran = ran.ok_or_else(|| RocketError::invalid_arg("candidate", c, format!("cuBLASLt offered fewer algorithms for {n}x{k} at {rows} rows")))?;
                 // Once: its attribute reads would slow the timed loop's launches.
+                if algo.borrow().is_empty() {
+                    *algo.borrow_mut() = super::cublas::describe_algo(&ran);
+                }
+                Ok(())
+            }
+            (MatmulKernel::CublasF16SplitK { candidate, splits, scheme }, Some(lt), Some(xb)) => {
+                let (w16, flag) = f16.as_ref().expect("made above for the fp16 kernels");
+                kernels.to_f16(st, x.ptr, xb.ptr, rows * k, flag.ptr)?;
+                let w16 = w16.ptr + (w - weights.ptr);
+                let ran = lt.matmul_split_k(st, w16, xb.ptr, y.ptr, n, k, rows, accumulate, candidate as usize, splits as u32, scheme as u32)?;
+                let ran = ran.map_err(|why| RocketError::invalid_arg("split K", format!("{kernel:?}"), format!("cuBLASLt refused it: {why}")))?;
                 if algo.borrow().is_empty() {
                     *algo.borrow_mut() = super::cublas::describe_algo(&ran);
                 }
@@ -218,8 +237,10 @@ impl CudaBackend {
         let micros = start.elapsed_ms(&end)? as f64 * 1e3 / reps as f64;
         // Once more from the starting outputs, after every timed launch has run.
         y.upload(st, 0, &y0_host)?;
+        let first = got.clone();
         launch(weights.ptr)?;
         y.download(st, 0, &mut got)?;
+        let repeatable = first.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
         let (again, _) = reference.compare(&got);
         let all_written = all_written && got.iter().all(|v| v.is_finite());
         let rel_l2 = if rel_l2.is_nan() || again.is_nan() { f64::NAN } else { rel_l2.max(again) };
@@ -230,7 +251,7 @@ impl CudaBackend {
             MatmulKernel::Cublas => "cublaslt hi+lo".to_string(),
             MatmulKernel::CublasBf16 => "cublaslt bf16".to_string(),
             MatmulKernel::CublasF16 => "cublaslt fp16".to_string(),
-            MatmulKernel::CublasF16Candidate(_) => algo.into_inner(),
+            MatmulKernel::CublasF16Candidate(_) | MatmulKernel::CublasF16SplitK { .. } => algo.into_inner(),
             MatmulKernel::F16Gemm => format!("gemm_f16 {f16_plan}"),
         };
         if let Some((_, flag)) = &f16 {
@@ -246,6 +267,7 @@ impl CudaBackend {
             rel_l2,
             checked,
             all_written,
+            repeatable,
             micros,
             gbs: moved as f64 / micros / 1e3,
         })
