@@ -33,6 +33,10 @@
 #             `--matmul tensor` and `cublas` (Llama-3.2-1B, Qwen3-0.6B; CUBLAS_BENCH_MATMULS picks a subset,
 #             set empty for the checks alone),
 #             and `cublas` with the baseline build (.device-carry/base/rocket.xz) where one is carried
+#   splitk    cuBLASLt's fp16 products of Llama-3.2-1B and Qwen3-0.6B at 128 rows made to split K (the
+#             heuristic's first two candidates, 2-8 splits, each reduction scheme), checked, tested for
+#             repeatable bits and timed (CUBLAS-SPLITK lines; CUBLAS-SPLITK-BEST: the first pick against
+#             the fastest repeatable split)
 #   f16gemm   rocket's fp16 GEMM (gemm_f16.cu, the products of passes of 33-256 rows) at every fuel's
 #             four products against the host, timed beside cuBLASLt's fp16 products (F16GEMM lines), and a
 #             row's bits at 33-200 rows against 256 (F16GEMM-ROW-BITS)
@@ -252,6 +256,12 @@ if has algos; then  # cuBLASLt's candidate algorithms per product and row count
         timeout 200 "$(unpacked cuda-test)" --include-ignored --exact --nocapture cublas_rows_keep_their_bits_across_pass_lengths > "$LOGS/row-bits.log" 2>&1
     check "cublas rows' bits across pass lengths" $?
     grep -E "ROW-BITS-SUMMARY|test result|FAILED|panicked" "$LOGS/row-bits.log"
+fi
+if has splitk; then  # cuBLASLt's short-pass products split K
+    LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_FIXTURES=$PWD/tests/parity/fixtures \
+        timeout 240 "$(unpacked cuda-test)" --include-ignored --exact --nocapture cublas_split_k_at_short_prompt_rows > "$LOGS/splitk.log" 2>&1
+    check "cublas split K at short passes" $?
+    grep -E "CUBLAS-SPLITK-BEST|test result|FAILED|panicked" "$LOGS/splitk.log"
 fi
 if has f16gemm; then  # rocket's fp16 GEMM against the host and beside cuBLASLt's fp16 products (F16GEMM lines)
     LD_LIBRARY_PATH=$CUBLAS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ROCKET_FIXTURES=$PWD/tests/parity/fixtures \
