@@ -79,29 +79,10 @@ struct Plan {
     /// cuBLASLt's heuristic's candidates, best first (never empty): the forward
     /// pass runs the first.
     candidates: Vec<sys::cublasLtMatmulAlgo_t>,
-    /// The first candidate split K ways for a short pass (`SHORT_PASS_SPLIT_K`):
-    /// None until asked, then Some(None) where the rule keeps it whole or
-    /// cuBLASLt refused the split.
-    split: Option<Option<sys::cublasLtMatmulAlgo_t>>,
 }
 
 /// Candidates asked of cuBLASLt's heuristic per plan.
 const CANDIDATES: usize = 16;
-
-/// The reduction (cuBLASLt's `CUBLASLT_REDUCTION_SCHEME_*`) under which the
-/// fp16 products of short passes split K, or None: their own picks unsplit.
-/// At 33-511 rows the heuristic's first pick rarely splits, and a product with
-/// few output tiles then streams its weights from a few SMs.
-const SHORT_PASS_SPLIT_K: Option<u32> = None;
-/// The passes `SHORT_PASS_SPLIT_K` covers: from cuBLASLt's first fp16 pass up to
-/// the passes whose rows keep their bits across pass lengths (from 512 rows every
-/// row count's own pick is unsplit and gives a row the same bits).
-const SHORT_PASS_ROWS: std::ops::Range<usize> = 33..512;
-/// The output tile cuBLASLt's short-pass picks cover (weight rows x input rows)
-/// and its k block, for the split rule (`split_k`'s cost model).
-const SPLIT_TILE: usize = 128;
-const SPLIT_KB: usize = 64;
-const SPLIT_MAX: usize = 8;
 
 /// Which algorithm a product runs: the heuristic's `candidate`-th (0: its best)
 /// for the product at `rows` rows (None: the product's own row count).
@@ -130,7 +111,7 @@ unsafe impl Send for Plan {}
 impl Plan {
     fn new(handle: sys::cublasLtHandle_t, (operands, n, k, rows, aligned): PlanKey) -> std::result::Result<Self, CublasError> {
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
-        let mut plan = Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), c: std::ptr::null_mut(), candidates: Vec::new(), split: None };
+        let mut plan = Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), c: std::ptr::null_mut(), candidates: Vec::new() };
         // Transposed A: 1 is CUBLAS_OP_T.
         let transpose: i32 = 1;
         // SAFETY: desc is live; the attribute is an i32 as cuBLASLt documents.
@@ -184,6 +165,7 @@ impl Plan {
     }
 }
 
+#[cfg(feature = "diagnostics")]
 impl Plan {
     /// `algo` made to split K `splits` ways under the reduction `scheme`, checked
     /// by cuBLASLt for this plan's shapes and the workspace; or why it refused.
@@ -223,13 +205,6 @@ impl Plan {
         }
         Ok(algo)
     }
-}
-
-/// How many ways a short pass's product of `rows` rows by an n x k matrix splits
-/// K on `sms` SMs: `split_k`'s cost model over cuBLASLt's output tiles.
-fn short_pass_splits(n: usize, k: usize, rows: usize, sms: usize) -> u32 {
-    let tiles = n.div_ceil(SPLIT_TILE) * rows.div_ceil(SPLIT_TILE);
-    super::split_k::split_k(tiles, k / SPLIT_KB, sms, SPLIT_MAX) as u32
 }
 
 impl Drop for Plan {
@@ -286,8 +261,6 @@ pub(crate) struct Cublas {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuffer,
     plans: Mutex<HashMap<PlanKey, Plan>>,
-    /// The GPU's SM count (the short passes' split rule).
-    sms: usize,
 }
 
 // SAFETY: cuBLASLt handles may be used from any thread, one call at a time;
@@ -309,7 +282,7 @@ impl Cublas {
         }
         let handle = lt::create_handle().map_err(|e| lt_err("create", e))?;
         let workspace = DeviceBuffer::alloc(ctx, WORKSPACE_BYTES, "the cuBLASLt workspace")?;
-        Ok(Cublas { handle, workspace, plans: Mutex::new(HashMap::new()), sms: ctx.sm_count.max(1) as usize })
+        Ok(Cublas { handle, workspace, plans: Mutex::new(HashMap::new()) })
     }
 
     /// y [rows][n] (+)= x [rows][k] · W[n][k]ᵀ on `stream`: `w` and `x` both of
@@ -347,50 +320,8 @@ impl Cublas {
             _ => None,
         };
         let plan = plan(&mut plans, self.handle, key(rows))?;
-        let split = match SHORT_PASS_SPLIT_K {
-            Some(scheme) if choice == AlgoChoice::FIRST && operands == Operands::F16 && SHORT_PASS_ROWS.contains(&rows) => {
-                if plan.split.is_none() {
-                    let splits = short_pass_splits(n, k, rows, self.sms);
-                    let made = (splits > 1).then(|| plan.split_algo(self.handle, plan.candidates[0], splits, scheme));
-                    plan.split = Some(match made {
-                        Some(Ok(algo)) => Some(algo),
-                        Some(Err(why)) => {
-                            tracing::debug!(n, k, rows, splits, why, "cuBLASLt refused a short pass's split K: the product runs unsplit");
-                            None
-                        }
-                        None => None,
-                    });
-                }
-                plan.split.flatten()
-            }
-            _ => None,
-        };
-        let Some(algo) = pinned.or(split).or_else(|| plan.candidates.get(choice.candidate).copied()) else { return Ok(None) };
-        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
-        // SAFETY: the plan's layouts describe these buffers (the caller's
-        // pointers hold n·k, rows·k and rows·n elements); the workspace is ours
-        // and lives as long as the handle; the stream is the backend's.
-        unsafe {
-            lt::matmul(
-                self.handle,
-                plan.desc,
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
-                w as *const c_void,
-                plan.a,
-                x as *const c_void,
-                plan.b,
-                y as *const c_void,
-                plan.c,
-                y as *mut c_void,
-                plan.c,
-                &algo,
-                self.workspace.ptr as *mut c_void,
-                WORKSPACE_BYTES,
-                stream.raw as sys::cudaStream_t,
-            )
-        }
-        .map_err(|e| lt_err(&format!("matmul {n}x{k} at {rows} rows"), e))?;
+        let Some(algo) = pinned.or_else(|| plan.candidates.get(choice.candidate).copied()) else { return Ok(None) };
+        self.launch(stream, plan, &algo, w, x, y, accumulate).map_err(|e| lt_err(&format!("matmul {n}x{k} at {rows} rows"), e))?;
         Ok(Some(algo))
     }
 
@@ -423,8 +354,17 @@ impl Cublas {
             Ok(algo) => algo,
             Err(why) => return Ok(Err(why)),
         };
+        self.launch(stream, plan, &algo, w, x, y, accumulate).map_err(|e| lt_err(&format!("split-K matmul {n}x{k} at {rows} rows"), e))?;
+        Ok(Ok(algo))
+    }
+
+    /// y (+)= x · Wᵀ under `plan` on `algo`, on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(&self, stream: &Stream, plan: &Plan, algo: &sys::cublasLtMatmulAlgo_t, w: u64, x: u64, y: u64, accumulate: bool) -> std::result::Result<(), CublasError> {
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
-        // SAFETY: as in `matmul_with`.
+        // SAFETY: the plan's layouts describe these buffers (the caller's
+        // pointers hold n·k, rows·k and rows·n elements); the workspace is ours
+        // and lives as long as the handle; the stream is the backend's.
         unsafe {
             lt::matmul(
                 self.handle,
@@ -439,14 +379,12 @@ impl Cublas {
                 plan.c,
                 y as *mut c_void,
                 plan.c,
-                &algo,
+                algo,
                 self.workspace.ptr as *mut c_void,
                 WORKSPACE_BYTES,
                 stream.raw as sys::cudaStream_t,
             )
         }
-        .map_err(|e| lt_err(&format!("split-K matmul {n}x{k} at {rows} rows"), e))?;
-        Ok(Ok(algo))
     }
 
     /// One small product of each operand type on `stream`, checked: a library that
@@ -523,19 +461,6 @@ impl Drop for Cublas {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn short_passes_split_the_products_with_few_output_tiles() {
-        // Llama-3.2-1B's qkv, o, gate|up and down at 128 rows on 132 SMs: 24, 16, 128 and 16 tiles.
-        let llama = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)].map(|(n, k)| short_pass_splits(n, k, 128, 132));
-        assert_eq!(llama, [5, 8, 1, 8]);
-        // More rows, more tiles: fewer splits, and none once the tiles fill the GPU.
-        assert_eq!(short_pass_splits(2048, 2048, 511, 132), 2);
-        assert_eq!(short_pass_splits(16384, 2048, 511, 132), 1);
-        // Never fewer than two k blocks a split.
-        assert_eq!(short_pass_splits(576, 192, 64, 132), 1);
-        assert!(SHORT_PASS_ROWS.end <= 512, "from 512 rows a row's bits must not depend on the pass length");
-    }
 
     #[test]
     fn alignment_is_the_largest_power_of_two_up_to_256() {
