@@ -169,7 +169,11 @@ impl Plan {
 impl Plan {
     /// `algo` made to split K `splits` ways under the reduction `scheme`, checked
     /// by cuBLASLt for this plan's shapes and the workspace; or why it refused.
+    /// One split is `algo` as the heuristic made it (which may split K itself).
     fn split_algo(&self, handle: sys::cublasLtHandle_t, mut algo: sys::cublasLtMatmulAlgo_t, splits: u32, scheme: u32) -> std::result::Result<sys::cublasLtMatmulAlgo_t, String> {
+        if splits <= 1 {
+            return Ok(algo);
+        }
         use sys::cublasLtMatmulAlgoCapAttributes_t as Cap;
         use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
         let cap = |attr: Cap| -> u32 {
@@ -178,14 +182,13 @@ impl Plan {
             let ok = unsafe { sys::cublasLtMatmulAlgoCapGetAttribute(&algo, attr, &mut v as *mut u32 as *mut c_void, 4, &mut written) };
             if ok == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS { v } else { 0 }
         };
-        if splits > 1 && cap(Cap::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) == 0 {
+        if cap(Cap::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) == 0 {
             return Err("no split-K support".into());
         }
         let mask = cap(Cap::CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
-        if splits > 1 && mask & scheme == 0 {
+        if mask & scheme == 0 {
             return Err(format!("reduction scheme {scheme} not in the algorithm's mask {mask}"));
         }
-        let scheme = if splits > 1 { scheme } else { 0 };
         for (attr, v) in [(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, splits), (A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme)] {
             // SAFETY: both attributes are 32-bit values per cuBLASLt's documentation.
             let set = unsafe { sys::cublasLtMatmulAlgoConfigSetAttribute(&mut algo, attr, &v as *const u32 as *const c_void, 4) };
