@@ -88,7 +88,8 @@
 #             other runs (batch, prompt length, gen length, which pass from the end)
 #   ttftab    TTFT at 128/1K/4K (Llama also 16K) of this build, the baseline build's
 #             (.device-carry/base/rocket.xz, where one is carried) and every .device-carry/variants/NAME.xz (rows
-#             ttftab-NAME), interleaved per fuel, two rounds
+#             ttftab-NAME), interleaved per fuel, two rounds; TTFTAB_ENV="NAME=VALUE ...|..." adds this
+#             build under each set of variables (rows ttftab-envK), TTFTAB_LENS=128,512,... other prompt lengths
 #   ab        the megakernel of this build against a baseline build's (.device-carry/base/
 #             rocket.xz, packed by hand), interleaved per fuel, batch 1 (and the baseline's
 #             megakernel tests' MK-PROFILE lines when base/cuda-megakernel-test.xz is there);
@@ -179,9 +180,9 @@ if has tests; then
     # The tests pick their paths themselves (the greedy test asserts batched == solo
     # bit for bit on the graph path with each fixed matmul kernel).
     ROCKET_FIXTURES=$PWD/tests/parity/fixtures ROCKET_GPU_CHECKPOINTS=$CK/smollm2-135m,$CK/qwen3-0.6b,$CK/llama-3.2-1b \
-        timeout 300 "$(unpacked cuda-test)" --include-ignored --test-threads=1 --nocapture --skip handoff_probe --skip cublas_matmul --skip cublas_rows --skip f16_gemm --skip fp16_products_redo --skip attention_outputs_past ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
+        timeout 420 "$(unpacked cuda-test)" --include-ignored --test-threads=1 --nocapture --skip handoff_probe --skip cublas_matmul --skip cublas_rows --skip f16_gemm --skip fp16_products_redo --skip attention_outputs_past ${CUDA_TEST_FILTER:-} > "$LOGS/cuda-test.log" 2>&1
     check "cuda tests" $?
-    grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|FENCE|F16|KV-ONLY|PASS-LEN|PREFIX-REUSE|test result|FAILED|panicked" "$LOGS/cuda-test.log"
+    grep -E "PARITY|GREEDY|MODULE|TC |SAMPLE|MATMUL|FENCE|F16|KV-ONLY|PASS-LEN|PROMPT-GRAPH|PREFIX-REUSE|test result|FAILED|panicked" "$LOGS/cuda-test.log"
 fi
 
 if has handoff; then
@@ -403,12 +404,16 @@ if has ttftab; then  # TTFT of this build, the baseline build's (.device-carry/b
     base_rocket=
     [[ -f $CARRY/base/rocket.xz ]] && base_rocket=$(unpacked base/rocket)
     unpack_variants
+    IFS='|' read -ra ttft_envs <<< "${TTFTAB_ENV:-}"
     for round in 1 2; do
         for f in $FUELS; do
-            lens=128,1024,4096
-            [[ $f == llama-3.2-1b ]] && lens=$lens,16384
+            lens=${TTFTAB_LENS:-128,1024,4096}
+            [[ $f == llama-3.2-1b && -z ${TTFTAB_LENS:-} ]] && lens=$lens,16384
             [[ -n $base_rocket ]] && ROCKET_BIN=$base_rocket bench "ttftab-base$round-$f" auto 1 "$lens" 2 3 "$f"
             bench "ttftab-new$round-$f" auto 1 "$lens" 2 3 "$f"
+            for k in "${!ttft_envs[@]}"; do
+                (export ${ttft_envs[$k]}; bench "ttftab-env$k$round-$f" auto 1 "$lens" 2 3 "$f")
+            done
             for v in "$BIN"/variants/*; do
                 [[ -x $v ]] && ROCKET_BIN=$v bench "ttftab-$(basename "$v")$round-$f" auto 1 "$lens" 2 3 "$f"
             done
@@ -416,6 +421,7 @@ if has ttftab; then  # TTFT of this build, the baseline build's (.device-carry/b
     done
     builds=(new)
     [[ -n $base_rocket ]] && builds=(base new)
+    for k in "${!ttft_envs[@]}"; do builds+=("env$k"); done
     for v in "$BIN"/variants/*; do [[ -x $v ]] && builds+=("$(basename "$v")"); done
     for f in $FUELS; do
         for b in "${builds[@]/%/1}" "${builds[@]/%/2}"; do

@@ -112,6 +112,7 @@ def test_bad_devices_are_named() -> None:
         ("decode", 3, "expected a str"),
         ("pdl", "yes", "True or False"),
         ("cuda_graphs", 1, "True or False"),
+        ("prompt_graphs", "on", "True or False"),
         ("wgmma_attention", "yes", "True or False"),
         ("watchdog_ms", 0, "from 1 to 3600000"),
         ("watchdog_ms", True, "expected an int"),

@@ -128,8 +128,8 @@ class LLM:
     - ``decode``: batch-1 decode path, ``"auto"`` (default), ``"graph"``, ``"megakernel"``
     - ``matmul``: matmul kernel per pass, ``"auto"`` (default), ``"gemv"``, ``"tensor"``, ``"cublas"``
     - ``sampler``: where sampled tokens are picked, ``"device"`` (default) or ``"host"``
-    - ``cuda_graphs`` (True), ``loop_sampling`` (False), ``pdl`` (True), ``fuse`` (True),
-      ``tc_attention`` (True), ``wgmma_attention`` (True): on/off switches
+    - ``cuda_graphs`` (True), ``prompt_graphs`` (False), ``loop_sampling`` (False), ``pdl`` (True),
+      ``fuse`` (True), ``tc_attention`` (True), ``wgmma_attention`` (True): on/off switches
     - ``watchdog_ms``: megakernel stall limit in milliseconds (2000)
     - ``trace_step``: megakernel decode launches log where this step's time went (None)
     - ``prefix_cache_bytes``: memory (bytes; device memory on a GPU) the prefix cache may
@@ -154,6 +154,7 @@ class LLM:
         matmul: Matmul | None = None,
         sampler: Sampler | None = None,
         cuda_graphs: bool | None = None,
+        prompt_graphs: bool | None = None,
         loop_sampling: bool | None = None,
         pdl: bool | None = None,
         fuse: bool | None = None,
@@ -174,6 +175,7 @@ class LLM:
             matmul=matmul,
             sampler=sampler,
             cuda_graphs=cuda_graphs,
+            prompt_graphs=prompt_graphs,
             loop_sampling=loop_sampling,
             pdl=pdl,
             fuse=fuse,

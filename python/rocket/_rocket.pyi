@@ -134,6 +134,7 @@ class EngineOptions:
         matmul: str | None = None,
         sampler: str | None = None,
         cuda_graphs: bool | None = None,
+        prompt_graphs: bool | None = None,
         loop_sampling: bool | None = None,
         pdl: bool | None = None,
         fuse: bool | None = None,

@@ -94,6 +94,9 @@ pub(crate) struct ModelArgs {
     /// GPU: replay decode steps from CUDA graphs [default: on]
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("cuda-graphs"))]
     cuda_graphs: Option<bool>,
+    /// GPU: prompt passes of up to 512 rows padded to a row bucket and replayed from CUDA graphs (with --cuda-graphs on) [default: off]
+    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("prompt-graphs"))]
+    prompt_graphs: Option<bool>,
     /// GPU: top-k requests with k above 64 also run in the megakernel's token loop, one CTA sampling (every other request does, all SMs sampling) [default: off]
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("loop-sampling"))]
     loop_sampling: Option<bool>,
@@ -156,6 +159,7 @@ impl ModelArgs {
             ("matmul", self.matmul.is_some()),
             ("sampler", self.sampler.is_some()),
             ("cuda_graphs", self.cuda_graphs.is_some()),
+            ("prompt_graphs", self.prompt_graphs.is_some()),
             ("loop_sampling", self.loop_sampling.is_some()),
             ("pdl", self.pdl.is_some()),
             ("fuse", self.fuse.is_some()),
@@ -178,7 +182,7 @@ impl ModelArgs {
             ($($flag:expr => $field:expr),* $(,)?) => { $(if let Some(v) = $flag { $field = v; })* };
         }
         set!(self.progress => o.progress, self.decode => g.decode, self.matmul => g.matmul, self.sampler => g.sampler,
-            self.cuda_graphs => g.cuda_graphs, self.loop_sampling => g.loop_sampling, self.pdl => g.pdl, self.fuse => g.fuse,
+            self.cuda_graphs => g.cuda_graphs, self.prompt_graphs => g.prompt_graphs, self.loop_sampling => g.loop_sampling, self.pdl => g.pdl, self.fuse => g.fuse,
             self.tc_attention => g.tc_attention, self.wgmma_attention => g.wgmma_attention, self.watchdog_ms => g.watchdog, self.prefix_cache_bytes => o.prefix_cache_bytes,
             self.prefix_block => o.prefix_block);
         if self.trace_step.is_some() {
@@ -295,7 +299,7 @@ mod tests {
         let o = options(&[], &env).unwrap();
         assert_eq!((o.gpu.decode, o.gpu.pdl, o.gpu.watchdog.as_millis(), o.gpu.sampler), (DecodePath::Megakernel, false, 5000, SamplerPlacement::Host));
         let flags = [
-            "--decode", "graph", "--matmul", "tensor", "--sampler", "device", "--cuda-graphs", "off", "--loop-sampling", "on",
+            "--decode", "graph", "--matmul", "tensor", "--sampler", "device", "--cuda-graphs", "off", "--prompt-graphs", "on", "--loop-sampling", "on",
             "--pdl", "on", "--fuse", "false", "--tc-attention", "off", "--wgmma-attention", "off", "--watchdog-ms", "7", "--trace-step", "3", "--progress", "always", "--max-seq-len", "9",
             "--prefix-cache-bytes", "256M", "--prefix-block", "64",
         ];
@@ -304,6 +308,7 @@ mod tests {
             decode: DecodePath::Graph,
             matmul: MatmulPath::Tensor,
             cuda_graphs: false,
+            prompt_graphs: true,
             sampler: SamplerPlacement::Device,
             loop_sampling: true,
             pdl: true,

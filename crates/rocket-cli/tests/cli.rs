@@ -168,7 +168,7 @@ fn engine_flags_exist_on_every_loading_command_and_bad_values_name_them() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("--decode") && err.contains("[possible values: auto, graph, megakernel]"), "{command}: {err}");
         let help = String::from_utf8_lossy(&rocket().args([command, "--help"]).output().unwrap().stdout).into_owned();
-        for flag in ["--decode", "--matmul", "--sampler", "--cuda-graphs", "--loop-sampling", "--pdl", "--fuse", "--wgmma-attention", "--watchdog-ms", "--trace-step", "--progress"] {
+        for flag in ["--decode", "--matmul", "--sampler", "--cuda-graphs", "--prompt-graphs", "--loop-sampling", "--pdl", "--fuse", "--wgmma-attention", "--watchdog-ms", "--trace-step", "--progress"] {
             assert!(help.contains(flag), "{command} --help lacks {flag}");
         }
     }

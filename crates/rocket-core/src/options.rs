@@ -194,6 +194,14 @@ pub struct GpuOptions {
     /// Replay decode steps from CUDA graphs (off: launch kernel by kernel, for
     /// profilers that time kernels one by one). Default on.
     pub cuda_graphs: bool,
+    /// Prompt passes of up to 512 rows (prompt chunks alone, last-row logits or
+    /// none, with `tc_attention`) run padded to a row bucket (2, 4, 8, 16, then
+    /// multiples of 32) and, with `cuda_graphs`, replay a CUDA graph per pass
+    /// shape (the bucket, the prompts in the pass, what it picks) instead of
+    /// launching their kernels one by one; a shape records its graph at its
+    /// second pass. The pad rows are a sequence of their own, so the prompt's
+    /// rows get the bits of an unpadded pass of the bucket's length. Default off.
+    pub prompt_graphs: bool,
     /// Where sampled tokens are picked. Default `Device`.
     pub sampler: SamplerPlacement,
     /// Top-k requests with k above 64 also run as megakernel token loops (one
@@ -241,6 +249,7 @@ impl Default for GpuOptions {
             decode: DecodePath::Auto,
             matmul: MatmulPath::Auto,
             cuda_graphs: true,
+            prompt_graphs: false,
             sampler: SamplerPlacement::Device,
             loop_sampling: false,
             pdl: true,
@@ -308,6 +317,7 @@ pub const ENV_SETTINGS: &[(&str, &str)] = &[
     ("ROCKET_DECODE", "decode"),
     ("ROCKET_MATMUL", "matmul"),
     ("ROCKET_CUDA_GRAPHS", "cuda_graphs"),
+    ("ROCKET_PROMPT_GRAPHS", "prompt_graphs"),
     ("ROCKET_SAMPLER", "sampler"),
     ("ROCKET_LOOP_SAMPLING", "loop_sampling"),
     ("ROCKET_PDL", "pdl"),
@@ -354,6 +364,7 @@ impl crate::EngineOptions {
                 "ROCKET_DECODE" => gpu.decode = named(name, v)?,
                 "ROCKET_MATMUL" => gpu.matmul = named(name, v)?,
                 "ROCKET_CUDA_GRAPHS" => gpu.cuda_graphs = parse_switch(name, v)?,
+                "ROCKET_PROMPT_GRAPHS" => gpu.prompt_graphs = parse_switch(name, v)?,
                 "ROCKET_SAMPLER" => gpu.sampler = named(name, v)?,
                 "ROCKET_LOOP_SAMPLING" => gpu.loop_sampling = parse_switch(name, v)?,
                 "ROCKET_PDL" => gpu.pdl = parse_switch(name, v)?,
@@ -472,6 +483,7 @@ mod tests {
             ("ROCKET_DECODE", "megakernel"),
             ("ROCKET_MATMUL", "gemv"),
             ("ROCKET_CUDA_GRAPHS", "0"),
+            ("ROCKET_PROMPT_GRAPHS", "on"),
             ("ROCKET_SAMPLER", "host"),
             ("ROCKET_LOOP_SAMPLING", "1"),
             ("ROCKET_PDL", "0"),
@@ -491,6 +503,7 @@ mod tests {
             decode: DecodePath::Megakernel,
             matmul: MatmulPath::Gemv,
             cuda_graphs: false,
+            prompt_graphs: true,
             sampler: SamplerPlacement::Host,
             loop_sampling: true,
             pdl: false,
@@ -511,6 +524,7 @@ mod tests {
             ("ROCKET_DECODE", "bogus"),
             ("ROCKET_MATMUL", "blas"),
             ("ROCKET_CUDA_GRAPHS", "no"),
+            ("ROCKET_PROMPT_GRAPHS", "sure"),
             ("ROCKET_SAMPLER", "gpu"),
             ("ROCKET_LOOP_SAMPLING", "2"),
             ("ROCKET_PDL", "x"),

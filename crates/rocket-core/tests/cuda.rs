@@ -265,7 +265,8 @@ fn a_kv_only_pass_fills_the_cache_as_a_pass_with_logits_does() {
         let (spec, weights) = open_weights(&path);
         // The defaults (prompts on the tensor cores, decode graphs on), and the graph path with the
         // GEMV, where a one-token piece is decode-shaped and captured in a graph keyed by its output rows.
-        for opts in [GpuOptions::default(), graph_gemv()] {
+        // And padded prompt passes replayed from graphs: the last piece is a later pass of 74 rows run as 96.
+        for opts in [GpuOptions::default(), graph_gemv(), GpuOptions { prompt_graphs: true, ..GpuOptions::default() }] {
             let b = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts.clone()).unwrap();
             let ids = random_ids(81, 140, spec.vocab_size);
             // Pieces (0..64, 64..65, 65..139) then the last token; the same pieces asking each for
@@ -450,6 +451,110 @@ fn a_prompt_rows_bits_do_not_depend_on_its_pass_length() {
         }
     }
     assert!(misses.is_empty(), "a row's bits depend on its pass's length: {misses:?}");
+}
+
+/// Prompt passes padded to their row bucket and replayed from the bucket's graph
+/// (`prompt_graphs`): every pass gives the bits of the same padded pass launched
+/// kernel by kernel (`cuda_graphs` off), whichever prompt of the bucket recorded
+/// the graph (a shape launches directly at its first pass, records at its second,
+/// replays from its third); the logits stay near the unpadded pass's (they differ
+/// only where cuBLASLt's pick for the bucket's row count sums in another order);
+/// later passes under 512 rows keep the bits of one whole pass, so the pad rows
+/// write nothing the prompt reads; and graphs recorded before the scratch and the
+/// attention's partials grew still give the launched bits after. Prints
+/// PROMPT-GRAPH lines (ms per pass).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn prompt_graphs_replay_the_bits_of_the_padded_pass() {
+    require_gpu();
+    for path in checkpoints() {
+        let (spec, weights) = open_weights(&path);
+        let with = |prompt_graphs: bool, cuda_graphs: bool| {
+            let opts = GpuOptions { prompt_graphs, cuda_graphs, ..GpuOptions::default() };
+            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
+        };
+        let (graphed, direct, plain) = (with(true, true), with(true, false), with(false, true));
+        let vocab = spec.vocab_size;
+        // One pass of these prompts (each its own session), timed, and its last rows' logits.
+        let pass = |b: &CudaBackend, prompts: &[Vec<u32>]| {
+            let mut sessions: Vec<_> = prompts.iter().map(|p| b.new_session(p.len() + 1).unwrap()).collect();
+            let mut chunks: Vec<Chunk> = sessions.iter_mut().zip(prompts).map(|(s, p)| Chunk { session: s.as_mut(), tokens: p }).collect();
+            let t = std::time::Instant::now();
+            let out = b.forward(&mut chunks, Logits::Last).unwrap();
+            (out, t.elapsed().as_secs_f64() * 1e3)
+        };
+        let mut seed = 9000;
+        let mut prompts_of = |lens: &[usize]| -> Vec<Vec<u32>> {
+            lens.iter()
+                .map(|&l| {
+                    seed += 1;
+                    random_ids(seed, l, vocab)
+                })
+                .collect()
+        };
+        // The graph's bits against the padded pass launched kernel by kernel.
+        let same_as_launched = |prompts: &[Vec<u32>], what: &str| {
+            let (g, d) = (pass(&graphed, prompts).0, pass(&direct, prompts).0);
+            let differ = bits_differ(&g, &d);
+            println!("PROMPT-GRAPH {} {what}: {differ} logits differ from the launched pass", path.display());
+            assert_eq!(differ, 0, "{}: {what}: the graph's logits are not the padded pass's", path.display());
+        };
+        let cases: [&[usize]; 11] = [&[2], &[3], &[17], &[45], &[100], &[128], &[200], &[300], &[511], &[512], &[30, 50]];
+        for lens in cases {
+            if lens.iter().any(|&l| l > spec.max_position_embeddings) {
+                continue;
+            }
+            // Three prompt sets of one shape: launched, recorded, replayed with other inputs.
+            for round in ["first", "records", "replays"] {
+                let prompts = prompts_of(lens);
+                let (g, g_ms) = pass(&graphed, &prompts);
+                let (d, d_ms) = pass(&direct, &prompts);
+                let (p, p_ms) = pass(&plain, &prompts);
+                assert_eq!(g.len(), lens.len() * vocab, "{}: rows returned", path.display());
+                assert!(g.iter().all(|v| v.is_finite()), "{}: non-finite logits at {lens:?}", path.display());
+                let (differ, rel) = (bits_differ(&g, &d), rel_l2(&g, &p));
+                println!(
+                    "PROMPT-GRAPH {} {lens:?} {round}: {g_ms:.2} ms, launched {d_ms:.2}, unpadded {p_ms:.2}; {differ} logits differ from the launched pass; rel L2 {rel:.2e} to the unpadded",
+                    path.display()
+                );
+                assert_eq!(differ, 0, "{}: {lens:?} ({round}): the graph's logits are not the padded pass's", path.display());
+                assert!(rel <= 1e-2, "{}: {lens:?} ({round}): rel L2 {rel} to the unpadded pass", path.display());
+            }
+        }
+        // Later passes under 512 rows (138, 276, 200 rows, run as 160, 288, 224) against one pass,
+        // each cut three times (launched, recorded, replayed) before the one pass and once after it.
+        let len = 2560;
+        if spec.max_position_embeddings < len {
+            continue;
+        }
+        let ids = random_ids(2561, len, vocab);
+        let last_logits = |cuts: &[usize]| {
+            let mut s = graphed.new_session(len).unwrap();
+            let mut out = Vec::new();
+            let bounds: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).chain(std::iter::once(len)).collect();
+            for w in bounds.windows(2) {
+                out = graphed.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids[w[0]..w[1]] }], Logits::Last).unwrap();
+            }
+            out
+        };
+        let cut_sets = [vec![512, 650], vec![1024, 1300], vec![2360]];
+        let before: Vec<Vec<Vec<f32>>> = cut_sets.iter().map(|cuts| (0..3).map(|_| last_logits(cuts)).collect()).collect();
+        // The one pass grows the scratch and the attention's partials under the graphs recorded so far.
+        let whole = last_logits(&[]);
+        for (cuts, runs) in cut_sets.iter().zip(before) {
+            for (i, got) in runs.iter().chain(std::iter::once(&last_logits(cuts))).enumerate() {
+                let differ = bits_differ(&whole, got);
+                println!("PROMPT-GRAPH-LATER {}: passes cut at {cuts:?}, run {i}: {differ} of {} last-row logits differ from one pass", path.display(), whole.len());
+                assert_eq!(differ, 0, "{}: padded later passes cut at {cuts:?} (run {i}) change the prompt's logits", path.display());
+            }
+        }
+        // Shapes recorded before the growth, replayed after it.
+        for lens in [[3usize].as_slice(), &[45], &[30, 50]] {
+            for _ in 0..2 {
+                same_as_launched(&prompts_of(lens), &format!("{lens:?} after the buffers grew"));
+            }
+        }
+    }
 }
 
 /// Sampling settings that exercise every branch of the device sampler.

@@ -46,7 +46,7 @@ fn whole(name: &str, value: &Bound<'_, PyAny>) -> Result<String, RocketError> {
 #[pymethods]
 impl EngineOptions_ {
     #[new]
-    #[pyo3(signature = (*, device=None, max_seq_len=None, progress=None, decode=None, matmul=None, sampler=None, cuda_graphs=None, loop_sampling=None, pdl=None, fuse=None, tc_attention=None, wgmma_attention=None, watchdog_ms=None, trace_step=None, prefix_cache_bytes=None, prefix_block=None, env=Vec::new()))]
+    #[pyo3(signature = (*, device=None, max_seq_len=None, progress=None, decode=None, matmul=None, sampler=None, cuda_graphs=None, prompt_graphs=None, loop_sampling=None, pdl=None, fuse=None, tc_attention=None, wgmma_attention=None, watchdog_ms=None, trace_step=None, prefix_cache_bytes=None, prefix_block=None, env=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -57,6 +57,7 @@ impl EngineOptions_ {
         matmul: Option<Bound<'_, PyAny>>,
         sampler: Option<Bound<'_, PyAny>>,
         cuda_graphs: Option<Bound<'_, PyAny>>,
+        prompt_graphs: Option<Bound<'_, PyAny>>,
         loop_sampling: Option<Bound<'_, PyAny>>,
         pdl: Option<Bound<'_, PyAny>>,
         fuse: Option<Bound<'_, PyAny>>,
@@ -76,6 +77,7 @@ impl EngineOptions_ {
                 ("matmul", matmul.is_some()),
                 ("sampler", sampler.is_some()),
                 ("cuda_graphs", cuda_graphs.is_some()),
+                ("prompt_graphs", prompt_graphs.is_some()),
                 ("loop_sampling", loop_sampling.is_some()),
                 ("pdl", pdl.is_some()),
                 ("fuse", fuse.is_some()),
@@ -120,6 +122,7 @@ impl EngineOptions_ {
             }
             for (name, value, field) in [
                 ("cuda_graphs", &cuda_graphs, &mut g.cuda_graphs),
+                ("prompt_graphs", &prompt_graphs, &mut g.prompt_graphs),
                 ("loop_sampling", &loop_sampling, &mut g.loop_sampling),
                 ("pdl", &pdl, &mut g.pdl),
                 ("fuse", &fuse, &mut g.fuse),

@@ -86,7 +86,7 @@ const CANDIDATES: usize = 16;
 
 /// Which algorithm a product runs: the heuristic's `candidate`-th (0: its best)
 /// for the product at `rows` rows (None: the product's own row count).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct AlgoChoice {
     pub rows: Option<usize>,
     pub candidate: usize,

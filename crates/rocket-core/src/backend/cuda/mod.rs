@@ -27,6 +27,7 @@ pub mod megakernel;
 mod poll_pacer;
 #[cfg(feature = "diagnostics")]
 mod probe;
+mod prompt_graphs;
 #[cfg(feature = "diagnostics")]
 mod row_bits;
 #[cfg(feature = "diagnostics")]
@@ -57,6 +58,7 @@ use f16_weights::F16Weights;
 use gemm_f16::{GEMM_F16_IN_FORWARD, GEMM_F16_MAX_ROWS};
 use kernels::{argmax_state_bytes, prefill_group_tiles, prefill_partial_floats, prefill_splits, GemmFusion, GemmPlan, GemmScratch, Kernels, PREFILL_TILE};
 use megakernel::{Launch, Megakernel, MAX_END_IDS, MAX_LOOP_STEPS};
+use prompt_graphs::{GraphCache, PAD_POSITIONS};
 use sampler::DeviceSampler;
 use weights::DeviceWeights;
 
@@ -210,11 +212,16 @@ struct Inner {
     // Field order is drop order: everything on the device before the context.
     megakernel: Option<Megakernel>,
     graphs: HashMap<(usize, usize, bool, usize), Graph>,
+    /// Padded prompt passes' graphs, by shape (prompt_graphs.rs).
+    prompt_graphs: GraphCache<PassShape, Graph>,
     scratch: Option<Scratch>,
     /// The prefill attention's split partials, grown to the largest prompt pass
-    /// (apart from `scratch`: no graph records a prefill pass, so growing them
-    /// keeps the decode graphs).
+    /// (apart from `scratch`: no decode graph reads them, so growing them keeps
+    /// the decode graphs).
     prefill_partials: Option<PrefillPartials>,
+    /// The KV cache of prompt passes' pad rows (`PAD_POSITIONS` positions),
+    /// made at the first padded pass.
+    pad_kv: Option<DeviceBuffer>,
     sampler: DeviceSampler,
     f16: F16Copy,
     weights: DeviceWeights,
@@ -424,7 +431,8 @@ impl Session for CudaSession {
     }
 }
 
-/// How a pass was launched (keys the graph cache).
+/// How a pass was launched (keys the prompt graphs).
+#[derive(Clone, PartialEq, Eq, Hash)]
 struct PassShape {
     rows: usize,
     out_rows: usize,
@@ -534,8 +542,10 @@ impl CudaBackend {
             inner: Mutex::new(Inner {
                 megakernel,
                 graphs: HashMap::new(),
+                prompt_graphs: GraphCache::new(),
                 scratch: None,
                 prefill_partials: None,
+                pad_kv: None,
                 sampler: DeviceSampler::default(),
                 f16: F16Copy::NotYet,
                 weights: dev_weights,
@@ -580,6 +590,16 @@ impl CudaBackend {
         // tiles of consecutive rows; single-token rows stay on the split kernel, so a
         // decode row gets the same bits whether or not a prompt shares its pass.
         let tiled = !decode && self.options.tc_attention;
+        // A short prompt pass runs padded to its row bucket and replays the bucket's
+        // graph (prompt_graphs.rs); the pad rows are a sequence of their own, after
+        // the pass's rows, and reach no output row.
+        let padded = if self.options.prompt_graphs && tiled && logits != Logits::All {
+            prompt_graphs::padded_rows(chunks.iter().map(|c| c.tokens.len()))
+        } else {
+            None
+        };
+        let pad = padded.map_or(0, |p| p - rows);
+        let rows = rows + pad;
         let out_rows = match logits {
             Logits::All => rows,
             Logits::Last => chunks.len(),
@@ -620,6 +640,7 @@ impl CudaBackend {
             let (r, sp) = inner.scratch.as_ref().map_or((rows, splits), |sc| (sc.rows.max(rows), sc.splits.max(splits)));
             // Graphs point into the old buffers: drop them with the buffers.
             inner.graphs.clear();
+            inner.prompt_graphs.clear();
             inner.scratch = None;
             // The bf16 inputs only where a pass this long can take cuBLASLt.
             let bf16 = inner.kernels.cublas.is_some() && r.next_power_of_two() >= CUBLAS_F16_PROMPT_MIN_ROWS;
@@ -628,6 +649,13 @@ impl CudaBackend {
             inner.scratch = Some(fresh);
             inner.host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(r.next_power_of_two()))?;
         }
+        if pad > 0 && inner.pad_kv.is_none() {
+            let kv = DeviceBuffer::alloc(&inner.ctx, PAD_POSITIONS * s.num_layers * 2 * s.kv_dim() * 2, "the pad rows' KV cache")?;
+            // Poisoned: a pad row reads only positions its own pass wrote.
+            kv.fill_u8(&inner.stream, 0xff)?;
+            inner.pad_kv = Some(kv);
+        }
+        let pad_kv = inner.pad_kv.as_ref().map_or(0, |kv| kv.ptr);
         let scratch = inner.scratch.as_ref().expect("allocated above");
 
         // Stage tokens, per-row metadata and the last-row map in one upload.
@@ -664,6 +692,21 @@ impl CudaBackend {
             }
             row_map.push(row as i32 - 1);
         }
+        if pad > 0 {
+            // One tile (a pad is shorter than PREFILL_TILE) from position 0 of the pad KV.
+            let source = chunks[prompt_graphs::pad_source(chunks.iter().map(|c| (c.tokens.len(), c.session.len())), pad)].tokens;
+            let first = row;
+            for i in 0..pad {
+                let meta = RowMeta { position: i as i32, context: i as i32 + 1, kv_base: pad_kv };
+                put(bytes, row * 4, prompt_graphs::pad_token(source, i));
+                put(bytes, Scratch::meta_offset(cap) + row * std::mem::size_of::<RowMeta>(), meta);
+                row += 1;
+            }
+            let tile = PrefillTile { first_row: first as i32, rows: pad as i32 };
+            put(bytes, Scratch::tiles_offset(cap) + tiles * std::mem::size_of::<PrefillTile>(), tile);
+            tiles += 1;
+            max_splits = max_splits.max(prefill_splits(pad));
+        }
         for (i, &r) in row_map.iter().enumerate() {
             put(bytes, Scratch::row_map_offset(cap) + i * 4, r);
         }
@@ -674,6 +717,7 @@ impl CudaBackend {
             shape.prefill_splits = max_splits;
             let items = tiles.min(prefill_group_tiles(max_splits)) * max_splits;
             if max_splits > 1 && inner.prefill_partials.as_ref().is_none_or(|p| p.items < items) {
+                inner.prompt_graphs.clear();
                 inner.prefill_partials = None;
                 inner.prefill_partials = Some(PrefillPartials::new(&inner.ctx, &inner.stream, s, items)?);
             }
@@ -687,6 +731,7 @@ impl CudaBackend {
             };
             // A graph recorded before has the products on the split.
             inner.graphs.clear();
+            inner.prompt_graphs.clear();
         }
         let mut issued;
         // At most twice: a pass whose activations left fp16's range runs again on
@@ -697,13 +742,19 @@ impl CudaBackend {
                 // out_rows: a pass that fills KV alone records no LM head.
                 let key = (rows, splits, argmax, out_rows);
                 if !inner.graphs.contains_key(&key) {
-                    inner.stream.begin_capture()?;
-                    let recorded = self.record_pass(inner, scratch, &shape);
-                    let graph = inner.stream.end_capture();
-                    recorded?;
-                    inner.graphs.insert(key, graph?);
+                    let graph = self.capture(inner, scratch, &shape)?;
+                    inner.graphs.insert(key, graph);
                 }
                 inner.graphs[&key].launch(&inner.stream)?;
+            } else if padded.is_some() && self.options.cuda_graphs && (inner.prompt_graphs.contains(&shape) || inner.prompt_graphs.worth_recording(&shape)) {
+                if !inner.prompt_graphs.contains(&shape) {
+                    let t = Instant::now();
+                    let graph = self.capture(inner, scratch, &shape)?;
+                    inner.prompt_graphs.insert(shape.clone(), graph);
+                    // What a shape's second pass pays once (recording and instantiating).
+                    tracing::debug!(rows, record_us = t.elapsed().as_secs_f64() * 1e6, kept = inner.prompt_graphs.len(), "prompt graph recorded");
+                }
+                inner.prompt_graphs.get(&shape).expect("recorded above").launch(&inner.stream)?;
             } else {
                 self.record_pass(inner, scratch, &shape)?;
             }
@@ -720,6 +771,7 @@ impl CudaBackend {
             );
             inner.f16 = F16Copy::Off;
             inner.graphs.clear();
+            inner.prompt_graphs.clear();
         }
 
         let out = match pick {
@@ -750,6 +802,7 @@ impl CudaBackend {
             decode,
             issue_us = issued.as_secs_f64() * 1e6,
             total_us = started.elapsed().as_secs_f64() * 1e6,
+            pad,
             "pass"
         );
         for c in chunks.iter_mut() {
@@ -774,6 +827,15 @@ impl CudaBackend {
     fn f16_flag<'s>(&self, inner: &Inner, scratch: &'s Scratch, p: &PassShape) -> Option<&'s DeviceBuffer> {
         let flag = scratch.f16_overflow.as_ref()?;
         (inner.f16.ready().is_some() && self.layer_product_on_cublas(inner, p)).then_some(flag)
+    }
+
+    /// One whole forward pass recorded into a graph (nothing launched).
+    fn capture(&self, inner: &Inner, sc: &Scratch, p: &PassShape) -> Result<Graph> {
+        inner.stream.begin_capture()?;
+        let recorded = self.record_pass(inner, sc, p);
+        let graph = inner.stream.end_capture();
+        recorded?;
+        graph
     }
 
     /// Launches one whole forward pass on the stream (also what a graph records).
