@@ -389,6 +389,17 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
     }
 }
 
+/// The last row's logits of a prompt prefilled in passes cut at `cuts` (none: one pass).
+fn last_logits_of_cut_passes(backend: &CudaBackend, ids: &[u32], cuts: &[usize]) -> Vec<f32> {
+    let mut s = backend.new_session(ids.len()).unwrap();
+    let mut out = Vec::new();
+    let bounds: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).chain(std::iter::once(ids.len())).collect();
+    for w in bounds.windows(2) {
+        out = backend.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids[w[0]..w[1]] }], Logits::Last).unwrap();
+    }
+    out
+}
+
 /// A prompt row's bits do not depend on how long its pass is, from `PASS_SHARED_ROWS`
 /// rows up for a prompt's first pass and from `LATER_PASS_SHARED_ROWS` for the passes
 /// after it, on the default path (`auto`: cuBLASLt's fp16 products, whose algorithm
@@ -414,15 +425,7 @@ fn a_prompt_rows_bits_do_not_depend_on_its_pass_length() {
         }
         let backend = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), GpuOptions::default()).unwrap();
         let ids = random_ids(2560, len, spec.vocab_size);
-        let last_logits = |cuts: &[usize]| {
-            let mut s = backend.new_session(len).unwrap();
-            let mut out = Vec::new();
-            let bounds: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).chain(std::iter::once(len)).collect();
-            for w in bounds.windows(2) {
-                out = backend.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids[w[0]..w[1]] }], Logits::Last).unwrap();
-            }
-            out
-        };
+        let last_logits = |cuts: &[usize]| last_logits_of_cut_passes(&backend, &ids, cuts);
         let whole = last_logits(&[]);
         assert!(whole.iter().all(|v| v.is_finite()), "{}: non-finite logits", path.display());
         let first_128 = last_logits(&[128]);
@@ -528,15 +531,7 @@ fn prompt_graphs_replay_the_bits_of_the_padded_pass() {
             continue;
         }
         let ids = random_ids(2561, len, vocab);
-        let last_logits = |cuts: &[usize]| {
-            let mut s = graphed.new_session(len).unwrap();
-            let mut out = Vec::new();
-            let bounds: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).chain(std::iter::once(len)).collect();
-            for w in bounds.windows(2) {
-                out = graphed.forward(&mut [Chunk { session: s.as_mut(), tokens: &ids[w[0]..w[1]] }], Logits::Last).unwrap();
-            }
-            out
-        };
+        let last_logits = |cuts: &[usize]| last_logits_of_cut_passes(&graphed, &ids, cuts);
         let cut_sets = [vec![512, 650], vec![1024, 1300], vec![2360]];
         let before: Vec<Vec<Vec<f32>>> = cut_sets.iter().map(|cuts| (0..3).map(|_| last_logits(cuts)).collect()).collect();
         // The one pass grows the scratch and the attention's partials under the graphs recorded so far.
