@@ -72,7 +72,8 @@
 #             and the chat case (below); PASS lines: the last prompt pass's host issue time against
 #             its whole time
 #   chat      the chat case alone: Llama-3.2-1B, 4,000 cached + 100 new prompt tokens at prefix
-#             blocks 512 and 128 (REUSE lines), and the baseline build's (.device-carry/base) where there is one
+#             blocks 512 and 128 (REUSE lines), and the baseline build's (.device-carry/base) where there is one,
+#             and this build under each TTFTAB_ENV set (below)
 #   long      Llama-3.2-1B decode at 1K, 4K and 16K contexts, both paths
 #   sanitize  compute-sanitizer memcheck on every fuel's megakernel (short launches of every
 #             sampling mode, and a teacher-forced launch on SmolLM2) and on the prompt attention (the
@@ -391,11 +392,14 @@ fi
 if has ttft || has chat; then  # issue 22's chat case: 4,000 cached prompt tokens, 100 new, per prefix block
     chat_builds=(new)
     [[ -f $CARRY/base/rocket.xz ]] && chat_builds+=(base)
+    IFS='|' read -ra chat_envs <<< "${TTFTAB_ENV:-}"  # this build under each set too (rows envK)
+    for k in "${!chat_envs[@]}"; do chat_builds+=("env$k"); done
     for blk in 512 128; do
         for b in "${chat_builds[@]}"; do  # with a baseline build (.device-carry/base/rocket.xz), its figure beside
-            bin=$ROCKET
+            bin=$ROCKET vars=
             [[ $b == base ]] && bin=$(unpacked base/rocket)
-            ROCKET_BIN=$bin ROCKET_PREFIX_BLOCK=$blk BENCH_EXTRA="--prefix-reuse 4000" bench "reuse-$b-$blk" auto 1 100 4 3 llama-3.2-1b
+            [[ $b == env* ]] && vars=${chat_envs[${b#env}]}
+            (if [[ -n $vars ]]; then export $vars; fi; ROCKET_BIN=$bin ROCKET_PREFIX_BLOCK=$blk BENCH_EXTRA="--prefix-reuse 4000" bench "reuse-$b-$blk" auto 1 100 4 3 llama-3.2-1b)
             printf 'REUSE %-4s block %-4s %s\n' "$b" "$blk" "$(grep -A2 '^| prefix reuse' "$LOGS/reuse-$b-$blk.txt" | tail -1)"
         done
     done
