@@ -168,14 +168,17 @@ fn prefix_case(engine: &Engine, shared: usize, new: usize, vocab: usize, samplin
         Ok((out.metrics.time_to_first_token, out.metrics.cached_prompt_tokens))
     };
     let (mut with, mut without, mut reused) = (Vec::new(), Vec::new(), 0);
-    for rep in 0..=reps {
+    // Two warm-up rounds: a prompt pass's shape records its graph at its second pass
+    // (`prompt_graphs`), as decode graphs record theirs at their first.
+    const WARM_UP: usize = 2;
+    for rep in 1 - WARM_UP as isize..=reps as isize {
         engine.clear_prefix_cache();
         ttft_of(&first)?;
         let (t, r) = ttft_of(&second)?;
         engine.clear_prefix_cache();
         let (t0, _) = ttft_of(&second)?;
-        if rep == 0 {
-            continue; // warm-up
+        if rep <= 0 {
+            continue;
         }
         note!("bench: prefix reuse rep {rep}/{reps}: ttft {:.2} ms with {r} tokens reused, {:.2} ms without", t * 1e3, t0 * 1e3);
         with.push(t);
@@ -253,7 +256,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for (&prompt_len, &b) in args.prompt_len.iter().flat_map(|p| args.batch.iter().map(move |b| (p, b))) {
         let prompts: Vec<Vec<u32>> = (0..b).map(|i| random_prompt(1000 + i as u64, prompt_len, vocab)).collect();
-        run_batch(&engine, &prompts, args.gen_len.min(8), &sampling)?; // warm-up: graphs, caches
+        run_batch(&engine, &prompts, args.gen_len.min(8), &sampling)?; // warm-up: graphs (run_batch prefills twice: a prompt pass records its graph at its second), caches
         let (mut ttfts, mut steps, mut host) = (Vec::new(), Vec::new(), Vec::new());
         for rep in 0..args.reps {
             let r = run_batch(&engine, &prompts, args.gen_len, &sampling)?;
