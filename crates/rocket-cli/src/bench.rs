@@ -19,6 +19,13 @@ use crate::ModelArgs;
 decodes (scheduling, launches, polling); on the CPU backend that thread does the computing itself, so the column \
 shows \"-\" (null in --json).")]
 #[command(mut_arg("seed", |a| a.help("Seed for sampling (same seed, same output) [default: 1234]")))]
+#[command(mut_arg("temperature", |a| a.help("0 = greedy (below 1e-5 too) [default: 0; bench ignores generation_config]")))]
+#[command(mut_arg("top_k", |a| a.help("Keep the k most likely tokens, 0 or -1 = off [default: 0]")))]
+#[command(mut_arg("top_p", |a| a.help("Nucleus sampling threshold in (0, 1] [default: 1]")))]
+#[command(mut_arg("repetition_penalty", |a| a.help("Penalise tokens already seen: a positive logit is divided by it, a negative one multiplied (HF's rule); > 0, 1 = off [default: 1]")))]
+#[command(mut_arg("stop", |a| a.hide(true)))]
+#[command(mut_arg("stop_token_ids", |a| a.hide(true)))]
+#[command(mut_arg("ignore_eos", |a| a.hide(true)))]
 #[command(mut_arg("logprobs", |a| a.help("Compute each token's log-probability and this many alternatives, 0..=20 (timed, not printed)")))]
 pub struct BenchArgs {
     #[command(flatten)]
@@ -35,7 +42,8 @@ pub struct BenchArgs {
     gen_len: usize,
     /// Sampling, as for `generate`, except: unset flags are off (greedy, no
     /// filters; not the model's generation_config), unset --seed is 1234, and EOS
-    /// is always ignored
+    /// is always ignored (every sequence runs to --gen-len, so --stop and
+    /// --stop-token-ids are refused)
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Timed repetitions per batch size (after one warm-up)
@@ -220,11 +228,24 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.prompt_len.is_empty() || args.prompt_len.contains(&0) || args.gen_len < 2 || args.reps == 0 {
         bail!("--prompt-len must be >= 1, --gen-len >= 2 and --reps >= 1");
     }
-    // The report's file is opened before the work, so a bad path fails at once.
+    if !args.sampling.stop.is_empty() || !args.sampling.stop_token_ids.is_empty() {
+        bail!("--stop and --stop-token-ids do not apply to bench: every sequence runs to --gen-len");
+    }
+    // The report's file is opened before the work, so a bad path fails at once,
+    // and removed if the work fails, so no empty report is left behind.
     let json_out = match &args.json {
         Some(path) => Some((path, std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?)),
         None => None,
     };
+    let json_path = json_out.as_ref().map(|(path, _)| path.to_path_buf());
+    let result = run_with(args, json_out);
+    if let (Err(_), Some(path)) = (&result, json_path) {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+fn run_with(args: &BenchArgs, json_out: Option<(&PathBuf, std::fs::File)>) -> anyhow::Result<()> {
     let first_len = args.prompt_len[0];
     let t = Instant::now();
     let engine = args.model.load().context("loading the model")?;

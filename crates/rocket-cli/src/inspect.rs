@@ -8,7 +8,7 @@ use anyhow::Context;
 use rocket_core::model::ModelSource;
 use rocket_core::weights::dequant::GgmlType;
 use rocket_core::weights::gguf::GgufFile;
-use rocket_core::{Device, Engine, EngineOptions};
+use rocket_core::Engine;
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -64,8 +64,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.export_tokenizer {
         export_tokenizer(&model, dir)?;
     }
-    // The CPU always; the setting variables still apply (ROCKET_PROGRESS).
-    let engine = Engine::load(&model, EngineOptions { device: Device::Cpu, ..crate::env_engine_options()? })?;
+    let engine = Engine::load(&model, crate::cpu_engine_options()?)?;
     let info = engine.info();
     let s = &info.spec;
     let mut rows: Vec<(String, String)> = vec![

@@ -197,10 +197,12 @@ impl ModelArgs {
     }
 }
 
-/// The engine options the `ROCKET_*` setting variables ask for (commands without engine flags).
-fn env_engine_options() -> rocket_core::Result<EngineOptions> {
-    let mut o = EngineOptions::default();
-    o.apply_env(environment().settings)?;
+/// The engine options of a command that loads a model on the CPU for itself
+/// (`inspect`): of the setting variables only ROCKET_PROGRESS applies there, so
+/// a bad value of a GPU or serving setting does not stop it.
+fn cpu_engine_options() -> rocket_core::Result<EngineOptions> {
+    let mut o = EngineOptions { device: rocket_core::Device::Cpu, ..EngineOptions::default() };
+    o.apply_env(environment().settings.into_iter().filter(|(name, _)| name == "ROCKET_PROGRESS"))?;
     Ok(o)
 }
 

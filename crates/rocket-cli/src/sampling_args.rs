@@ -26,6 +26,15 @@ pub(crate) fn positive_count(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `--top-k`: a count, or -1 for off as in vLLM (and the server and Python).
+fn top_k(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<i128>() {
+        Ok(-1) => Ok(0),
+        Ok(v) if v < 0 => Err(format!("must be an integer >= 0 (or -1: off), got {v}")),
+        _ => count(s),
+    }
+}
+
 fn seed(s: &str) -> Result<u64, String> {
     match s.trim().parse::<i128>() {
         Ok(v) if v < 0 => Err(format!("must be an integer in [0, 2^64), got {v}")),
@@ -46,8 +55,8 @@ pub(crate) struct SamplingArgs {
     /// 0 = greedy [default: generation_config's when it sets do_sample, else 0]
     #[arg(long, short = 't', allow_negative_numbers = true)]
     pub temperature: Option<f32>,
-    /// Keep the k most likely tokens, 0 = off [default: generation_config, else 0]
-    #[arg(long, allow_negative_numbers = true, value_parser = count)]
+    /// Keep the k most likely tokens, 0 or -1 = off [default: generation_config, else 0]
+    #[arg(long, allow_negative_numbers = true, value_parser = top_k)]
     pub top_k: Option<usize>,
     /// Nucleus sampling threshold in (0, 1] [default: generation_config, else 1]
     #[arg(long, allow_negative_numbers = true)]
@@ -163,8 +172,11 @@ mod tests {
         assert_eq!(parse(&["-t", "-1", "p"]).unwrap().temperature, Some(-1.0));
         assert!(parse(&["-t", "-1", "p"]).unwrap().options().check_ranges().is_err());
         assert_eq!(parse(&["--presence-penalty", "-3"]).unwrap().presence_penalty, Some(-3.0));
+        // -1 is top-k off, as in vLLM, the server and Python.
+        assert_eq!(parse(&["--top-k", "-1"]).unwrap().top_k, Some(0));
         for (args, want) in [
-            (&["--top-k", "-1"][..], "must be an integer >= 0, got -1"),
+            (&["--top-k", "-2"][..], "must be an integer >= 0 (or -1: off), got -2"),
+            (&["--top-k", "x"][..], "must be an integer >= 0, got \"x\""),
             (&["--seed", "-5"][..], "must be an integer in [0, 2^64), got -5"),
             (&["--stop-token-ids", "-2"][..], "must be a token id"),
             (&["--logprobs", "-1"][..], "must be an integer >= 0, got -1"),

@@ -66,6 +66,16 @@ fn inspect_reports_the_spec() {
 }
 
 #[test]
+fn inspect_reads_only_the_progress_variable() {
+    // It loads on the CPU for itself: a GPU setting's bad value does not concern it.
+    let out = rocket().env("ROCKET_DECODE", "bogus").env("ROCKET_PROMPT_GRAPHS", "x").args(["inspect", &fixture("tiny-qwen3")]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = rocket().env("ROCKET_PROGRESS", "sometimes").args(["inspect", &fixture("tiny-qwen3")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ROCKET_PROGRESS"));
+}
+
+#[test]
 fn inspect_uses_the_default_model_without_an_argument() {
     let out = rocket().env("ROCKET_DEFAULT_MODEL", fixture("tiny-qwen3")).arg("inspect").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -117,6 +127,29 @@ fn bench_times_every_prompt_length_at_every_batch_size() {
     }
     let bad = rocket().args(["bench", "--model", &fixture("tiny-llama"), "--device", "cpu", "--prompt-len", "4,0"]).output().unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("--prompt-len"));
+}
+
+#[test]
+fn bench_refuses_stops_and_leaves_no_report_when_it_fails() {
+    let model = fixture("tiny-llama");
+    let bench = || {
+        let mut c = rocket();
+        c.args(["bench", "--model", &model, "--device", "cpu", "--gen-len", "2", "--reps", "1"]);
+        c
+    };
+    for stop in [["--stop", "e"], ["--stop-token-ids", "3"]] {
+        let out = bench().args(stop).output().unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(stop[0]), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Past the tiny model's context: the run fails after the report's file was opened.
+    let json = std::env::temp_dir().join(format!("rocket-bench-fails-{}.json", std::process::id()));
+    let out = bench().args(["--prompt-len", "4000", "--json"]).arg(&json).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!json.exists(), "an empty report was left at {}", json.display());
+    // Its help names bench's own defaults, not the model's generation_config.
+    let help = String::from_utf8_lossy(&rocket().args(["bench", "--help"]).output().unwrap().stdout).into_owned();
+    assert!(help.contains("bench ignores generation_config") && !help.contains("--stop"), "{help}");
 }
 
 #[test]

@@ -16,13 +16,29 @@ use crate::megakernel::abi::RACE_TOPK_MAX;
 use crate::portable_exp::sum_exp_below;
 use crate::race;
 
+/// The lowest temperature that samples: a request below it (and above 0)
+/// decodes greedily, as vLLM's `_SAMPLING_EPS`. Smaller ones would carry
+/// `logit / T` past f32's range, where every key of the race ties at infinity.
+pub const MIN_TEMPERATURE: f32 = 1e-5;
+
+/// `t`, or 0 (greedy) where it is below [`MIN_TEMPERATURE`]; a negative or
+/// non-finite `t` is left for `SamplingParams::validate` to refuse.
+pub fn effective_temperature(t: f32) -> f32 {
+    if (0.0..MIN_TEMPERATURE).contains(&t) {
+        0.0
+    } else {
+        t
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// Tokens to generate at most (≥ 1).
     pub max_tokens: usize,
     /// End-of-sequence and stop tokens are suppressed until this many tokens exist.
     pub min_tokens: usize,
-    /// 0 = greedy (argmax); otherwise logits are divided by it before softmax.
+    /// 0 = greedy (argmax); otherwise logits are divided by it before softmax
+    /// (the resolver makes anything below [`MIN_TEMPERATURE`] 0).
     pub temperature: f32,
     /// Keep only the k most likely tokens (0 = off).
     pub top_k: usize,

@@ -15,9 +15,12 @@
 //!   OpenAI's chat API).
 //! - everything else: off (min_tokens 0, min_p 0, penalties 0, no stops,
 //!   skip_special_tokens true, a fresh seed per request).
+//!
+//! A temperature below [`crate::sampling::MIN_TEMPERATURE`] (1e-5), given or
+//! from generation_config, becomes 0: greedy, as in vLLM.
 
 use crate::model::GenerationConfig;
-use crate::sampling::SamplingParams;
+use crate::sampling::{effective_temperature, SamplingParams};
 
 /// `max_tokens` of a completion that sets none (OpenAI's and vLLM's default).
 pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
@@ -114,9 +117,9 @@ impl SamplingOptions {
         SamplingParams {
             max_tokens: self.max_tokens.unwrap_or(default_max_tokens),
             min_tokens: self.min_tokens.unwrap_or(0),
-            temperature: self.temperature.unwrap_or_else(|| {
+            temperature: effective_temperature(self.temperature.unwrap_or_else(|| {
                 if g.do_sample == Some(true) { g.temperature.unwrap_or(1.0) as f32 } else { 0.0 }
-            }),
+            })),
             top_k: self.top_k.unwrap_or_else(|| g.top_k.unwrap_or(0) as usize),
             top_p: self.top_p.unwrap_or_else(|| g.top_p.unwrap_or(1.0) as f32),
             min_p: self.min_p.unwrap_or(0.0),
@@ -198,6 +201,22 @@ mod tests {
         // A SamplingParams is a request with every field set: resolving it changes nothing.
         let p = SamplingParams { top_k: 3, seed: Some(5), ..SamplingParams::greedy(7) };
         assert_eq!(e.resolve(&SamplingOptions::from(&p), RequestKind::Chat, 10).unwrap(), p);
+    }
+
+    #[test]
+    fn temperatures_below_the_floor_decode_greedily() {
+        let e = engine(json!({"do_sample": true, "temperature": 1e-7}));
+        let t = |o: SamplingOptions| e.resolve(&o, RequestKind::Completion, 4).unwrap().temperature;
+        for tiny in [f32::from_bits(1), 1e-45, 1e-38, 3e-38, 9.99e-6] {
+            assert_eq!(t(SamplingOptions { temperature: Some(tiny), ..Default::default() }), 0.0, "{tiny:e}");
+        }
+        assert_eq!(t(SamplingOptions::default()), 0.0, "generation_config's temperature too");
+        assert_eq!(t(SamplingOptions { temperature: Some(1e-5), ..Default::default() }), 1e-5);
+        assert_eq!(t(SamplingOptions { temperature: Some(0.7), ..Default::default() }), 0.7);
+        // The same tokens as greedy, where the race keys would all tie at infinity.
+        let greedy = e.generate("hello", &SamplingOptions { max_tokens: Some(8), ..SamplingOptions::greedy(8) }).unwrap();
+        let tiny = e.generate("hello", &SamplingOptions { max_tokens: Some(8), temperature: Some(1e-45), seed: Some(1), ..Default::default() }).unwrap();
+        assert_eq!(tiny.token_ids, greedy.token_ids);
     }
 
     #[test]
