@@ -69,7 +69,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     let s = &info.spec;
     let mut rows: Vec<(String, String)> = vec![
         ("model".into(), info.path.display().to_string()),
-        ("format".into(), format!("{:?}", info.format)),
+        ("format".into(), info.format.to_string()),
         ("family".into(), s.family.name().into()),
         ("layers".into(), s.num_layers.to_string()),
         ("hidden_size".into(), s.hidden_size.to_string()),

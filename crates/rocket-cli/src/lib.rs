@@ -91,7 +91,7 @@ pub(crate) struct ModelArgs {
     /// GPU: where sampled tokens are picked [default: device]
     #[arg(long, value_parser = choice_parser!(SamplerPlacement))]
     sampler: Option<SamplerPlacement>,
-    /// GPU: replay decode steps from CUDA graphs [default: on]
+    /// GPU: replay decode steps (and, with --prompt-graphs on, short prompt passes) from CUDA graphs [default: on]
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("cuda-graphs"))]
     cuda_graphs: Option<bool>,
     /// GPU: prompt passes of up to 512 rows padded to a row bucket and replayed from CUDA graphs (with --cuda-graphs on) [default: off]
@@ -103,7 +103,7 @@ pub(crate) struct ModelArgs {
     /// GPU: launch kernels early (programmatic dependent launch) [default: on]
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("pdl"))]
     pdl: Option<bool>,
-    /// GPU: RMSNorm and SiLU·mul inside the tensor-core GEMM [default: on]
+    /// GPU: RMSNorm and SiLU·mul inside the tensor-core GEMM, and the norm, SiLU·mul and prompt attention writing cuBLASLt's fp16 operands themselves [default: on]
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("fuse"))]
     fuse: Option<bool>,
     /// GPU: prompt rows' attention on the tensor cores (off: the split kernel decode uses) [default: on]
@@ -113,16 +113,16 @@ pub(crate) struct ModelArgs {
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("wgmma-attention"))]
     wgmma_attention: Option<bool>,
     /// GPU: megakernel stall limit in milliseconds [default: 2000]
-    #[arg(long, value_name = "MS", value_parser = |v: &str| rocket_core::options::parse_watchdog_ms("--watchdog-ms", v))]
+    #[arg(long, allow_negative_numbers = true, value_name = "MS", value_parser = |v: &str| rocket_core::options::parse_watchdog_ms("--watchdog-ms", v))]
     watchdog_ms: Option<std::time::Duration>,
     /// GPU: each megakernel decode launch logs where step N's time went (with ROCKET_LOG=info) [default: none]
-    #[arg(long, value_name = "N", value_parser = |v: &str| rocket_core::options::parse_trace_step("--trace-step", v))]
+    #[arg(long, allow_negative_numbers = true, value_name = "N", value_parser = |v: &str| rocket_core::options::parse_trace_step("--trace-step", v))]
     trace_step: Option<usize>,
     /// Memory the prefix cache may hold: KV of earlier prompts, reused by prompts that start with the same whole blocks (bytes, or with K/M/G; 0 disables) [default: 1G]
-    #[arg(long, value_name = "BYTES", value_parser = |v: &str| rocket_core::options::parse_bytes("--prefix-cache-bytes", v))]
+    #[arg(long, allow_negative_numbers = true, value_name = "BYTES", value_parser = |v: &str| rocket_core::options::parse_bytes("--prefix-cache-bytes", v))]
     prefix_cache_bytes: Option<usize>,
     /// Prefix cache block in tokens: prompts are cached and reused in whole blocks (on the GPU, prompts of at least 512 tokens, leaving at least 128 to compute); prefill passes do not depend on it [default: 128]
-    #[arg(long, value_name = "TOKENS", value_parser = |v: &str| rocket_core::options::parse_prefix_block("--prefix-block", v))]
+    #[arg(long, allow_negative_numbers = true, value_name = "TOKENS", value_parser = |v: &str| rocket_core::options::parse_prefix_block("--prefix-block", v))]
     prefix_block: Option<usize>,
 }
 

@@ -184,11 +184,22 @@ fn usage_errors_exit_2() {
         (&["-n", "-1"][..], "max-tokens", ">= 1"),
         (&["-n", "0"][..], "max-tokens", ">= 1"),
         (&["--stop-token-ids", "9999"][..], "stop_token_ids", "vocabulary"),
+        (&["--watchdog-ms", "-5"][..], "--watchdog-ms", "from 1"),
+        (&["--prefix-block", "-1"][..], "--prefix-block", "at least 1"),
     ] {
         let out = rocket().args(["generate", "--model", &fixture("tiny-llama")]).args(args).arg("hi").output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(matches!(out.status.code(), Some(1 | 2)), "{args:?}: {err}");
         assert!(err.contains(field) && err.contains(range) && !err.contains("-- -"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_served_model_name_must_be_a_name() {
+    for bad in ["", " x"] {
+        let out = rocket().args(["serve", "--model", &fixture("tiny-llama"), "--served-model-name", bad]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--served-model-name"), "{bad:?}");
     }
 }
 

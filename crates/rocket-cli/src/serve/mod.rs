@@ -38,6 +38,14 @@ fn positive(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A model name clients can send: not empty, no surrounding whitespace.
+fn model_name(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.trim() != s {
+        return Err(format!("must be a non-empty name without surrounding spaces, got {s:?}"));
+    }
+    Ok(s.to_string())
+}
+
 fn seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
@@ -56,7 +64,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8000)]
     port: u16,
     /// The model name clients send and /v1/models lists [default: the model's file or folder name]
-    #[arg(long)]
+    #[arg(long, value_parser = model_name)]
     served_model_name: Option<String>,
     /// Most requests decoded together in one forward pass
     #[arg(long, default_value = "16", value_parser = positive)]

@@ -20,6 +20,15 @@ pub enum Format {
     Gguf,
 }
 
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Format::HuggingFace => "Hugging Face (config.json + safetensors)",
+            Format::Gguf => "GGUF",
+        })
+    }
+}
+
 /// Special-token strings the chat template sees.
 #[derive(Debug, Clone, Default)]
 pub struct SpecialTokens {

@@ -451,7 +451,7 @@ impl GgufFile {
                 Ok(Some((name, tensor)))
             })
             .collect();
-        let mut weights = Weights::new(self.path.display().to_string());
+        let mut weights = Weights::new(self.path.display().to_string()).named_in_file(gguf_name);
         for item in converted {
             if let Some((name, tensor)) = item? {
                 weights.insert(name, tensor);
@@ -490,32 +490,44 @@ pub fn llama3_freq_factors(head_dim: usize, theta: f64, s: &Llama3RopeScaling) -
         .collect()
 }
 
+/// GGUF names of the model's own tensors and their Hugging Face names.
+const GLOBAL_NAMES: [(&str, &str); 3] =
+    [("token_embd.weight", "model.embed_tokens.weight"), ("output_norm.weight", "model.norm.weight"), ("output.weight", "lm_head.weight")];
+/// The same within a layer (`blk.N.` and `model.layers.N.` before them).
+const LAYER_NAMES: [(&str, &str); 11] = [
+    ("attn_norm.weight", "input_layernorm.weight"),
+    ("attn_q.weight", "self_attn.q_proj.weight"),
+    ("attn_k.weight", "self_attn.k_proj.weight"),
+    ("attn_v.weight", "self_attn.v_proj.weight"),
+    ("attn_output.weight", "self_attn.o_proj.weight"),
+    ("attn_q_norm.weight", "self_attn.q_norm.weight"),
+    ("attn_k_norm.weight", "self_attn.k_norm.weight"),
+    ("ffn_norm.weight", "post_attention_layernorm.weight"),
+    ("ffn_gate.weight", "mlp.gate_proj.weight"),
+    ("ffn_up.weight", "mlp.up_proj.weight"),
+    ("ffn_down.weight", "mlp.down_proj.weight"),
+];
+
 /// GGUF tensor name → Hugging Face name (llama layout).
 pub fn canonical_name(gguf: &str) -> Option<String> {
-    match gguf {
-        "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
-        "output_norm.weight" => return Some("model.norm.weight".into()),
-        "output.weight" => return Some("lm_head.weight".into()),
-        _ => {}
+    if let Some((_, hf)) = GLOBAL_NAMES.iter().find(|(g, _)| *g == gguf) {
+        return Some(hf.to_string());
     }
-    let rest = gguf.strip_prefix("blk.")?;
-    let (layer, part) = rest.split_once('.')?;
+    let (layer, part) = gguf.strip_prefix("blk.")?.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    let hf = match part {
-        "attn_norm.weight" => "input_layernorm.weight",
-        "attn_q.weight" => "self_attn.q_proj.weight",
-        "attn_k.weight" => "self_attn.k_proj.weight",
-        "attn_v.weight" => "self_attn.v_proj.weight",
-        "attn_output.weight" => "self_attn.o_proj.weight",
-        "attn_q_norm.weight" => "self_attn.q_norm.weight",
-        "attn_k_norm.weight" => "self_attn.k_norm.weight",
-        "ffn_norm.weight" => "post_attention_layernorm.weight",
-        "ffn_gate.weight" => "mlp.gate_proj.weight",
-        "ffn_up.weight" => "mlp.up_proj.weight",
-        "ffn_down.weight" => "mlp.down_proj.weight",
-        _ => return None,
-    };
+    let (_, hf) = LAYER_NAMES.iter().find(|(g, _)| *g == part)?;
     Some(format!("model.layers.{layer}.{hf}"))
+}
+
+/// Hugging Face tensor name → GGUF name: what a GGUF file lacking it is missing.
+pub fn gguf_name(hf: &str) -> Option<String> {
+    if let Some((g, _)) = GLOBAL_NAMES.iter().find(|(_, h)| *h == hf) {
+        return Some(g.to_string());
+    }
+    let (layer, part) = hf.strip_prefix("model.layers.")?.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (g, _) = LAYER_NAMES.iter().find(|(_, h)| *h == part)?;
+    Some(format!("blk.{layer}.{g}"))
 }
 
 /// Undo llama.cpp's Q/K row permutation. Its converter interleaves the two
@@ -582,5 +594,9 @@ mod tests {
         assert_eq!(canonical_name("blk.12.ffn_down.weight").unwrap(), "model.layers.12.mlp.down_proj.weight");
         assert_eq!(canonical_name("token_embd.weight").unwrap(), "model.embed_tokens.weight");
         assert!(canonical_name("blk.x.ffn_down.weight").is_none());
+        for name in ["token_embd.weight", "output.weight", "blk.0.attn_norm.weight", "blk.27.attn_k_norm.weight", "blk.3.ffn_up.weight"] {
+            assert_eq!(gguf_name(&canonical_name(name).unwrap()).as_deref(), Some(name));
+        }
+        assert!(gguf_name("model.layers.x.mlp.up_proj.weight").is_none() && gguf_name("model.layers.1.rotary.inv_freq").is_none());
     }
 }

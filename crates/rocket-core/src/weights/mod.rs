@@ -197,11 +197,24 @@ pub struct Weights {
     /// an error only if the model actually needs them.
     unsupported: HashMap<String, String>,
     source: String,
+    /// The file's own name of a tensor, for errors (`named_in_file`).
+    file_name: Option<fn(&str) -> Option<String>>,
 }
 
 impl Weights {
     pub fn new(source: String) -> Self {
-        Weights { tensors: HashMap::new(), unsupported: HashMap::new(), source }
+        Weights { tensors: HashMap::new(), unsupported: HashMap::new(), source, file_name: None }
+    }
+
+    /// Errors name a missing tensor as the file does (`file_name` of its
+    /// Hugging Face name: GGUF's `blk.N.` names), where it has a name there.
+    pub fn named_in_file(self, file_name: fn(&str) -> Option<String>) -> Self {
+        Weights { file_name: Some(file_name), ..self }
+    }
+
+    /// `name` as errors show it: the file's own name where it has one.
+    fn shown(&self, name: &str) -> String {
+        self.file_name.and_then(|f| f(name)).unwrap_or_else(|| name.to_string())
     }
 
     pub fn insert(&mut self, name: String, tensor: Tensor) {
@@ -236,18 +249,18 @@ impl Weights {
     pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
         if let Some(dtype) = self.unsupported.get(name) {
             return Err(RocketError::TensorDtype {
-                name: name.to_string(),
+                name: self.shown(name),
                 found: dtype.clone(),
                 allowed: "f32, f16, bf16".into(),
             });
         }
         let t = self.tensors.remove(name).ok_or_else(|| RocketError::MissingTensor {
-            name: name.to_string(),
+            name: self.shown(name),
             source_file: self.source.clone(),
         })?;
         if t.shape != shape {
             return Err(RocketError::TensorShape {
-                name: name.to_string(),
+                name: self.shown(name),
                 expected: shape.to_vec(),
                 found: t.shape.clone(),
             });
