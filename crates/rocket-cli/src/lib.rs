@@ -113,17 +113,26 @@ pub(crate) struct ModelArgs {
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("wgmma-attention"))]
     wgmma_attention: Option<bool>,
     /// GPU: megakernel stall limit in milliseconds [default: 2000]
-    #[arg(long, allow_negative_numbers = true, value_name = "MS", value_parser = |v: &str| rocket_core::options::parse_watchdog_ms("--watchdog-ms", v))]
+    #[arg(long, allow_negative_numbers = true, value_name = "MS", value_parser = |v: &str| reason(rocket_core::options::parse_watchdog_ms("--watchdog-ms", v)))]
     watchdog_ms: Option<std::time::Duration>,
     /// GPU: each megakernel decode launch logs where step N's time went (with ROCKET_LOG=info) [default: none]
-    #[arg(long, allow_negative_numbers = true, value_name = "N", value_parser = |v: &str| rocket_core::options::parse_trace_step("--trace-step", v))]
+    #[arg(long, allow_negative_numbers = true, value_name = "N", value_parser = |v: &str| reason(rocket_core::options::parse_trace_step("--trace-step", v)))]
     trace_step: Option<usize>,
     /// Memory the prefix cache may hold: KV of earlier prompts, reused by prompts that start with the same whole blocks (bytes, or with K/M/G; 0 disables) [default: 1G]
-    #[arg(long, allow_negative_numbers = true, value_name = "BYTES", value_parser = |v: &str| rocket_core::options::parse_bytes("--prefix-cache-bytes", v))]
+    #[arg(long, allow_negative_numbers = true, value_name = "BYTES", value_parser = |v: &str| reason(rocket_core::options::parse_bytes("--prefix-cache-bytes", v)))]
     prefix_cache_bytes: Option<usize>,
     /// Prefix cache block in tokens: prompts are cached and reused in whole blocks (on the GPU, prompts of at least 512 tokens, leaving at least 128 to compute); prefill passes do not depend on it [default: 128]
-    #[arg(long, allow_negative_numbers = true, value_name = "TOKENS", value_parser = |v: &str| rocket_core::options::parse_prefix_block("--prefix-block", v))]
+    #[arg(long, allow_negative_numbers = true, value_name = "TOKENS", value_parser = |v: &str| reason(rocket_core::options::parse_prefix_block("--prefix-block", v)))]
     prefix_block: Option<usize>,
+}
+
+/// A setting parser's error as clap shows it: the reason alone (clap names the
+/// flag and the value itself).
+fn reason<T>(parsed: rocket_core::Result<T>) -> Result<T, String> {
+    parsed.map_err(|e| match e {
+        rocket_core::RocketError::InvalidArgument { message, .. } => message,
+        other => other.to_string(),
+    })
 }
 
 fn switch_parser(flag: &'static str) -> impl TypedValueParser<Value = bool> {
@@ -356,6 +365,7 @@ mod tests {
             let e = Args::try_parse_from(["rocket", flag, value]).err().unwrap_or_else(|| panic!("{flag} {value} parsed"));
             let text = e.to_string();
             assert!(text.contains(flag) && text.contains(listed), "{flag} {value}: {text}");
+            assert_eq!(text.matches(flag).count(), 1, "the flag named once: {text}");
         }
     }
 }
