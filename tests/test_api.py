@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import rocket
+from rocket import _rocket
 
 GREEDY = rocket.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -165,6 +166,15 @@ def test_sampling_params_repr_is_python() -> None:
     assert rocket.SamplingParams(top_k=-1) == rocket.SamplingParams(top_k=0) and rocket.SamplingParams(top_k=-1).top_k == 0
 
 
+def test_outputs_repr_is_python(tiny_llama: rocket.LLM) -> None:
+    p = rocket.SamplingParams(max_tokens=2, temperature=0, logprobs=1)
+    out = tiny_llama.generate("hi", p)[0]
+    assert repr(out) == f"RequestOutput(text={out.text!r}, token_ids=<2 ids>, finish_reason={out.finish_reason!r})"
+    deltas = list(tiny_llama.stream("hi", p))
+    assert deltas and all(repr(d) == f"StreamDelta(text={d.text!r}, token_id={d.token_id}, logprob={d.logprob!r})" for d in deltas)
+    assert all(isinstance(d.logprob, float) for d in deltas)
+
+
 def test_sampling_params_pickle_and_copy_keep_every_field() -> None:
     import copy
     import pickle
@@ -219,6 +229,13 @@ def test_numpy_integers_are_token_ids_and_counts(tiny_qwen3: rocket.LLM) -> None
     for bad in ([1.0, 2.0], [True, 2], np.array([1.5])):
         with pytest.raises(rocket.InvalidArgumentError):
             tiny_qwen3.teacher_forced_logits(bad)
+    # Engine keywords that count take numpy's integers too, never bools or floats.
+    options = _rocket.EngineOptions(max_seq_len=np.int64(8), watchdog_ms=np.int32(500), prefix_cache_bytes=np.uint64(1 << 20))
+    assert options is not None
+    for keyword, bad in (("max_seq_len", True), ("max_seq_len", np.float64(8.0)), ("watchdog_ms", np.bool_(True)), ("prefix_block", 2.0)):
+        with pytest.raises(rocket.InvalidArgumentError) as e:
+            _rocket.EngineOptions(**{keyword: bad})
+        assert e.value.parameter == keyword
 
 
 def test_bad_arguments_name_their_parameter(tiny_llama: rocket.LLM) -> None:
@@ -235,6 +252,11 @@ def test_bad_arguments_name_their_parameter(tiny_llama: rocket.LLM) -> None:
         (lambda: tiny_llama.chat("hi"), "messages"),  # type: ignore[arg-type]
         (lambda: tiny_llama.chat({"role": "user", "content": "hi"}), "messages"),  # type: ignore[arg-type]
         (lambda: tiny_llama.apply_chat_template("hi"), "messages"),  # type: ignore[arg-type]
+        # None or a generator where the list goes (they have no length).
+        (lambda: tiny_llama.chat(None), "messages"),  # type: ignore[arg-type]
+        (lambda: tiny_llama.chat(m for m in [{"role": "user", "content": "hi"}]), "messages"),  # type: ignore[arg-type]
+        # The one-shot function takes one prompt (a list would lose all but the first).
+        (lambda: rocket.generate(["a", "b"], max_tokens=2), "prompt"),  # type: ignore[arg-type]
         (lambda: tiny_llama.generate_from_ids([]), "prompt_token_ids"),
         (lambda: tiny_llama.teacher_forced_logits([]), "token_ids"),
     ]

@@ -65,3 +65,13 @@ def test_greedy_and_seed_behaviour() -> None:
     a = [rocket.sample_token(logits, p, 5, s) for s in range(64)]
     assert a == [rocket.sample_token(logits, p, 5, s) for s in range(64)]
     assert a != [rocket.sample_token(logits, p, 6, s) for s in range(64)]
+
+
+def test_seeds_and_steps_past_their_range_are_named() -> None:
+    logits = LOGITS.tolist()
+    p = rocket.SamplingParams(temperature=1.0)
+    assert rocket.sample_token(logits, p, 2**64 - 1, 2**64 - 1) in range(len(logits))
+    for seed, step, name in [(-1, 0, "seed"), (2**64, 0, "seed"), (0, -3, "step")]:
+        with pytest.raises(rocket.InvalidArgumentError) as e:
+            rocket.sample_token(logits, p, seed, step)
+        assert e.value.parameter == name, str(e.value)

@@ -89,9 +89,9 @@ def _content_text(i: int, role: str, content: object) -> str:
 
 
 def _check_message_list(messages: object) -> None:
-    """A str or one mapping where the list of messages goes is refused (a str would
-    be read character by character)."""
-    if isinstance(messages, (str, bytes, Mapping)):
+    """Only a sequence (list, tuple) of messages is taken: a str would be read character
+    by character, one mapping key by key, and None or a generator has no length."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
         raise _bad_arg("messages", messages, "messages must be a list of {'role': ..., 'content': ...} mappings, "
                        f"got a {type(messages).__name__}")
 
@@ -249,6 +249,7 @@ class LLM:
         an unset ``max_tokens`` means until the context is full (as OpenAI's chat API).
         Roles go to the template as given (``apply_chat_template`` is HF's); an empty
         conversation has nothing to answer and is refused."""
+        _check_message_list(messages)
         if len(messages) == 0:
             raise _bad_arg("messages", messages, "messages must hold at least one message")
         prompt = self.apply_chat_template(messages, add_generation_prompt=True)
@@ -308,6 +309,8 @@ def generate(prompt: str, model: str | os.PathLike[str] | None = None, **samplin
 
     ``model=None`` uses the embedded default model. Loaded models are cached.
     """
+    if not isinstance(prompt, str):
+        raise _bad_arg("prompt", prompt, "rocket.generate takes one prompt (a str); LLM.generate takes a list")
     path = os.fspath(model) if model is not None else default_model_path()
     with _default_lock:
         llm = _default_llms.get(path)

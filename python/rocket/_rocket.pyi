@@ -172,4 +172,7 @@ def render_chat_template(
     bos_token: str = "",
     eos_token: str = "",
 ) -> str: ...
-def sample_token(logits: list[float], params: SamplingParams, seed: int, step: int) -> int: ...
+def sample_token(logits: list[float], params: SamplingParams, seed: int, step: int) -> int:
+    """The sampler on its own: the token chosen from ``logits`` at generation ``step`` of a
+    request seeded with ``seed`` (both in [0, 2**64)). Only the cuts and the draw: penalties
+    and the ``min_tokens`` mask need the request's history and the model's end tokens."""

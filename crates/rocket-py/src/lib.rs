@@ -350,15 +350,20 @@ pub struct RequestOutput {
     metrics: Py<PyDict>,
 }
 
+/// `s` as Python's repr() writes it ('...' with Python's escapes).
+fn str_repr(py: Python<'_>, s: &str) -> PyResult<String> {
+    Ok(PyString::new(py, s).repr()?.to_string())
+}
+
 #[pymethods]
 impl RequestOutput {
-    fn __repr__(&self) -> String {
-        format!(
-            "RequestOutput(text={:?}, token_ids=<{} ids>, finish_reason={:?})",
-            self.text,
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "RequestOutput(text={}, token_ids=<{} ids>, finish_reason={})",
+            str_repr(py, &self.text)?,
             self.token_ids.len(),
-            self.finish_reason
-        )
+            str_repr(py, &self.finish_reason)?
+        ))
     }
 }
 
@@ -673,8 +678,13 @@ pub struct StreamDelta {
 
 #[pymethods]
 impl StreamDelta {
-    fn __repr__(&self) -> String {
-        format!("StreamDelta(text={:?}, token_id={}, logprob={:?})", self.text, self.token_id, self.logprob)
+    /// As its fields read in Python: logprob a float or None.
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let logprob = match self.logprob {
+            Some(v) => PyFloat::new(py, v as f64).repr()?.to_string(),
+            None => "None".to_string(),
+        };
+        Ok(format!("StreamDelta(text={}, token_id={}, logprob={logprob})", str_repr(py, &self.text)?, self.token_id))
     }
 }
 
@@ -760,12 +770,16 @@ impl Stream {
 }
 
 /// The sampler on its own: the token chosen from `logits` at generation `step`
-/// of a request seeded with `seed` (what every backend must reproduce).
+/// of a request seeded with `seed` (what every backend must reproduce). Only
+/// the cuts and the draw: penalties and the `min_tokens` mask need the
+/// request's history and the model's end tokens, which the engine applies first.
 #[pyfunction]
-fn sample_token(py: Python<'_>, logits: Vec<f32>, params: &SamplingParams, seed: u64, step: u64) -> PyResult<u32> {
+fn sample_token(py: Python<'_>, logits: Vec<f32>, params: &SamplingParams, seed: i128, step: i128) -> PyResult<u32> {
     if logits.is_empty() {
         return Err(to_py_err(py, RocketError::invalid_arg("logits", "[]", "must not be empty")));
     }
+    let whole = |name: &str, v: i128| u64::try_from(v).map_err(|_| to_py_err(py, RocketError::invalid_arg(name, v, "must be an integer in [0, 2^64)")));
+    let (seed, step) = (whole("seed", seed)?, whole("step", step)?);
     let p = params.inner.without_model();
     Ok(py.detach(move || rocket_core::sampling::sample(&logits, &p, seed, step)))
 }

@@ -35,12 +35,18 @@ fn switch(name: &str, value: &Bound<'_, PyAny>) -> Result<bool, RocketError> {
     Ok(b.is_true())
 }
 
-/// A whole number as text for the core's parsers (bools are not numbers here).
+/// A whole number as text for the core's parsers: an int or what `operator.index`
+/// takes (numpy's integers), but not a bool.
 fn whole(name: &str, value: &Bound<'_, PyAny>) -> Result<String, RocketError> {
-    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
-        return Err(bad(name, value, "expected an int"));
+    let not_int = || bad(name, value, "expected an int");
+    if value.is_instance_of::<PyBool>() {
+        return Err(not_int());
     }
-    Ok(value.str().map_err(|_| bad(name, value, "expected an int"))?.to_string())
+    let index = |v: &Bound<'_, PyAny>| -> PyResult<String> {
+        let n = v.py().import("operator")?.call_method1("index", (v,))?;
+        Ok(n.cast::<PyInt>()?.str()?.to_string())
+    };
+    index(value).map_err(|_| not_int())
 }
 
 #[pymethods]
