@@ -231,6 +231,15 @@ struct Inner {
     ctx: Arc<Context>,
 }
 
+/// A bf16 KV cache of `positions` positions ([positions][layers][k|v][kv_dim]),
+/// NaN until written: attention over a position never stored shows up in tests.
+/// The poison is queued on the stream every pass uses, so nothing waits here.
+fn kv_cache(ctx: &Context, stream: &Stream, s: &ModelSpec, positions: usize, what: &str) -> Result<DeviceBuffer> {
+    let kv = DeviceBuffer::alloc(ctx, positions * s.num_layers * 2 * s.kv_dim() * 2, what)?;
+    kv.fill_u8(stream, 0xff)?;
+    Ok(kv)
+}
+
 /// Room for `items` (tile, split) pairs of the tensor-core prefill attention's
 /// partials, every head's (kernels.rs `prefill_partial_floats`).
 struct PrefillPartials {
@@ -650,10 +659,7 @@ impl CudaBackend {
             inner.host_inputs = PinnedBuffer::alloc(Scratch::inputs_bytes(r.next_power_of_two()))?;
         }
         if pad > 0 && inner.pad_kv.is_none() {
-            let kv = DeviceBuffer::alloc(&inner.ctx, PAD_POSITIONS * s.num_layers * 2 * s.kv_dim() * 2, "the pad rows' KV cache")?;
-            // Poisoned: a pad row reads only positions its own pass wrote.
-            kv.fill_u8(&inner.stream, 0xff)?;
-            inner.pad_kv = Some(kv);
+            inner.pad_kv = Some(kv_cache(&inner.ctx, &inner.stream, s, PAD_POSITIONS, "the pad rows' KV cache")?);
         }
         let pad_kv = inner.pad_kv.as_ref().map_or(0, |kv| kv.ptr);
         let scratch = inner.scratch.as_ref().expect("allocated above");
@@ -746,7 +752,7 @@ impl CudaBackend {
                     inner.graphs.insert(key, graph);
                 }
                 inner.graphs[&key].launch(&inner.stream)?;
-            } else if padded.is_some() && self.options.cuda_graphs && (inner.prompt_graphs.contains(&shape) || inner.prompt_graphs.worth_recording(&shape)) {
+            } else if padded.is_some() && self.options.cuda_graphs && inner.prompt_graphs.replays(&shape) {
                 if !inner.prompt_graphs.contains(&shape) {
                     let t = Instant::now();
                     let graph = self.capture(inner, scratch, &shape)?;
@@ -1087,11 +1093,7 @@ impl Backend for CudaBackend {
 
     fn new_session(&self, capacity: usize) -> Result<Box<dyn Session>> {
         let inner = self.lock()?;
-        let bytes = capacity * self.spec.num_layers * 2 * self.spec.kv_dim() * 2;
-        let kv = DeviceBuffer::alloc(&inner.ctx, bytes, &format!("a KV cache of {capacity} tokens"))?;
-        // NaN until written: attention over a position never stored shows up in tests.
-        // Queued on the stream every pass uses, so no wait is needed here.
-        kv.fill_u8(&inner.stream, 0xff)?;
+        let kv = kv_cache(&inner.ctx, &inner.stream, &self.spec, capacity, &format!("a KV cache of {capacity} tokens"))?;
         Ok(Box::new(CudaSession { kv, len: 0, capacity }))
     }
 

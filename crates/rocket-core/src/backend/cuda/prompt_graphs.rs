@@ -101,10 +101,10 @@ impl<K: Hash + Eq + Clone, G> GraphCache<K, G> {
         self.entries.contains_key(key)
     }
 
-    /// Whether a pass of shape `key`, which has no graph, should record one:
-    /// true from the second time it is asked for the same shape.
-    pub(crate) fn worth_recording(&mut self, key: &K) -> bool {
-        if self.seen.contains(key) {
+    /// Whether a pass of shape `key` runs from a graph: one kept, or one to
+    /// record now (from the second time it is asked for the same shape).
+    pub(crate) fn replays(&mut self, key: &K) -> bool {
+        if self.entries.contains_key(key) || self.seen.contains(key) {
             return true;
         }
         if self.seen.len() >= SHAPES_SEEN {
@@ -226,16 +226,19 @@ mod tests {
     #[test]
     fn a_shape_records_from_its_second_pass() {
         let mut cache: GraphCache<usize, ()> = GraphCache::new();
-        assert!(!cache.worth_recording(&5));
-        assert!(cache.worth_recording(&5));
-        assert!(!cache.worth_recording(&6));
+        assert!(!cache.replays(&5));
+        assert!(cache.replays(&5));
+        assert!(!cache.replays(&6));
         cache.insert(5, ());
         cache.clear();
-        assert!(cache.worth_recording(&5), "still seen after the graphs were dropped");
+        assert!(cache.replays(&5), "still seen after the graphs were dropped");
+        // A kept graph replays, seen or not.
+        cache.insert(7, ());
+        assert!(cache.replays(&7));
         // Past the bound, the shapes seen are forgotten together.
         for k in 100..100 + SHAPES_SEEN {
-            cache.worth_recording(&k);
+            cache.replays(&k);
         }
-        assert!(!cache.worth_recording(&6));
+        assert!(!cache.replays(&6));
     }
 }
