@@ -874,6 +874,11 @@ fn matmul_kernels_match_the_host_at_every_fuel_shape() {
     }
 }
 
+/// The fuels' shapes the matmul checks use: (name, hidden, q dim, kv dim, intermediate),
+/// Llama-3.2-1B and Qwen3-0.6B first.
+const FUEL_SHAPES: [(&str, usize, usize, usize, usize); 3] =
+    [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072), ("smollm2-135m", 576, 576, 192, 1536)];
+
 /// A layer's four products for a fuel of hidden size d, q_dim qd, kv_dim kvd and
 /// intermediate size ff: (name, weight rows n, k, whether the product adds to y).
 fn layer_products(d: usize, qd: usize, kvd: usize, ff: usize) -> [(&'static str, usize, usize, bool); 4] {
@@ -894,10 +899,9 @@ fn layer_products(d: usize, qd: usize, kvd: usize, ff: usize) -> [(&'static str,
 fn cublas_matmul_matches_the_host_and_the_reference() {
     require_gpu();
     let gpu = cuda_backend(&fixture("tiny-qwen3"));
-    // (fuel, hidden, q_dim, kv_dim, intermediate)
-    let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072), ("smollm2-135m", 576, 576, 192, 1536)];
+    let fuels = &FUEL_SHAPES[..];
     let mut seed = 0xc0b1a5;
-    for (fuel, d, qd, kvd, ff) in fuels {
+    for &(fuel, d, qd, kvd, ff) in fuels {
         for (name, n, k, accumulate) in layer_products(d, qd, kvd, ff) {
             // 32-96 rows: where cuBLASLt starts to pay (a chat turn's or an interleaved
             // prompt piece's pass sits there; CUBLAS_MIN_ROWS).
@@ -962,9 +966,9 @@ fn cublas_matmul_matches_the_host_and_the_reference() {
 fn cublas_matmul_candidates_at_prompt_rows() {
     require_gpu();
     let gpu = cuda_backend(&fixture("tiny-qwen3"));
-    let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072)];
+    let fuels = &FUEL_SHAPES[..2];
     let mut seed = 0xa160;
-    for (fuel, d, qd, kvd, ff) in fuels {
+    for &(fuel, d, qd, kvd, ff) in fuels {
         for (name, n, k, accumulate) in layer_products(d, qd, kvd, ff) {
             for rows in [4usize, 128, 512, 2048] {
                 let mut times = Vec::new();
@@ -1002,10 +1006,10 @@ fn cublas_matmul_candidates_at_prompt_rows() {
 fn cublas_split_k_at_short_prompt_rows() {
     require_gpu();
     let gpu = cuda_backend(&fixture("tiny-qwen3"));
-    let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072)];
+    let fuels = &FUEL_SHAPES[..2];
     let mut seed = 0x5b17;
     let rows = 128usize;
-    for (fuel, d, qd, kvd, ff) in fuels {
+    for &(fuel, d, qd, kvd, ff) in fuels {
         for (name, n, k, accumulate) in layer_products(d, qd, kvd, ff) {
             let mut best = (String::new(), f64::INFINITY);
             let mut first = f64::NAN;
@@ -1060,9 +1064,9 @@ fn cublas_rows_keep_their_bits_across_pass_lengths() {
     let gpu = cuda_backend(&fixture("tiny-qwen3"));
     let rows = [33usize, 64, 100, 128, 132, 200, 256, 384, 512, 516, 600, 776, 1024, 1100, 1536, 1800, 2048, 2052, 2559];
     let later = rocket_core::batch::LATER_PASS_SHARED_ROWS;
-    let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072)];
+    let fuels = &FUEL_SHAPES[..2];
     let mut misses = Vec::new();
-    for (fuel, d, qd, kvd, ff) in fuels {
+    for &(fuel, d, qd, kvd, ff) in fuels {
         for (name, n, k, _) in layer_products(d, qd, kvd, ff) {
             for (mode, reference, algo_rows) in [("own", 512, None), ("pinned512", 512, Some(512)), ("pinned128", 128, Some(128))] {
                 let runs = gpu.product_row_bits(RowBitsKernel::Cublas { algo_rows }, n, k, reference, &rows, 0x0b17 + n as u64).unwrap();
@@ -1107,10 +1111,10 @@ fn cublas_rows_keep_their_bits_across_pass_lengths() {
 fn f16_gemm_matches_the_host_and_keeps_a_rows_bits() {
     require_gpu();
     let gpu = cuda_backend(&fixture("tiny-qwen3"));
-    let fuels = [("llama-3.2-1b", 2048, 2048, 512, 8192), ("qwen3-0.6b", 1024, 2048, 1024, 3072), ("smollm2-135m", 576, 576, 192, 1536)];
+    let fuels = &FUEL_SHAPES[..];
     let mut seed = 0xf16_6e44;
     let mut misses = Vec::new();
-    for (fuel, d, qd, kvd, ff) in fuels {
+    for &(fuel, d, qd, kvd, ff) in fuels {
         let mut sums = [(0f64, 0f64); 3];
         for (name, n, k, accumulate) in layer_products(d, qd, kvd, ff) {
             for rows in [33usize, 64, 72, 128, 200, 256] {

@@ -295,6 +295,10 @@ impl Cublas {
         self.matmul_with(stream, operands, w, x, y, n, k, rows, accumulate, AlgoChoice::FIRST).map(|_| ())
     }
 
+    fn lock_plans(&self) -> Result<std::sync::MutexGuard<'_, HashMap<PlanKey, Plan>>> {
+        self.plans.lock().map_err(|_| RocketError::Internal("the cuBLASLt plans' lock is poisoned".into()))
+    }
+
     /// `matmul` on the algorithm `choice` names; returns it (`describe_algo` says
     /// what it is), or None (and runs nothing) where the heuristic offered fewer.
     #[allow(clippy::too_many_arguments)]
@@ -311,7 +315,7 @@ impl Cublas {
         accumulate: bool,
         choice: AlgoChoice,
     ) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
-        let mut plans = self.plans.lock().map_err(|_| RocketError::Internal("the cuBLASLt plans' lock is poisoned".into()))?;
+        let mut plans = self.lock_plans()?;
         let aligned = [alignment(w), alignment(x), alignment(y)];
         let key = |rows: usize| (operands, n, k, rows, aligned);
         // Another row count's pick: its plan first (the forward pass's own pick needs one lookup).
@@ -349,7 +353,7 @@ impl Cublas {
         splits: u32,
         scheme: u32,
     ) -> Result<std::result::Result<sys::cublasLtMatmulAlgo_t, String>> {
-        let mut plans = self.plans.lock().map_err(|_| RocketError::Internal("the cuBLASLt plans' lock is poisoned".into()))?;
+        let mut plans = self.lock_plans()?;
         let key = (Operands::F16, n, k, rows, [alignment(w), alignment(x), alignment(y)]);
         let plan = plan(&mut plans, self.handle, key)?;
         let Some(&algo) = plan.candidates.get(candidate) else { return Ok(Err("fewer candidates".into())) };
