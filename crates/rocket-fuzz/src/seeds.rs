@@ -198,31 +198,6 @@ fn quantize_q4_0(v: &[f32]) -> Vec<u8> {
     out
 }
 
-fn gguf_name(hf: &str) -> String {
-    match hf {
-        "model.embed_tokens.weight" => return "token_embd.weight".into(),
-        "model.norm.weight" => return "output_norm.weight".into(),
-        "lm_head.weight" => return "output.weight".into(),
-        _ => {}
-    }
-    let part = hf.strip_prefix("model.layers.0.").expect("a layer tensor");
-    let g = match part {
-        "input_layernorm.weight" => "attn_norm.weight",
-        "self_attn.q_proj.weight" => "attn_q.weight",
-        "self_attn.k_proj.weight" => "attn_k.weight",
-        "self_attn.v_proj.weight" => "attn_v.weight",
-        "self_attn.o_proj.weight" => "attn_output.weight",
-        "self_attn.q_norm.weight" => "attn_q_norm.weight",
-        "self_attn.k_norm.weight" => "attn_k_norm.weight",
-        "post_attention_layernorm.weight" => "ffn_norm.weight",
-        "mlp.gate_proj.weight" => "ffn_gate.weight",
-        "mlp.up_proj.weight" => "ffn_up.weight",
-        "mlp.down_proj.weight" => "ffn_down.weight",
-        other => panic!("unexpected {other}"),
-    };
-    format!("blk.0.{g}")
-}
-
 /// A tiny GGUF of `arch` (llama or qwen3) with matrices stored as ggml type
 /// `quant` (0 F32, 1 F16, 2 Q4_0, 8 Q8_0, 30 BF16); `chat_template` and extra
 /// metadata keys are added as given.
@@ -241,7 +216,7 @@ pub fn tiny_gguf(arch: &str, quant: u32, chat_template: &str, extra_meta: Vec<(S
                 _ => (0, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
             }
         };
-        tensors.push((gguf_name(&name), shape.iter().rev().map(|&d| d as u64).collect(), type_id, bytes));
+        tensors.push((rocket_core::weights::gguf::gguf_name(&name).expect("a tensor GGUF names"), shape.iter().rev().map(|&d| d as u64).collect(), type_id, bytes));
     }
     let k = |s: &str| format!("{arch}.{s}");
     let mut meta = vec![
