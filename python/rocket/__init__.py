@@ -128,7 +128,7 @@ class LLM:
     - ``decode``: batch-1 decode path, ``"auto"`` (default), ``"graph"``, ``"megakernel"``
     - ``matmul``: matmul kernel per pass, ``"auto"`` (default), ``"gemv"``, ``"tensor"``, ``"cublas"``
     - ``sampler``: where sampled tokens are picked, ``"device"`` (default) or ``"host"``
-    - ``cuda_graphs`` (True), ``prompt_graphs`` (False), ``loop_sampling`` (False), ``pdl`` (True),
+    - ``cuda_graphs`` (True), ``prompt_graphs`` (True), ``loop_sampling`` (False), ``pdl`` (True),
       ``fuse`` (True), ``tc_attention`` (True), ``wgmma_attention`` (True): on/off switches
     - ``watchdog_ms``: megakernel stall limit in milliseconds (2000)
     - ``trace_step``: megakernel decode launches log where this step's time went (None)

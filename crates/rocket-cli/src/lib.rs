@@ -91,10 +91,10 @@ pub(crate) struct ModelArgs {
     /// GPU: where sampled tokens are picked [default: device]
     #[arg(long, value_parser = choice_parser!(SamplerPlacement))]
     sampler: Option<SamplerPlacement>,
-    /// GPU: replay decode steps (and, with --prompt-graphs on, short prompt passes) from CUDA graphs [default: on]
+    /// GPU: replay decode steps and (with --prompt-graphs on) short prompt passes from CUDA graphs [default: on]
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("cuda-graphs"))]
     cuda_graphs: Option<bool>,
-    /// GPU: prompt passes of up to 512 rows padded to a row bucket and replayed from CUDA graphs (with --cuda-graphs on) [default: off]
+    /// GPU: prompt passes of up to 512 rows padded to a row bucket and replayed from CUDA graphs (with --cuda-graphs on) [default: on]
     #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("prompt-graphs"))]
     prompt_graphs: Option<bool>,
     /// GPU: top-k requests with k above 64 also run in the megakernel's token loop, one CTA sampling (every other request does, all SMs sampling) [default: off]
@@ -310,7 +310,7 @@ mod tests {
         let o = options(&[], &env).unwrap();
         assert_eq!((o.gpu.decode, o.gpu.pdl, o.gpu.watchdog.as_millis(), o.gpu.sampler), (DecodePath::Megakernel, false, 5000, SamplerPlacement::Host));
         let flags = [
-            "--decode", "graph", "--matmul", "tensor", "--sampler", "device", "--cuda-graphs", "off", "--prompt-graphs", "on", "--loop-sampling", "on",
+            "--decode", "graph", "--matmul", "tensor", "--sampler", "device", "--cuda-graphs", "off", "--prompt-graphs", "off", "--loop-sampling", "on",
             "--pdl", "on", "--fuse", "false", "--tc-attention", "off", "--wgmma-attention", "off", "--watchdog-ms", "7", "--trace-step", "3", "--progress", "always", "--max-seq-len", "9",
             "--prefix-cache-bytes", "256M", "--prefix-block", "64",
         ];
@@ -319,7 +319,7 @@ mod tests {
             decode: DecodePath::Graph,
             matmul: MatmulPath::Tensor,
             cuda_graphs: false,
-            prompt_graphs: true,
+            prompt_graphs: false,
             sampler: SamplerPlacement::Device,
             loop_sampling: true,
             pdl: true,
