@@ -27,6 +27,10 @@ from .errors import (
     TokenizerError,
 )
 
+# One chat message: "role" a str; "content" a str, a list of {"type": "text", "text": ...}
+# parts (as in OpenAI's API), or None for an assistant turn.
+ChatMessage = Mapping[str, "str | Sequence[Mapping[str, str]] | None"]
+
 __version__: str = _rocket.__version__
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -244,7 +248,7 @@ class LLM:
             raise _bad_arg("prompt", prompt, "prompt must be a str")
         return self._engine.stream(prompt, _check_params(params))
 
-    def chat(self, messages: Sequence[Mapping[str, str]], params: SamplingParams | None = None) -> RequestOutput:
+    def chat(self, messages: Sequence[ChatMessage], params: SamplingParams | None = None) -> RequestOutput:
         """Render ``messages`` with the chat template (generation prompt added) and generate;
         an unset ``max_tokens`` means until the context is full (as OpenAI's chat API).
         Roles go to the template as given (``apply_chat_template`` is HF's); an empty
@@ -261,7 +265,7 @@ class LLM:
 
     def apply_chat_template(
         self,
-        messages: Sequence[Mapping[str, str]],
+        messages: Sequence[ChatMessage],
         add_generation_prompt: bool = True,
     ) -> str:
         """Render ``[{"role": ..., "content": ...}, ...]`` with the model's chat template.
@@ -321,6 +325,7 @@ def generate(prompt: str, model: str | os.PathLike[str] | None = None, **samplin
 
 __all__ = [
     "LLM",
+    "ChatMessage",
     "SamplingParams",
     "RequestOutput",
     "Stream",
