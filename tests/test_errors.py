@@ -184,6 +184,14 @@ def test_bad_sampling_arguments_name_the_parameter(kwargs: dict[str, object], pa
     assert info.value.parameter == parameter and parameter in str(info.value)
 
 
+@pytest.mark.parametrize(("parameter", "value"), [("top_p", 1e-300), ("temperature", 1e300), ("min_p", -1e-60)])
+def test_numbers_past_f32_are_named_as_given(parameter: str, value: float) -> None:
+    # Not as the 0 or inf they would round to.
+    with pytest.raises(rocket.InvalidArgumentError) as info:
+        rocket.SamplingParams(**{parameter: value})  # type: ignore[arg-type]
+    assert info.value.parameter == parameter and repr(value) in str(info.value), str(info.value)
+
+
 def test_params_of_the_wrong_type_are_named(tiny_llama: rocket.LLM) -> None:
     with pytest.raises(rocket.InvalidArgumentError, match="got dict"):
         tiny_llama.generate("x", {"max_tokens": 3})  # type: ignore[arg-type]

@@ -117,7 +117,15 @@ fn float_arg(py: Python<'_>, name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResu
     if v.is_instance_of::<PyBool>() || !(plain || real()?) {
         return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be a number, got {}", type_name(v))));
     }
-    Ok(Some(v.call_method0("__float__")?.extract::<f64>()? as f32))
+    let x = v.call_method0("__float__")?.extract::<f64>()?;
+    // The engine checks ranges in f32: a value that f32 cannot hold would reach it as 0 or
+    // inf, and its error would name that instead of what was given.
+    let y = x as f32;
+    if (x.is_finite() && y.is_infinite()) || (x != 0.0 && y == 0.0) {
+        let given = v.repr().map(|r| r.to_string()).unwrap_or_default();
+        return Err(bad_arg(py, name, given, "outside a 32-bit float's range: magnitudes from 1.4e-45 to 3.4e38, or 0"));
+    }
+    Ok(Some(y))
 }
 
 fn bool_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>) -> PyResult<bool> {
