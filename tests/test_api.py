@@ -236,6 +236,13 @@ def test_numpy_integers_are_token_ids_and_counts(tiny_qwen3: rocket.LLM) -> None
         with pytest.raises(rocket.InvalidArgumentError) as e:
             _rocket.EngineOptions(**{keyword: bad})
         assert e.value.parameter == keyword
+    # Switches take numpy's bool (what comparisons of arrays give), never its integers.
+    assert rocket.SamplingParams(ignore_eos=np.bool_(True)).ignore_eos is True
+    assert rocket.SamplingParams(skip_special_tokens=np.float64(1.0) > 2).skip_special_tokens is False
+    assert "pdl: false" in repr(_rocket.EngineOptions(pdl=np.False_))
+    for make in (lambda: rocket.SamplingParams(ignore_eos=np.int64(1)), lambda: _rocket.EngineOptions(pdl=np.int8(0))):
+        with pytest.raises(rocket.InvalidArgumentError):
+            make()
 
 
 def test_bad_arguments_name_their_parameter(tiny_llama: rocket.LLM) -> None:

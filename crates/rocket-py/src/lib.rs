@@ -129,10 +129,7 @@ fn float_arg(py: Python<'_>, name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResu
 }
 
 fn bool_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>) -> PyResult<bool> {
-    if !v.is_instance_of::<PyBool>() {
-        return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be a bool, got {}", type_name(v))));
-    }
-    v.extract()
+    options::as_bool(v).ok_or_else(|| bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be a bool, got {}", type_name(v))))
 }
 
 /// A list of token ids (ints in [0, 2^32)), or InvalidArgumentError naming `name`.

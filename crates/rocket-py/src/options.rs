@@ -31,8 +31,18 @@ fn choice<T: FromStr<Err = RocketError>>(name: &str, value: &Bound<'_, PyAny>) -
 }
 
 fn switch(name: &str, value: &Bound<'_, PyAny>) -> Result<bool, RocketError> {
-    let b = value.cast::<PyBool>().map_err(|_| bad(name, value, "expected True or False"))?;
-    Ok(b.is_true())
+    as_bool(value).ok_or_else(|| bad(name, value, "expected True or False"))
+}
+
+/// True or False, or numpy's bool scalar (what comparisons of arrays give); never an int.
+pub(crate) fn as_bool(value: &Bound<'_, PyAny>) -> Option<bool> {
+    if let Ok(b) = value.cast::<PyBool>() {
+        return Some(b.is_true());
+    }
+    let ty = value.get_type();
+    let numpy_bool = ty.module().is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"))
+        && ty.name().is_ok_and(|n| n.to_str().is_ok_and(|n| n == "bool" || n == "bool_"));
+    if numpy_bool { value.is_truthy().ok() } else { None }
 }
 
 /// A whole number as text for the core's parsers: an int or what `operator.index`
