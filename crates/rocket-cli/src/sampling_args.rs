@@ -43,6 +43,13 @@ fn seed(s: &str) -> Result<u64, String> {
     }
 }
 
+/// A sampling number: one past f32's range is refused as given, not as the inf
+/// or 0 it would round to (the resolver checks the field's own range).
+fn number(s: &str) -> Result<f32, String> {
+    let x: f64 = s.trim().parse().map_err(|_| format!("must be a number, got {s:?}"))?;
+    rocket_core::sampling_options::sampling_f32("", x).map_err(|_| format!("is outside a 32-bit float's range (magnitudes from 1.4e-45 to 3.4e38, or 0): {s}"))
+}
+
 fn token_id(s: &str) -> Result<u32, String> {
     match s.trim().parse::<i128>() {
         Ok(v) if (0..=u32::MAX as i128).contains(&v) => Ok(v as u32),
@@ -53,29 +60,29 @@ fn token_id(s: &str) -> Result<u32, String> {
 #[derive(clap::Args, Clone, Debug, Default)]
 pub(crate) struct SamplingArgs {
     /// 0 = greedy [default: generation_config's when it sets do_sample, else 0]
-    #[arg(long, short = 't', allow_negative_numbers = true)]
+    #[arg(long, short = 't', allow_negative_numbers = true, value_parser = number)]
     pub temperature: Option<f32>,
     /// Keep the k most likely tokens, 0 or -1 = off [default: generation_config, else 0]
     #[arg(long, allow_negative_numbers = true, value_parser = top_k)]
     pub top_k: Option<usize>,
     /// Nucleus sampling threshold in (0, 1] [default: generation_config, else 1]
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = number)]
     pub top_p: Option<f32>,
     /// Drop tokens below MIN_P x the top probability, in [0, 1] [default: 0]
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = number)]
     pub min_p: Option<f32>,
     /// Suppress end tokens until this many tokens exist [default: 0]
     #[arg(long, allow_negative_numbers = true, value_parser = count)]
     pub min_tokens: Option<usize>,
     /// Penalise tokens already seen: a positive logit is divided by it, a negative one
     /// multiplied (HF's rule); > 0, 1 = off [default: generation_config, else 1]
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = number)]
     pub repetition_penalty: Option<f32>,
     /// Subtract from logits of generated tokens, in [-2, 2] [default: 0]
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = number)]
     pub presence_penalty: Option<f32>,
     /// Subtract per occurrence from logits of generated tokens, in [-2, 2] [default: 0]
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = number)]
     pub frequency_penalty: Option<f32>,
     /// Seed for sampling (same seed, same output) [default: a fresh one]
     #[arg(long, allow_negative_numbers = true, value_parser = seed)]
@@ -184,5 +191,16 @@ mod tests {
             let e = parse(args).unwrap_err();
             assert!(e.contains(want) && !e.contains("-- -"), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn numbers_past_f32_are_refused_as_given() {
+        for (args, given) in [(&["-t", "1e300"][..], "1e300"), (&["--top-p", "1e-300"][..], "1e-300"), (&["--min-p", "-1e60"][..], "-1e60")] {
+            let e = parse(args).unwrap_err();
+            assert!(e.contains("32-bit float") && e.contains(given), "{args:?}: {e}");
+        }
+        assert!(parse(&["-t", "warm"]).unwrap_err().contains("must be a number"));
+        // As the server and Python read them: through f64.
+        assert_eq!(parse(&["--top-p", "0.9"]).unwrap().top_p, Some(0.9f64 as f32));
     }
 }

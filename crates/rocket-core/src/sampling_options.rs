@@ -153,10 +153,37 @@ impl SamplingOptions {
     }
 }
 
+/// A sampling number given wider than the options hold it (JSON, Python floats, the
+/// command line) as its `f32`, or an error naming `parameter` with the value as
+/// given: a finite value past f32's range would become inf, and a nonzero one below
+/// it 0, and the range check would then report that instead. NaN and the infinities
+/// pass through for the range check to refuse.
+pub fn sampling_f32(parameter: &str, given: f64) -> crate::Result<f32> {
+    let narrow = given as f32;
+    if (given.is_finite() && narrow.is_infinite()) || (given != 0.0 && narrow == 0.0) {
+        // `{:?}` writes 1e300 as such, where `{}` writes every digit.
+        return Err(crate::RocketError::invalid_arg(parameter, format!("{given:?}"), "outside a 32-bit float's range: magnitudes from 1.4e-45 to 3.4e38, or 0"));
+    }
+    Ok(narrow)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{Engine, EngineOptions, ErrorKind, RocketError};
+
+    #[test]
+    fn numbers_past_f32_are_refused_as_given() {
+        assert_eq!(sampling_f32("top_p", 0.9).unwrap(), 0.9f32);
+        assert_eq!(sampling_f32("temperature", 0.0).unwrap(), 0.0);
+        assert_eq!(sampling_f32("min_p", 1e-45).unwrap(), 1e-45f32);
+        assert!(sampling_f32("temperature", f64::INFINITY).unwrap().is_infinite());
+        assert!(sampling_f32("temperature", f64::NAN).unwrap().is_nan());
+        for (name, x, shown) in [("top_p", 1e-300, "1e-300"), ("temperature", 1e300, "1e300"), ("presence_penalty", -1e39, "-1e39")] {
+            let e = sampling_f32(name, x).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains(&format!(": {shown} (")), "{e}");
+        }
+    }
     use serde_json::json;
 
     /// tiny-llama: vocabulary 512, context 256.

@@ -118,14 +118,11 @@ fn float_arg(py: Python<'_>, name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResu
         return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be a number, got {}", type_name(v))));
     }
     let x = v.call_method0("__float__")?.extract::<f64>()?;
-    // The engine checks ranges in f32: a value that f32 cannot hold would reach it as 0 or
-    // inf, and its error would name that instead of what was given.
-    let y = x as f32;
-    if (x.is_finite() && y.is_infinite()) || (x != 0.0 && y == 0.0) {
-        let given = v.repr().map(|r| r.to_string()).unwrap_or_default();
-        return Err(bad_arg(py, name, given, "outside a 32-bit float's range: magnitudes from 1.4e-45 to 3.4e38, or 0"));
-    }
-    Ok(Some(y))
+    rocket_core::sampling_options::sampling_f32(name, x).map(Some).map_err(|e| match e {
+        // The value as Python writes it (1e+300).
+        RocketError::InvalidArgument { message, .. } => bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), message),
+        e => to_py_err(py, e),
+    })
 }
 
 fn bool_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>) -> PyResult<bool> {

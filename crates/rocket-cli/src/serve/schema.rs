@@ -9,6 +9,7 @@
 use std::fmt;
 
 use rocket_core::sampling::MAX_LOGPROBS;
+use rocket_core::sampling_options::sampling_f32;
 use rocket_core::{ChatMessage, SamplingOptions};
 use serde::de::{self, DeserializeOwned, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -237,13 +238,13 @@ fn sampling(b: SamplingBody, max_tokens_fields: &[&str]) -> Result<SamplingOptio
     Ok(SamplingOptions {
         max_tokens,
         min_tokens: int_min("min_tokens", b.min_tokens, 0)?.map(|n| n as usize),
-        temperature: b.temperature.map(|t| t as f32),
+        temperature: narrow("temperature", b.temperature)?,
         top_k,
-        top_p: b.top_p.map(|p| p as f32),
-        min_p: b.min_p.map(|p| p as f32),
-        repetition_penalty: b.repetition_penalty.map(|r| r as f32),
-        presence_penalty: b.presence_penalty.map(|p| p as f32),
-        frequency_penalty: b.frequency_penalty.map(|p| p as f32),
+        top_p: narrow("top_p", b.top_p)?,
+        min_p: narrow("min_p", b.min_p)?,
+        repetition_penalty: narrow("repetition_penalty", b.repetition_penalty)?,
+        presence_penalty: narrow("presence_penalty", b.presence_penalty)?,
+        frequency_penalty: narrow("frequency_penalty", b.frequency_penalty)?,
         // A negative seed is a valid OpenAI seed: its bits are the seed.
         seed: int("seed", b.seed)?.map(|s| s as u64),
         stop: b.stop.unwrap_or_default().0,
@@ -252,6 +253,11 @@ fn sampling(b: SamplingBody, max_tokens_fields: &[&str]) -> Result<SamplingOptio
         logprobs: None,
         skip_special_tokens: b.skip_special_tokens,
     })
+}
+
+/// A JSON number as the f32 the options hold (one past f32's range is refused as given).
+fn narrow(name: &str, v: Option<f64>) -> Result<Option<f32>> {
+    v.map(|x| sampling_f32(name, x)).transpose().map_err(|e| ApiError::from_engine(&e, "prompt"))
 }
 
 /// `stream` and `stream_options.include_usage`.
@@ -603,6 +609,8 @@ mod tests {
             (json!({"prompt": "x", "temperature": -0.1}), "temperature"),
             (json!({"prompt": "x", "top_p": 0}), "top_p"),
             (json!({"prompt": "x", "top_p": 1.5}), "top_p"),
+            (json!({"prompt": "x", "top_p": 1e-300}), "top_p"),
+            (json!({"prompt": "x", "temperature": 1e300}), "temperature"),
             (json!({"prompt": "x", "top_k": -2}), "top_k"),
             (json!({"prompt": "x", "min_p": 2}), "min_p"),
             (json!({"prompt": "x", "presence_penalty": 2.5}), "presence_penalty"),
