@@ -115,6 +115,9 @@ RESULT_DIR=${OUT:-/tmp/rocket-out}
 LOGS=${LOGS:-/tmp/rocket-logs}
 CK=${CK:-/tmp/rocket-ckpt}
 mkdir -p "$RESULT_DIR" "$LOGS" "$CK"
+# A warm machine keeps $LOGS across calls: the last call's logs go, so that logs.tgz holds this
+# call's alone (the soak's stay: a soak outlives the call that started it).
+find "$LOGS" -mindepth 1 -maxdepth 1 ! -name 'soak*' -exec rm -rf {} +
 if [[ ${POWER_LOG:-0} == 1 ]]; then
     TZ=UTC nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader -lms 50 > "$LOGS/power.csv" &
     POWER_PID=$!
