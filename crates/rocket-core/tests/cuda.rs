@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use common::*;
 use rocket_core::backend::cuda::{unavailable_reason, CudaBackend, FusedF16, HandoffMode, MatmulFusion, MatmulKernel, RowBitsKernel};
 use rocket_core::backend::{Backend, Chunk, Device, Logits};
+use rocket_core::model::{ModelSpec, ModelWeights};
 use rocket_core::progress::LoadProgress;
 use rocket_core::weights::Tensor;
 use rocket_core::{DecodePath, Engine, EngineOptions, EngineRequest, GpuOptions, MatmulPath, Progress, SamplingParams};
@@ -41,7 +42,12 @@ fn graph_gemv() -> GpuOptions {
 /// The CUDA backend alone (`graph_gemv`) on a checkpoint.
 fn cuda_backend(path: &std::path::Path) -> CudaBackend {
     let (spec, weights) = open_weights(path);
-    CudaBackend::with_options(spec, &weights, &LoadProgress::new(Progress::Off), graph_gemv()).unwrap()
+    backend_with(&spec, &weights, graph_gemv())
+}
+
+/// The CUDA backend alone on opened weights, with `opts`.
+fn backend_with(spec: &ModelSpec, weights: &ModelWeights, opts: GpuOptions) -> CudaBackend {
+    CudaBackend::with_options(spec.clone(), weights, &LoadProgress::new(Progress::Off), opts).unwrap()
 }
 
 fn load(path: &PathBuf, device: Device) -> Engine {
@@ -169,7 +175,7 @@ fn tensor_core_matmul_matches_the_reference_and_the_gemv() {
             // path checked here is the one decode and prefill run.
             let opts = GpuOptions { decode: DecodePath::Graph, matmul, ..GpuOptions::default() };
             assert!(opts.fuse && opts.pdl && opts.cuda_graphs);
-            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
+            backend_with(&spec, &weights, opts)
         };
         let (tc, gemv) = (backend(true), backend(false));
         let cpu = load(&path, Device::Cpu);
@@ -217,7 +223,7 @@ fn a_decode_row_is_the_same_bits_beside_a_prompt_on_the_tensor_cores() {
     for path in checkpoints() {
         let (spec, weights) = open_weights(&path);
         let opts = GpuOptions { decode: DecodePath::Graph, matmul: MatmulPath::Tensor, ..GpuOptions::default() };
-        let b = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap();
+        let b = backend_with(&spec, &weights, opts);
         let next = [random_ids(73, 1, spec.vocab_size)[0]];
         // A short pair (one 64-position attention split each), and a decode row past one
         // split beside a prompt chunk whose context reaches past 32 splits of 64 (which
@@ -268,7 +274,7 @@ fn a_kv_only_pass_fills_the_cache_as_a_pass_with_logits_does() {
         // GEMV, where a one-token piece is decode-shaped and captured in a graph keyed by its output
         // rows, and the prompt passes launched unpadded.
         for opts in [GpuOptions::default(), graph_gemv(), GpuOptions { prompt_graphs: false, ..GpuOptions::default() }] {
-            let b = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts.clone()).unwrap();
+            let b = backend_with(&spec, &weights, opts.clone());
             let ids = random_ids(81, 140, spec.vocab_size);
             // Pieces (0..64, 64..65, 65..139) then the last token; the same pieces asking each for
             // its last row's logits must leave the same cache, hence the same final logits, bit for bit.
@@ -296,11 +302,11 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
     for path in checkpoints() {
         let (spec, weights) = open_weights(&path);
         let vocab = spec.vocab_size;
-        let backend_with = |tc_attention: bool, matmul: MatmulPath, wgmma_attention: bool| {
+        let attention_backend = |tc_attention: bool, matmul: MatmulPath, wgmma_attention: bool| {
             let opts = GpuOptions { decode: DecodePath::Graph, matmul, tc_attention, wgmma_attention, ..GpuOptions::default() };
-            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
+            backend_with(&spec, &weights, opts)
         };
-        let backend = |tc_attention: bool, matmul: MatmulPath| backend_with(tc_attention, matmul, true);
+        let backend = |tc_attention: bool, matmul: MatmulPath| attention_backend(tc_attention, matmul, true);
         // ROCKET_TC_ATTN_SHORT=1 keeps the cases of a few key tiles (every path of the
         // kernel's loop: one tile, several, a partial one, a start mid-tile) and drops the long
         // and deep ones, so compute-sanitizer's racecheck reaches the multi-tile cases in minutes.
@@ -316,7 +322,7 @@ fn prompt_attention_on_the_tensor_cores_matches_the_split_kernel_and_ignores_til
         let (tc, split) = (backend(true, MatmulPath::Tensor), backend(false, MatmulPath::Tensor));
         // On Hopper at head_dim 64 and 128 `tc` runs the wgmma kernel; the mma.sync one
         // (every other GPU's) is checked beside it.
-        let tc_mma = backend_with(true, MatmulPath::Tensor, false);
+        let tc_mma = attention_backend(true, MatmulPath::Tensor, false);
         let auto_label = match autos.as_ref().map(|(auto, _)| auto.cublas_operands().unwrap()) {
             Some("fp16") => "auto (fp16 from 33 rows)",
             _ => "auto (no cuBLASLt: the tensor-core GEMM)",
@@ -431,7 +437,7 @@ fn a_prompt_rows_bits_do_not_depend_on_its_pass_length() {
         if spec.max_position_embeddings < len {
             continue;
         }
-        let backend = CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), GpuOptions::default()).unwrap();
+        let backend = backend_with(&spec, &weights, GpuOptions::default());
         let ids = random_ids(2560, len, spec.vocab_size);
         let last_logits = |cuts: &[usize]| last_logits_of_cut_passes(&backend, &ids, cuts);
         let whole = last_logits(&[]);
@@ -482,7 +488,7 @@ fn prompt_graphs_replay_the_bits_of_the_padded_pass() {
         let (spec, weights) = open_weights(&path);
         let with = |prompt_graphs: bool, cuda_graphs: bool| {
             let opts = GpuOptions { prompt_graphs, cuda_graphs, ..GpuOptions::default() };
-            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
+            backend_with(&spec, &weights, opts)
         };
         let (graphed, direct, plain) = (with(true, true), with(true, false), with(false, true));
         let vocab = spec.vocab_size;
@@ -1271,7 +1277,7 @@ fn fp16_products_redo_a_pass_past_the_range_on_bf16_parts() {
         }
         let backend = |matmul, fuse| {
             let opts = GpuOptions { decode: DecodePath::Graph, matmul, fuse, ..GpuOptions::default() };
-            CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
+            backend_with(&spec, &weights, opts)
         };
         let (lt, tc) = (backend(MatmulPath::Cublas, true), backend(MatmulPath::Tensor, true));
         let ids = random_ids(11, 160, spec.vocab_size);
@@ -1335,7 +1341,7 @@ fn attention_outputs_past_the_fp16_range_redo_the_pass() {
     last.v_proj = Tensor::owned_f32(shape, values.iter().map(|w| w * (60_000.0 / largest)).collect());
     let backend = |matmul| {
         let opts = GpuOptions { decode: DecodePath::Graph, matmul, ..GpuOptions::default() };
-        CudaBackend::with_options(spec.clone(), &weights, &LoadProgress::new(Progress::Off), opts).unwrap()
+        backend_with(&spec, &weights, opts)
     };
     let (auto, tc) = (backend(MatmulPath::Auto), backend(MatmulPath::Tensor));
     let ids = random_ids(13, 160, spec.vocab_size);
