@@ -47,7 +47,7 @@ fn seed(s: &str) -> Result<u64, String> {
 /// or 0 it would round to (the resolver checks the field's own range).
 fn number(s: &str) -> Result<f32, String> {
     let x: f64 = s.trim().parse().map_err(|_| format!("must be a number, got {s:?}"))?;
-    rocket_core::sampling_options::sampling_f32("", x).map_err(|_| format!("is outside a 32-bit float's range (magnitudes from 1.4e-45 to 3.4e38, or 0): {s}"))
+    crate::reason(rocket_core::sampling_options::sampling_f32("", x))
 }
 
 fn token_id(s: &str) -> Result<u32, String> {
