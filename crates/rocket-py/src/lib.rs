@@ -39,6 +39,11 @@ fn bad_arg(py: Python<'_>, name: &str, value: impl ToString, message: impl Into<
     to_py_err(py, RocketError::invalid_arg(name, value, message))
 }
 
+/// `bad_arg` for the Python object `v`, shown as its repr.
+fn bad_value(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>, message: impl Into<String>) -> PyErr {
+    bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), message)
+}
+
 /// How long a wait for results runs without the GIL before Python's signal
 /// handlers get a turn: Ctrl-C interrupts a generation within this.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -93,7 +98,7 @@ fn int_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>, min: i128, max: i12
         v.call_method0("__index__").ok().filter(|i| i.is_instance_of::<PyInt>() && !i.is_instance_of::<PyBool>())
     };
     let Some(v) = int else {
-        return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be an int, got {}", type_name(v))));
+        return Err(bad_value(py, name, v, format!("must be an int, got {}", type_name(v))));
     };
     match v.extract::<i128>() {
         Ok(i) if (min..=max).contains(&i) => Ok(i),
@@ -115,24 +120,24 @@ fn float_arg(py: Python<'_>, name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResu
     let plain = v.is_instance_of::<PyFloat>() || v.is_instance_of::<PyInt>();
     let real = || -> PyResult<bool> { v.is_instance(&py.import("numbers")?.getattr("Real")?) };
     if v.is_instance_of::<PyBool>() || !(plain || real()?) {
-        return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be a number, got {}", type_name(v))));
+        return Err(bad_value(py, name, v, format!("must be a number, got {}", type_name(v))));
     }
     let x = v.call_method0("__float__")?.extract::<f64>()?;
     rocket_core::sampling_options::sampling_f32(name, x).map(Some).map_err(|e| match e {
         // The value as Python writes it (1e+300).
-        RocketError::InvalidArgument { message, .. } => bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), message),
+        RocketError::InvalidArgument { message, .. } => bad_value(py, name, v, message),
         e => to_py_err(py, e),
     })
 }
 
 fn bool_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>) -> PyResult<bool> {
-    options::as_bool(v).ok_or_else(|| bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be a bool, got {}", type_name(v))))
+    options::as_bool(v).ok_or_else(|| bad_value(py, name, v, format!("must be a bool, got {}", type_name(v))))
 }
 
 /// A list of token ids (ints in [0, 2^32)), or InvalidArgumentError naming `name`.
 fn token_ids_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
-        return Err(bad_arg(py, name, v.repr().map(|r| r.to_string()).unwrap_or_default(), "must be a list of token ids (ints >= 0)"));
+        return Err(bad_value(py, name, v, "must be a list of token ids (ints >= 0)"));
     }
     let items = v
         .try_iter()
@@ -141,7 +146,7 @@ fn token_ids_arg(py: Python<'_>, name: &str, v: &Bound<'_, PyAny>) -> PyResult<V
     for (i, item) in items.enumerate() {
         let item = item?;
         let id = int_arg(py, &format!("{name}[{i}]"), &item, 0, u32::MAX as i128, "must be a token id (an int in [0, 2**32))")
-            .map_err(|_| bad_arg(py, name, item.repr().map(|r| r.to_string()).unwrap_or_default(), format!("{name}[{i}] must be a token id (an int in [0, 2**32))")))?;
+            .map_err(|_| bad_value(py, name, &item, format!("{name}[{i}] must be a token id (an int in [0, 2**32))")))?;
         ids.push(id as u32);
     }
     Ok(ids)
@@ -195,7 +200,7 @@ impl SamplingParams {
             None => Vec::new(),
             Some(v) if v.is_instance_of::<PyString>() => vec![v.extract()?],
             Some(v) => v.extract::<Vec<String>>().map_err(|_| {
-                bad_arg(py, "stop", v.repr().map(|r| r.to_string()).unwrap_or_default(), format!("must be a str or a list of str, got {}", type_name(v)))
+                bad_value(py, "stop", v, format!("must be a str or a list of str, got {}", type_name(v)))
             })?,
         };
         let seed = seed
