@@ -200,7 +200,7 @@ pub struct GpuOptions {
     /// shape (the bucket, the prompts in the pass, what it picks) instead of
     /// launching their kernels one by one; a shape records its graph at its
     /// second pass. The pad rows are a sequence of their own, so the prompt's
-    /// rows get the bits of an unpadded pass of the bucket's length. Default off.
+    /// rows get the bits of an unpadded pass of the bucket's length. Default on.
     pub prompt_graphs: bool,
     /// Where sampled tokens are picked. Default `Device`.
     pub sampler: SamplerPlacement,
