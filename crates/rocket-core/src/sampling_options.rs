@@ -171,6 +171,7 @@ pub fn sampling_f32(parameter: &str, given: f64) -> crate::Result<f32> {
 mod tests {
     use super::*;
     use crate::{Engine, EngineOptions, ErrorKind, RocketError};
+    use serde_json::json;
 
     #[test]
     fn numbers_past_f32_are_refused_as_given() {
@@ -184,7 +185,6 @@ mod tests {
             assert!(e.contains(name) && e.contains(&format!(": {shown} (")), "{e}");
         }
     }
-    use serde_json::json;
 
     /// tiny-llama: vocabulary 512, context 256.
     fn engine(generation: serde_json::Value) -> Engine {
