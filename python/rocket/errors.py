@@ -17,7 +17,9 @@ class TokenizerError(RocketError):
 
 
 class InvalidArgumentError(RocketError, ValueError):
-    """A bad argument; ``parameter`` names it and ``value`` is what was given."""
+    """A bad argument; ``parameter`` names it and ``value`` is what was given: the
+    object itself where the Python layer refused it, its text where the engine did
+    (the engine sees values, not Python objects)."""
 
     parameter: str | None = None
     value: object = None
