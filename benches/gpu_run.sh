@@ -67,6 +67,11 @@
 #             RATIO lines: each mode's step over greedy's (benches/race_ratios.py)
 #   attnprof  Nsight Compute sections (throughput, stalls, occupancy) of the prompt attention's
 #             launches in a 4,096-token Llama-3.2-1B prefill (PROFILE_FUEL picks another)
+#   mkstall   Nsight Compute's warp stall reasons (cycles per issued instruction) of one megakernel
+#             launch per fuel in MKSTALL_FUELS (default Qwen3-0.6B), greedy and each RACE_MODES mode
+#             (default greedy topp topk): whether sampled steps stall on instruction fetch (the
+#             sampler's code is ~260 KB of the kernel's ~520 KB of SASS) where greedy ones do not
+#             (no instruction: 2.4% of stalls, greedy, Session 17). MKSTALL lines per run
 #   ttft      TTFT per fuel at prompts of 128, 1K, 4K (and 16K for Llama-3.2-1B), prompt attention on
 #             the tensor cores (attention_prefill.cu) and with ROCKET_TC_ATTENTION=0 (the split kernel),
 #             and the chat case (below); PASS lines: the last prompt pass's host issue time against
@@ -337,19 +342,21 @@ if has sampled; then  # top-k 20 / top-p 0.95 / temperature 0.7 on the device sa
         ROCKET_LOOP_SAMPLING=1 BENCH_EXTRA="--temperature 0.7 --top-p 0.95 --top-k 20" bench "sampled-mk-$f" megakernel 1 128 256 3 "$f"
     done
 fi
+# The sampling settings of the race and mkstall steps' modes.
+race_args() {
+    case $1 in
+        greedy) echo "";;
+        t1) echo "--temperature 1.0";;
+        t08rp) echo "--temperature 0.8 --repetition-penalty 1.1";;
+        minp) echo "--temperature 0.8 --min-p 0.05 --repetition-penalty 1.1";;
+        topp) echo "--temperature 0.7 --top-p 0.9";;
+        topk) echo "--temperature 0.6 --top-k 20 --top-p 0.95";;
+        lp5) echo "--logprobs 5";;
+        *) echo "unknown sampling mode $1" >&2; return 1;;
+    esac
+}
 if has race; then  # batch-1 sampled decode per fuel: the issue's settings, against the same build's greedy
     RACE_MODES=${RACE_MODES:-"greedy t1 t08rp minp topp topk lp5"}  # a subset saves device time
-    race_args() {
-        case $1 in
-            greedy) echo "";;
-            t1) echo "--temperature 1.0";;
-            t08rp) echo "--temperature 0.8 --repetition-penalty 1.1";;
-            minp) echo "--temperature 0.8 --min-p 0.05 --repetition-penalty 1.1";;
-            topp) echo "--temperature 0.7 --top-p 0.9";;
-            topk) echo "--temperature 0.6 --top-k 20 --top-p 0.95";;
-            lp5) echo "--logprobs 5";;
-        esac
-    }
     for f in $FUELS; do
         for n in $RACE_MODES; do
             BENCH_EXTRA=$(race_args "$n") bench "race-$n-$f" auto 1 128 256 3 "$f"
@@ -550,6 +557,38 @@ if has profile; then
             --reps 1 > "$LOGS/profile-b$1-p$2.csv" 2> "$LOGS/profile-b$1-p$2.err" || { check "ncu batch $1 prompt $2" 1; tail -2 "$LOGS/profile-b$1-p$2.err"; }
         echo "--- ncu $pf batch $1, prompt $2, pass $4"
         python3 benches/ncu_step.py "$LOGS/profile-b$1-p$2.csv" "$4"
+    done
+fi
+if has mkstall; then  # warp stall reasons of one megakernel launch, greedy against sampled
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for f in ${MKSTALL_FUELS:-qwen3-0.6b}; do
+        for n in ${RACE_MODES:-greedy topp topk}; do
+            out="$LOGS/mkstall-$n-$f"
+            # Application replay: the launch talks to the host through mapped memory, so
+            # each pass reruns the whole bench rather than replaying the kernel alone.
+            timeout 240 "$NCU" --replay-mode application --clock-control none -k regex:megakernel -c 1 \
+                --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' --csv \
+                "$ROCKET" bench --model "$CK/$f" --device cuda --batch 1 --prompt-len 128 --gen-len 128 --reps 1 \
+                $(race_args "$n") > "$out.csv" 2> "$out.err" || { check "ncu megakernel $f $n" 1; tail -3 "$out.err"; continue; }
+            python3 - "$out.csv" "$f" "$n" <<'PY'
+import csv, re, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
+head = next((r for r in rows if "Metric Name" in r), None)
+if head is None:
+    print(f"MKSTALL {sys.argv[2]} {sys.argv[3]}: no metrics in the report"); sys.exit(0)
+name, value = head.index("Metric Name"), head.index("Metric Value")
+stalls = {}
+for r in rows[rows.index(head) + 1:]:
+    m = re.match(r"smsp__average_warps_issue_stalled_(.*)_per_issue_active\.ratio", r[name])
+    if m:
+        stalls[m.group(1)] = float(r[value].replace(",", ""))
+total = sum(stalls.values())
+top = sorted(stalls.items(), key=lambda kv: -kv[1])[:8]
+print(f"MKSTALL {sys.argv[2]} {sys.argv[3]}: {total:.2f} cycles per issue; no_instruction "
+      f"{stalls.get('no_instruction', 0):.2f} ({100 * stalls.get('no_instruction', 0) / max(total, 1e-9):.1f}%); "
+      + ", ".join(f"{k} {v:.2f}" for k, v in top))
+PY
+        done
     done
 fi
 if has attnprof; then  # where the prompt attention's time goes: Nsight Compute on its launches of a 4K prompt
