@@ -192,6 +192,15 @@ def test_numbers_past_f32_are_named_as_given(parameter: str, value: float) -> No
     assert info.value.parameter == parameter and repr(value) in str(info.value), str(info.value)
 
 
+def test_the_value_is_the_given_repr_whichever_layer_refused_it(tiny_llama: rocket.LLM) -> None:
+    with pytest.raises(rocket.InvalidArgumentError) as info:  # the binding's check
+        rocket.SamplingParams(temperature="0.5")  # type: ignore[arg-type]
+    assert info.value.value == "'0.5'"
+    with pytest.raises(rocket.InvalidArgumentError) as info:  # rocket/__init__.py's check
+        tiny_llama.generate(["a", 1])  # type: ignore[list-item]
+    assert info.value.parameter == "prompts" and info.value.value == "['a', 1]"
+
+
 def test_params_of_the_wrong_type_are_named(tiny_llama: rocket.LLM) -> None:
     with pytest.raises(rocket.InvalidArgumentError, match="got dict"):
         tiny_llama.generate("x", {"max_tokens": 3})  # type: ignore[arg-type]

@@ -292,7 +292,7 @@ class LLM:
 def _bad_arg(parameter: str, value: object, message: str) -> InvalidArgumentError:
     """An InvalidArgumentError naming its parameter, as the engine's own are."""
     e = InvalidArgumentError(message)
-    e.parameter, e.value = parameter, value
+    e.parameter, e.value = parameter, repr(value)
     return e
 
 

@@ -17,9 +17,9 @@ class TokenizerError(RocketError):
 
 
 class InvalidArgumentError(RocketError, ValueError):
-    """A bad argument; ``parameter`` names it and ``value`` is what was given: the
-    object itself where the Python layer refused it, its text where the engine did
-    (the engine sees values, not Python objects)."""
+    """A bad argument; ``parameter`` names it and ``value`` is the given value as
+    text (a Python argument as its ``repr``; for a :class:`ContextLengthError`, the
+    prompt's token count)."""
 
     parameter: str | None = None
     value: object = None

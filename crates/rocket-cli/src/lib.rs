@@ -92,25 +92,25 @@ pub(crate) struct ModelArgs {
     #[arg(long, value_parser = choice_parser!(SamplerPlacement))]
     sampler: Option<SamplerPlacement>,
     /// GPU: replay decode steps and (with --prompt-graphs on) short prompt passes from CUDA graphs [default: on]
-    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("cuda-graphs"))]
+    #[arg(long, value_name = "on|off", value_parser = switch_parser("cuda-graphs"))]
     cuda_graphs: Option<bool>,
     /// GPU: prompt passes of up to 512 rows padded to a row bucket and replayed from CUDA graphs (with --cuda-graphs on) [default: on]
-    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("prompt-graphs"))]
+    #[arg(long, value_name = "on|off", value_parser = switch_parser("prompt-graphs"))]
     prompt_graphs: Option<bool>,
     /// GPU: top-k requests with k above 64 also run in the megakernel's token loop, one CTA sampling (every other request does, all SMs sampling) [default: off]
-    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("loop-sampling"))]
+    #[arg(long, value_name = "on|off", value_parser = switch_parser("loop-sampling"))]
     loop_sampling: Option<bool>,
     /// GPU: launch kernels early (programmatic dependent launch) [default: on]
-    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("pdl"))]
+    #[arg(long, value_name = "on|off", value_parser = switch_parser("pdl"))]
     pdl: Option<bool>,
     /// GPU: RMSNorm and SiLU·mul inside the tensor-core GEMM, and the norm, SiLU·mul and prompt attention writing cuBLASLt's fp16 operands themselves [default: on]
-    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("fuse"))]
+    #[arg(long, value_name = "on|off", value_parser = switch_parser("fuse"))]
     fuse: Option<bool>,
     /// GPU: prompt rows' attention on the tensor cores (off: the split kernel decode uses) [default: on]
-    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("tc-attention"))]
+    #[arg(long, value_name = "on|off", value_parser = switch_parser("tc-attention"))]
     tc_attention: Option<bool>,
     /// GPU: prompt attention on Hopper's warpgroup MMAs (off: the mma.sync kernel other GPUs run) [default: on]
-    #[arg(long, value_name = "ON|OFF", value_parser = switch_parser("wgmma-attention"))]
+    #[arg(long, value_name = "on|off", value_parser = switch_parser("wgmma-attention"))]
     wgmma_attention: Option<bool>,
     /// GPU: megakernel stall limit in milliseconds [default: 2000]
     #[arg(long, allow_negative_numbers = true, value_name = "MS", value_parser = |v: &str| reason(rocket_core::options::parse_watchdog_ms("--watchdog-ms", v)))]
@@ -276,10 +276,25 @@ where
         // A reader that went away (`| head`) had what it wanted: no error, as for other tools.
         Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
-            note!("error: {e:#}");
+            note!("error: {}", error_text(&e));
             1
         }
     }
+}
+
+/// The error and its causes joined by ": ", leaving out a cause whose text the
+/// message already ends with (rocket's errors carry their I/O cause in their text).
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.is_empty() {
+            text = part;
+        } else if !text.ends_with(&part) {
+            text = format!("{text}: {part}");
+        }
+    }
+    text
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -289,6 +304,16 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_names_its_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory (os error 2)");
+        let e = anyhow::Error::new(rocket_core::RocketError::io("m/model-00002-of-00002.safetensors", io));
+        assert_eq!(error_text(&e), "cannot read m/model-00002-of-00002.safetensors: No such file or directory (os error 2)");
+        // A context whose cause says something new keeps it.
+        let e = anyhow::anyhow!("disk full").context("writing the report");
+        assert_eq!(error_text(&e), "writing the report: disk full");
+    }
     use rocket_core::GpuOptions;
 
     #[derive(Parser)]

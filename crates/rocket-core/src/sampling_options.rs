@@ -190,7 +190,7 @@ mod tests {
     fn engine(generation: serde_json::Value) -> Engine {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/parity/fixtures/tiny-llama");
         let opts = EngineOptions { device: crate::Device::Cpu, progress: crate::Progress::Off, ..EngineOptions::default() };
-        Engine::load(path, opts).unwrap().with_generation_config(GenerationConfig::from_json(&generation))
+        Engine::load(path, opts).unwrap().with_generation_config(GenerationConfig::from_json(&generation).unwrap())
     }
 
     #[test]

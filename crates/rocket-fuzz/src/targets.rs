@@ -148,7 +148,9 @@ fn config(data: &[u8]) -> Result<(), RocketError> {
     let path = Path::new("config.json");
     let value: serde_json::Value =
         serde_json::from_slice(data).map_err(|e| RocketError::config(path, format!("not valid JSON: {e}")))?;
-    let _ = GenerationConfig::from_json(&value);
+    if let Ok(generation) = GenerationConfig::from_json(&value) {
+        std::hint::black_box(generation.check()).expect("a parsed generation_config passes its own check");
+    }
     let spec = ModelSpec::from_hf_config(&value, path)?;
     std::hint::black_box((spec.q_dim(), spec.kv_dim(), spec.parameter_count(), spec.weight_elements_per_step()));
     // The backends build the RoPE table once the weights matched the spec, which

@@ -196,6 +196,7 @@ fn open_gguf(path: &Path, quantized_as: DType, progress: &LoadProgress) -> Resul
     let weights = file.weights_with_progress(&spec, quantized_as, progress)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let generation = gguf_generation_config(&file);
+    generation.check().map_err(|m| RocketError::config(path, format!("its general.sampling.* metadata: {m}")))?;
     let id_string = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
     let special = SpecialTokens {
         bos_token: id_string(generation.bos_token_id),
