@@ -136,8 +136,14 @@ impl RocketError {
 /// no max_tokens where none was asked for (logits of a prompt).
 fn context_overflow_text(prompt_tokens: usize, max_tokens: usize, limit: usize) -> String {
     let plural = |n: usize| if n == 1 { "" } else { "s" };
-    let asked = if max_tokens > 0 { format!(" + max_tokens {max_tokens}") } else { String::new() };
-    format!("prompt of {prompt_tokens} token{}{asked} exceeds the context limit of {limit} tokens", plural(prompt_tokens))
+    let prompt = format!("prompt of {prompt_tokens} token{}", plural(prompt_tokens));
+    // A prompt that fills the context alone is the problem whatever max_tokens is
+    // (often a default the caller never set).
+    if prompt_tokens == limit && max_tokens > 0 {
+        return format!("{prompt} fills the context limit of {limit} tokens, leaving no room to generate");
+    }
+    let asked = if max_tokens > 0 && prompt_tokens < limit { format!(" + max_tokens {max_tokens}") } else { String::new() };
+    format!("{prompt}{asked} exceeds the context limit of {limit} tokens")
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,5 +168,8 @@ mod tests {
         assert_eq!(text(60, 5, 64), "prompt of 60 tokens + max_tokens 5 exceeds the context limit of 64 tokens");
         assert_eq!(text(1, 200, 100), "prompt of 1 token + max_tokens 200 exceeds the context limit of 100 tokens");
         assert_eq!(text(65, 0, 64), "prompt of 65 tokens exceeds the context limit of 64 tokens");
+        // The prompt alone fills or passes the context: max_tokens is beside the point.
+        assert_eq!(text(31, 1, 31), "prompt of 31 tokens fills the context limit of 31 tokens, leaving no room to generate");
+        assert_eq!(text(80, 1, 64), "prompt of 80 tokens exceeds the context limit of 64 tokens");
     }
 }

@@ -58,18 +58,18 @@ impl ApiError {
 
     /// 400: prompt + max_tokens do not fit the context.
     pub fn context_length(param: &str, prompt_tokens: usize, max_tokens: usize, limit: usize) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "context_length_exceeded",
+        let message = if prompt_tokens >= limit {
+            // The prompt alone leaves no room: max_tokens (often a default) is beside the point.
+            format!("this model's maximum context length is {limit} tokens, and the {param} alone take {prompt_tokens}; shorten the {param}")
+        } else {
             format!(
                 "this model's maximum context length is {limit} tokens, but {} tokens were requested \
                  ({prompt_tokens} in the {param}, {max_tokens} for the completion); \
                  shorten the {param} or lower max_tokens",
                 prompt_tokens + max_tokens
-            ),
-        )
-        .with_param(param)
+            )
+        };
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "context_length_exceeded", message).with_param(param)
     }
 
     pub fn model_not_found(model: &str, served: &str) -> Self {
@@ -187,6 +187,8 @@ mod tests {
         let e = ApiError::from_engine(&RocketError::ContextOverflow { prompt_tokens: 10, max_tokens: 5, limit: 12 }, "messages");
         assert_eq!((e.status, e.code, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some("context_length_exceeded"), Some("messages")));
         assert!(e.message.contains("12 tokens") && e.message.contains("15 tokens"), "{}", e.message);
+        let e = ApiError::from_engine(&RocketError::ContextOverflow { prompt_tokens: 80031, max_tokens: 1, limit: 8192 }, "messages");
+        assert!(e.message.contains("the messages alone take 80031") && !e.message.contains("for the completion"), "{}", e.message);
         let e = ApiError::from_engine(&RocketError::invalid_arg("top_p", 2.0, "must be in (0, 1]"), "prompt");
         assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some("top_p")));
         let e = ApiError::from_engine(&RocketError::NoDevice("cuda:0 (lost)".into()), "prompt");
