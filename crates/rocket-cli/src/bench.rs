@@ -231,6 +231,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if !args.sampling.stop.is_empty() || !args.sampling.stop_token_ids.is_empty() {
         bail!("--stop and --stop-token-ids do not apply to bench: every sequence runs to --gen-len");
     }
+    crate::check_given(&SamplingOptions { max_tokens: Some(args.gen_len), ..args.sampling.options() })?;
     // The report's file is opened before the work, so a bad path fails at once,
     // and removed if the work fails, so no empty report is left behind.
     let json_out = match &args.json {

@@ -69,13 +69,14 @@ pub(crate) fn fit_turn(
 }
 
 pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
+    let options = SamplingOptions { max_tokens: args.max_tokens, ..args.sampling.options() };
+    crate::check_given(&options)?;
+    if args.sampling.logprobs.is_some() {
+        return Err(crate::UsageError("--logprobs is shown by `rocket generate` only".into()).into());
+    }
     let engine = args.model.load()?;
     // Fail now, not after the first question, if the model cannot chat.
     engine.apply_chat_template(&[ChatMessage { role: "user".into(), content: "hi".into() }], true)?;
-    if args.sampling.logprobs.is_some() {
-        anyhow::bail!("--logprobs is shown by `rocket generate` only");
-    }
-    let options = SamplingOptions { max_tokens: args.max_tokens, ..args.sampling.options() };
     // Refuse bad values now, not after the first question; the context is each
     // turn's to fit (an answer gets what the conversation leaves, with a note).
     engine.resolve(&SamplingOptions { max_tokens: None, ..options.clone() }, RequestKind::Chat, 1)?;

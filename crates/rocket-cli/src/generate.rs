@@ -33,6 +33,8 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
+    let options = SamplingOptions { max_tokens: args.max_tokens, ..args.sampling.options() };
+    crate::check_given(&options)?;
     let engine = args.model.load()?;
     let mut prompt = args.prompt.clone();
     if prompt == "-" {
@@ -48,7 +50,6 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     }
     let ids = engine.encode_prompt(&prompt)?;
     let kind = if args.chat { RequestKind::Chat } else { RequestKind::Completion };
-    let options = SamplingOptions { max_tokens: args.max_tokens, ..args.sampling.options() };
     let params = engine.resolve(&options, kind, ids.len())?;
     let mut stdout = std::io::stdout().lock();
     // The echo waits for the first token: a request the engine refuses (too long

@@ -275,11 +275,34 @@ where
         Ok(()) => 0,
         // A reader that went away (`| head`) had what it wanted: no error, as for other tools.
         Err(e) if is_broken_pipe(&e) => 0,
+        Err(e) if e.downcast_ref::<UsageError>().is_some() => {
+            note!("error: {e}\n\nFor more information, try '--help'.");
+            2
+        }
         Err(e) => {
             note!("error: {}", error_text(&e));
             1
         }
     }
+}
+
+/// A bad value found after parsing: it exits with 2 and the pointer to `--help`, as
+/// clap's own refusals do.
+#[derive(Debug)]
+pub(crate) struct UsageError(String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// The sampling values given on the command line, checked before the model loads
+/// (a load can take seconds; the values do not depend on it).
+pub(crate) fn check_given(options: &rocket_core::SamplingOptions) -> anyhow::Result<()> {
+    options.check_given().map_err(|e| UsageError(e.to_string()).into())
 }
 
 /// The error and its causes joined by ": ", leaving out a cause whose text the
@@ -304,6 +327,22 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sampling_values_are_refused_before_the_model_loads() {
+        // The model does not exist: a check after the load would exit 1 naming it.
+        for args in [
+            &["generate", "--model", "/no/such/model", "-t", "-1", "hi"][..],
+            &["generate", "--model", "/no/such/model", "--top-p", "2", "hi"],
+            &["generate", "--model", "/no/such/model", "--logprobs", "21", "hi"],
+            &["generate", "--model", "/no/such/model", "--min-tokens", "20", "-n", "5", "hi"],
+            &["chat", "--model", "/no/such/model", "-t", "-1"],
+            &["bench", "--model", "/no/such/model", "--top-p", "2"],
+        ] {
+            assert_eq!(run(std::iter::once("rocket").chain(args.iter().copied())), 2, "{args:?}");
+        }
+        assert_eq!(run(["rocket", "generate", "--model", "/no/such/model", "-t", "0.5", "hi"]), 1, "a good value reaches the load");
+    }
 
     #[test]
     fn an_error_names_its_cause_once() {

@@ -135,6 +135,14 @@ impl SamplingOptions {
         }
     }
 
+    /// The values the caller set, checked without a model (each field's range,
+    /// min_tokens against max_tokens): front ends call it before loading one, so a
+    /// bad flag fails at once. `Engine::resolve` checks again with the model's
+    /// defaults, its vocabulary and the prompt.
+    pub fn check_given(&self) -> crate::Result<()> {
+        self.fill(&GenerationConfig::default(), usize::MAX).validate()
+    }
+
     /// Unset fields at their defaults for a model with no generation_config
     /// (greedy, filters off) and an unset `max_tokens` at 16: what the bare
     /// sampler (`rocket.sample_token`) runs, with no model to resolve against.
@@ -172,6 +180,19 @@ mod tests {
     use super::*;
     use crate::{Engine, EngineOptions, ErrorKind, RocketError};
     use serde_json::json;
+
+    #[test]
+    fn given_values_are_checked_without_a_model() {
+        let bad = |o: SamplingOptions| o.check_given().unwrap_err();
+        assert!(matches!(bad(SamplingOptions { temperature: Some(-1.0), ..Default::default() }), RocketError::InvalidArgument { ref parameter, .. } if parameter == "temperature"));
+        assert!(matches!(bad(SamplingOptions { top_p: Some(2.0), ..Default::default() }), RocketError::InvalidArgument { ref parameter, .. } if parameter == "top_p"));
+        assert!(matches!(bad(SamplingOptions { logprobs: Some(21), ..Default::default() }), RocketError::InvalidArgument { ref parameter, .. } if parameter == "logprobs"));
+        let late = SamplingOptions { min_tokens: Some(20), max_tokens: Some(5), ..Default::default() };
+        assert!(matches!(bad(late), RocketError::InvalidArgument { ref parameter, .. } if parameter == "min_tokens"));
+        // Unset fields and an unset max_tokens are no error: the model supplies them.
+        assert!(SamplingOptions { min_tokens: Some(20), ..Default::default() }.check_given().is_ok());
+        assert!(SamplingOptions::default().check_given().is_ok());
+    }
 
     #[test]
     fn numbers_past_f32_are_refused_as_given() {
