@@ -173,9 +173,11 @@ fn missing_default_model_says_how_to_get_it() {
 fn usage_errors_exit_2() {
     let out = rocket().args(["generate"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+    // A sampling value out of range is a usage error too, found before the model loads.
     let out = rocket().args(["generate", "--model", &fixture("tiny-llama"), "--temperature=-1", "hi"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("temperature"));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("temperature") && err.contains("--help"), "{err}");
     // A negative number after a flag is its value: the range error, not clap's `-- -1` tip.
     for (args, field, range) in [
         (&["-t", "-1"][..], "temperature", ">= 0"),
